@@ -1,1 +1,6 @@
-//! plughost
+//! plughost: an LLM serving host whose scheduling, sampling and model glue are WebAssembly plugins.
+//!
+//! Layout: `device` loads device backends through the C ABI; `plugins` runs
+//! the WebAssembly components. See ARCHITECTURE.md for the code map.
+
+pub mod plugins;

@@ -32,7 +32,8 @@ pub struct RequestView {
 impl RequestView {
     /// Tokens whose KV entries exist or will exist once computed: prompt plus output.
     pub fn total_len(&self) -> u32 {
-        self.prompt_len + self.output_len
+        // Saturating: a view is host input, and a plugin must not trap on it.
+        self.prompt_len.saturating_add(self.output_len)
     }
 
     /// Tokens still to compute before the request can emit its next token.

@@ -1,0 +1,44 @@
+//! Errors of the plugin layer: loading failures, traps, and a plugin's own errors kept apart.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot read plugin component {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot compile plugin component {path}: {message}")]
+    Compile { path: PathBuf, message: String },
+    #[error("plugin component {path} does not implement the {world} world of plughost:plugin@{version}: {message}")]
+    Incompatible {
+        path: PathBuf,
+        world: &'static str,
+        version: &'static str,
+        message: String,
+    },
+    #[error("plugin {plugin} failed to instantiate: {message}")]
+    Instantiate { plugin: String, message: String },
+    /// The plugin ran and returned an error of its own; the instance stays usable.
+    #[error("plugin {plugin} returned an error: {message}")]
+    Plugin { plugin: String, message: String },
+    /// The call exceeded its deadline; the instance was dropped.
+    #[error("plugin {plugin} exceeded its {limit_ms} ms call deadline")]
+    Timeout { plugin: String, limit_ms: u64 },
+    /// The guest trapped (including running out of its memory cap); the instance was dropped.
+    #[error("plugin {plugin} trapped: {message}")]
+    Trap { plugin: String, message: String },
+    /// The plugin faulted too often and is no longer restarted.
+    #[error("plugin {plugin} is disabled after {faults} faults")]
+    Disabled { plugin: String, faults: u32 },
+    #[error("plugin runtime setup failed: {0}")]
+    Runtime(String),
+}
+
+impl PluginError {
+    /// True when the instance was lost (a trap or a timeout), as opposed to the plugin reporting an error.
+    pub fn is_fault(&self) -> bool {
+        matches!(self, PluginError::Timeout { .. } | PluginError::Trap { .. })
+    }
+}

@@ -1,0 +1,77 @@
+//! The model-glue world on the host side: called at prepare time to describe a model and build its step program.
+
+use std::path::Path;
+
+use wasmtime::Store;
+use wasmtime::component::{InstancePre, Linker};
+
+use super::instance::{ContainedInstance, PluginState, World};
+use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
+
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "model-glue",
+    });
+}
+
+/// The records glue returns (`ModelInfo`, `StepProgram`, ...), as generated from the WIT.
+pub use bindings::plughost::plugin::program as types;
+
+impl World for bindings::ModelGlue {
+    type Pre = bindings::ModelGluePre<PluginState>;
+    const NAME: &'static str = "model-glue";
+
+    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
+        bindings::ModelGlue::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(linker, |s| s)
+    }
+    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
+        bindings::ModelGluePre::new(pre)
+    }
+    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
+        pre.instantiate(&mut *store)
+    }
+    fn call_init(&self, store: &mut Store<PluginState>, config: &str) -> wasmtime::Result<Result<(), String>> {
+        self.call_init(store, config)
+    }
+}
+
+impl types::Host for PluginState {}
+
+/// A loaded model-glue plugin.
+pub struct GluePlugin {
+    instance: ContainedInstance<bindings::ModelGlue>,
+}
+
+impl GluePlugin {
+    pub fn load(runtime: &PluginRuntime, path: &Path, config: &str, limits: InstanceLimits) -> Result<Self, PluginError> {
+        Ok(GluePlugin {
+            instance: runtime.instantiate(path, config, limits)?,
+        })
+    }
+
+    pub fn stats(&self) -> PluginStats {
+        self.instance.stats()
+    }
+
+    fn plugin_result<T>(&self, result: Result<T, String>) -> Result<T, PluginError> {
+        result.map_err(|message| PluginError::Plugin {
+            plugin: self.instance.name().to_string(),
+            message,
+        })
+    }
+
+    /// Checks `config.json` and lists the weights and KV layout the model needs.
+    pub fn describe(&mut self, config_json: &str) -> Result<types::ModelInfo, PluginError> {
+        let result = self.instance.call(|world, store| world.call_describe(store, config_json))?;
+        self.plugin_result(result)
+    }
+
+    /// Builds the step program of the model.
+    pub fn build_program(&mut self, config_json: &str) -> Result<types::StepProgram, PluginError> {
+        let result = self
+            .instance
+            .call(|world, store| world.call_build_program(store, config_json))?;
+        self.plugin_result(result)
+    }
+}

@@ -1,0 +1,309 @@
+//! Host-owned logits of one sampling call and the native fast paths plugins reach through the `logits-batch` resource.
+//!
+//! Logits never cross the WebAssembly boundary on the normal paths: copying a
+//! 151,936-entry row into a guest costs more than the sampling itself. The
+//! functions here are the only implementation of these operations; the
+//! plugin resource and native callers (benchmarks, the built-in fallback)
+//! both use them.
+
+use std::sync::Arc;
+
+use plughost_sdk::sampler::{Candidate, LogitsRow, Penalties};
+
+/// The tokens a sequence has seen, for penalties.
+#[derive(Debug, Clone, Default)]
+pub struct TokenHistory {
+    pub prompt: Arc<[u32]>,
+    pub output: Vec<u32>,
+}
+
+/// A step's logits: `rows` rows of `vocab` values, with each row's token history.
+#[derive(Debug, Clone, Default)]
+pub struct LogitsBatch {
+    values: Vec<f32>,
+    vocab: usize,
+    histories: Vec<TokenHistory>,
+}
+
+/// The handle a guest holds for the batch; the data stays in the store's `LogitsBatch`.
+pub struct LogitsBatchHandle;
+
+impl LogitsBatch {
+    /// Wraps `values` (row-major, `vocab` per row). Histories default to empty.
+    pub fn new(values: Vec<f32>, vocab: usize) -> Self {
+        let rows = values.len().checked_div(vocab).unwrap_or(0);
+        LogitsBatch {
+            values,
+            vocab,
+            histories: vec![TokenHistory::default(); rows],
+        }
+    }
+
+    pub fn set_history(&mut self, row: usize, history: TokenHistory) {
+        if let Some(slot) = self.histories.get_mut(row) {
+            *slot = history;
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.values.len().checked_div(self.vocab).unwrap_or(0)
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
+    pub fn row(&self, row: usize) -> Option<&[f32]> {
+        let start = row.checked_mul(self.vocab)?;
+        self.values.get(start..start + self.vocab)
+    }
+
+    pub fn row_mut(&mut self, row: usize) -> Option<(&mut [f32], &TokenHistory)> {
+        let start = row.checked_mul(self.vocab)?;
+        let values = self.values.get_mut(start..start + self.vocab)?;
+        Some((values, self.histories.get(row)?))
+    }
+
+    /// Gives the values back, e.g. to reuse the allocation next step.
+    pub fn into_values(self) -> Vec<f32> {
+        self.values
+    }
+}
+
+/// NaN sorts below everything, so a broken logit is never chosen.
+fn key(v: f32) -> f32 {
+    if v.is_nan() { f32::NEG_INFINITY } else { v }
+}
+
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in row.iter().enumerate() {
+        if key(v) > best_value {
+            best_value = key(v);
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `k` largest values, largest first; ties keep the lower index first.
+pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
+    let k = (k as usize).min(row.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let better = |a: &Candidate, b: &Candidate| key(b.value).total_cmp(&key(a.value)).then(a.id.cmp(&b.id));
+    // A sorted buffer of the best k with a cheap reject test wins for the
+    // small k samplers ask for; large k falls back to one selection pass.
+    if k <= 256 {
+        let mut best: Vec<Candidate> = Vec::with_capacity(k + 1);
+        let mut floor = f32::NEG_INFINITY;
+        for (i, &v) in row.iter().enumerate() {
+            let v = key(v);
+            if best.len() == k && v <= floor {
+                continue;
+            }
+            let c = Candidate { id: i as u32, value: v };
+            let at = best.partition_point(|b| better(b, &c).is_lt());
+            best.insert(at, c);
+            best.truncate(k);
+            if best.len() == k {
+                floor = best[k - 1].value;
+            }
+        }
+        return best;
+    }
+    let mut all: Vec<Candidate> = row
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| Candidate { id: i as u32, value: key(v) })
+        .collect();
+    all.select_nth_unstable_by(k - 1, better);
+    all.truncate(k);
+    all.sort_unstable_by(better);
+    all
+}
+
+fn effective_temperature(temperature: f32) -> f32 {
+    if temperature > 0.0 && temperature.is_finite() { temperature } else { 1.0 }
+}
+
+pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
+    let t = effective_temperature(temperature);
+    let max = row.iter().map(|&v| key(v)).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let sum: f32 = row.iter().map(|&v| ((key(v) - max) / t).exp()).sum();
+    max / t + sum.ln()
+}
+
+pub fn log_softmax(row: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {
+    let t = effective_temperature(temperature);
+    let lse = log_sum_exp(row, t);
+    ids.iter()
+        .map(|&id| match row.get(id as usize) {
+            Some(&v) => key(v) / t - lse,
+            None => f32::NEG_INFINITY,
+        })
+        .collect()
+}
+
+/// Inverse-CDF draw from softmax(row / temperature) with `u` in [0, 1).
+pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
+    let t = effective_temperature(temperature);
+    let max = row.iter().map(|&v| key(v)).fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    let total: f32 = row.iter().map(|&v| ((key(v) - max) / t).exp()).sum();
+    let target = u.clamp(0.0, 1.0) * total;
+    let mut acc = 0.0f32;
+    let mut last_positive = 0usize;
+    for (i, &v) in row.iter().enumerate() {
+        let p = ((key(v) - max) / t).exp();
+        if p > 0.0 {
+            last_positive = i;
+        }
+        acc += p;
+        if acc > target {
+            return i as u32;
+        }
+    }
+    // Rounding can leave `acc` a hair under `target`; the last token with mass is the answer then.
+    last_positive as u32
+}
+
+/// OpenAI presence/frequency penalties over generated tokens and the
+/// repetition penalty over prompt and generated tokens.
+pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Penalties) {
+    if penalties.presence != 0.0 || penalties.frequency != 0.0 {
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for &t in &history.output {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &n) in &counts {
+            if let Some(v) = row.get_mut(t as usize) {
+                *v -= penalties.presence + penalties.frequency * n as f32;
+            }
+        }
+    }
+    if penalties.repetition != 1.0 && penalties.repetition > 0.0 {
+        let mut seen = std::collections::HashSet::new();
+        for &t in history.prompt.iter().chain(&history.output) {
+            if !seen.insert(t) {
+                continue;
+            }
+            if let Some(v) = row.get_mut(t as usize) {
+                *v = if *v > 0.0 { *v / penalties.repetition } else { *v * penalties.repetition };
+            }
+        }
+    }
+}
+
+/// A native row implementing the SDK trait over the same functions the plugin resource uses.
+pub struct NativeRow<'a> {
+    values: std::cell::RefCell<&'a mut [f32]>,
+    history: &'a TokenHistory,
+}
+
+impl<'a> NativeRow<'a> {
+    pub fn new(values: &'a mut [f32], history: &'a TokenHistory) -> Self {
+        NativeRow {
+            values: std::cell::RefCell::new(values),
+            history,
+        }
+    }
+}
+
+impl LogitsRow for NativeRow<'_> {
+    fn len(&self) -> u32 {
+        self.values.borrow().len() as u32
+    }
+    fn argmax(&self) -> u32 {
+        argmax(&self.values.borrow())
+    }
+    fn top_k(&self, k: u32) -> Vec<Candidate> {
+        top_k(&self.values.borrow(), k)
+    }
+    fn read(&self, start: u32, len: u32) -> Vec<f32> {
+        read(&self.values.borrow(), start, len)
+    }
+    fn log_softmax(&self, ids: &[u32], temperature: f32) -> Vec<f32> {
+        log_softmax(&self.values.borrow(), ids, temperature)
+    }
+    fn log_sum_exp(&self, temperature: f32) -> f32 {
+        log_sum_exp(&self.values.borrow(), temperature)
+    }
+    fn sample_full(&self, temperature: f32, u: f32) -> u32 {
+        sample_full(&self.values.borrow(), temperature, u)
+    }
+    fn apply_penalties(&self, penalties: &Penalties) {
+        apply_penalties(&mut self.values.borrow_mut(), self.history, penalties)
+    }
+}
+
+/// Up to `len` values from `start`, clipped to the row.
+pub fn read(row: &[f32], start: u32, len: u32) -> Vec<f32> {
+    let start = (start as usize).min(row.len());
+    let end = start.saturating_add(len as usize).min(row.len());
+    row[start..end].to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_ignores_nan_and_prefers_lowest_index_on_ties() {
+        assert_eq!(argmax(&[f32::NAN, 1.0, 3.0, 3.0]), 2);
+        assert_eq!(argmax(&[]), 0);
+    }
+
+    #[test]
+    fn top_k_matches_a_full_sort_for_small_and_large_k() {
+        let row: Vec<f32> = (0..2000).map(|i| ((i * 7919) % 1013) as f32 * 0.01).collect();
+        let mut sorted: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for k in [1u32, 5, 256, 257, 1500, 5000] {
+            let got: Vec<(u32, f32)> = top_k(&row, k).iter().map(|c| (c.id, c.value)).collect();
+            let want: Vec<(u32, f32)> = sorted.iter().take(k as usize).copied().collect();
+            assert_eq!(got, want, "k = {k}");
+        }
+    }
+
+    #[test]
+    fn log_softmax_is_normalised() {
+        let row = [1.0f32, 2.0, 3.0, -1.0];
+        let lp = log_softmax(&row, &[0, 1, 2, 3], 0.7);
+        let total: f32 = lp.iter().map(|v| v.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5, "{total}");
+        assert_eq!(log_softmax(&row, &[99], 1.0), vec![f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn sample_full_follows_the_cdf() {
+        let row = [0.0f32, 0.0, 0.0, 0.0];
+        assert_eq!(sample_full(&row, 1.0, 0.0), 0);
+        assert_eq!(sample_full(&row, 1.0, 0.3), 1);
+        assert_eq!(sample_full(&row, 1.0, 0.99), 3);
+        assert_eq!(sample_full(&[0.0, f32::NEG_INFINITY], 1.0, 0.999_999), 0);
+    }
+
+    #[test]
+    fn penalties_follow_the_openai_and_hf_definitions() {
+        let history = TokenHistory {
+            prompt: Arc::from(vec![0u32]),
+            output: vec![1, 1, 2],
+        };
+        let mut row = vec![2.0f32, 2.0, -2.0, 2.0];
+        let p = Penalties {
+            presence: 0.5,
+            frequency: 0.25,
+            repetition: 2.0,
+        };
+        apply_penalties(&mut row, &history, &p);
+        assert_eq!(row, vec![1.0, (2.0 - 0.5 - 0.5) / 2.0, (-2.0 - 0.75) * 2.0, 2.0]);
+    }
+}

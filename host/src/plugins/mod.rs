@@ -1,0 +1,21 @@
+//! The WebAssembly plugin host: one wasmtime engine, a compiled-component cache, and contained instances per world.
+//!
+//! Plugins own decisions (scheduling, sampling, model description); the host
+//! owns every resource. A plugin instance lives in its own `Store` with a
+//! memory cap and a per-call deadline; a trap poisons only that instance,
+//! which is dropped and re-made from its `InstancePre` on the next call.
+
+mod cache;
+mod deployment;
+mod error;
+mod instance;
+pub mod logits;
+mod runtime;
+pub mod glue;
+pub mod sampler;
+pub mod scheduler;
+
+pub use deployment::{Deployment, DeploymentError, PluginSpec};
+pub use error::PluginError;
+pub use instance::{InstanceLimits, PluginStats};
+pub use runtime::{PluginRuntime, RuntimeOptions};

@@ -1,0 +1,63 @@
+//! A scheduler that misbehaves on request: it traps, loops forever, or grows memory without bound.
+//!
+//! The fault is chosen by the input, not the config, so a fresh instance made
+//! after a fault serves the next ordinary call: that is what the host's
+//! fault-containment tests check. With ordinary input it runs every request
+//! for one token.
+
+use plughost_sdk::scheduler::{Plan, RequestView, Resources, Scheduled, Scheduler};
+
+/// A request with this priority makes the call trap.
+pub const PRIORITY_TRAP: i32 = -1001;
+/// A request with this priority makes the call loop forever.
+pub const PRIORITY_LOOP: i32 = -1002;
+/// A request with this priority makes the call allocate until memory runs out.
+pub const PRIORITY_GROW: i32 = -1003;
+
+pub struct Faulty;
+
+impl Scheduler for Faulty {
+    fn init(_config: &str) -> Result<Self, String> {
+        Ok(Faulty)
+    }
+
+    fn schedule(&mut self, requests: &[RequestView], _resources: &Resources) -> Plan {
+        for r in requests {
+            match r.priority {
+                PRIORITY_TRAP => panic!("asked to trap"),
+                PRIORITY_LOOP => spin_forever(),
+                PRIORITY_GROW => grow_forever(),
+                _ => {}
+            }
+        }
+        Plan {
+            run: requests
+                .iter()
+                .map(|r| Scheduled {
+                    id: r.id,
+                    num_tokens: 1,
+                })
+                .collect(),
+            preempt: Vec::new(),
+        }
+    }
+}
+
+fn spin_forever() -> ! {
+    let mut counter = 0u64;
+    loop {
+        counter = std::hint::black_box(counter.wrapping_add(1));
+    }
+}
+
+fn grow_forever() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        // Touch every page so the memory is really committed, not just reserved.
+        hoard.push(vec![1u8; 1 << 20]);
+        std::hint::black_box(&hoard);
+    }
+}
+
+#[cfg(target_arch = "wasm32")]
+plughost_sdk::export_scheduler!(Faulty);
