@@ -103,7 +103,7 @@ fn fcfs_plan_for_a_synthetic_queue() {
         },
         Case {
             name: "out of blocks, the newest running request is preempted",
-            requests: vec![view(1, Phase::Running, 4, 8, 4, 2), view(2, Phase::Running, 4, 8, 4, 2)],
+            requests: vec![view(1, Phase::Running, 4, 8, 5, 2), view(2, Phase::Running, 4, 8, 5, 2)],
             resources: Resources { free_blocks: 0, ..resources },
             want: Plan {
                 run: vec![Scheduled { id: 1, num_tokens: 1 }],

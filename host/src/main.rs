@@ -10,7 +10,11 @@ use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{Deployment, PluginRuntime, RuntimeOptions};
 
 #[derive(Parser)]
-#[command(name = "plughost", version, about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins")]
+#[command(
+    name = "plughost",
+    version,
+    about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,15 +37,33 @@ fn check(config: &PathBuf, cache_dir: Option<PathBuf>) -> Result<(), String> {
     let deployment = Deployment::from_file(config).map_err(|e| e.to_string())?;
     let runtime = PluginRuntime::new(RuntimeOptions { cache_dir }).map_err(|e| e.to_string())?;
     if let Some(spec) = &deployment.scheduler {
-        SchedulerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        SchedulerPlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("scheduler  ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.sampler {
-        SamplerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        SamplerPlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("sampler    ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.glue {
-        GluePlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        GluePlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("glue       ok  {}", spec.component.display());
     }
     Ok(())

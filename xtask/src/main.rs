@@ -37,11 +37,24 @@ fn main() -> Result<()> {
             let dir = workspace.build_plugins()?;
             println!("{}", dir.display());
         }
-        Command::Test { no_lint, cargo_args } => {
+        Command::Test {
+            no_lint,
+            cargo_args,
+        } => {
             let dir = workspace.build_plugins()?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
-                workspace.cargo(&["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"], &[])?;
+                workspace.cargo(
+                    &[
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                    &[],
+                )?;
             }
             let mut args = vec!["test", "--workspace"];
             args.extend(cargo_args.iter().map(String::as_str));

@@ -34,22 +34,41 @@ impl Workspace {
             .output()
             .context("running cargo metadata")?;
         if !output.status.success() {
-            bail!("cargo metadata failed: {}", String::from_utf8_lossy(&output.stderr));
+            bail!(
+                "cargo metadata failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
         }
-        let meta: Value = serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
-        let root = PathBuf::from(meta["workspace_root"].as_str().context("no workspace_root")?);
-        let target_dir = PathBuf::from(meta["target_directory"].as_str().context("no target_directory")?);
+        let meta: Value =
+            serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+        let root = PathBuf::from(
+            meta["workspace_root"]
+                .as_str()
+                .context("no workspace_root")?,
+        );
+        let target_dir = PathBuf::from(
+            meta["target_directory"]
+                .as_str()
+                .context("no target_directory")?,
+        );
         let mut plugins = Vec::new();
         for package in meta["packages"].as_array().into_iter().flatten() {
             let Some(kind) = package["metadata"]["plughost"]["kind"].as_str() else {
                 continue;
             };
-            let package_name = package["name"].as_str().context("package without a name")?.to_string();
+            let package_name = package["name"]
+                .as_str()
+                .context("package without a name")?
+                .to_string();
             let lib_name = package["targets"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .find(|t| t["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "cdylib")))
+                .find(|t| {
+                    t["kind"]
+                        .as_array()
+                        .is_some_and(|k| k.iter().any(|k| k == "cdylib"))
+                })
                 .and_then(|t| t["name"].as_str())
                 .with_context(|| format!("plugin {package_name} has no cdylib target"))?
                 .replace('-', "_");
@@ -80,7 +99,9 @@ impl Workspace {
         for (key, value) in env {
             command.env(key, value);
         }
-        let status = command.status().with_context(|| format!("running cargo {}", args.join(" ")))?;
+        let status = command
+            .status()
+            .with_context(|| format!("running cargo {}", args.join(" ")))?;
         if !status.success() {
             bail!("cargo {} failed ({status})", args.join(" "));
         }
@@ -95,7 +116,17 @@ impl Workspace {
         let total = self.plugins.len();
         for (i, plugin) in self.plugins.iter().filter(|p| !p.is_device).enumerate() {
             eprintln!("[{}/{total}] component {}", i + 1, plugin.package);
-            self.cargo(&["build", "--release", "--target", WASM_TARGET, "-p", &plugin.package], &[])?;
+            self.cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--target",
+                    WASM_TARGET,
+                    "-p",
+                    &plugin.package,
+                ],
+                &[],
+            )?;
             let built = self
                 .target_dir
                 .join(WASM_TARGET)
@@ -112,8 +143,16 @@ impl Workspace {
             }
             self.cargo(&args, &[])?;
             for d in devices {
-                let file = format!("{}{}{}", std::env::consts::DLL_PREFIX, d.lib_name, std::env::consts::DLL_SUFFIX);
-                copy(&self.target_dir.join("release").join(&file), &out.join(&file))?;
+                let file = format!(
+                    "{}{}{}",
+                    std::env::consts::DLL_PREFIX,
+                    d.lib_name,
+                    std::env::consts::DLL_SUFFIX
+                );
+                copy(
+                    &self.target_dir.join("release").join(&file),
+                    &out.join(&file),
+                )?;
             }
         }
         Ok(out)
@@ -125,7 +164,8 @@ fn cargo() -> String {
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    std::fs::copy(from, to).with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    std::fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     Ok(())
 }
 
@@ -135,7 +175,10 @@ fn ensure_wasm_target() -> Result<()> {
         .args(["target", "list", "--installed"])
         .output()
         .context("running rustup: the wasm32-wasip2 target is installed through rustup")?;
-    if String::from_utf8_lossy(&installed.stdout).lines().any(|l| l.trim() == WASM_TARGET) {
+    if String::from_utf8_lossy(&installed.stdout)
+        .lines()
+        .any(|l| l.trim() == WASM_TARGET)
+    {
         return Ok(());
     }
     eprintln!("installing the {WASM_TARGET} target with rustup");

@@ -68,7 +68,9 @@ impl ComponentCache {
             // hash (part of the file name); wasmtime re-checks the header.
             match unsafe { Component::deserialize_file(engine, &entry) } {
                 Ok(component) => return Ok(component),
-                Err(e) => tracing::warn!(entry = %entry.display(), "discarding unreadable compiled component: {e:#}"),
+                Err(e) => {
+                    tracing::warn!(entry = %entry.display(), "discarding unreadable compiled component: {e:#}")
+                }
             }
         }
         let compiled = engine.precompile_component(&bytes).map_err(compile_error)?;

@@ -20,7 +20,10 @@ use super::InstanceLimits;
 #[derive(Debug, thiserror::Error)]
 pub enum DeploymentError {
     #[error("cannot read deployment file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid deployment file {path}: {message}")]
     Parse { path: PathBuf, message: String },
 }
@@ -88,9 +91,13 @@ impl Deployment {
     /// Parses `text`, resolving relative component paths against `base`.
     pub fn from_str_in(text: &str, base: &Path) -> Result<Self, String> {
         let mut deployment: Deployment = toml::from_str(text).map_err(|e| e.to_string())?;
-        for spec in [&mut deployment.scheduler, &mut deployment.sampler, &mut deployment.glue]
-            .into_iter()
-            .flatten()
+        for spec in [
+            &mut deployment.scheduler,
+            &mut deployment.sampler,
+            &mut deployment.glue,
+        ]
+        .into_iter()
+        .flatten()
         {
             if spec.component.is_relative() {
                 spec.component = base.join(&spec.component);
@@ -119,7 +126,10 @@ mod tests {
         let d = Deployment::from_str_in(text, Path::new("/deploy")).expect("valid file");
         let scheduler = d.scheduler.expect("scheduler section");
         assert_eq!(scheduler.component, PathBuf::from("/deploy/fcfs.wasm"));
-        assert_eq!(scheduler.config_json(), r#"{"long_prefill_token_threshold":512}"#);
+        assert_eq!(
+            scheduler.config_json(),
+            r#"{"long_prefill_token_threshold":512}"#
+        );
         assert_eq!(scheduler.limits().call_timeout, Duration::from_millis(200));
         let sampler = d.sampler.expect("sampler section");
         assert_eq!(sampler.component, PathBuf::from("/abs/sampler.wasm"));
@@ -130,8 +140,15 @@ mod tests {
 
     #[test]
     fn rejects_unknown_keys_and_missing_components() {
-        for text in ["[scheduler]\ncomponent = 'a'\ncolour = 1", "[sampler]\nconfig = {}", "[router]\ncomponent='x'"] {
-            assert!(Deployment::from_str_in(text, Path::new(".")).is_err(), "{text}");
+        for text in [
+            "[scheduler]\ncomponent = 'a'\ncolour = 1",
+            "[sampler]\nconfig = {}",
+            "[router]\ncomponent='x'",
+        ] {
+            assert!(
+                Deployment::from_str_in(text, Path::new(".")).is_err(),
+                "{text}"
+            );
         }
     }
 }

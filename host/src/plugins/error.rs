@@ -11,7 +11,9 @@ pub enum PluginError {
     },
     #[error("cannot compile plugin component {path}: {message}")]
     Compile { path: PathBuf, message: String },
-    #[error("plugin component {path} does not implement the {world} world of plughost:plugin@{version}: {message}")]
+    #[error(
+        "plugin component {path} does not implement the {world} world of plughost:plugin@{version}: {message}"
+    )]
     Incompatible {
         path: PathBuf,
         world: &'static str,

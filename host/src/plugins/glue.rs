@@ -23,7 +23,10 @@ impl World for bindings::ModelGlue {
     const NAME: &'static str = "model-glue";
 
     fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        bindings::ModelGlue::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(linker, |s| s)
+        bindings::ModelGlue::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(
+            linker,
+            |s| s,
+        )
     }
     fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
         bindings::ModelGluePre::new(pre)
@@ -31,7 +34,11 @@ impl World for bindings::ModelGlue {
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
         pre.instantiate(&mut *store)
     }
-    fn call_init(&self, store: &mut Store<PluginState>, config: &str) -> wasmtime::Result<Result<(), String>> {
+    fn call_init(
+        &self,
+        store: &mut Store<PluginState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
         self.call_init(store, config)
     }
 }
@@ -44,7 +51,12 @@ pub struct GluePlugin {
 }
 
 impl GluePlugin {
-    pub fn load(runtime: &PluginRuntime, path: &Path, config: &str, limits: InstanceLimits) -> Result<Self, PluginError> {
+    pub fn load(
+        runtime: &PluginRuntime,
+        path: &Path,
+        config: &str,
+        limits: InstanceLimits,
+    ) -> Result<Self, PluginError> {
         Ok(GluePlugin {
             instance: runtime.instantiate(path, config, limits)?,
         })
@@ -63,7 +75,9 @@ impl GluePlugin {
 
     /// Checks `config.json` and lists the weights and KV layout the model needs.
     pub fn describe(&mut self, config_json: &str) -> Result<types::ModelInfo, PluginError> {
-        let result = self.instance.call(|world, store| world.call_describe(store, config_json))?;
+        let result = self
+            .instance
+            .call(|world, store| world.call_describe(store, config_json))?;
         self.plugin_result(result)
     }
 

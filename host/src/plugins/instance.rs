@@ -76,7 +76,11 @@ pub(crate) trait World: Sized + 'static {
     fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()>;
     fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre>;
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self>;
-    fn call_init(&self, store: &mut Store<PluginState>, config: &str) -> wasmtime::Result<Result<(), String>>;
+    fn call_init(
+        &self,
+        store: &mut Store<PluginState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<(), String>>;
 }
 
 struct Live<W> {
@@ -156,10 +160,11 @@ impl<W: World> ContainedInstance<W> {
         }
         let mut store = self.new_store();
         store.set_epoch_deadline(self.deadline_ticks());
-        let bindings = W::instantiate(&self.pre, &mut store).map_err(|e| PluginError::Instantiate {
-            plugin: self.name.clone(),
-            message: format!("{e:#}"),
-        })?;
+        let bindings =
+            W::instantiate(&self.pre, &mut store).map_err(|e| PluginError::Instantiate {
+                plugin: self.name.clone(),
+                message: format!("{e:#}"),
+            })?;
         store.set_epoch_deadline(self.deadline_ticks());
         match bindings.call_init(&mut store, &self.config) {
             Ok(Ok(())) => {}
@@ -201,7 +206,9 @@ impl<W: World> ContainedInstance<W> {
         self.ensure_live()?;
         let ticks = self.deadline_ticks();
         let Some(live) = self.live.as_mut() else {
-            return Err(PluginError::Runtime("instance vanished after instantiation".into()));
+            return Err(PluginError::Runtime(
+                "instance vanished after instantiation".into(),
+            ));
         };
         live.store.set_epoch_deadline(ticks);
         let started = Instant::now();

@@ -93,7 +93,8 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
     if k == 0 {
         return Vec::new();
     }
-    let better = |a: &Candidate, b: &Candidate| key(b.value).total_cmp(&key(a.value)).then(a.id.cmp(&b.id));
+    let better =
+        |a: &Candidate, b: &Candidate| key(b.value).total_cmp(&key(a.value)).then(a.id.cmp(&b.id));
     // A sorted buffer of the best k with a cheap reject test wins for the
     // small k samplers ask for; large k falls back to one selection pass.
     if k <= 256 {
@@ -104,7 +105,10 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
             if best.len() == k && v <= floor {
                 continue;
             }
-            let c = Candidate { id: i as u32, value: v };
+            let c = Candidate {
+                id: i as u32,
+                value: v,
+            };
             let at = best.partition_point(|b| better(b, &c).is_lt());
             best.insert(at, c);
             best.truncate(k);
@@ -117,7 +121,10 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
     let mut all: Vec<Candidate> = row
         .iter()
         .enumerate()
-        .map(|(i, &v)| Candidate { id: i as u32, value: key(v) })
+        .map(|(i, &v)| Candidate {
+            id: i as u32,
+            value: key(v),
+        })
         .collect();
     all.select_nth_unstable_by(k - 1, better);
     all.truncate(k);
@@ -126,12 +133,19 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
 }
 
 fn effective_temperature(temperature: f32) -> f32 {
-    if temperature > 0.0 && temperature.is_finite() { temperature } else { 1.0 }
+    if temperature > 0.0 && temperature.is_finite() {
+        temperature
+    } else {
+        1.0
+    }
 }
 
 pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
     let t = effective_temperature(temperature);
-    let max = row.iter().map(|&v| key(v)).fold(f32::NEG_INFINITY, f32::max);
+    let max = row
+        .iter()
+        .map(|&v| key(v))
+        .fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
@@ -153,7 +167,10 @@ pub fn log_softmax(row: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {
 /// Inverse-CDF draw from softmax(row / temperature) with `u` in [0, 1).
 pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
     let t = effective_temperature(temperature);
-    let max = row.iter().map(|&v| key(v)).fold(f32::NEG_INFINITY, f32::max);
+    let max = row
+        .iter()
+        .map(|&v| key(v))
+        .fold(f32::NEG_INFINITY, f32::max);
     if max == f32::NEG_INFINITY {
         return 0;
     }
@@ -175,9 +192,24 @@ pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
     last_positive as u32
 }
 
-/// OpenAI presence/frequency penalties over generated tokens and the
-/// repetition penalty over prompt and generated tokens.
+/// The repetition penalty over prompt and generated tokens, then the OpenAI
+/// presence/frequency penalties over generated tokens (vLLM's order).
 pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Penalties) {
+    if penalties.repetition != 1.0 && penalties.repetition > 0.0 {
+        let mut seen = std::collections::HashSet::new();
+        for &t in history.prompt.iter().chain(&history.output) {
+            if !seen.insert(t) {
+                continue;
+            }
+            if let Some(v) = row.get_mut(t as usize) {
+                *v = if *v > 0.0 {
+                    *v / penalties.repetition
+                } else {
+                    *v * penalties.repetition
+                };
+            }
+        }
+    }
     if penalties.presence != 0.0 || penalties.frequency != 0.0 {
         let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
         for &t in &history.output {
@@ -186,17 +218,6 @@ pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Pena
         for (&t, &n) in &counts {
             if let Some(v) = row.get_mut(t as usize) {
                 *v -= penalties.presence + penalties.frequency * n as f32;
-            }
-        }
-    }
-    if penalties.repetition != 1.0 && penalties.repetition > 0.0 {
-        let mut seen = std::collections::HashSet::new();
-        for &t in history.prompt.iter().chain(&history.output) {
-            if !seen.insert(t) {
-                continue;
-            }
-            if let Some(v) = row.get_mut(t as usize) {
-                *v = if *v > 0.0 { *v / penalties.repetition } else { *v * penalties.repetition };
             }
         }
     }
@@ -263,8 +284,14 @@ mod tests {
 
     #[test]
     fn top_k_matches_a_full_sort_for_small_and_large_k() {
-        let row: Vec<f32> = (0..2000).map(|i| ((i * 7919) % 1013) as f32 * 0.01).collect();
-        let mut sorted: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        let row: Vec<f32> = (0..2000)
+            .map(|i| ((i * 7919) % 1013) as f32 * 0.01)
+            .collect();
+        let mut sorted: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
         sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         for k in [1u32, 5, 256, 257, 1500, 5000] {
             let got: Vec<(u32, f32)> = top_k(&row, k).iter().map(|c| (c.id, c.value)).collect();
@@ -304,6 +331,9 @@ mod tests {
             repetition: 2.0,
         };
         apply_penalties(&mut row, &history, &p);
-        assert_eq!(row, vec![1.0, (2.0 - 0.5 - 0.5) / 2.0, (-2.0 - 0.75) * 2.0, 2.0]);
+        assert_eq!(
+            row,
+            vec![1.0, (2.0 - 0.5 - 0.5) / 2.0, (-2.0 - 0.75) * 2.0, 2.0]
+        );
     }
 }

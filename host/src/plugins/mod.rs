@@ -8,10 +8,10 @@
 mod cache;
 mod deployment;
 mod error;
+pub mod glue;
 mod instance;
 pub mod logits;
 mod runtime;
-pub mod glue;
 pub mod sampler;
 pub mod scheduler;
 

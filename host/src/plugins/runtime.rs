@@ -115,7 +115,8 @@ impl PluginRuntime {
             message: format!("{e:#}"),
         };
         let mut linker: Linker<PluginState> = Linker::new(&self.shared.engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
         W::add_to_linker(&mut linker).map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(component).map_err(incompatible)?;
         let pre = W::pre(pre).map_err(incompatible)?;
@@ -123,7 +124,8 @@ impl PluginRuntime {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.display().to_string());
-        let mut instance = ContainedInstance::new(self.shared.clone(), name, pre, config.to_string(), limits);
+        let mut instance =
+            ContainedInstance::new(self.shared.clone(), name, pre, config.to_string(), limits);
         // Instantiate now so a bad config or a broken component fails the load, not the first step.
         instance.ensure_live()?;
         Ok(instance)

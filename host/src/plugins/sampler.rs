@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use plughost_sdk::sampler::{Candidate, SamplingParams, Sampled};
+use plughost_sdk::sampler::{Candidate, Sampled, SamplingParams};
 use wasmtime::Store;
 use wasmtime::component::{InstancePre, Linker, Resource};
 
@@ -43,7 +43,11 @@ impl World for bindings::Sampler {
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
         pre.instantiate(&mut *store)
     }
-    fn call_init(&self, store: &mut Store<PluginState>, config: &str) -> wasmtime::Result<Result<(), String>> {
+    fn call_init(
+        &self,
+        store: &mut Store<PluginState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
         self.call_init(store, config)
     }
 }
@@ -54,7 +58,9 @@ fn out_of_range(row: u32) -> wasmtime::Error {
 
 impl PluginState {
     fn logits_row(&self, row: u32) -> wasmtime::Result<&[f32]> {
-        self.logits.row(row as usize).ok_or_else(|| out_of_range(row))
+        self.logits
+            .row(row as usize)
+            .ok_or_else(|| out_of_range(row))
     }
 }
 
@@ -70,11 +76,28 @@ impl wit::HostLogitsBatch for PluginState {
     fn argmax(&mut self, _: Resource<LogitsBatchHandle>, row: u32) -> wasmtime::Result<u32> {
         Ok(logits::argmax(self.logits_row(row)?))
     }
-    fn top_k(&mut self, _: Resource<LogitsBatchHandle>, row: u32, k: u32) -> wasmtime::Result<Vec<wit::Candidate>> {
+    fn top_k(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        k: u32,
+    ) -> wasmtime::Result<Vec<wit::Candidate>> {
         let best = logits::top_k(self.logits_row(row)?, k);
-        Ok(best.into_iter().map(|c| wit::Candidate { id: c.id, value: c.value }).collect())
+        Ok(best
+            .into_iter()
+            .map(|c| wit::Candidate {
+                id: c.id,
+                value: c.value,
+            })
+            .collect())
     }
-    fn read(&mut self, _: Resource<LogitsBatchHandle>, row: u32, start: u32, len: u32) -> wasmtime::Result<Vec<f32>> {
+    fn read(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        start: u32,
+        len: u32,
+    ) -> wasmtime::Result<Vec<f32>> {
         Ok(logits::read(self.logits_row(row)?, start, len))
     }
     fn log_softmax(
@@ -84,9 +107,18 @@ impl wit::HostLogitsBatch for PluginState {
         ids: Vec<u32>,
         temperature: f32,
     ) -> wasmtime::Result<Vec<f32>> {
-        Ok(logits::log_softmax(self.logits_row(row)?, &ids, temperature))
+        Ok(logits::log_softmax(
+            self.logits_row(row)?,
+            &ids,
+            temperature,
+        ))
     }
-    fn log_sum_exp(&mut self, _: Resource<LogitsBatchHandle>, row: u32, temperature: f32) -> wasmtime::Result<f32> {
+    fn log_sum_exp(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        temperature: f32,
+    ) -> wasmtime::Result<f32> {
         Ok(logits::log_sum_exp(self.logits_row(row)?, temperature))
     }
     fn sample_full(
@@ -104,7 +136,10 @@ impl wit::HostLogitsBatch for PluginState {
         row: u32,
         penalties: wit::Penalties,
     ) -> wasmtime::Result<()> {
-        let (values, history) = self.logits.row_mut(row as usize).ok_or_else(|| out_of_range(row))?;
+        let (values, history) = self
+            .logits
+            .row_mut(row as usize)
+            .ok_or_else(|| out_of_range(row))?;
         let penalties = plughost_sdk::sampler::Penalties {
             presence: penalties.presence,
             frequency: penalties.frequency,
@@ -142,7 +177,10 @@ fn sampled_from_wit(s: wit::Sampled) -> Sampled {
         top_logprobs: s
             .top_logprobs
             .into_iter()
-            .map(|c| Candidate { id: c.id, value: c.value })
+            .map(|c| Candidate {
+                id: c.id,
+                value: c.value,
+            })
             .collect(),
     }
 }
@@ -153,7 +191,12 @@ pub struct SamplerPlugin {
 }
 
 impl SamplerPlugin {
-    pub fn load(runtime: &PluginRuntime, path: &Path, config: &str, limits: InstanceLimits) -> Result<Self, PluginError> {
+    pub fn load(
+        runtime: &PluginRuntime,
+        path: &Path,
+        config: &str,
+        limits: InstanceLimits,
+    ) -> Result<Self, PluginError> {
         Ok(SamplerPlugin {
             instance: runtime.instantiate(path, config, limits)?,
         })
@@ -167,7 +210,11 @@ impl SamplerPlugin {
     ///
     /// The logits move into the plugin's store for the call and back out,
     /// without copying; penalties rewrite them in place.
-    pub fn sample(&mut self, logits: &mut LogitsBatch, sequences: &[SequenceToSample]) -> Result<Vec<Sampled>, PluginError> {
+    pub fn sample(
+        &mut self,
+        logits: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+    ) -> Result<Vec<Sampled>, PluginError> {
         let plugin = self.instance.name().to_string();
         if logits.rows() != sequences.len() {
             return Err(PluginError::Runtime(format!(
@@ -203,14 +250,21 @@ impl SamplerPlugin {
         if sampled.len() != sequences.len() {
             return Err(PluginError::Plugin {
                 plugin,
-                message: format!("returned {} tokens for {} sequences", sampled.len(), sequences.len()),
+                message: format!(
+                    "returned {} tokens for {} sequences",
+                    sampled.len(),
+                    sequences.len()
+                ),
             });
         }
         let vocab = logits.vocab() as u32;
         if let Some(bad) = sampled.iter().find(|s| s.token >= vocab) {
             return Err(PluginError::Plugin {
                 plugin,
-                message: format!("returned token {} outside the vocabulary of {vocab}", bad.token),
+                message: format!(
+                    "returned token {} outside the vocabulary of {vocab}",
+                    bad.token
+                ),
             });
         }
         Ok(sampled.into_iter().map(sampled_from_wit).collect())

@@ -23,7 +23,10 @@ impl World for bindings::Scheduler {
     const NAME: &'static str = "scheduler";
 
     fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        bindings::Scheduler::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(linker, |s| s)
+        bindings::Scheduler::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(
+            linker,
+            |s| s,
+        )
     }
     fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
         bindings::SchedulerPre::new(pre)
@@ -31,7 +34,11 @@ impl World for bindings::Scheduler {
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
         pre.instantiate(&mut *store)
     }
-    fn call_init(&self, store: &mut Store<PluginState>, config: &str) -> wasmtime::Result<Result<(), String>> {
+    fn call_init(
+        &self,
+        store: &mut Store<PluginState>,
+        config: &str,
+    ) -> wasmtime::Result<Result<(), String>> {
         self.call_init(store, config)
     }
 }
@@ -64,7 +71,12 @@ pub struct SchedulerPlugin {
 }
 
 impl SchedulerPlugin {
-    pub fn load(runtime: &PluginRuntime, path: &Path, config: &str, limits: InstanceLimits) -> Result<Self, PluginError> {
+    pub fn load(
+        runtime: &PluginRuntime,
+        path: &Path,
+        config: &str,
+        limits: InstanceLimits,
+    ) -> Result<Self, PluginError> {
         Ok(SchedulerPlugin {
             instance: runtime.instantiate(path, config, limits)?,
         })
@@ -75,7 +87,11 @@ impl SchedulerPlugin {
     }
 
     /// Asks the plugin for this step's plan. The caller validates it against its own state.
-    pub fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Result<Plan, PluginError> {
+    pub fn schedule(
+        &mut self,
+        requests: &[RequestView],
+        resources: &Resources,
+    ) -> Result<Plan, PluginError> {
         let views: Vec<wit::RequestView> = requests.iter().map(view_to_wit).collect();
         let resources = wit::Resources {
             token_budget: resources.token_budget,

@@ -54,7 +54,9 @@ macro_rules! export_model_glue {
                 Ok(())
             }
 
-            fn describe(config_json: String) -> Result<$crate::model_glue::types::ModelInfo, String> {
+            fn describe(
+                config_json: String,
+            ) -> Result<$crate::model_glue::types::ModelInfo, String> {
                 Self::with(|g| $crate::model_glue::ModelGlue::describe(g, &config_json))
             }
 

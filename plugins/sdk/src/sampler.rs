@@ -234,10 +234,20 @@ macro_rules! export_sampler {
             }
 
             fn sample(
-                logits: $crate::sampler::bindings::plughost::plugin::sampling::LogitsBatchBorrow<'_>,
+                logits: &$crate::sampler::bindings::plughost::plugin::sampling::LogitsBatch,
                 batch: Vec<$crate::sampler::bindings::plughost::plugin::sampling::Sequence>,
-            ) -> Result<Vec<$crate::sampler::bindings::plughost::plugin::sampling::Sampled>, String> {
-                let logits = logits.get::<$crate::sampler::bindings::plughost::plugin::sampling::LogitsBatch>();
+            ) -> Result<Vec<$crate::sampler::bindings::plughost::plugin::sampling::Sampled>, String>
+            {
+                // Asking the host for a row it does not have would trap;
+                // a mismatched batch is an error the host can report.
+                let num_rows = logits.rows();
+                if usize::try_from(num_rows).ok() != Some(batch.len()) {
+                    return Err(format!(
+                        "batch of {} sequences but {} logits rows",
+                        batch.len(),
+                        num_rows
+                    ));
+                }
                 let rows: Vec<$crate::sampler::adapter::Row<'_>> = (0..batch.len() as u32)
                     .map(|row| $crate::sampler::adapter::Row { batch: logits, row })
                     .collect();
@@ -255,7 +265,10 @@ macro_rules! export_sampler {
                     Some(s) => $crate::sampler::Sampler::sample(s, &sequences),
                     None => Err("sampler called before init".to_string()),
                 })?;
-                Ok(sampled.into_iter().map($crate::sampler::adapter::sampled).collect())
+                Ok(sampled
+                    .into_iter()
+                    .map($crate::sampler::adapter::sampled)
+                    .collect())
             }
         }
 

@@ -163,7 +163,9 @@ macro_rules! export_scheduler {
             }
 
             fn schedule(
-                requests: Vec<$crate::scheduler::bindings::plughost::plugin::scheduling::RequestView>,
+                requests: Vec<
+                    $crate::scheduler::bindings::plughost::plugin::scheduling::RequestView,
+                >,
                 resources: $crate::scheduler::bindings::plughost::plugin::scheduling::Resources,
             ) -> $crate::scheduler::bindings::plughost::plugin::scheduling::Plan {
                 let requests: Vec<_> = requests
