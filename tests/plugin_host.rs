@@ -15,10 +15,20 @@ const VOCAB: usize = 151_936;
 
 fn runtime() -> PluginRuntime {
     let cache = std::env::temp_dir().join("plughost-test-component-cache");
-    PluginRuntime::new(RuntimeOptions { cache_dir: Some(cache) }).expect("plugin runtime")
+    PluginRuntime::new(RuntimeOptions {
+        cache_dir: Some(cache),
+    })
+    .expect("plugin runtime")
 }
 
-fn view(id: u64, phase: Phase, prompt_len: u32, computed_len: u32, output_len: u32, blocks_held: u32) -> RequestView {
+fn view(
+    id: u64,
+    phase: Phase,
+    prompt_len: u32,
+    computed_len: u32,
+    output_len: u32,
+    blocks_held: u32,
+) -> RequestView {
     RequestView {
         id,
         phase,
@@ -35,10 +45,14 @@ fn view(id: u64, phase: Phase, prompt_len: u32, computed_len: u32, output_len: u
 
 /// Pseudo-random logits from a fixed LCG, so every run sees the same rows.
 fn random_logits(rows: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..rows * VOCAB)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 8.0 - 4.0
         })
         .collect()
@@ -52,8 +66,13 @@ fn sampler() -> SamplerPlugin {
 #[test]
 fn fcfs_plan_for_a_synthetic_queue() {
     let path = common::plugin_path("plughost_scheduler_fcfs.wasm");
-    let mut fcfs = SchedulerPlugin::load(&runtime(), &path, r#"{"long_prefill_token_threshold": 8}"#, InstanceLimits::default())
-        .expect("fcfs loads");
+    let mut fcfs = SchedulerPlugin::load(
+        &runtime(),
+        &path,
+        r#"{"long_prefill_token_threshold": 8}"#,
+        InstanceLimits::default(),
+    )
+    .expect("fcfs loads");
     let resources = Resources {
         token_budget: 16,
         max_running: 8,
@@ -68,7 +87,10 @@ fn fcfs_plan_for_a_synthetic_queue() {
         want: Plan,
     }
     let run = |pairs: &[(u64, u32)]| Plan {
-        run: pairs.iter().map(|&(id, num_tokens)| Scheduled { id, num_tokens }).collect(),
+        run: pairs
+            .iter()
+            .map(|&(id, num_tokens)| Scheduled { id, num_tokens })
+            .collect(),
         preempt: vec![],
     };
     let cases = vec![
@@ -85,34 +107,64 @@ fn fcfs_plan_for_a_synthetic_queue() {
         },
         Case {
             name: "the budget runs out in the middle of the queue",
-            requests: vec![view(1, Phase::Running, 6, 8, 3, 3), view(3, Phase::Waiting, 40, 0, 0, 0), view(4, Phase::Waiting, 5, 0, 0, 0)],
-            resources: Resources { token_budget: 6, ..resources },
+            requests: vec![
+                view(1, Phase::Running, 6, 8, 3, 3),
+                view(3, Phase::Waiting, 40, 0, 0, 0),
+                view(4, Phase::Waiting, 5, 0, 0, 0),
+            ],
+            resources: Resources {
+                token_budget: 6,
+                ..resources
+            },
             want: run(&[(1, 1), (3, 5)]),
         },
         Case {
             name: "max running keeps waiting requests out",
-            requests: vec![view(1, Phase::Running, 6, 8, 3, 3), view(3, Phase::Waiting, 5, 0, 0, 0)],
-            resources: Resources { max_running: 1, ..resources },
+            requests: vec![
+                view(1, Phase::Running, 6, 8, 3, 3),
+                view(3, Phase::Waiting, 5, 0, 0, 0),
+            ],
+            resources: Resources {
+                max_running: 1,
+                ..resources
+            },
             want: run(&[(1, 1)]),
         },
         Case {
             name: "a waiting request is admitted only when its blocks fit",
-            requests: vec![view(3, Phase::Waiting, 8, 0, 0, 0), view(4, Phase::Waiting, 8, 0, 0, 0)],
-            resources: Resources { free_blocks: 3, ..resources },
+            requests: vec![
+                view(3, Phase::Waiting, 8, 0, 0, 0),
+                view(4, Phase::Waiting, 8, 0, 0, 0),
+            ],
+            resources: Resources {
+                free_blocks: 3,
+                ..resources
+            },
             want: run(&[(3, 8)]),
         },
         Case {
             name: "out of blocks, the newest running request is preempted",
-            requests: vec![view(1, Phase::Running, 4, 8, 5, 2), view(2, Phase::Running, 4, 8, 5, 2)],
-            resources: Resources { free_blocks: 0, ..resources },
+            requests: vec![
+                view(1, Phase::Running, 4, 8, 5, 2),
+                view(2, Phase::Running, 4, 8, 5, 2),
+            ],
+            resources: Resources {
+                free_blocks: 0,
+                ..resources
+            },
             want: Plan {
-                run: vec![Scheduled { id: 1, num_tokens: 1 }],
+                run: vec![Scheduled {
+                    id: 1,
+                    num_tokens: 1,
+                }],
                 preempt: vec![2],
             },
         },
     ];
     for case in cases {
-        let plan = fcfs.schedule(&case.requests, &case.resources).expect("schedule call");
+        let plan = fcfs
+            .schedule(&case.requests, &case.resources)
+            .expect("schedule call");
         assert_eq!(plan, case.want, "{}", case.name);
     }
 }
@@ -136,7 +188,11 @@ fn sampler_returns_the_argmax_at_temperature_zero() {
     assert_eq!(got, want);
     for (s, row) in sampled.iter().zip(0..) {
         let direct = logits::log_softmax(batch.row(row).expect("row"), &[s.token], 1.0)[0];
-        assert!((s.logprob - direct).abs() < 1e-4, "logprob {} vs {direct}", s.logprob);
+        assert!(
+            (s.logprob - direct).abs() < 1e-4,
+            "logprob {} vs {direct}",
+            s.logprob
+        );
     }
 }
 
@@ -152,7 +208,11 @@ fn seeded_stream(sampler: &mut SamplerPlugin, seed: u64) -> Vec<u32> {
     (0..32)
         .map(|position| {
             let mut batch = LogitsBatch::new(values.clone(), VOCAB);
-            let seq = SequenceToSample { request: 1, position, params };
+            let seq = SequenceToSample {
+                request: 1,
+                position,
+                params,
+            };
             sampler.sample(&mut batch, &[seq]).expect("sample call")[0].token
         })
         .collect()
@@ -167,22 +227,41 @@ fn a_seed_fixes_the_token_stream() {
     assert_eq!(first, again, "same seed, same tokens");
     assert_ne!(first, other, "different seed, different tokens");
     let distinct: std::collections::HashSet<u32> = first.iter().copied().collect();
-    assert!(distinct.len() > 4, "temperature 1 over 50 candidates should vary: {first:?}");
+    assert!(
+        distinct.len() > 4,
+        "temperature 1 over 50 candidates should vary: {first:?}"
+    );
 }
 
 #[test]
 fn a_component_of_another_world_is_refused() {
     let path = common::plugin_path("plughost_sampler_standard.wasm");
-    let err = SchedulerPlugin::load(&runtime(), &path, "", InstanceLimits::default()).err().expect("must be refused");
-    assert!(matches!(err, PluginError::Incompatible { world: "scheduler", .. }), "{err}");
+    let err = SchedulerPlugin::load(&runtime(), &path, "", InstanceLimits::default())
+        .err()
+        .expect("must be refused");
+    assert!(
+        matches!(
+            err,
+            PluginError::Incompatible {
+                world: "scheduler",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
 fn a_bad_plugin_config_is_refused_with_the_plugin_message() {
     let path = common::plugin_path("plughost_scheduler_fcfs.wasm");
-    let err = SchedulerPlugin::load(&runtime(), &path, r#"{"no_such_option": 1}"#, InstanceLimits::default())
-        .err()
-        .expect("must be refused");
+    let err = SchedulerPlugin::load(
+        &runtime(),
+        &path,
+        r#"{"no_such_option": 1}"#,
+        InstanceLimits::default(),
+    )
+    .err()
+    .expect("must be refused");
     assert!(matches!(err, PluginError::Plugin { .. }), "{err}");
     assert!(err.to_string().contains("no_such_option"), "{err}");
 }
@@ -195,7 +274,8 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
         call_timeout: Duration::from_millis(200),
         max_faults: 10,
     };
-    let mut scheduler = SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
+    let mut scheduler =
+        SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
     let resources = Resources {
         token_budget: 64,
         max_running: 8,
@@ -204,27 +284,48 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
         total_blocks: 10,
     };
     let ordinary = [view(1, Phase::Waiting, 4, 0, 0, 0)];
-    let healthy = scheduler.schedule(&ordinary, &resources).expect("ordinary call");
-    assert_eq!(healthy.run, vec![Scheduled { id: 1, num_tokens: 1 }]);
+    let healthy = scheduler
+        .schedule(&ordinary, &resources)
+        .expect("ordinary call");
+    assert_eq!(
+        healthy.run,
+        vec![Scheduled {
+            id: 1,
+            num_tokens: 1
+        }]
+    );
 
     let cases: [(&str, i32, fn(&PluginError) -> bool); 3] = [
         ("trap", -1001, |e| matches!(e, PluginError::Trap { .. })),
-        ("infinite loop", -1002, |e| matches!(e, PluginError::Timeout { .. })),
-        ("unbounded memory", -1003, |e| matches!(e, PluginError::Trap { .. })),
+        ("infinite loop", -1002, |e| {
+            matches!(e, PluginError::Timeout { .. })
+        }),
+        ("unbounded memory", -1003, |e| {
+            matches!(e, PluginError::Trap { .. })
+        }),
     ];
     for (i, (name, priority, is_expected)) in cases.into_iter().enumerate() {
         let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
         bad.priority = priority;
         let started = Instant::now();
-        let err = scheduler.schedule(&[bad], &resources).err().unwrap_or_else(|| panic!("{name}: must fail"));
+        let err = scheduler
+            .schedule(&[bad], &resources)
+            .err()
+            .unwrap_or_else(|| panic!("{name}: must fail"));
         let took = started.elapsed();
         assert!(is_expected(&err), "{name}: unexpected error {err}");
         assert!(took < Duration::from_secs(1), "{name}: took {took:?}");
-        let after = scheduler.schedule(&ordinary, &resources).expect("next call on a fresh instance");
+        let after = scheduler
+            .schedule(&ordinary, &resources)
+            .expect("next call on a fresh instance");
         assert_eq!(after, healthy, "{name}: fresh instance answers as before");
         let stats = scheduler.stats();
         assert_eq!(stats.faults as usize, i + 1, "{name}: faults counted");
-        assert_eq!(stats.instantiations as usize, i + 2, "{name}: re-instantiated");
+        assert_eq!(
+            stats.instantiations as usize,
+            i + 2,
+            "{name}: re-instantiated"
+        );
     }
 }
 
@@ -235,7 +336,8 @@ fn a_plugin_that_keeps_faulting_is_disabled() {
         max_faults: 2,
         ..InstanceLimits::default()
     };
-    let mut scheduler = SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
+    let mut scheduler =
+        SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
     let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
     bad.priority = -1001;
     let resources = Resources {
@@ -246,8 +348,18 @@ fn a_plugin_that_keeps_faulting_is_disabled() {
         total_blocks: 10,
     };
     for _ in 0..2 {
-        assert!(scheduler.schedule(std::slice::from_ref(&bad), &resources).is_err());
+        assert!(
+            scheduler
+                .schedule(std::slice::from_ref(&bad), &resources)
+                .is_err()
+        );
     }
-    let err = scheduler.schedule(&[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources).err().expect("disabled");
-    assert!(matches!(err, PluginError::Disabled { faults: 2, .. }), "{err}");
+    let err = scheduler
+        .schedule(&[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources)
+        .err()
+        .expect("disabled");
+    assert!(
+        matches!(err, PluginError::Disabled { faults: 2, .. }),
+        "{err}"
+    );
 }

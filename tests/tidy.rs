@@ -25,7 +25,12 @@ fn every_rust_file_opens_with_a_module_doc_line() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
     rust_files(&root, &mut files);
-    assert!(files.len() > 10, "found only {} Rust files under {}", files.len(), root.display());
+    assert!(
+        files.len() > 10,
+        "found only {} Rust files under {}",
+        files.len(),
+        root.display()
+    );
     let missing: Vec<String> = files
         .iter()
         .filter(|path| {
@@ -34,5 +39,9 @@ fn every_rust_file_opens_with_a_module_doc_line() {
         })
         .map(|path| path.display().to_string())
         .collect();
-    assert!(missing.is_empty(), "files without a leading `//!` line:\n{}", missing.join("\n"));
+    assert!(
+        missing.is_empty(),
+        "files without a leading `//!` line:\n{}",
+        missing.join("\n")
+    );
 }

@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask build-plugins`, `cargo xtask test`, `cargo xtask bench-plugins`.
 
+mod fixtures;
 mod plugins;
 
 use anyhow::Result;
@@ -42,6 +43,8 @@ fn main() -> Result<()> {
             cargo_args,
         } => {
             let dir = workspace.build_plugins()?;
+            let tokenizer =
+                fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
                 workspace.cargo(
@@ -58,7 +61,13 @@ fn main() -> Result<()> {
             }
             let mut args = vec!["test", "--workspace"];
             args.extend(cargo_args.iter().map(String::as_str));
-            workspace.cargo(&args, &[("PLUGHOST_PLUGINS_DIR", dir.as_os_str())])?;
+            workspace.cargo(
+                &args,
+                &[
+                    ("PLUGHOST_PLUGINS_DIR", dir.as_os_str()),
+                    ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
+                ],
+            )?;
         }
         Command::BenchPlugins => {
             let dir = workspace.build_plugins()?;

@@ -91,6 +91,14 @@ impl Workspace {
         })
     }
 
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn target_dir(&self) -> &Path {
+        &self.target_dir
+    }
+
     /// Runs cargo in the workspace root with extra environment, failing on a non-zero exit.
     pub fn cargo(&self, args: &[&str], env: &[(&str, &OsStr)]) -> Result<()> {
         eprintln!("$ cargo {}", args.join(" "));

@@ -1,1 +1,19 @@
-//! device abi
+//! The versioned C ABI between the plughost host and device libraries, and the shared pieces device authors build on.
+//!
+//! * [`abi`]: the `repr(C)` types and function table (mirrored by `include/plughost_device.h`);
+//! * [`callables`]: the callables every device provides, with their signatures;
+//! * [`validate`]: checking launch arguments against those signatures;
+//! * [`elements`]: decoding tensor elements (f32, f16, bf16, i32) from buffer bytes;
+//! * [`export`]: the ABI plumbing for devices written in Rust ([`export_device!`]).
+
+pub mod abi;
+pub mod callables;
+pub mod elements;
+pub mod export;
+pub mod validate;
+
+pub use abi::{
+    ArgTag, DType, DeviceHandle, DeviceStats, ENTRY_SYMBOL, EntryFn, MAX_RANK,
+    PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceHeader, PlughostDeviceV1, RankError, TensorArg,
+    status,
+};

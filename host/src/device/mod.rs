@@ -1,0 +1,15 @@
+//! Loading device libraries through the versioned C ABI, and the safe wrapper over an open device.
+//!
+//! [`DeviceLibrary::load`] checks the ABI version, table size and every entry before any
+//! device function runs. A [`Device`] owns one handle; every failed call becomes a
+//! [`DeviceError`] carrying the device's own message. The ABI types themselves live in the
+//! `plughost-device-abi` crate and are re-exported here.
+
+mod error;
+mod handle;
+mod library;
+
+pub use error::DeviceError;
+pub use handle::{BufferId, CallableIndex, Device, tensor_arg};
+pub use library::DeviceLibrary;
+pub use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg, status};

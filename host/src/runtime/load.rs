@@ -1,0 +1,71 @@
+//! Putting a model folder on a device: the glue describes it, the checkpoint is checked, the program is prepared.
+
+use std::path::Path;
+
+use crate::device::{DType, Device};
+use crate::model::{self, Checkpoint, ModelError};
+use crate::plugins::PluginError;
+use crate::plugins::glue::GluePlugin;
+
+use super::{Runtime, RuntimeConfig, RuntimeError, WeightSource, WeightView};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Plugin(#[from] PluginError),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+impl WeightSource for Checkpoint {
+    fn weight(&self, name: &str) -> Result<WeightView<'_>, RuntimeError> {
+        let view = self
+            .tensor(name)
+            .map_err(|e| RuntimeError::Weight(e.to_string()))?;
+        let dtype = match view.dtype() {
+            model::DType::F32 => DType::F32,
+            model::DType::F16 => DType::F16,
+            model::DType::BF16 => DType::BF16,
+        };
+        Ok(WeightView {
+            dtype,
+            shape: view.shape().to_vec(),
+            bytes: view.data(),
+        })
+    }
+}
+
+/// Opens `model_dir`, asks `glue` for the model's description and program, and prepares them
+/// on `device`. The device is closed when loading fails.
+pub fn load_model(
+    device: Device,
+    glue: &mut GluePlugin,
+    model_dir: &Path,
+    config: RuntimeConfig,
+) -> Result<Runtime, LoadError> {
+    let prepared = (|| {
+        let checkpoint = Checkpoint::open(model_dir)?;
+        let info = glue.describe(checkpoint.config_json())?;
+        let expected: Vec<(String, Vec<u64>)> = info
+            .weights
+            .iter()
+            .map(|w| (w.name.clone(), w.shape.clone()))
+            .collect();
+        checkpoint.check(&expected)?;
+        let program = glue.build_program(checkpoint.config_json())?;
+        Ok::<_, LoadError>((checkpoint, info, program))
+    })();
+    let (checkpoint, info, program) = match prepared {
+        Ok(parts) => parts,
+        Err(e) => {
+            device.close();
+            return Err(e);
+        }
+    };
+    Runtime::prepare(device, info, &program, &checkpoint, config).map_err(|(device, e)| {
+        device.close();
+        LoadError::Runtime(e)
+    })
+}

@@ -1,0 +1,20 @@
+//! The runtime: prepares a model's step program on a device once, then runs one flattened batch per step.
+//!
+//! `prepare` takes the program from the model glue, uploads the weights,
+//! allocates the KV cache, the scratch buffers and the pooled step-input
+//! buffers, each sized for the largest step. `execute` allocates nothing on
+//! the device: it refreshes the step inputs, launches the prepared tasks
+//! with the step's shapes, and reads back the logits rows of the sequences
+//! that emit a token.
+
+mod error;
+mod extents;
+mod load;
+mod prepared;
+mod step;
+
+pub use error::RuntimeError;
+pub use extents::Extents;
+pub use load::{LoadError, load_model};
+pub use prepared::{Runtime, RuntimeConfig, WeightSource, WeightView};
+pub use step::{StepSequence, StepTiming};

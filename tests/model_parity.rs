@@ -1,0 +1,362 @@
+//! Parity with Hugging Face: the tiny Qwen3 and Llama checkpoints on the CPU device against `transformers` references.
+//!
+//! References come from `tests/reference/make_fixtures.py`. Besides matching
+//! them, four ways of running the same prompts (one at a time, one batch,
+//! 3-token prefill chunks, a shared prefix already cached) must agree.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use plughost::device::{Device, DeviceLibrary};
+use plughost::plugins::glue::GluePlugin;
+use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
+use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
+use serde::Deserialize;
+
+const BLOCK_SIZE: u32 = 4;
+const NEW_TOKENS: usize = 32;
+
+#[derive(Deserialize)]
+struct Reference {
+    prompts: Vec<PromptReference>,
+    shared_prefix: SharedPrefix,
+}
+
+#[derive(Deserialize)]
+struct PromptReference {
+    name: String,
+    token_ids: Vec<u32>,
+    generated_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct SharedPrefix {
+    prompts: Vec<String>,
+    num_tokens: usize,
+}
+
+struct Fixture {
+    dir: PathBuf,
+    tolerance: f32,
+    reference: Reference,
+    logits: Vec<u8>,
+}
+
+impl Fixture {
+    fn open(name: &str, tolerance: f32) -> Fixture {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fixtures")
+            .join(name);
+        let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+        let reference = serde_json::from_str(&text).expect("reference.json parses");
+        let logits =
+            std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
+        Fixture {
+            dir,
+            tolerance,
+            reference,
+            logits,
+        }
+    }
+
+    /// Rows of a reference logits tensor.
+    fn rows(&self, tensor: &str) -> Vec<Vec<f32>> {
+        let file =
+            safetensors::SafeTensors::deserialize(&self.logits).expect("reference logits parse");
+        let view = file.tensor(tensor).expect("reference tensor");
+        let width = view.shape()[1];
+        let values: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        values.chunks(width).map(<[f32]>::to_vec).collect()
+    }
+}
+
+fn load(fixture: &Fixture, num_kv_blocks: u32) -> Runtime {
+    let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
+        .expect("cpu device loads");
+    let device = Device::open(&library, "").expect("cpu device opens");
+    let plugins = PluginRuntime::new(RuntimeOptions {
+        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+    })
+    .expect("plugin runtime");
+    let mut glue = GluePlugin::load(
+        &plugins,
+        &common::plugin_path("plughost_model_qwen3.wasm"),
+        "",
+        InstanceLimits::default(),
+    )
+    .expect("glue loads");
+    let config = RuntimeConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 256,
+        block_size: BLOCK_SIZE,
+        num_kv_blocks,
+        max_model_len: 128,
+    };
+    load_model(device, &mut glue, &fixture.dir, config).expect("model loads")
+}
+
+/// One sequence as the test drives it: its tokens, what the cache holds, and its blocks.
+#[derive(Clone)]
+struct Sequence {
+    tokens: Vec<u32>,
+    computed: usize,
+    blocks: Vec<u32>,
+    /// Logits rows this sequence emitted, in order.
+    emitted: Vec<Vec<f32>>,
+}
+
+impl Sequence {
+    fn new(prompt: &[u32]) -> Sequence {
+        Sequence {
+            tokens: prompt.to_vec(),
+            computed: 0,
+            blocks: Vec::new(),
+            emitted: Vec::new(),
+        }
+    }
+}
+
+/// Hands out KV blocks in order; the tests never free.
+struct Driver {
+    runtime: Runtime,
+    next_block: u32,
+}
+
+impl Driver {
+    fn reserve(&mut self, seq: &mut Sequence, until: usize) {
+        while (seq.blocks.len() as u32) * BLOCK_SIZE < until as u32 {
+            seq.blocks.push(self.next_block);
+            self.next_block += 1;
+        }
+    }
+
+    /// One step: each sequence computes up to `chunk` of its pending tokens.
+    fn step(&mut self, seqs: &mut [&mut Sequence], chunk: usize) {
+        let mut spans = Vec::new();
+        for seq in seqs.iter_mut() {
+            let end = (seq.computed + chunk).min(seq.tokens.len());
+            self.reserve(seq, end);
+            spans.push((seq.computed, end));
+        }
+        let batch: Vec<StepSequence<'_>> = seqs
+            .iter()
+            .zip(&spans)
+            .map(|(seq, &(start, end))| StepSequence {
+                tokens: &seq.tokens[start..end],
+                computed_len: start as u32,
+                block_table: &seq.blocks,
+                emit: end == seq.tokens.len(),
+            })
+            .collect();
+        let mut logits = Vec::new();
+        self.runtime
+            .execute(&batch, &mut logits)
+            .expect("step runs");
+        let vocab = self.runtime.model_info().vocab_size as usize;
+        let mut rows = logits.chunks(vocab);
+        for (seq, &(_, end)) in seqs.iter_mut().zip(&spans) {
+            seq.computed = end;
+            if end == seq.tokens.len() {
+                seq.emitted
+                    .push(rows.next().expect("a row per emitting sequence").to_vec());
+            }
+        }
+    }
+
+    /// Prefills in `chunk`-token steps, then decodes greedily until `NEW_TOKENS` are generated.
+    fn generate(&mut self, seqs: &mut [&mut Sequence], chunk: usize) {
+        while seqs.iter().any(|s| s.computed < s.tokens.len()) {
+            let mut pending: Vec<&mut Sequence> = seqs
+                .iter_mut()
+                .filter(|s| s.computed < s.tokens.len())
+                .map(|s| &mut **s)
+                .collect();
+            self.step(&mut pending, chunk);
+        }
+        for _ in 0..NEW_TOKENS {
+            for seq in seqs.iter_mut() {
+                let row = seq.emitted.last().expect("prefill emitted");
+                seq.tokens.push(argmax(row));
+            }
+            if seqs[0].emitted.len() == NEW_TOKENS {
+                break;
+            }
+            self.step(seqs, 1);
+        }
+    }
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+const CHECKPOINTS: [(&str, f32); 3] = [
+    ("tiny-qwen3", 1e-4),
+    ("tiny-qwen3-bf16", 2e-2),
+    ("tiny-llama", 1e-4),
+];
+
+#[test]
+fn logits_at_every_prompt_position_match_the_reference() {
+    for (name, tolerance) in CHECKPOINTS {
+        let fixture = Fixture::open(name, tolerance);
+        let mut driver = Driver {
+            runtime: load(&fixture, 256),
+            next_block: 0,
+        };
+        for prompt in &fixture.reference.prompts {
+            // One token per step makes every position emit, through the paged cache.
+            let mut seq = Sequence::new(&prompt.token_ids);
+            while seq.computed < seq.tokens.len() {
+                let upto = seq.computed + 1;
+                let mut partial = Sequence {
+                    tokens: seq.tokens[..upto].to_vec(),
+                    ..seq.clone()
+                };
+                driver.step(&mut [&mut partial], 1);
+                seq.computed = partial.computed;
+                seq.blocks = partial.blocks;
+                seq.emitted = partial.emitted;
+            }
+            let want = fixture.rows(&format!("{}.logits", prompt.name));
+            assert_eq!(seq.emitted.len(), want.len());
+            for (position, (got, want)) in seq.emitted.iter().zip(&want).enumerate() {
+                let diff = max_abs_diff(got, want);
+                assert!(
+                    diff <= fixture.tolerance,
+                    "{name} {} position {position}: max abs diff {diff}",
+                    prompt.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_continuations_match_the_reference() {
+    for (name, tolerance) in CHECKPOINTS {
+        let fixture = Fixture::open(name, tolerance);
+        let mut driver = Driver {
+            runtime: load(&fixture, 256),
+            next_block: 0,
+        };
+        for prompt in &fixture.reference.prompts {
+            let mut seq = Sequence::new(&prompt.token_ids);
+            driver.generate(&mut [&mut seq], usize::MAX);
+            let generated = &seq.tokens[prompt.token_ids.len()..];
+            assert_eq!(
+                generated,
+                prompt.generated_token_ids.as_slice(),
+                "{name} {}",
+                prompt.name
+            );
+            let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+            for (k, (got, want)) in seq.emitted.iter().zip(&want).enumerate() {
+                let diff = max_abs_diff(got, want);
+                assert!(
+                    diff <= fixture.tolerance,
+                    "{name} {} generated {k}: max abs diff {diff}",
+                    prompt.name
+                );
+            }
+        }
+    }
+}
+
+/// Runs every prompt and returns each one's generated tokens and emitted logits.
+fn run_way(fixture: &Fixture, way: &str) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let prompts = &fixture.reference.prompts;
+    let mut driver = Driver {
+        runtime: load(fixture, 512),
+        next_block: 0,
+    };
+    let mut seqs: Vec<Sequence> = prompts
+        .iter()
+        .map(|p| Sequence::new(&p.token_ids))
+        .collect();
+    match way {
+        "one at a time" => seqs
+            .iter_mut()
+            .for_each(|s| driver.generate(&mut [s], usize::MAX)),
+        "one batch" => driver.generate(&mut seqs.iter_mut().collect::<Vec<_>>(), usize::MAX),
+        "chunks of 3" => driver.generate(&mut seqs.iter_mut().collect::<Vec<_>>(), 3),
+        "cached prefix" => {
+            let shared = &fixture.reference.shared_prefix;
+            let first = prompts
+                .iter()
+                .position(|p| p.name == shared.prompts[0])
+                .expect("first sharer");
+            let second = prompts
+                .iter()
+                .position(|p| p.name == shared.prompts[1])
+                .expect("second sharer");
+            driver.generate(&mut [&mut seqs[first]], usize::MAX);
+            // The second sharer starts with the first one's full blocks of the common prefix.
+            let full_blocks = shared.num_tokens / BLOCK_SIZE as usize;
+            let reused = seqs[first].blocks[..full_blocks].to_vec();
+            let seq = &mut seqs[second];
+            seq.blocks = reused;
+            seq.computed = full_blocks * BLOCK_SIZE as usize;
+            for (i, s) in seqs.iter_mut().enumerate() {
+                if i != first {
+                    driver.generate(&mut [s], usize::MAX);
+                }
+            }
+        }
+        other => panic!("unknown way {other}"),
+    }
+    seqs.into_iter()
+        .zip(prompts)
+        .map(|(s, p)| (s.tokens[p.token_ids.len()..].to_vec(), s.emitted))
+        .collect()
+}
+
+#[test]
+fn four_ways_of_running_agree() {
+    for (name, tolerance) in CHECKPOINTS {
+        let fixture = Fixture::open(name, tolerance);
+        let baseline = run_way(&fixture, "one at a time");
+        for (prompt, (tokens, _)) in fixture.reference.prompts.iter().zip(&baseline) {
+            assert_eq!(
+                tokens, &prompt.generated_token_ids,
+                "{name} {}: one at a time",
+                prompt.name
+            );
+        }
+        for way in ["one batch", "chunks of 3", "cached prefix"] {
+            let other = run_way(&fixture, way);
+            for ((prompt, (want_tokens, want_logits)), (tokens, logits)) in
+                fixture.reference.prompts.iter().zip(&baseline).zip(&other)
+            {
+                assert_eq!(tokens, want_tokens, "{name} {}: {way}", prompt.name);
+                for (k, (got, want)) in logits.iter().zip(want_logits).enumerate() {
+                    let diff = max_abs_diff(got, want);
+                    assert!(
+                        diff <= 1e-5,
+                        "{name} {} {way} row {k}: max abs diff {diff}",
+                        prompt.name
+                    );
+                }
+            }
+        }
+    }
+}
