@@ -65,6 +65,7 @@ pub struct RenderOptions<'a> {
 }
 
 /// A compiled chat template plus the special tokens it may print.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// The file the template text came from, named in every error.
@@ -142,7 +143,10 @@ impl ChatTemplate {
         let dir = dir.as_ref();
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
         let config = if config_path.is_file() {
-            Some(read_json::<TokenizerConfig>(&config_path, "tokenizer config")?)
+            Some(read_json::<TokenizerConfig>(
+                &config_path,
+                "tokenizer config",
+            )?)
         } else {
             None
         };
@@ -243,8 +247,7 @@ impl ChatTemplate {
     fn render_error(&self, error: &Error) -> ModelError {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
         while let Some(current) = source {
-            if let Some(TemplateException(message)) = current.downcast_ref::<TemplateException>()
-            {
+            if let Some(TemplateException(message)) = current.downcast_ref::<TemplateException>() {
                 return ModelError::ChatTemplateRaised {
                     path: self.path.clone(),
                     message: message.clone(),
@@ -393,7 +396,10 @@ fn tojson(
                 Some(text) => text.to_string(),
                 None => {
                     let width = indent.as_i64().ok_or_else(|| {
-                        Error::new(ErrorKind::InvalidOperation, "tojson: indent must be an int or a string")
+                        Error::new(
+                            ErrorKind::InvalidOperation,
+                            "tojson: indent must be an int or a string",
+                        )
                     })?;
                     " ".repeat(width.max(0) as usize)
                 }
@@ -439,7 +445,12 @@ fn strftime_now(format: String) -> Result<Value, Error> {
             )
         })?;
     let mut out = String::new();
-    write!(out, "{}", chrono::Local::now().format_with_items(items.iter())).map_err(|_| {
+    write!(
+        out,
+        "{}",
+        chrono::Local::now().format_with_items(items.iter())
+    )
+    .map_err(|_| {
         Error::new(
             ErrorKind::InvalidOperation,
             format!("strftime_now: cannot format {format:?}"),
@@ -504,9 +515,16 @@ mod tests {
     use super::*;
 
     fn template(source: &str) -> ChatTemplate {
-        let tokens = vec![("bos_token", "<s>".to_string()), ("eos_token", "</s>".to_string())];
-        ChatTemplate::new(PathBuf::from("/m/tokenizer_config.json"), source.into(), tokens)
-            .expect(source)
+        let tokens = vec![
+            ("bos_token", "<s>".to_string()),
+            ("eos_token", "</s>".to_string()),
+        ];
+        ChatTemplate::new(
+            PathBuf::from("/m/tokenizer_config.json"),
+            source.into(),
+            tokens,
+        )
+        .expect(source)
     }
 
     fn conversation() -> Vec<ChatMessage> {
@@ -535,10 +553,22 @@ mod tests {
             ),
             // keep_trailing_newline is off: one trailing newline is dropped.
             ("{{ bos_token }}x\n", "<s>x"),
-            ("{{ messages[0].content.startswith('Be') }} {{ messages[0].content.split(' ') }}", "True ['Be', 'brief.']"),
-            ("{{ ' pad '.strip() }}|{{ messages[1].content.upper() }}", "pad|HI <B>&</B> \"YOU\""),
-            ("{% for k, v in {'a': 1, 'b': none}.items() %}{{ k }}={{ v }};{% endfor %}", "a=1;b=None;"),
-            ("{{ messages[1] | tojson }}", r#"{"role": "user", "content": "Hi <b>&</b> \"you\""}"#),
+            (
+                "{{ messages[0].content.startswith('Be') }} {{ messages[0].content.split(' ') }}",
+                "True ['Be', 'brief.']",
+            ),
+            (
+                "{{ ' pad '.strip() }}|{{ messages[1].content.upper() }}",
+                "pad|HI <B>&</B> \"YOU\"",
+            ),
+            (
+                "{% for k, v in {'a': 1, 'b': none}.items() %}{{ k }}={{ v }};{% endfor %}",
+                "a=1;b=None;",
+            ),
+            (
+                "{{ messages[1] | tojson }}",
+                r#"{"role": "user", "content": "Hi <b>&</b> \"you\""}"#,
+            ),
             (
                 "{{ messages[2].tool_calls[0].function.arguments | tojson }}",
                 r#"{"city": "Paris", "at": [1, 2.0], "units": null}"#,
@@ -547,19 +577,39 @@ mod tests {
                 "{{ messages[2].tool_calls[0] | tojson(indent=2) }}",
                 "{\n  \"id\": \"call_1\",\n  \"type\": \"function\",\n  \"function\": {\n    \"name\": \"get_weather\",\n    \"arguments\": {\n      \"city\": \"Paris\",\n      \"at\": [\n        1,\n        2.0\n      ],\n      \"units\": null\n    }\n  }\n}",
             ),
-            (r#"{{ {"b": 1, "a": "é"} | tojson(sort_keys=true, separators=[",", ":"]) }}"#, r#"{"a":"é","b":1}"#),
+            (
+                r#"{{ {"b": 1, "a": "é"} | tojson(sort_keys=true, separators=[",", ":"]) }}"#,
+                r#"{"a":"é","b":1}"#,
+            ),
             (
                 "{{ messages[0].reasoning_content is defined }} {{ messages[2].reasoning_content }} {{ messages[0].tool_calls is defined }}",
                 "False thinking False",
             ),
-            ("{{ tools is none }} {{ add_generation_prompt }} {{ eos_token }}", "True True </s>"),
-            ("{% for m in messages[::-1] %}{{ m.role[0] }}{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}", "au"),
-            ("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}", "3"),
+            (
+                "{{ tools is none }} {{ add_generation_prompt }} {{ eos_token }}",
+                "True True </s>",
+            ),
+            (
+                "{% for m in messages[::-1] %}{{ m.role[0] }}{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}",
+                "au",
+            ),
+            (
+                "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% endfor %}{{ ns.n }}",
+                "3",
+            ),
         ];
         for (source, expected) in cases {
-            let rendered = template(source).render(&conversation(), true).expect(source);
+            let rendered = template(source)
+                .render(&conversation(), true)
+                .expect(source);
             assert_eq!(&rendered, expected, "{source}");
         }
+    }
+
+    #[test]
+    fn templates_are_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ChatTemplate>();
     }
 
     #[test]
@@ -576,11 +626,16 @@ mod tests {
 
     #[test]
     fn strftime_now_formats_the_local_date() {
+        let today = || chrono::Local::now().format("%Y-%m-%d").to_string();
+        let before = today();
         let rendered = template("{{ strftime_now('%Y-%m-%d') }}")
             .render(&[], false)
             .expect("render");
-        assert_eq!(rendered, chrono::Local::now().format("%Y-%m-%d").to_string());
-        let error = template("{{ strftime_now('%Q') }}").render(&[], false).unwrap_err();
+        // Either side of midnight is right.
+        assert!(rendered == before || rendered == today(), "{rendered}");
+        let error = template("{{ strftime_now('%Q') }}")
+            .render(&[], false)
+            .unwrap_err();
         assert!(matches!(error, ModelError::ChatTemplate { .. }), "{error}");
     }
 
@@ -594,21 +649,37 @@ mod tests {
             kwargs,
         };
         let rendered = template(source).render_with(&[], &options).expect("render");
-        assert_eq!(rendered, r#"[{"type": "function", "function": {"name": "f"}}]|False|True"#);
+        assert_eq!(
+            rendered,
+            r#"[{"type": "function", "function": {"name": "f"}}]|False|True"#
+        );
     }
 
     #[test]
     fn errors_name_the_template_file() {
-        let syntax = ChatTemplate::new(PathBuf::from("/m/chat_template.jinja"), "{% if %}".into(), vec![])
-            .unwrap_err()
-            .to_string();
+        let syntax = ChatTemplate::new(
+            PathBuf::from("/m/chat_template.jinja"),
+            "{% if %}".into(),
+            vec![],
+        )
+        .unwrap_err()
+        .to_string();
         assert!(syntax.contains("/m/chat_template.jinja"), "{syntax}");
-        let runtime = template("{{ messages | unknown_filter }}").render(&[], false).unwrap_err();
-        assert!(runtime.to_string().contains("/m/tokenizer_config.json"), "{runtime}");
+        let runtime = template("{{ messages | unknown_filter }}")
+            .render(&[], false)
+            .unwrap_err();
+        assert!(
+            runtime.to_string().contains("/m/tokenizer_config.json"),
+            "{runtime}"
+        );
     }
 
+    /// A folder name, its files as (name, text), and the expected render or error text.
+    type FolderCase<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
     fn folder(name: &str, files: &[(&str, &str)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("plughost-template-{}-{name}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("plughost-template-{}-{name}", std::process::id()));
         std::fs::remove_dir_all(&dir).ok();
         std::fs::create_dir_all(&dir).expect("create folder");
         for (file, text) in files {
@@ -622,11 +693,26 @@ mod tests {
         let added_token = r#"{"chat_template": "{{ bos_token }}{{ eos_token }}{{ unk_token is defined }}",
             "bos_token": {"content": "<s>", "lstrip": false}, "eos_token": "</s>", "unk_token": null}"#;
         let named = r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}"#;
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
-            ("added", &[("tokenizer_config.json", added_token)], "<s></s>False"),
+        let cases: &[FolderCase<'_>] = &[
+            (
+                "added",
+                &[("tokenizer_config.json", added_token)],
+                "<s></s>False",
+            ),
             ("named", &[("tokenizer_config.json", named)], "D"),
-            ("jinja", &[("tokenizer_config.json", named), ("chat_template.jinja", "J")], "J"),
-            ("legacy", &[("chat_template.json", r#"{"chat_template": "L"}"#)], "L"),
+            (
+                "jinja",
+                &[
+                    ("tokenizer_config.json", named),
+                    ("chat_template.jinja", "J"),
+                ],
+                "J",
+            ),
+            (
+                "legacy",
+                &[("chat_template.json", r#"{"chat_template": "L"}"#)],
+                "L",
+            ),
         ];
         for (name, files, expected) in cases {
             let dir = folder(name, files);
@@ -638,17 +724,35 @@ mod tests {
 
     #[test]
     fn a_missing_template_is_a_clear_error() {
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
-            ("none", &[("tokenizer_config.json", r#"{"eos_token": "</s>"}"#)], "no chat template in"),
+        let cases: &[FolderCase<'_>] = &[
+            (
+                "none",
+                &[("tokenizer_config.json", r#"{"eos_token": "</s>"}"#)],
+                "no chat template in",
+            ),
             ("empty", &[], "no chat template in"),
-            ("nodefault", &[("tokenizer_config.json", r#"{"chat_template": [{"name": "x", "template": "X"}]}"#)], "none named \"default\""),
-            ("badjson", &[("tokenizer_config.json", "{")], "tokenizer_config.json is not a valid tokenizer config"),
+            (
+                "nodefault",
+                &[(
+                    "tokenizer_config.json",
+                    r#"{"chat_template": [{"name": "x", "template": "X"}]}"#,
+                )],
+                "none named \"default\"",
+            ),
+            (
+                "badjson",
+                &[("tokenizer_config.json", "{")],
+                "tokenizer_config.json is not a valid tokenizer config",
+            ),
         ];
         for (name, files, expected) in cases {
             let dir = folder(name, files);
             let error = ChatTemplate::from_dir(&dir).unwrap_err().to_string();
             assert!(error.contains(expected), "{name}: {error}");
-            assert!(error.contains(dir.to_str().unwrap_or_default()), "{name}: {error}");
+            assert!(
+                error.contains(dir.to_str().unwrap_or_default()),
+                "{name}: {error}"
+            );
             std::fs::remove_dir_all(dir).ok();
         }
     }

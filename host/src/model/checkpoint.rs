@@ -396,11 +396,7 @@ fn open_sharded(
 }
 
 fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty()
-        && name != "."
-        && name != ".."
-        && !name.contains('/')
-        && !name.contains('\\')
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\\')
 }
 
 #[cfg(test)]
@@ -410,7 +406,9 @@ mod tests {
     #[test]
     fn config_fields_parse_in_every_accepted_form() {
         let path = Path::new("config.json");
-        let cases: &[(&str, Vec<u32>, Option<u32>, Option<&str>)] = &[
+        // (config.json, eos_token_id, bos_token_id, torch_dtype)
+        type Case = (&'static str, Vec<u32>, Option<u32>, Option<&'static str>);
+        let cases: &[Case] = &[
             (
                 r#"{"architectures":["Qwen3ForCausalLM"],"max_position_embeddings":40960,
                     "eos_token_id":151645,"bos_token_id":151643,"torch_dtype":"bfloat16","x":1}"#,
@@ -443,10 +441,22 @@ mod tests {
     #[test]
     fn bad_configs_name_the_file() {
         let path = Path::new("/m/config.json");
-        for text in ["not json", "{}", r#"{"architectures":"x","max_position_embeddings":1}"#] {
+        for text in [
+            "not json",
+            "{}",
+            r#"{"architectures":"x","max_position_embeddings":1}"#,
+        ] {
             let message = ModelConfig::parse(text, path).unwrap_err().to_string();
             assert!(message.contains("/m/config.json"), "{message}");
         }
+    }
+
+    #[test]
+    fn checkpoints_and_tokenizers_are_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Checkpoint>();
+        assert_send_sync::<crate::model::Tokenizer>();
+        assert_send_sync::<crate::model::DecodeStream>();
     }
 
     #[test]

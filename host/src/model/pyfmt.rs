@@ -373,7 +373,11 @@ mod tests {
                 JsonOptions::default(),
                 r#"{"b": [1, 2.5, null, true], "a": "<tag> & 'q' \"d\""}"#,
             ),
-            (r#""héllo 世界 😀\n\u0001""#, JsonOptions::default(), "\"héllo 世界 😀\\n\\u0001\""),
+            (
+                r#""héllo 世界 😀\n\u0001""#,
+                JsonOptions::default(),
+                "\"héllo 世界 😀\\n\\u0001\"",
+            ),
             (r#""é😀""#, ascii, r#""\u00e9\ud83d\ude00""#),
             (r#"{"z": 1, "a": {}}"#, sorted, r#"{"a": {}, "z": 1}"#),
             (
@@ -383,7 +387,11 @@ mod tests {
             ),
         ];
         for (input, options, expected) in cases {
-            assert_eq!(to_json(&value(input), &options).expect(input), expected, "{input}");
+            assert_eq!(
+                to_json(&value(input), &options).expect(input),
+                expected,
+                "{input}"
+            );
         }
     }
 
@@ -393,8 +401,14 @@ mod tests {
             ("null", "None"),
             ("true", "True"),
             (r#""plain""#, "plain"),
-            (r#"["a", "it's", 1, 1.0, null]"#, r#"['a', "it's", 1, 1.0, None]"#),
-            (r#"{"k": false, "n": "x\ny"}"#, r#"{'k': False, 'n': 'x\ny'}"#),
+            (
+                r#"["a", "it's", 1, 1.0, null]"#,
+                r#"['a', "it's", 1, 1.0, None]"#,
+            ),
+            (
+                r#"{"k": false, "n": "x\ny"}"#,
+                r#"{'k': False, 'n': 'x\ny'}"#,
+            ),
         ];
         for (input, expected) in cases {
             assert_eq!(py_str(&value(input)), expected, "{input}");

@@ -193,7 +193,11 @@ pub(crate) mod tests {
         }
         let emoji = "😀".as_bytes();
         let han = "世".as_bytes();
-        let pieces = [(&emoji[..1], &emoji[1..2]), (&han[1..2], &han[2..3]), (b"H", b"e")];
+        let pieces = [
+            (&emoji[..1], &emoji[1..2]),
+            (&han[1..2], &han[2..3]),
+            (b"H", b"e"),
+        ];
         let mut merges = Vec::new();
         for (left, right) in pieces {
             let (left, right) = (byte_level_bytes(left), byte_level_bytes(right));
@@ -226,10 +230,8 @@ pub(crate) mod tests {
                 "vocab": vocab, "merges": merges
             }
         });
-        let dir = std::env::temp_dir().join(format!(
-            "plughost-model-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("plughost-model-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create test folder");
         std::fs::write(dir.join(TOKENIZER_FILE), json.to_string()).expect("write tokenizer");
         dir
@@ -245,7 +247,10 @@ pub(crate) mod tests {
         let mut out = String::new();
         for &id in ids {
             if let Some(delta) = stream.step(id).expect("step") {
-                assert!(!delta.contains('\u{FFFD}'), "delta {delta:?} splits a character");
+                assert!(
+                    !delta.contains('\u{FFFD}'),
+                    "delta {delta:?} splits a character"
+                );
                 out.push_str(&delta);
             }
         }
@@ -271,7 +276,11 @@ pub(crate) mod tests {
             assert_eq!(tokenizer.decode(&ids, false).expect("decode"), text);
             for skip in [false, true] {
                 let full = tokenizer.decode(&ids, skip).expect("decode");
-                assert_eq!(stream_text(&tokenizer, &ids, skip), full, "{text:?} skip={skip}");
+                assert_eq!(
+                    stream_text(&tokenizer, &ids, skip),
+                    full,
+                    "{text:?} skip={skip}"
+                );
             }
         }
         std::fs::remove_dir_all(dir).ok();
@@ -285,8 +294,10 @@ pub(crate) mod tests {
         // "a", then the emoji's four bytes as the merged first two and two single bytes.
         assert_eq!(ids.len(), 4, "{ids:?}");
         let mut stream = tokenizer.decode_stream(false);
-        let deltas: Vec<Option<String>> =
-            ids.iter().map(|&id| stream.step(id).expect("step")).collect();
+        let deltas: Vec<Option<String>> = ids
+            .iter()
+            .map(|&id| stream.step(id).expect("step"))
+            .collect();
         assert_eq!(deltas, [Some("a".into()), None, None, Some("😀".into())]);
 
         // A stream cut inside a character flushes what a full decode shows.
@@ -295,7 +306,10 @@ pub(crate) mod tests {
             stream.step(id).expect("step");
         }
         let full = tokenizer.decode(&ids[..3], false).expect("decode");
-        assert_eq!(format!("a{}", stream.flush().expect("flush").unwrap_or_default()), full);
+        assert_eq!(
+            format!("a{}", stream.flush().expect("flush").unwrap_or_default()),
+            full
+        );
         std::fs::remove_dir_all(dir).ok();
     }
 
@@ -309,7 +323,9 @@ pub(crate) mod tests {
         assert_eq!(tokenizer.token_to_id(&byte_level("He")), Some(258));
         assert_eq!(tokenizer.encode("<|end|>", false).expect("encode"), [end]);
 
-        let missing = Tokenizer::from_dir(dir.join("nowhere")).unwrap_err().to_string();
+        let missing = Tokenizer::from_dir(dir.join("nowhere"))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("nowhere/tokenizer.json"), "{missing}");
         std::fs::write(dir.join(TOKENIZER_FILE), "{ not json").expect("write");
         let broken = Tokenizer::from_dir(&dir).unwrap_err().to_string();
