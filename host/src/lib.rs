@@ -3,7 +3,12 @@
 //! Layout: `device` loads device backends through the C ABI; `plugins` runs
 //! the WebAssembly components. See ARCHITECTURE.md for the code map.
 
+pub mod cli;
 pub mod device;
+pub mod engine;
+pub mod kv;
 pub mod model;
+pub mod metrics;
 pub mod plugins;
 pub mod runtime;
+pub mod sched;

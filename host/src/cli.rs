@@ -1,0 +1,184 @@
+//! Command-line options shared by `serve` and `generate`, and turning them into an engine setup.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::engine::{EngineOptions, EngineSetup};
+use crate::plugins::glue::GluePlugin;
+use crate::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
+
+/// Where the model, the plugins and the device come from, and the engine's limits.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// The model folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A deployment file naming the scheduler, sampler and glue components (optional).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// The folder of built plugins (default: `$PLUGHOST_PLUGINS_DIR`, else `plugins/` next to the binary's folder).
+    #[arg(long, env = "PLUGHOST_PLUGINS_DIR")]
+    pub plugins_dir: Option<PathBuf>,
+    /// The device library (default: the CPU device in the plugins folder).
+    #[arg(long)]
+    pub device: Option<PathBuf>,
+    /// The device's open config string (for the CPU device: `threads=N`).
+    #[arg(long, default_value = "")]
+    pub device_config: String,
+    /// The name clients use for the model (default: the model folder's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: u32,
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: u32,
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// KV blocks in the pool (default: from --kv-cache-memory).
+    #[arg(long, conflicts_with = "kv_cache_memory")]
+    pub num_kv_blocks: Option<u32>,
+    /// Memory for the KV cache, e.g. `512MiB`, `2GiB` or a number of bytes.
+    #[arg(long, value_parser = parse_bytes, default_value = "512MiB")]
+    pub kv_cache_memory: u64,
+    /// Reuse KV blocks of shared prompt prefixes (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Longest prompt plus output (default: the model's maximum position).
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
+    /// Where compiled components are cached.
+    #[arg(long, env = "PLUGHOST_CACHE_DIR")]
+    pub component_cache: Option<PathBuf>,
+}
+
+/// `512MiB`, `2GiB`, `1000000` → bytes.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" | "K" => 1 << 10,
+        "MiB" | "M" => 1 << 20,
+        "GiB" | "G" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?}: use B, KiB, MiB or GiB")),
+    };
+    number.checked_mul(scale).ok_or_else(|| format!("{text} is too large"))
+}
+
+fn default_plugins_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().and_then(Path::parent).map(|dir| dir.join("plugins")))
+        .unwrap_or_else(|| PathBuf::from("target/plugins"))
+}
+
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("plughost").join("components"))
+}
+
+fn spec(component: PathBuf) -> PluginSpec {
+    PluginSpec { component, config: Default::default(), memory_mib: None, call_timeout_ms: None }
+}
+
+fn existing(path: PathBuf) -> Result<PathBuf, String> {
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} does not exist; build the plugins with `cargo xtask build-plugins`", path.display()))
+    }
+}
+
+/// The first glue component in `dir` whose `describe` accepts the model's config.json.
+fn find_glue(dir: &Path, model_dir: &Path, runtime: &PluginRuntime) -> Result<PluginSpec, String> {
+    let config_path = model_dir.join("config.json");
+    let config_json = std::fs::read_to_string(&config_path).map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read the plugins folder {}: {e}", dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("plughost_model_")) && p.extension().is_some_and(|e| e == "wasm"))
+        .collect();
+    candidates.sort();
+    let mut refusals = Vec::new();
+    for path in candidates {
+        match GluePlugin::load(runtime, &path, "", InstanceLimits::default()).and_then(|mut g| g.describe(&config_json)) {
+            Ok(_) => return Ok(spec(path)),
+            Err(e) => refusals.push(format!("  {}: {e}", path.display())),
+        }
+    }
+    Err(format!("no model glue in {} accepts {}:\n{}", dir.display(), config_path.display(), refusals.join("\n")))
+}
+
+impl ModelArgs {
+    /// Resolves defaults (plugins folder, device, glue by architecture) into an engine setup.
+    pub fn setup(&self) -> Result<EngineSetup, String> {
+        let plugins_dir = self.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
+        let deployment = match &self.config {
+            Some(path) => Deployment::from_file(path).map_err(|e| e.to_string())?,
+            None => Deployment::default(),
+        };
+        let component_cache = self.component_cache.clone().or_else(default_cache_dir);
+        let scheduler = match deployment.scheduler {
+            Some(s) => s,
+            None => spec(existing(plugins_dir.join("plughost_scheduler_fcfs.wasm"))?),
+        };
+        let sampler = match deployment.sampler {
+            Some(s) => s,
+            None => spec(existing(plugins_dir.join("plughost_sampler_standard.wasm"))?),
+        };
+        let glue = match deployment.glue {
+            Some(g) => g,
+            None => {
+                let runtime = PluginRuntime::new(RuntimeOptions { cache_dir: component_cache.clone() }).map_err(|e| e.to_string())?;
+                find_glue(&plugins_dir, &self.model, &runtime)?
+            }
+        };
+        let device_library = match &self.device {
+            Some(path) => path.clone(),
+            None => existing(plugins_dir.join(format!("{}plughost_device_cpu{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)))?,
+        };
+        let model_name = self.served_model_name.clone().unwrap_or_else(|| {
+            self.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        });
+        Ok(EngineSetup {
+            model_dir: self.model.clone(),
+            model_name,
+            device_library,
+            device_config: self.device_config.clone(),
+            glue,
+            scheduler: Some(scheduler),
+            sampler: Some(sampler),
+            component_cache,
+            options: EngineOptions {
+                max_num_seqs: self.max_num_seqs,
+                max_num_batched_tokens: self.max_num_batched_tokens,
+                block_size: self.block_size,
+                num_kv_blocks: self.num_kv_blocks,
+                kv_cache_memory: self.kv_cache_memory,
+                enable_prefix_caching: !self.no_enable_prefix_caching,
+                max_model_len: self.max_model_len,
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+}

@@ -1,0 +1,373 @@
+//! The engine step, split into its phases: schedule, preempt, admit, execute, sample, emit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use plughost_sdk::sampler::Sampled;
+
+use crate::kv::KvCacheManager;
+use crate::metrics::Metrics;
+use crate::model::Tokenizer;
+use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
+use crate::plugins::sampler::{SamplerPlugin, SequenceToSample};
+use crate::plugins::scheduler::SchedulerPlugin;
+use crate::runtime::{Runtime, RuntimeError, StepSequence};
+use crate::sched::{self, Phase, Plan, RequestView, Resources};
+
+use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
+use super::state::RequestState;
+use super::stop::StopOutcome;
+
+/// Sizes the engine schedules within.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineLimits {
+    pub max_num_seqs: u32,
+    pub max_num_batched_tokens: u32,
+    pub max_model_len: u32,
+}
+
+pub struct EngineCore {
+    pub runtime: Runtime,
+    pub scheduler: Option<SchedulerPlugin>,
+    pub sampler: Option<SamplerPlugin>,
+    pub kv: KvCacheManager,
+    pub tokenizer: Tokenizer,
+    pub eos_token_ids: Vec<u32>,
+    pub limits: EngineLimits,
+    pub metrics: Arc<Metrics>,
+    pub requests: HashMap<u64, RequestState>,
+    /// Running requests in admission order.
+    pub running: Vec<u64>,
+    /// Waiting and preempted requests.
+    pub waiting: Vec<u64>,
+    pub logits: Vec<f32>,
+    pub last_prefix_stats: crate::kv::PrefixCacheStats,
+}
+
+fn seconds(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64()
+}
+
+impl EngineCore {
+    pub fn has_work(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    /// Queues a request, looking up its cached prefix once.
+    pub fn add(&mut self, mut state: RequestState) {
+        self.metrics.prompt_tokens.inc_by(state.prompt.len() as u64);
+        self.lookup_prefix(&mut state);
+        self.waiting.push(state.id);
+        self.requests.insert(state.id, state);
+    }
+
+    fn lookup_prefix(&mut self, state: &mut RequestState) {
+        let prefix = self.kv.find_cached_prefix(&state.tokens);
+        state.num_computed = prefix.num_tokens;
+        state.num_cached_prefix = prefix.num_tokens;
+        state.pending_prefix = (prefix.num_tokens > 0).then_some(prefix);
+    }
+
+    /// One engine step. Returns after emitting every token it produced.
+    pub fn step(&mut self) -> Result<(), RuntimeError> {
+        self.abort_abandoned();
+        if self.requests.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let plan = self.schedule();
+        self.preempt(&plan.preempt);
+        let scheduled = self.admit(&plan);
+        self.metrics.step_seconds.with_label_values(&["schedule"]).observe(seconds(started));
+        if scheduled.is_empty() {
+            self.update_gauges();
+            return Ok(());
+        }
+        let emitting = self.execute(&scheduled)?;
+        let sample_started = Instant::now();
+        let sampled = self.sample(&emitting);
+        self.metrics.step_seconds.with_label_values(&["sample"]).observe(seconds(sample_started));
+        let emit_started = Instant::now();
+        for (id, sampled) in emitting.iter().zip(sampled) {
+            self.emit(*id, sampled);
+        }
+        self.metrics.step_seconds.with_label_values(&["emit"]).observe(seconds(emit_started));
+        self.update_gauges();
+        Ok(())
+    }
+
+    fn views(&self) -> Vec<RequestView> {
+        let mut waiting: Vec<&RequestState> = self.waiting.iter().filter_map(|id| self.requests.get(id)).collect();
+        waiting.sort_by_key(|r| (r.arrival_us, r.id));
+        self.running
+            .iter()
+            .filter_map(|id| self.requests.get(id))
+            .chain(waiting)
+            .map(|r| r.view(self.kv.block_table(r.id).len() as u32))
+            .collect()
+    }
+
+    fn schedule(&mut self) -> Plan {
+        let views = self.views();
+        let resources = Resources {
+            token_budget: self.limits.max_num_batched_tokens,
+            max_running: self.limits.max_num_seqs,
+            block_size: self.kv.block_size(),
+            free_blocks: self.kv.num_free_blocks(),
+            total_blocks: self.kv.num_blocks(),
+        };
+        let proposed = match self.scheduler.as_mut() {
+            Some(plugin) => plugin.schedule(&views, &resources).map_err(|e| e.to_string()),
+            None => return sched::fallback_plan(&views, &resources),
+        };
+        match proposed.and_then(|plan| sched::validate_plan(&plan, &views, &resources).map(|()| plan).map_err(|e| e.to_string())) {
+            Ok(plan) => plan,
+            Err(reason) => {
+                tracing::warn!("scheduler plugin plan refused, built-in FCFS decides this step: {reason}");
+                self.metrics.scheduler_fallbacks.inc();
+                sched::fallback_plan(&views, &resources)
+            }
+        }
+    }
+
+    fn preempt(&mut self, ids: &[u64]) {
+        for &id in ids {
+            self.kv.free(id);
+            self.running.retain(|r| *r != id);
+            let Some(mut state) = self.requests.remove(&id) else { continue };
+            state.phase = Phase::Preempted;
+            self.lookup_prefix(&mut state);
+            self.metrics.preemptions.inc();
+            self.waiting.push(id);
+            self.requests.insert(id, state);
+        }
+    }
+
+    /// Allocates KV blocks for the plan's requests; returns (request, tokens) in batch order.
+    fn admit(&mut self, plan: &Plan) -> Vec<(u64, u32)> {
+        let mut scheduled = Vec::with_capacity(plan.run.len());
+        for s in &plan.run {
+            let Some(state) = self.requests.get_mut(&s.id) else { continue };
+            let total = state.num_computed + s.num_tokens;
+            let prefix = state.pending_prefix.take();
+            if self.kv.allocate(s.id, total, prefix.as_ref()).is_none() {
+                // Validation counted the blocks, so this happens when the cached prefix found at
+                // admission was evicted meanwhile: look it up again and wait for the next step.
+                match prefix {
+                    Some(p) if !self.kv.is_prefix_cached(&p) => {
+                        let fresh = self.kv.find_cached_prefix(&state.tokens);
+                        state.num_computed = fresh.num_tokens;
+                        state.num_cached_prefix = fresh.num_tokens;
+                        state.pending_prefix = (fresh.num_tokens > 0).then_some(fresh);
+                    }
+                    other => state.pending_prefix = other,
+                }
+                tracing::debug!(request = s.id, "no KV blocks for a planned request; it waits");
+                continue;
+            }
+            if state.phase != Phase::Running {
+                state.phase = Phase::Running;
+                self.waiting.retain(|w| *w != s.id);
+                self.running.push(s.id);
+                if state.first_scheduled.is_none() {
+                    state.first_scheduled = Some(Instant::now());
+                    self.metrics.queue_time.observe(state.arrival.elapsed().as_secs_f64());
+                }
+            }
+            scheduled.push((s.id, s.num_tokens));
+        }
+        scheduled
+    }
+
+    /// Runs the batch; returns the requests that emit a token, in logits-row order.
+    fn execute(&mut self, scheduled: &[(u64, u32)]) -> Result<Vec<u64>, RuntimeError> {
+        let mut batch = Vec::with_capacity(scheduled.len());
+        let mut emitting = Vec::new();
+        for &(id, n) in scheduled {
+            let Some(state) = self.requests.get(&id) else { continue };
+            let start = state.num_computed as usize;
+            let end = start + n as usize;
+            let emit = end == state.tokens.len();
+            if emit {
+                emitting.push(id);
+            }
+            batch.push(StepSequence {
+                tokens: &state.tokens[start..end],
+                computed_len: state.num_computed,
+                block_table: self.kv.block_table(id),
+                emit,
+            });
+        }
+        let timing = self.runtime.execute(&batch, &mut self.logits)?;
+        for (part, d) in [
+            ("prepare_inputs", timing.prepare_inputs),
+            ("dispatch", timing.dispatch),
+            ("device", timing.device),
+            ("read_logits", timing.read_logits),
+        ] {
+            self.metrics.step_seconds.with_label_values(&[part]).observe(d.as_secs_f64());
+        }
+        for &(id, n) in scheduled {
+            if let Some(state) = self.requests.get_mut(&id) {
+                state.num_computed += n;
+                self.kv.cache_full_blocks(id, &state.tokens, state.num_computed);
+            }
+        }
+        Ok(emitting)
+    }
+
+    fn sample(&mut self, emitting: &[u64]) -> Vec<Sampled> {
+        let vocab = self.runtime.model_info().vocab_size as usize;
+        let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
+        let mut sequences = Vec::with_capacity(emitting.len());
+        for (row, id) in emitting.iter().enumerate() {
+            let Some(state) = self.requests.get(id) else { continue };
+            if !state.request.sampling.penalties.is_none() {
+                batch.set_history(row, TokenHistory { prompt: state.prompt.clone(), output: state.output.clone() });
+            }
+            sequences.push(SequenceToSample { request: *id, position: state.output.len() as u32, params: state.request.sampling });
+        }
+        let from_plugin = self.sampler.as_mut().map(|plugin| plugin.sample(&mut batch, &sequences));
+        let sampled = match from_plugin {
+            Some(Ok(sampled)) => sampled,
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!("sampler plugin failed, sampling natively this step: {e}");
+                    self.metrics.sampler_fallbacks.inc();
+                }
+                native_sample(&mut batch, &sequences)
+            }
+        };
+        self.logits = batch.into_values();
+        sampled
+    }
+
+    fn emit(&mut self, id: u64, sampled: Sampled) {
+        let Some(state) = self.requests.get_mut(&id) else { return };
+        let now = Instant::now();
+        match state.last_token {
+            None => self.metrics.time_to_first_token.observe((now - state.arrival).as_secs_f64()),
+            Some(last) => self.metrics.inter_token_latency.observe((now - last).as_secs_f64()),
+        }
+        state.last_token = Some(now);
+        self.metrics.generation_tokens.inc();
+        let token = sampled.token;
+        state.output.push(token);
+        state.tokens.push(token);
+        let logprobs = if state.request.logprobs {
+            vec![TokenLogprob { token, logprob: sampled.logprob, top: sampled.top_logprobs }]
+        } else {
+            Vec::new()
+        };
+        let is_eos = !state.request.stop.ignore_eos && self.eos_token_ids.contains(&token);
+        let is_stop_token = state.request.stop.stop_token_ids.contains(&token);
+        let mut finish = None;
+        let mut text = String::new();
+        if is_eos || is_stop_token {
+            finish = Some(FinishReason::Stop);
+        } else {
+            match state.detokenizer.step(token) {
+                Ok(Some(piece)) => match state.stop.push(&piece) {
+                    StopOutcome::Continue(t) => text = t,
+                    StopOutcome::Stopped(t) => {
+                        text = t;
+                        finish = Some(FinishReason::Stop);
+                    }
+                },
+                Ok(None) => {}
+                Err(e) => tracing::warn!(request = id, "detokenizing failed: {e}"),
+            }
+        }
+        if finish.is_none()
+            && (state.output.len() as u32 >= state.request.max_tokens || state.tokens.len() as u32 >= self.limits.max_model_len)
+        {
+            finish = Some(FinishReason::Length);
+        }
+        if finish == Some(FinishReason::Length) {
+            // The stream ends here: release held-back text and an incomplete character.
+            if let Ok(Some(rest)) = state.detokenizer.flush() {
+                let (StopOutcome::Continue(t) | StopOutcome::Stopped(t)) = state.stop.push(&rest);
+                text.push_str(&t);
+            }
+            text.push_str(&state.stop.finish());
+        }
+        let _ = state.events.send(GenerationEvent::Delta { text, token_ids: vec![token], logprobs });
+        if let Some(reason) = finish {
+            self.finish(id, reason);
+        }
+    }
+
+    fn finish(&mut self, id: u64, reason: FinishReason) {
+        self.kv.free(id);
+        self.running.retain(|r| *r != id);
+        self.waiting.retain(|r| *r != id);
+        let Some(state) = self.requests.remove(&id) else { return };
+        let usage = Usage {
+            prompt_tokens: state.prompt.len() as u32,
+            completion_tokens: state.output.len() as u32,
+            cached_tokens: state.num_cached_prefix,
+        };
+        self.metrics.e2e_latency.observe(state.arrival.elapsed().as_secs_f64());
+        self.metrics.requests_finished.with_label_values(&[reason.as_str()]).inc();
+        let _ = state.events.send(GenerationEvent::Finished { reason, usage });
+    }
+
+    /// Requests whose client went away release their blocks.
+    pub fn abort_abandoned(&mut self) {
+        let gone: Vec<u64> = self.requests.values().filter(|r| r.is_abandoned()).map(|r| r.id).collect();
+        for id in gone {
+            self.finish(id, FinishReason::Abort);
+        }
+    }
+
+    /// Ends every request, e.g. at shutdown.
+    pub fn abort_all(&mut self) {
+        let all: Vec<u64> = self.requests.keys().copied().collect();
+        for id in all {
+            self.finish(id, FinishReason::Abort);
+        }
+        self.update_gauges();
+    }
+
+    /// Fails every request after a runtime error; the engine keeps serving new ones.
+    pub fn fail_all(&mut self, message: &str) {
+        let all: Vec<u64> = self.requests.keys().copied().collect();
+        for id in all {
+            self.kv.free(id);
+            if let Some(state) = self.requests.remove(&id) {
+                let _ = state.events.send(GenerationEvent::Failed { message: message.to_string() });
+            }
+        }
+        self.running.clear();
+        self.waiting.clear();
+        self.update_gauges();
+    }
+
+    fn update_gauges(&mut self) {
+        self.metrics.requests_running.set(self.running.len() as i64);
+        self.metrics.requests_waiting.set(self.waiting.len() as i64);
+        self.metrics.kv_usage_permille.set((self.kv.usage() * 1000.0).round() as i64);
+        self.metrics.kv_blocks_free.set(self.kv.num_free_blocks() as i64);
+        let stats = self.kv.prefix_cache_stats();
+        self.metrics.prefix_cache_queries.inc_by(stats.num_queries.saturating_sub(self.last_prefix_stats.num_queries));
+        self.metrics.prefix_cache_hits.inc_by(stats.num_hits.saturating_sub(self.last_prefix_stats.num_hits));
+        self.last_prefix_stats = stats;
+    }
+}
+
+/// The standard sampler run natively: the fallback when no plugin is loaded or it faults.
+fn native_sample(batch: &mut LogitsBatch, sequences: &[SequenceToSample]) -> Vec<Sampled> {
+    sequences
+        .iter()
+        .enumerate()
+        .map(|(row, seq)| match batch.row_mut(row) {
+            Some((values, history)) => {
+                let history = history.clone();
+                let native = NativeRow::new(values, &history);
+                plughost_sampler_standard::sample_sequence(&native, &seq.params, seq.request, seq.position)
+            }
+            None => Sampled { token: 0, logprob: f32::NEG_INFINITY, top_logprobs: Vec::new() },
+        })
+        .collect()
+}

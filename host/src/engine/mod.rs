@@ -1,0 +1,16 @@
+//! The serving engine: request lifecycle and the engine loop on its own thread, reached through a handle.
+//!
+//! Each step: schedule (the scheduler plugin, checked, with the built-in
+//! FCFS as fallback) → admit and allocate KV blocks → execute one flattened
+//! batch on the runtime → sample every emitting row in one sampler call →
+//! detokenize, check stops and stream each request's delta.
+
+mod core;
+mod handle;
+mod request;
+mod state;
+mod stop;
+
+pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
+pub use request::{FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob, Usage};
+pub use stop::{StopMatcher, StopOutcome};

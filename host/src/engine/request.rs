@@ -1,0 +1,84 @@
+//! What the engine accepts (a validated generation request) and what it streams back.
+
+use plughost_sdk::sampler::{Candidate, SamplingParams};
+
+pub type RequestId = u64;
+
+/// When generation stops, besides `max_tokens`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StopConditions {
+    /// Texts that end generation; the stop text itself is not returned.
+    pub stop_strings: Vec<String>,
+    /// Tokens that end generation (the token is not returned as text).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// A request the API layer has validated: tokens within the context, parameters in range.
+/// The engine accepts nothing else.
+#[derive(Debug, Clone)]
+pub struct GenerationRequest {
+    pub prompt_tokens: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Most tokens to generate.
+    pub max_tokens: u32,
+    pub stop: StopConditions,
+    /// Return the chosen token's log-probability (and `sampling.num_top_logprobs` alternatives).
+    pub logprobs: bool,
+    /// Higher is scheduled first by priority-aware schedulers.
+    pub priority: i32,
+}
+
+/// Why a request finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token, a stop token or a stop string.
+    Stop,
+    /// `max_tokens` or the model's context length.
+    Length,
+    /// The client went away or the engine shut down.
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// Token counts of a finished request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+}
+
+/// One generated token's log-probability and the top alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<Candidate>,
+}
+
+/// What the engine streams for one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerationEvent {
+    /// New text (possibly empty while a stop string or a character is pending) and the tokens behind it.
+    Delta {
+        text: String,
+        token_ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// The last event of a request.
+    Finished { reason: FinishReason, usage: Usage },
+    /// The request failed inside the engine; the last event of the request.
+    Failed { message: String },
+}

@@ -1,0 +1,60 @@
+//! One request inside the engine: its tokens, progress, KV standing, output state and channel.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::kv::ComputedPrefix;
+use crate::model::DecodeStream;
+use crate::sched::{Phase, RequestView};
+
+use super::request::{GenerationEvent, GenerationRequest, RequestId};
+use super::stop::StopMatcher;
+
+pub struct RequestState {
+    pub id: RequestId,
+    pub request: GenerationRequest,
+    pub prompt: Arc<[u32]>,
+    pub output: Vec<u32>,
+    /// Prompt and output, the tokens whose KV entries the request needs.
+    pub tokens: Vec<u32>,
+    pub phase: Phase,
+    /// Tokens whose KV entries are in the cache.
+    pub num_computed: u32,
+    /// Prompt tokens the prefix cache supplied at (the last) admission.
+    pub num_cached_prefix: u32,
+    /// Found at admission, taken by the first allocation.
+    pub pending_prefix: Option<ComputedPrefix>,
+    pub arrival: Instant,
+    /// Microseconds since the engine started, for the scheduler's view.
+    pub arrival_us: u64,
+    pub first_scheduled: Option<Instant>,
+    pub last_token: Option<Instant>,
+    pub detokenizer: DecodeStream,
+    pub stop: StopMatcher,
+    pub events: UnboundedSender<GenerationEvent>,
+}
+
+impl RequestState {
+    pub fn view(&self, blocks_held: u32) -> RequestView {
+        RequestView {
+            id: self.id,
+            phase: self.phase,
+            priority: self.request.priority,
+            arrival_us: self.arrival_us,
+            prompt_len: self.prompt.len() as u32,
+            computed_len: self.num_computed,
+            cached_prefix_len: self.num_cached_prefix,
+            output_len: self.output.len() as u32,
+            max_output: self.request.max_tokens,
+            blocks_held,
+        }
+    }
+
+
+    /// Whether the client is gone.
+    pub fn is_abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+}
