@@ -103,6 +103,7 @@ fn load(fixture: &Fixture, num_kv_blocks: u32) -> Runtime {
 /// One sequence as the test drives it: its tokens, what the cache holds, and its blocks.
 #[derive(Clone)]
 struct Sequence {
+    id: u64,
     tokens: Vec<u32>,
     computed: usize,
     blocks: Vec<u32>,
@@ -112,7 +113,9 @@ struct Sequence {
 
 impl Sequence {
     fn new(prompt: &[u32]) -> Sequence {
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Sequence {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             tokens: prompt.to_vec(),
             computed: 0,
             blocks: Vec::new(),
@@ -147,6 +150,7 @@ impl Driver {
             .iter()
             .zip(&spans)
             .map(|(seq, &(start, end))| StepSequence {
+                id: seq.id,
                 tokens: &seq.tokens[start..end],
                 computed_len: start as u32,
                 block_table: &seq.blocks,

@@ -79,7 +79,10 @@ impl EngineCore {
         let plan = self.schedule();
         self.preempt(&plan.preempt);
         let scheduled = self.admit(&plan);
-        self.metrics.step_seconds.with_label_values(&["schedule"]).observe(seconds(started));
+        self.metrics
+            .step_seconds
+            .with_label_values(&["schedule"])
+            .observe(seconds(started));
         if scheduled.is_empty() {
             self.update_gauges();
             return Ok(());
@@ -87,18 +90,28 @@ impl EngineCore {
         let emitting = self.execute(&scheduled)?;
         let sample_started = Instant::now();
         let sampled = self.sample(&emitting);
-        self.metrics.step_seconds.with_label_values(&["sample"]).observe(seconds(sample_started));
+        self.metrics
+            .step_seconds
+            .with_label_values(&["sample"])
+            .observe(seconds(sample_started));
         let emit_started = Instant::now();
         for (id, sampled) in emitting.iter().zip(sampled) {
             self.emit(*id, sampled);
         }
-        self.metrics.step_seconds.with_label_values(&["emit"]).observe(seconds(emit_started));
+        self.metrics
+            .step_seconds
+            .with_label_values(&["emit"])
+            .observe(seconds(emit_started));
         self.update_gauges();
         Ok(())
     }
 
     fn views(&self) -> Vec<RequestView> {
-        let mut waiting: Vec<&RequestState> = self.waiting.iter().filter_map(|id| self.requests.get(id)).collect();
+        let mut waiting: Vec<&RequestState> = self
+            .waiting
+            .iter()
+            .filter_map(|id| self.requests.get(id))
+            .collect();
         waiting.sort_by_key(|r| (r.arrival_us, r.id));
         self.running
             .iter()
@@ -118,13 +131,21 @@ impl EngineCore {
             total_blocks: self.kv.num_blocks(),
         };
         let proposed = match self.scheduler.as_mut() {
-            Some(plugin) => plugin.schedule(&views, &resources).map_err(|e| e.to_string()),
+            Some(plugin) => plugin
+                .schedule(&views, &resources)
+                .map_err(|e| e.to_string()),
             None => return sched::fallback_plan(&views, &resources),
         };
-        match proposed.and_then(|plan| sched::validate_plan(&plan, &views, &resources).map(|()| plan).map_err(|e| e.to_string())) {
+        match proposed.and_then(|plan| {
+            sched::validate_plan(&plan, &views, &resources)
+                .map(|()| plan)
+                .map_err(|e| e.to_string())
+        }) {
             Ok(plan) => plan,
             Err(reason) => {
-                tracing::warn!("scheduler plugin plan refused, built-in FCFS decides this step: {reason}");
+                tracing::warn!(
+                    "scheduler plugin plan refused, built-in FCFS decides this step: {reason}"
+                );
                 self.metrics.scheduler_fallbacks.inc();
                 sched::fallback_plan(&views, &resources)
             }
@@ -135,7 +156,9 @@ impl EngineCore {
         for &id in ids {
             self.kv.free(id);
             self.running.retain(|r| *r != id);
-            let Some(mut state) = self.requests.remove(&id) else { continue };
+            let Some(mut state) = self.requests.remove(&id) else {
+                continue;
+            };
             state.phase = Phase::Preempted;
             self.lookup_prefix(&mut state);
             self.metrics.preemptions.inc();
@@ -148,7 +171,9 @@ impl EngineCore {
     fn admit(&mut self, plan: &Plan) -> Vec<(u64, u32)> {
         let mut scheduled = Vec::with_capacity(plan.run.len());
         for s in &plan.run {
-            let Some(state) = self.requests.get_mut(&s.id) else { continue };
+            let Some(state) = self.requests.get_mut(&s.id) else {
+                continue;
+            };
             let total = state.num_computed + s.num_tokens;
             let prefix = state.pending_prefix.take();
             if self.kv.allocate(s.id, total, prefix.as_ref()).is_none() {
@@ -163,7 +188,10 @@ impl EngineCore {
                     }
                     other => state.pending_prefix = other,
                 }
-                tracing::debug!(request = s.id, "no KV blocks for a planned request; it waits");
+                tracing::debug!(
+                    request = s.id,
+                    "no KV blocks for a planned request; it waits"
+                );
                 continue;
             }
             if state.phase != Phase::Running {
@@ -172,7 +200,9 @@ impl EngineCore {
                 self.running.push(s.id);
                 if state.first_scheduled.is_none() {
                     state.first_scheduled = Some(Instant::now());
-                    self.metrics.queue_time.observe(state.arrival.elapsed().as_secs_f64());
+                    self.metrics
+                        .queue_time
+                        .observe(state.arrival.elapsed().as_secs_f64());
                 }
             }
             scheduled.push((s.id, s.num_tokens));
@@ -185,7 +215,9 @@ impl EngineCore {
         let mut batch = Vec::with_capacity(scheduled.len());
         let mut emitting = Vec::new();
         for &(id, n) in scheduled {
-            let Some(state) = self.requests.get(&id) else { continue };
+            let Some(state) = self.requests.get(&id) else {
+                continue;
+            };
             let start = state.num_computed as usize;
             let end = start + n as usize;
             let emit = end == state.tokens.len();
@@ -193,6 +225,7 @@ impl EngineCore {
                 emitting.push(id);
             }
             batch.push(StepSequence {
+                id,
                 tokens: &state.tokens[start..end],
                 computed_len: state.num_computed,
                 block_table: self.kv.block_table(id),
@@ -206,12 +239,16 @@ impl EngineCore {
             ("device", timing.device),
             ("read_logits", timing.read_logits),
         ] {
-            self.metrics.step_seconds.with_label_values(&[part]).observe(d.as_secs_f64());
+            self.metrics
+                .step_seconds
+                .with_label_values(&[part])
+                .observe(d.as_secs_f64());
         }
         for &(id, n) in scheduled {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.num_computed += n;
-                self.kv.cache_full_blocks(id, &state.tokens, state.num_computed);
+                self.kv
+                    .cache_full_blocks(id, &state.tokens, state.num_computed);
             }
         }
         Ok(emitting)
@@ -222,13 +259,28 @@ impl EngineCore {
         let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
         let mut sequences = Vec::with_capacity(emitting.len());
         for (row, id) in emitting.iter().enumerate() {
-            let Some(state) = self.requests.get(id) else { continue };
+            let Some(state) = self.requests.get(id) else {
+                continue;
+            };
             if !state.request.sampling.penalties.is_none() {
-                batch.set_history(row, TokenHistory { prompt: state.prompt.clone(), output: state.output.clone() });
+                batch.set_history(
+                    row,
+                    TokenHistory {
+                        prompt: state.prompt.clone(),
+                        output: state.output.clone(),
+                    },
+                );
             }
-            sequences.push(SequenceToSample { request: *id, position: state.output.len() as u32, params: state.request.sampling });
+            sequences.push(SequenceToSample {
+                request: *id,
+                position: state.output.len() as u32,
+                params: state.request.sampling,
+            });
         }
-        let from_plugin = self.sampler.as_mut().map(|plugin| plugin.sample(&mut batch, &sequences));
+        let from_plugin = self
+            .sampler
+            .as_mut()
+            .map(|plugin| plugin.sample(&mut batch, &sequences));
         let sampled = match from_plugin {
             Some(Ok(sampled)) => sampled,
             other => {
@@ -244,11 +296,19 @@ impl EngineCore {
     }
 
     fn emit(&mut self, id: u64, sampled: Sampled) {
-        let Some(state) = self.requests.get_mut(&id) else { return };
+        let Some(state) = self.requests.get_mut(&id) else {
+            return;
+        };
         let now = Instant::now();
         match state.last_token {
-            None => self.metrics.time_to_first_token.observe((now - state.arrival).as_secs_f64()),
-            Some(last) => self.metrics.inter_token_latency.observe((now - last).as_secs_f64()),
+            None => self
+                .metrics
+                .time_to_first_token
+                .observe((now - state.arrival).as_secs_f64()),
+            Some(last) => self
+                .metrics
+                .inter_token_latency
+                .observe((now - last).as_secs_f64()),
         }
         state.last_token = Some(now);
         self.metrics.generation_tokens.inc();
@@ -256,7 +316,11 @@ impl EngineCore {
         state.output.push(token);
         state.tokens.push(token);
         let logprobs = if state.request.logprobs {
-            vec![TokenLogprob { token, logprob: sampled.logprob, top: sampled.top_logprobs }]
+            vec![TokenLogprob {
+                token,
+                logprob: sampled.logprob,
+                top: sampled.top_logprobs,
+            }]
         } else {
             Vec::new()
         };
@@ -280,7 +344,8 @@ impl EngineCore {
             }
         }
         if finish.is_none()
-            && (state.output.len() as u32 >= state.request.max_tokens || state.tokens.len() as u32 >= self.limits.max_model_len)
+            && (state.output.len() as u32 >= state.request.max_tokens
+                || state.tokens.len() as u32 >= self.limits.max_model_len)
         {
             finish = Some(FinishReason::Length);
         }
@@ -292,7 +357,11 @@ impl EngineCore {
             }
             text.push_str(&state.stop.finish());
         }
-        let _ = state.events.send(GenerationEvent::Delta { text, token_ids: vec![token], logprobs });
+        let _ = state.events.send(GenerationEvent::Delta {
+            text,
+            token_ids: vec![token],
+            logprobs,
+        });
         if let Some(reason) = finish {
             self.finish(id, reason);
         }
@@ -302,20 +371,34 @@ impl EngineCore {
         self.kv.free(id);
         self.running.retain(|r| *r != id);
         self.waiting.retain(|r| *r != id);
-        let Some(state) = self.requests.remove(&id) else { return };
+        let Some(state) = self.requests.remove(&id) else {
+            return;
+        };
         let usage = Usage {
             prompt_tokens: state.prompt.len() as u32,
             completion_tokens: state.output.len() as u32,
             cached_tokens: state.num_cached_prefix,
         };
-        self.metrics.e2e_latency.observe(state.arrival.elapsed().as_secs_f64());
-        self.metrics.requests_finished.with_label_values(&[reason.as_str()]).inc();
-        let _ = state.events.send(GenerationEvent::Finished { reason, usage });
+        self.metrics
+            .e2e_latency
+            .observe(state.arrival.elapsed().as_secs_f64());
+        self.metrics
+            .requests_finished
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        let _ = state
+            .events
+            .send(GenerationEvent::Finished { reason, usage });
     }
 
     /// Requests whose client went away release their blocks.
     pub fn abort_abandoned(&mut self) {
-        let gone: Vec<u64> = self.requests.values().filter(|r| r.is_abandoned()).map(|r| r.id).collect();
+        let gone: Vec<u64> = self
+            .requests
+            .values()
+            .filter(|r| r.is_abandoned())
+            .map(|r| r.id)
+            .collect();
         for id in gone {
             self.finish(id, FinishReason::Abort);
         }
@@ -336,7 +419,9 @@ impl EngineCore {
         for id in all {
             self.kv.free(id);
             if let Some(state) = self.requests.remove(&id) {
-                let _ = state.events.send(GenerationEvent::Failed { message: message.to_string() });
+                let _ = state.events.send(GenerationEvent::Failed {
+                    message: message.to_string(),
+                });
             }
         }
         self.running.clear();
@@ -347,11 +432,23 @@ impl EngineCore {
     fn update_gauges(&mut self) {
         self.metrics.requests_running.set(self.running.len() as i64);
         self.metrics.requests_waiting.set(self.waiting.len() as i64);
-        self.metrics.kv_usage_permille.set((self.kv.usage() * 1000.0).round() as i64);
-        self.metrics.kv_blocks_free.set(self.kv.num_free_blocks() as i64);
+        self.metrics
+            .kv_usage_permille
+            .set((self.kv.usage() * 1000.0).round() as i64);
+        self.metrics
+            .kv_blocks_free
+            .set(self.kv.num_free_blocks() as i64);
         let stats = self.kv.prefix_cache_stats();
-        self.metrics.prefix_cache_queries.inc_by(stats.num_queries.saturating_sub(self.last_prefix_stats.num_queries));
-        self.metrics.prefix_cache_hits.inc_by(stats.num_hits.saturating_sub(self.last_prefix_stats.num_hits));
+        self.metrics.prefix_cache_queries.inc_by(
+            stats
+                .num_queries
+                .saturating_sub(self.last_prefix_stats.num_queries),
+        );
+        self.metrics.prefix_cache_hits.inc_by(
+            stats
+                .num_hits
+                .saturating_sub(self.last_prefix_stats.num_hits),
+        );
         self.last_prefix_stats = stats;
     }
 }
@@ -365,9 +462,18 @@ fn native_sample(batch: &mut LogitsBatch, sequences: &[SequenceToSample]) -> Vec
             Some((values, history)) => {
                 let history = history.clone();
                 let native = NativeRow::new(values, &history);
-                plughost_sampler_standard::sample_sequence(&native, &seq.params, seq.request, seq.position)
+                plughost_sampler_standard::sample_sequence(
+                    &native,
+                    &seq.params,
+                    seq.request,
+                    seq.position,
+                )
             }
-            None => Sampled { token: 0, logprob: f32::NEG_INFINITY, top_logprobs: Vec::new() },
+            None => Sampled {
+                token: 0,
+                logprob: f32::NEG_INFINITY,
+                top_logprobs: Vec::new(),
+            },
         })
         .collect()
 }

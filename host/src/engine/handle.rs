@@ -130,7 +130,9 @@ impl EngineHandle {
             std::thread::Builder::new()
                 .name("engine".into())
                 .spawn(move || run_engine(setup, rx, load, metrics))
-                .map_err(|e| EngineError::LoadFailed(format!("cannot start the engine thread: {e}")))?
+                .map_err(|e| {
+                    EngineError::LoadFailed(format!("cannot start the engine thread: {e}"))
+                })?
         };
         Ok(EngineHandle {
             commands: Mutex::new(tx),
@@ -167,11 +169,19 @@ impl EngineHandle {
     }
 
     /// Queues a validated request. Dropping the receiver aborts it and frees its KV blocks.
-    pub fn submit(&self, request: GenerationRequest) -> Result<(RequestId, UnboundedReceiver<GenerationEvent>), EngineError> {
+    pub fn submit(
+        &self,
+        request: GenerationRequest,
+    ) -> Result<(RequestId, UnboundedReceiver<GenerationEvent>), EngineError> {
         self.summary()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
-        let command = Command::Submit { id, request: Box::new(request), events, arrival: Instant::now() };
+        let command = Command::Submit {
+            id,
+            request: Box::new(request),
+            events,
+            arrival: Instant::now(),
+        };
         let commands = self.commands.lock().map_err(|_| EngineError::Stopped)?;
         commands.send(command).map_err(|_| EngineError::Stopped)?;
         Ok((id, receiver))
@@ -202,7 +212,12 @@ fn set_load_state(load: &(Mutex<LoadState>, Condvar), state: LoadState) {
     load.1.notify_all();
 }
 
-fn run_engine(setup: EngineSetup, commands: Receiver<Command>, load: Arc<(Mutex<LoadState>, Condvar)>, metrics: Arc<Metrics>) {
+fn run_engine(
+    setup: EngineSetup,
+    commands: Receiver<Command>,
+    load: Arc<(Mutex<LoadState>, Condvar)>,
+    metrics: Arc<Metrics>,
+) {
     let started = Instant::now();
     let mut core = match load_engine(&setup, metrics) {
         Ok((core, summary)) => {
@@ -228,7 +243,12 @@ fn run_engine(setup: EngineSetup, commands: Receiver<Command>, load: Arc<(Mutex<
         };
         match command {
             Some(Command::Shutdown) => break,
-            Some(Command::Submit { id, request, events, arrival }) => {
+            Some(Command::Submit {
+                id,
+                request,
+                events,
+                arrival,
+            }) => {
                 let state = new_request_state(&core, id, *request, events, arrival, started);
                 core.add(state);
                 continue;
@@ -246,7 +266,14 @@ fn run_engine(setup: EngineSetup, commands: Receiver<Command>, load: Arc<(Mutex<
     }
 }
 
-fn new_request_state(core: &EngineCore, id: RequestId, request: GenerationRequest, events: UnboundedSender<GenerationEvent>, arrival: Instant, engine_started: Instant) -> RequestState {
+fn new_request_state(
+    core: &EngineCore,
+    id: RequestId,
+    request: GenerationRequest,
+    events: UnboundedSender<GenerationEvent>,
+    arrival: Instant,
+    engine_started: Instant,
+) -> RequestState {
     let prompt: Arc<[u32]> = Arc::from(request.prompt_tokens.clone());
     RequestState {
         id,
@@ -258,7 +285,9 @@ fn new_request_state(core: &EngineCore, id: RequestId, request: GenerationReques
         num_cached_prefix: 0,
         pending_prefix: None,
         arrival,
-        arrival_us: arrival.saturating_duration_since(engine_started).as_micros() as u64,
+        arrival_us: arrival
+            .saturating_duration_since(engine_started)
+            .as_micros() as u64,
         first_scheduled: None,
         last_token: None,
         detokenizer: core.tokenizer.decode_stream(true),
@@ -268,35 +297,82 @@ fn new_request_state(core: &EngineCore, id: RequestId, request: GenerationReques
     }
 }
 
-fn load_engine(setup: &EngineSetup, metrics: Arc<Metrics>) -> Result<(EngineCore, ModelSummary), String> {
+fn load_engine(
+    setup: &EngineSetup,
+    metrics: Arc<Metrics>,
+) -> Result<(EngineCore, ModelSummary), String> {
     let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
-    let plugins = PluginRuntime::new(RuntimeOptions { cache_dir: setup.component_cache.clone() }).map_err(|e| e.to_string())?;
-    let mut glue = GluePlugin::load(&plugins, &setup.glue.component, &setup.glue.config_json(), setup.glue.limits()).map_err(|e| e.to_string())?;
+    let plugins = PluginRuntime::new(RuntimeOptions {
+        cache_dir: setup.component_cache.clone(),
+    })
+    .map_err(|e| e.to_string())?;
+    let mut glue = GluePlugin::load(
+        &plugins,
+        &setup.glue.component,
+        &setup.glue.config_json(),
+        setup.glue.limits(),
+    )
+    .map_err(|e| e.to_string())?;
     let scheduler = match &setup.scheduler {
-        Some(spec) => Some(SchedulerPlugin::load(&plugins, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?),
+        Some(spec) => Some(
+            SchedulerPlugin::load(
+                &plugins,
+                &spec.component,
+                &spec.config_json(),
+                spec.limits(),
+            )
+            .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
     let sampler = match &setup.sampler {
-        Some(spec) => Some(SamplerPlugin::load(&plugins, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?),
+        Some(spec) => Some(
+            SamplerPlugin::load(
+                &plugins,
+                &spec.component,
+                &spec.config_json(),
+                spec.limits(),
+            )
+            .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
-    let config_json = std::fs::read_to_string(setup.model_dir.join("config.json"))
-        .map_err(|e| format!("cannot read {}: {e}", setup.model_dir.join("config.json").display()))?;
+    let config_json =
+        std::fs::read_to_string(setup.model_dir.join("config.json")).map_err(|e| {
+            format!(
+                "cannot read {}: {e}",
+                setup.model_dir.join("config.json").display()
+            )
+        })?;
     let info = glue.describe(&config_json).map_err(|e| e.to_string())?;
     let options = &setup.options;
-    let max_model_len = options.max_model_len.unwrap_or(info.max_position).min(info.max_position.max(1));
-    let bytes_per_block = 2u64 * info.kv.num_layers as u64 * options.block_size as u64 * info.kv.num_kv_heads as u64 * info.kv.head_dim as u64 * 4;
+    let max_model_len = options
+        .max_model_len
+        .unwrap_or(info.max_position)
+        .min(info.max_position.max(1));
+    let bytes_per_block = 2u64
+        * info.kv.num_layers as u64
+        * options.block_size as u64
+        * info.kv.num_kv_heads as u64
+        * info.kv.head_dim as u64
+        * 4;
     let num_kv_blocks = match options.num_kv_blocks {
         Some(n) => n,
         None => {
             // No more than every sequence at full length could use.
-            let useful = (max_model_len as u64).div_ceil(options.block_size as u64) * options.max_num_seqs as u64;
+            let useful = (max_model_len as u64).div_ceil(options.block_size as u64)
+                * options.max_num_seqs as u64;
             (options.kv_cache_memory / bytes_per_block.max(1)).min(useful) as u32
         }
     };
-    if (num_kv_blocks as u64) * (options.block_size as u64) < max_model_len.min(options.max_num_batched_tokens) as u64 {
-        tracing::warn!(num_kv_blocks, "the KV cache holds fewer tokens than one full-length request needs");
+    if (num_kv_blocks as u64) * (options.block_size as u64)
+        < max_model_len.min(options.max_num_batched_tokens) as u64
+    {
+        tracing::warn!(
+            num_kv_blocks,
+            "the KV cache holds fewer tokens than one full-length request needs"
+        );
     }
     let library = DeviceLibrary::load(&setup.device_library).map_err(|e| e.to_string())?;
     let device = Device::open(&library, &setup.device_config).map_err(|e| e.to_string())?;
@@ -307,7 +383,8 @@ fn load_engine(setup: &EngineSetup, metrics: Arc<Metrics>) -> Result<(EngineCore
         num_kv_blocks,
         max_model_len,
     };
-    let runtime = load_model(device, &mut glue, &setup.model_dir, runtime_config).map_err(|e| e.to_string())?;
+    let runtime = load_model(device, &mut glue, &setup.model_dir, runtime_config)
+        .map_err(|e| e.to_string())?;
     let kv = KvCacheManager::new(KvCacheConfig {
         num_blocks: num_kv_blocks,
         block_size: options.block_size,

@@ -12,5 +12,8 @@ mod state;
 mod stop;
 
 pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
-pub use request::{FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob, Usage};
+pub use request::{
+    FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
+    Usage,
+};
 pub use stop::{StopMatcher, StopOutcome};

@@ -52,7 +52,6 @@ impl RequestState {
         }
     }
 
-
     /// Whether the client is gone.
     pub fn is_abandoned(&self) -> bool {
         self.events.is_closed()

@@ -21,8 +21,17 @@ pub enum StopOutcome {
 
 impl StopMatcher {
     pub fn new(stop_strings: &[String]) -> Self {
-        let stop_strings: Vec<String> = stop_strings.iter().filter(|s| !s.is_empty()).cloned().collect();
-        let holdback = stop_strings.iter().map(|s| s.len()).max().unwrap_or(1).saturating_sub(1);
+        let stop_strings: Vec<String> = stop_strings
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect();
+        let holdback = stop_strings
+            .iter()
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(1)
+            .saturating_sub(1);
         StopMatcher {
             stop_strings,
             pending: String::new(),
@@ -98,7 +107,11 @@ mod tests {
             (&["end", "d"], &["frien", "d"], "frien", true),
         ];
         for (stops, pieces, want, stopped) in cases {
-            assert_eq!(run(stops, pieces), (want.to_string(), *stopped), "{stops:?} {pieces:?}");
+            assert_eq!(
+                run(stops, pieces),
+                (want.to_string(), *stopped),
+                "{stops:?} {pieces:?}"
+            );
         }
     }
 

@@ -11,6 +11,7 @@ mod error;
 mod extents;
 mod load;
 mod prepared;
+mod refresh;
 mod step;
 
 pub use error::RuntimeError;

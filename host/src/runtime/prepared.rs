@@ -10,6 +10,7 @@ use crate::plugins::glue::types::{
 
 use super::RuntimeError;
 use super::extents::Extents;
+use super::refresh::{InputKind, InputMirror};
 use super::step::{StepLimits, StepSequence, StepStaging, StepTiming};
 
 /// Sizes the runtime is prepared for; nothing grows after `prepare`.
@@ -74,6 +75,8 @@ pub struct Runtime {
     logits: BufferId,
     owned: Vec<BufferId>,
     staging: StepStaging,
+    mirror: InputMirror,
+    write_bytes: Vec<u8>,
     launch_args: Vec<TensorArg>,
     logits_bytes: Vec<u8>,
 }
@@ -384,6 +387,8 @@ impl Runtime {
             logits: parts.logits,
             owned,
             staging: StepStaging::default(),
+            mirror: InputMirror::default(),
+            write_bytes: Vec::new(),
             launch_args: Vec::with_capacity(widest),
             logits_bytes: Vec::new(),
         }
@@ -406,7 +411,28 @@ impl Runtime {
         let started = Instant::now();
         let extents = self.staging.fill(batch, &self.limits)?;
         let prepare_inputs = started.elapsed();
+        let result = self.run_step(extents, logits);
+        match &result {
+            Ok(_) => self.mirror.step_done(
+                &self.staging,
+                &self.staging.slot_ids,
+                &self.staging.row_lens,
+                self.limits.max.blocks_per_sequence as usize,
+            ),
+            // The device may hold half-written inputs: write everything next step.
+            Err(_) => self.mirror.invalidate(),
+        }
+        result.map(|timing| StepTiming {
+            prepare_inputs,
+            ..timing
+        })
+    }
 
+    fn run_step(
+        &mut self,
+        extents: Extents,
+        logits: &mut Vec<f32>,
+    ) -> Result<StepTiming, RuntimeError> {
         let dispatch_started = Instant::now();
         self.write_inputs()?;
         let mut shape = [0u64; 4];
@@ -449,27 +475,36 @@ impl Runtime {
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         );
         Ok(StepTiming {
-            prepare_inputs,
+            prepare_inputs: Duration::ZERO,
             dispatch,
             device,
             read_logits: read_started.elapsed(),
         })
     }
 
+    /// Writes only what the refresh policies say changed since the last step.
     fn write_inputs(&mut self) -> Result<(), RuntimeError> {
         let s = &self.staging;
-        let writes = [
-            (self.inputs.token_ids, &s.token_ids),
-            (self.inputs.query_start, &s.query_start),
-            (self.inputs.seq_lens, &s.seq_lens),
-            (self.inputs.block_table, &s.block_table),
-            (self.inputs.logits_indices, &s.logits_indices),
-        ];
-        for (buffer, values) in writes {
-            if let (Some(buffer), false) = (buffer, values.is_empty()) {
-                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-                self.device.write(buffer, 0, &bytes)?;
+        let width = self.limits.max.blocks_per_sequence as usize;
+        for write in self.mirror.writes(s, &s.slot_ids, &s.row_lens, width) {
+            let (buffer, values) = match write.kind {
+                InputKind::TokenIds => (self.inputs.token_ids, &s.token_ids),
+                InputKind::QueryStart => (self.inputs.query_start, &s.query_start),
+                InputKind::LogitsIndices => (self.inputs.logits_indices, &s.logits_indices),
+                InputKind::BlockTable => (self.inputs.block_table, &s.block_table),
+                InputKind::SeqLens => (self.inputs.seq_lens, &s.seq_lens),
+            };
+            let (Some(buffer), Some(values)) = (buffer, values.get(write.range.clone())) else {
+                continue;
+            };
+            if values.is_empty() {
+                continue;
             }
+            self.write_bytes.clear();
+            self.write_bytes
+                .extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            self.device
+                .write(buffer, write.range.start as u64 * 4, &self.write_bytes)?;
         }
         Ok(())
     }

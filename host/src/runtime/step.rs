@@ -8,6 +8,8 @@ use super::extents::Extents;
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepSequence<'a> {
+    /// Identifies the sequence across steps, so unchanged inputs are not written again.
+    pub id: u64,
     /// Tokens computed this step: a prefill chunk or the one token of a decode.
     pub tokens: &'a [u32],
     /// Tokens whose KV entries are already in the cache.
@@ -39,6 +41,10 @@ pub struct StepStaging {
     pub seq_lens: Vec<i32>,
     pub block_table: Vec<i32>,
     pub logits_indices: Vec<i32>,
+    /// The sequence in each batch slot.
+    pub slot_ids: Vec<u64>,
+    /// Block-table entries each slot uses.
+    pub row_lens: Vec<usize>,
 }
 
 /// The limits a step is checked against.
@@ -76,6 +82,8 @@ impl StepStaging {
         self.seq_lens.clear();
         self.logits_indices.clear();
         self.block_table.clear();
+        self.slot_ids.clear();
+        self.row_lens.clear();
         self.block_table.resize(batch.len() * width, 0);
         self.query_start.push(0);
         for (i, seq) in batch.iter().enumerate() {
@@ -106,6 +114,8 @@ impl StepStaging {
             for (slot, &block) in row.iter_mut().zip(seq.block_table) {
                 *slot = block as i32;
             }
+            self.slot_ids.push(seq.id);
+            self.row_lens.push(seq.block_table.len());
             self.token_ids.extend(seq.tokens.iter().map(|&t| t as i32));
             self.seq_lens.push(seq.computed_len as i32);
             if seq.emit {
