@@ -509,12 +509,17 @@ impl Runtime {
         Ok(())
     }
 
-    /// Frees every buffer and closes the device.
-    pub fn close(mut self) -> Result<(), RuntimeError> {
+    /// Frees every buffer the runtime allocated and hands the device back.
+    pub fn into_device(mut self) -> Result<Device, RuntimeError> {
         for id in std::mem::take(&mut self.owned) {
             self.device.free(id)?;
         }
-        self.device.close();
+        Ok(self.device)
+    }
+
+    /// Frees every buffer and closes the device.
+    pub fn close(self) -> Result<(), RuntimeError> {
+        self.into_device()?.close();
         Ok(())
     }
 
