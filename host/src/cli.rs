@@ -52,28 +52,45 @@ pub struct ModelArgs {
     /// Where compiled components are cached.
     #[arg(long, env = "PLUGHOST_CACHE_DIR")]
     pub component_cache: Option<PathBuf>,
+    /// Write a Chrome trace (open it in Perfetto) of every engine step here at shutdown.
+    #[arg(long)]
+    pub profile_output: Option<PathBuf>,
 }
 
 /// `512MiB`, `2GiB`, `1000000` → bytes.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
     let scale: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" => 1 << 10,
         "MiB" | "M" => 1 << 20,
         "GiB" | "G" => 1 << 30,
-        other => return Err(format!("unknown size unit {other:?}: use B, KiB, MiB or GiB")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?}: use B, KiB, MiB or GiB"
+            ));
+        }
     };
-    number.checked_mul(scale).ok_or_else(|| format!("{text} is too large"))
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text} is too large"))
 }
 
 fn default_plugins_dir() -> PathBuf {
     std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent().and_then(Path::parent).map(|dir| dir.join("plugins")))
+        .and_then(|exe| {
+            exe.parent()
+                .and_then(Path::parent)
+                .map(|dir| dir.join("plugins"))
+        })
         .unwrap_or_else(|| PathBuf::from("target/plugins"))
 }
 
@@ -85,35 +102,55 @@ fn default_cache_dir() -> Option<PathBuf> {
 }
 
 fn spec(component: PathBuf) -> PluginSpec {
-    PluginSpec { component, config: Default::default(), memory_mib: None, call_timeout_ms: None }
+    PluginSpec {
+        component,
+        config: Default::default(),
+        memory_mib: None,
+        call_timeout_ms: None,
+    }
 }
 
 fn existing(path: PathBuf) -> Result<PathBuf, String> {
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!("{} does not exist; build the plugins with `cargo xtask build-plugins`", path.display()))
+        Err(format!(
+            "{} does not exist; build the plugins with `cargo xtask build-plugins`",
+            path.display()
+        ))
     }
 }
 
 /// The first glue component in `dir` whose `describe` accepts the model's config.json.
 fn find_glue(dir: &Path, model_dir: &Path, runtime: &PluginRuntime) -> Result<PluginSpec, String> {
     let config_path = model_dir.join("config.json");
-    let config_json = std::fs::read_to_string(&config_path).map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
+    let config_json = std::fs::read_to_string(&config_path)
+        .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
     let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read the plugins folder {}: {e}", dir.display()))?
         .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("plughost_model_")) && p.extension().is_some_and(|e| e == "wasm"))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("plughost_model_"))
+                && p.extension().is_some_and(|e| e == "wasm")
+        })
         .collect();
     candidates.sort();
     let mut refusals = Vec::new();
     for path in candidates {
-        match GluePlugin::load(runtime, &path, "", InstanceLimits::default()).and_then(|mut g| g.describe(&config_json)) {
+        match GluePlugin::load(runtime, &path, "", InstanceLimits::default())
+            .and_then(|mut g| g.describe(&config_json))
+        {
             Ok(_) => return Ok(spec(path)),
             Err(e) => refusals.push(format!("  {}: {e}", path.display())),
         }
     }
-    Err(format!("no model glue in {} accepts {}:\n{}", dir.display(), config_path.display(), refusals.join("\n")))
+    Err(format!(
+        "no model glue in {} accepts {}:\n{}",
+        dir.display(),
+        config_path.display(),
+        refusals.join("\n")
+    ))
 }
 
 impl ModelArgs {
@@ -131,21 +168,33 @@ impl ModelArgs {
         };
         let sampler = match deployment.sampler {
             Some(s) => s,
-            None => spec(existing(plugins_dir.join("plughost_sampler_standard.wasm"))?),
+            None => spec(existing(
+                plugins_dir.join("plughost_sampler_standard.wasm"),
+            )?),
         };
         let glue = match deployment.glue {
             Some(g) => g,
             None => {
-                let runtime = PluginRuntime::new(RuntimeOptions { cache_dir: component_cache.clone() }).map_err(|e| e.to_string())?;
+                let runtime = PluginRuntime::new(RuntimeOptions {
+                    cache_dir: component_cache.clone(),
+                })
+                .map_err(|e| e.to_string())?;
                 find_glue(&plugins_dir, &self.model, &runtime)?
             }
         };
         let device_library = match &self.device {
             Some(path) => path.clone(),
-            None => existing(plugins_dir.join(format!("{}plughost_device_cpu{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)))?,
+            None => existing(plugins_dir.join(format!(
+                "{}plughost_device_cpu{}",
+                std::env::consts::DLL_PREFIX,
+                std::env::consts::DLL_SUFFIX
+            )))?,
         };
         let model_name = self.served_model_name.clone().unwrap_or_else(|| {
-            self.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+            self.model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "model".into())
         });
         Ok(EngineSetup {
             model_dir: self.model.clone(),
@@ -165,6 +214,7 @@ impl ModelArgs {
                 enable_prefix_caching: !self.no_enable_prefix_caching,
                 max_model_len: self.max_model_len,
             },
+            profile_output: self.profile_output.clone(),
         })
     }
 }

@@ -10,5 +10,6 @@ pub mod kv;
 pub mod model;
 pub mod metrics;
 pub mod plugins;
+pub mod profile;
 pub mod runtime;
 pub mod sched;

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use plughost_sdk::sampler::Sampled;
 
@@ -12,6 +12,7 @@ use crate::model::Tokenizer;
 use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
 use crate::plugins::sampler::{SamplerPlugin, SequenceToSample};
 use crate::plugins::scheduler::SchedulerPlugin;
+use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
 
@@ -43,10 +44,9 @@ pub struct EngineCore {
     pub waiting: Vec<u64>,
     pub logits: Vec<f32>,
     pub last_prefix_stats: crate::kv::PrefixCacheStats,
-}
-
-fn seconds(since: Instant) -> f64 {
-    since.elapsed().as_secs_f64()
+    /// Spans of every step, when a profile was asked for.
+    pub profiler: Option<Profiler>,
+    pub num_steps: u64,
 }
 
 impl EngineCore {
@@ -69,20 +69,29 @@ impl EngineCore {
         state.pending_prefix = (prefix.num_tokens > 0).then_some(prefix);
     }
 
+    /// Records one part of the step in the metrics and, when profiling, as a trace span.
+    fn record(&mut self, part: &'static str, track: Track, start: Instant, duration: Duration) {
+        self.metrics
+            .step_seconds
+            .with_label_values(&[part])
+            .observe(duration.as_secs_f64());
+        if let Some(profiler) = self.profiler.as_mut() {
+            profiler.span(part, track, start, duration, self.num_steps);
+        }
+    }
+
     /// One engine step. Returns after emitting every token it produced.
     pub fn step(&mut self) -> Result<(), RuntimeError> {
         self.abort_abandoned();
         if self.requests.is_empty() {
             return Ok(());
         }
+        self.num_steps += 1;
         let started = Instant::now();
         let plan = self.schedule();
         self.preempt(&plan.preempt);
         let scheduled = self.admit(&plan);
-        self.metrics
-            .step_seconds
-            .with_label_values(&["schedule"])
-            .observe(seconds(started));
+        self.record("schedule", Track::Host, started, started.elapsed());
         if scheduled.is_empty() {
             self.update_gauges();
             return Ok(());
@@ -90,18 +99,17 @@ impl EngineCore {
         let emitting = self.execute(&scheduled)?;
         let sample_started = Instant::now();
         let sampled = self.sample(&emitting);
-        self.metrics
-            .step_seconds
-            .with_label_values(&["sample"])
-            .observe(seconds(sample_started));
+        self.record(
+            "sample",
+            Track::Host,
+            sample_started,
+            sample_started.elapsed(),
+        );
         let emit_started = Instant::now();
         for (id, sampled) in emitting.iter().zip(sampled) {
             self.emit(*id, sampled);
         }
-        self.metrics
-            .step_seconds
-            .with_label_values(&["emit"])
-            .observe(seconds(emit_started));
+        self.record("emit", Track::Host, emit_started, emit_started.elapsed());
         self.update_gauges();
         Ok(())
     }
@@ -232,18 +240,25 @@ impl EngineCore {
                 emit,
             });
         }
+        let started = Instant::now();
         let timing = self.runtime.execute(&batch, &mut self.logits)?;
-        for (part, d) in [
-            ("prepare_inputs", timing.prepare_inputs),
-            ("dispatch", timing.dispatch),
-            ("device", timing.device),
-            ("read_logits", timing.read_logits),
-        ] {
-            self.metrics
-                .step_seconds
-                .with_label_values(&[part])
-                .observe(d.as_secs_f64());
-        }
+        // The runtime reports durations; lay them out in the order they happened.
+        let dispatch_start = started + timing.prepare_inputs;
+        let read_start = dispatch_start + timing.dispatch + timing.device;
+        self.record(
+            "prepare_inputs",
+            Track::Host,
+            started,
+            timing.prepare_inputs,
+        );
+        self.record(
+            "dispatch",
+            Track::Host,
+            dispatch_start,
+            timing.dispatch + timing.device,
+        );
+        self.record("device", Track::Device, dispatch_start, timing.device);
+        self.record("read_logits", Track::Host, read_start, timing.read_logits);
         for &(id, n) in scheduled {
             if let Some(state) = self.requests.get_mut(&id) {
                 state.num_computed += n;

@@ -17,6 +17,7 @@ use crate::plugins::glue::GluePlugin;
 use crate::plugins::sampler::SamplerPlugin;
 use crate::plugins::scheduler::SchedulerPlugin;
 use crate::plugins::{PluginRuntime, PluginSpec, RuntimeOptions};
+use crate::profile::Profiler;
 use crate::runtime::{RuntimeConfig, load_model};
 use crate::sched::Phase;
 
@@ -79,6 +80,8 @@ pub struct EngineSetup {
     pub sampler: Option<PluginSpec>,
     pub component_cache: Option<PathBuf>,
     pub options: EngineOptions,
+    /// Write a Chrome trace of every step here at shutdown.
+    pub profile_output: Option<PathBuf>,
 }
 
 /// What the rest of the host needs to know about the loaded model.
@@ -261,6 +264,14 @@ fn run_engine(
         }
     }
     core.abort_all();
+    if let (Some(path), Some(profiler)) = (&setup.profile_output, &core.profiler) {
+        match profiler.write(path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), spans = profiler.num_spans(), "profile written")
+            }
+            Err(e) => tracing::error!(path = %path.display(), "cannot write the profile: {e}"),
+        }
+    }
     if let Err(e) = core.runtime.close() {
         tracing::error!("closing the runtime failed: {e}");
     }
@@ -416,6 +427,8 @@ fn load_engine(
         waiting: Vec::new(),
         logits: Vec::new(),
         last_prefix_stats: Default::default(),
+        profiler: setup.profile_output.as_ref().map(|_| Profiler::default()),
+        num_steps: 0,
     };
     Ok((core, summary))
 }
