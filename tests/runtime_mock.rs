@@ -184,3 +184,13 @@ fn releasing_the_runtime_frees_every_device_buffer() {
     assert_eq!(after.frees, after.allocations);
     device.close();
 }
+
+#[test]
+fn the_program_graph_lets_the_qkv_projections_run_together() {
+    let runtime = mock_runtime();
+    let graph = runtime.task_graph();
+    // Every task after the first depends on something; q, k and v read the same normed rows.
+    assert!(graph.dependencies.iter().skip(1).all(|d| !d.is_empty()));
+    assert!(graph.widest_wave() >= 3, "waves: {:?}", graph.waves);
+    runtime.close().expect("runtime closes");
+}

@@ -7,6 +7,7 @@
 //! with the step's shapes, and reads back the logits rows of the sequences
 //! that emit a token.
 
+mod deps;
 mod error;
 mod extents;
 mod load;
@@ -14,6 +15,7 @@ mod prepared;
 mod refresh;
 mod step;
 
+pub use deps::TaskGraph;
 pub use error::RuntimeError;
 pub use extents::Extents;
 pub use load::{LoadError, load_model};

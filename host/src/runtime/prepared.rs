@@ -9,6 +9,7 @@ use crate::plugins::glue::types::{
 };
 
 use super::RuntimeError;
+use super::deps::TaskGraph;
 use super::extents::Extents;
 use super::refresh::{InputKind, InputMirror};
 use super::step::{StepLimits, StepSequence, StepStaging, StepTiming};
@@ -75,6 +76,7 @@ pub struct Runtime {
     logits: BufferId,
     owned: Vec<BufferId>,
     staging: StepStaging,
+    graph: TaskGraph,
     mirror: InputMirror,
     write_bytes: Vec<u8>,
     launch_args: Vec<TensorArg>,
@@ -378,6 +380,12 @@ impl Runtime {
             vocab: info.vocab_size,
         };
         let widest = parts.tasks.iter().map(|t| t.args.len()).max().unwrap_or(0);
+        let task_args: Vec<Vec<(BufferId, ArgTag)>> = parts
+            .tasks
+            .iter()
+            .map(|t| t.args.iter().map(|(b, tag)| (b.id, *tag)).collect())
+            .collect();
+        let graph = TaskGraph::build(task_args.iter().map(Vec::as_slice));
         Runtime {
             device,
             info,
@@ -387,6 +395,7 @@ impl Runtime {
             logits: parts.logits,
             owned,
             staging: StepStaging::default(),
+            graph,
             mirror: InputMirror::default(),
             write_bytes: Vec::new(),
             launch_args: Vec::with_capacity(widest),
@@ -396,6 +405,11 @@ impl Runtime {
 
     pub fn model_info(&self) -> &ModelInfo {
         &self.info
+    }
+
+    /// The ordering the argument tags impose on the program's tasks.
+    pub fn task_graph(&self) -> &TaskGraph {
+        &self.graph
     }
 
     pub fn device(&self) -> &Device {
