@@ -421,7 +421,9 @@ impl<'l> ArgViews<'l> {
                 .unwrap_or_else(|| panic!("argument `{arg}` was already borrowed")),
             (ArgView::Exclusive(_), actual) => panic!("argument `{arg}` is {actual}, not {dtype}"),
             (ArgView::Shared(_), _) => {
-                panic!("argument `{arg}` is only read by the callable; it cannot be borrowed mutably")
+                panic!(
+                    "argument `{arg}` is only read by the callable; it cannot be borrowed mutably"
+                )
             }
         }
     }
@@ -435,7 +437,7 @@ impl PlainElement for u16 {}
 
 fn cast_slice<T: PlainElement>(bytes: &[u8]) -> &[T] {
     let start = bytes.as_ptr().cast::<T>();
-    assert!(start.is_aligned() && bytes.len() % size_of::<T>() == 0);
+    assert!(start.is_aligned() && bytes.len().is_multiple_of(size_of::<T>()));
     // SAFETY: aligned (buffers are 64-byte aligned and offsets a multiple of the element size,
     // checked again above), in bounds, and any bit pattern is a valid `T`.
     unsafe { slice::from_raw_parts(start, bytes.len() / size_of::<T>()) }
@@ -443,7 +445,7 @@ fn cast_slice<T: PlainElement>(bytes: &[u8]) -> &[T] {
 
 fn cast_slice_mut<T: PlainElement>(bytes: &mut [u8]) -> &mut [T] {
     let start = bytes.as_mut_ptr().cast::<T>();
-    assert!(start.is_aligned() && bytes.len() % size_of::<T>() == 0);
+    assert!(start.is_aligned() && bytes.len().is_multiple_of(size_of::<T>()));
     // SAFETY: as in `cast_slice`; the exclusive borrow moves from the bytes to the elements.
     unsafe { slice::from_raw_parts_mut(start, bytes.len() / size_of::<T>()) }
 }
@@ -1327,7 +1329,7 @@ mod tests {
 
         fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
             let mut views = launch.views()?;
-            match launch_name(views.spec) {
+            match views.spec.name {
                 "add" => {
                     let y = views.f32("y");
                     let x = views.f32_mut("x");
@@ -1347,10 +1349,6 @@ mod tests {
         }
     }
 
-    fn launch_name(spec: &CallableSpec) -> &'static str {
-        spec.name
-    }
-
     fn f32_arg(buffer: u64, first: u64, shape: &[u64], tag: ArgTag) -> TensorArg {
         TensorArg::new(buffer, first * 4, DType::F32, shape, tag).unwrap()
     }
@@ -1362,7 +1360,8 @@ mod tests {
         params: &[i64],
     ) -> Result<(), DeviceFailure> {
         let (index, _) = callables::by_name(name).unwrap();
-        state.launch(index as u32, args, params)
+        // As the C entry point does, so a panic comes back as an INTERNAL failure.
+        contain("launch", || state.launch(index as u32, args, params))
     }
 
     fn read_all(state: &mut DeviceState<InPlace>, buffer: u64, count: usize) -> Vec<f32> {
@@ -1435,7 +1434,10 @@ mod tests {
         // Disjoint ranges of one buffer are fine; borrowing `k` twice is a device bug.
         let error = run(&mut state, "rotary", &rotary(0, 4), &params).unwrap_err();
         assert_eq!(error.status(), status::INTERNAL);
-        assert!(error.message().contains("`k` was already borrowed"), "{error}");
+        assert!(
+            error.message().contains("`k` was already borrowed"),
+            "{error}"
+        );
     }
 
     #[test]

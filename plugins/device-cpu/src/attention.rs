@@ -1,0 +1,482 @@
+//! `paged_attention`: causal attention over a flattened batch of prefill chunks and decodes, reading keys and values through each sequence's block table.
+//!
+//! Sequence `i` owns rows `query_start[i]..query_start[i+1]` of `q`; its length `seq_lens[i]`
+//! already counts them, and `kv_write` has already stored their keys and values. Query token
+//! `j` of a sequence with `qlen` tokens sits at position `seq_lens[i] - qlen + j` and attends to
+//! cache positions `0..=position`, position `p` living at slot
+//! `block_table[i][p / bs] * bs + p % bs`. Query head `h` reads KV head `h / (Hq / Hk)`.
+//! Like Hugging Face's eager attention: scores are `(q · k) * scale`, softmax in f32 after
+//! subtracting the row maximum, probabilities divided by their sum, then weighted values.
+//!
+//! One task is one (token, KV head) pair: the query heads sharing a KV head are adjacent in
+//! the row, so each task owns a contiguous slice of `out` and reads each key and value row once
+//! for all of them.
+
+use plughost_device_abi::export::{DeviceFailure, Launch};
+
+use crate::Context;
+use crate::step_inputs::{SequenceSpan, sequence_span};
+use crate::vector::{axpy, dot};
+use crate::workers::{Workers, with_scratch};
+
+/// Below this many multiply-adds a launch runs on the calling thread.
+const MIN_PARALLEL_WORK: usize = 64 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// `B`: blocks in each cache.
+    pub num_blocks: usize,
+    /// `M`: columns of the block table.
+    pub blocks_per_seq: usize,
+}
+
+/// The step's layout: which sequence each token belongs to, and where its keys live.
+pub struct StepLayout<'a> {
+    /// `[S, M]` row-major.
+    pub block_table: &'a [i32],
+    pub seq_lens: &'a [i32],
+    pub query_start: &'a [i32],
+}
+
+/// The paged caches, each `[B, bs, Hk, D]`.
+pub struct KvCache<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+}
+
+/// Where one token of the step attends: its sequence and position, or nothing (padding).
+#[derive(Clone, Copy)]
+struct RowOwner {
+    seq: usize,
+    position: usize,
+}
+
+pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    let shape = AttentionShape {
+        num_heads: launch.dim("Hq"),
+        num_kv_heads: launch.dim("Hk"),
+        head_dim: launch.dim("D"),
+        block_size: launch.dim("bs"),
+        num_blocks: launch.dim("B"),
+        blocks_per_seq: launch.dim("M"),
+    };
+    let scale = launch.param_f32("scale");
+    let mut views = launch.views()?;
+    let layout = StepLayout {
+        block_table: views.i32("block_table"),
+        seq_lens: views.i32("seq_lens"),
+        query_start: views.i32("query_start"),
+    };
+    let cache = KvCache {
+        keys: views.f32("key_cache"),
+        values: views.f32("value_cache"),
+    };
+    let (q, out) = (views.f32("q"), views.f32_mut("out"));
+    paged_attention(q, &cache, &layout, out, (shape, scale), &context.workers)
+        .map_err(DeviceFailure::launch_failed)
+}
+
+/// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
+pub fn paged_attention(
+    q: &[f32],
+    cache: &KvCache<'_>,
+    layout: &StepLayout<'_>,
+    out: &mut [f32],
+    (shape, scale): (AttentionShape, f32),
+    workers: &Workers,
+) -> Result<(), String> {
+    let q_width = shape.num_heads * shape.head_dim;
+    let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
+    let owners = row_owners(layout, shape, num_tokens)?;
+    let group_width = q_width / shape.num_kv_heads;
+    let work: usize = owners
+        .iter()
+        .flatten()
+        .map(|owner| owner.position + 1)
+        .sum();
+    let group_len = if work * 2 * q_width < MIN_PARALLEL_WORK {
+        out.len()
+    } else {
+        group_width
+    };
+    workers.for_each_chunk(out, group_len, |chunk_index, chunk| {
+        let first_group = chunk_index * group_len / group_width.max(1);
+        for (offset, out_group) in chunk.chunks_mut(group_width).enumerate() {
+            let group = first_group + offset;
+            let (row, kv_head) = (group / shape.num_kv_heads, group % shape.num_kv_heads);
+            let Some(owner) = owners[row] else {
+                out_group.fill(0.0);
+                continue;
+            };
+            let q_start = row * q_width + kv_head * group_width;
+            let query = &q[q_start..q_start + group_width];
+            let block_row = &layout.block_table
+                [owner.seq * shape.blocks_per_seq..(owner.seq + 1) * shape.blocks_per_seq];
+            let head = Head {
+                cache,
+                block_row,
+                kv_head,
+                shape,
+            };
+            attend_group(query, &head, owner.position, scale, out_group);
+        }
+    });
+    Ok(())
+}
+
+/// The owner of every row of the step, after checking that every block a sequence reads
+/// exists in the block table and the caches.
+fn row_owners(
+    layout: &StepLayout<'_>,
+    shape: AttentionShape,
+    num_tokens: usize,
+) -> Result<Vec<Option<RowOwner>>, String> {
+    let mut owners = vec![None; num_tokens];
+    for seq in 0..layout.seq_lens.len() {
+        let span = sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq)?;
+        if span.tokens.is_empty() {
+            continue;
+        }
+        check_blocks(layout, shape, seq, &span)?;
+        for (row, position) in span.rows_and_positions() {
+            owners[row] = Some(RowOwner { seq, position });
+        }
+    }
+    Ok(owners)
+}
+
+fn check_blocks(
+    layout: &StepLayout<'_>,
+    shape: AttentionShape,
+    seq: usize,
+    span: &SequenceSpan,
+) -> Result<(), String> {
+    let num_blocks_read = span.seq_len().div_ceil(shape.block_size);
+    if num_blocks_read > shape.blocks_per_seq {
+        return Err(format!(
+            "sequence {seq}: {} tokens need {num_blocks_read} blocks, but the block table has {} columns",
+            span.seq_len(),
+            shape.blocks_per_seq
+        ));
+    }
+    let row = &layout.block_table[seq * shape.blocks_per_seq..];
+    for (index, &block) in row[..num_blocks_read].iter().enumerate() {
+        if block < 0 || block as usize >= shape.num_blocks {
+            return Err(format!(
+                "sequence {seq}: block table entry {index} is {block}, outside the {} cache blocks",
+                shape.num_blocks
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One KV head of one sequence: where its keys and values are.
+struct Head<'a> {
+    cache: &'a KvCache<'a>,
+    block_row: &'a [i32],
+    kv_head: usize,
+    shape: AttentionShape,
+}
+
+impl Head<'_> {
+    /// The element offset of this head's row at `position` in either cache.
+    fn offset(&self, position: usize) -> usize {
+        let AttentionShape {
+            block_size,
+            num_kv_heads,
+            head_dim,
+            ..
+        } = self.shape;
+        // Checked by `check_blocks`: the entry exists and is a block of the cache.
+        let block = self.block_row[position / block_size] as usize;
+        let slot = block * block_size + position % block_size;
+        (slot * num_kv_heads + self.kv_head) * head_dim
+    }
+}
+
+/// Attention of the query heads in `query` (adjacent `head_dim`-wide heads sharing one KV
+/// head) over positions `0..=position`, into `out` (same layout).
+fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out: &mut [f32]) {
+    let head_dim = head.shape.head_dim;
+    let num_heads = query.len() / head_dim;
+    let context_len = position + 1;
+    with_scratch(num_heads * context_len, |scores| {
+        for p in 0..context_len {
+            let offset = head.offset(p);
+            let key = &head.cache.keys[offset..offset + head_dim];
+            for (h, q_head) in query.chunks_exact(head_dim).enumerate() {
+                scores[h * context_len + p] = dot(q_head, key) * scale;
+            }
+        }
+        for head_scores in scores.chunks_exact_mut(context_len) {
+            softmax_in_place(head_scores);
+        }
+        out.fill(0.0);
+        for p in 0..context_len {
+            let offset = head.offset(p);
+            let value = &head.cache.values[offset..offset + head_dim];
+            for (h, out_head) in out.chunks_exact_mut(head_dim).enumerate() {
+                axpy(out_head, scores[h * context_len + p], value);
+            }
+        }
+    });
+}
+
+/// `exp(s - max) / Σ exp(s - max)`; the sum is accumulated in f64, which costs nothing next
+/// to the exponentials and keeps long contexts from drifting.
+fn softmax_in_place(scores: &mut [f32]) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for score in scores.iter_mut() {
+        *score = (*score - max).exp();
+        sum += f64::from(*score);
+    }
+    let sum = sum as f32;
+    for score in scores.iter_mut() {
+        *score /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{assert_close, noise};
+
+    const HEAD_DIM: usize = 8;
+    const NUM_HEADS: usize = 4;
+    const NUM_KV_HEADS: usize = 2;
+    const BLOCK_SIZE: usize = 4;
+    const NUM_BLOCKS: usize = 64;
+
+    /// One sequence of a test step: tokens cached before the step, tokens computed in it.
+    struct Sequence {
+        cached: usize,
+        computed: usize,
+    }
+
+    /// The full K and V of a sequence, `[len, Hk, D]`, and its queries `[computed, Hq, D]`.
+    struct Dense {
+        keys: Vec<f32>,
+        values: Vec<f32>,
+        queries: Vec<f32>,
+    }
+
+    fn dense(seq: usize, sequence: &Sequence) -> Dense {
+        let len = sequence.cached + sequence.computed;
+        let kv_len = len * NUM_KV_HEADS * HEAD_DIM;
+        let q_len = sequence.computed * NUM_HEADS * HEAD_DIM;
+        Dense {
+            keys: (0..kv_len).map(|i| noise(100 + seq as u64, i)).collect(),
+            values: (0..kv_len).map(|i| noise(200 + seq as u64, i)).collect(),
+            queries: (0..q_len)
+                .map(|i| 2.0 * noise(300 + seq as u64, i))
+                .collect(),
+        }
+    }
+
+    /// Plain causal attention over the dense K/V with f64 arithmetic.
+    fn reference(dense: &Dense, sequence: &Sequence, scale: f64) -> Vec<f64> {
+        let group = NUM_HEADS / NUM_KV_HEADS;
+        let mut out = Vec::new();
+        for j in 0..sequence.computed {
+            let position = sequence.cached + j;
+            for h in 0..NUM_HEADS {
+                let q = &dense.queries[(j * NUM_HEADS + h) * HEAD_DIM..][..HEAD_DIM];
+                let kv = |p: usize| (p * NUM_KV_HEADS + h / group) * HEAD_DIM;
+                let scores: Vec<f64> = (0..=position)
+                    .map(|p| {
+                        let k = &dense.keys[kv(p)..kv(p) + HEAD_DIM];
+                        let dot: f64 = q
+                            .iter()
+                            .zip(k)
+                            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                            .sum();
+                        dot * scale
+                    })
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for d in 0..HEAD_DIM {
+                    let value: f64 = (0..=position)
+                        .map(|p| weights[p] / total * f64::from(dense.values[kv(p) + d]))
+                        .sum();
+                    out.push(value);
+                }
+            }
+        }
+        out
+    }
+
+    /// Lays the sequences out in a paged cache (blocks handed out in a scattered order, unused
+    /// table entries -1), adds one padding row, and compares with dense attention.
+    fn check_batch(what: &str, sequences: &[Sequence]) {
+        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
+        let (q_width, kv_width) = (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM);
+        let blocks_per_seq = sequences
+            .iter()
+            .map(|s| (s.cached + s.computed).div_ceil(BLOCK_SIZE))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let mut free_blocks = (0..NUM_BLOCKS as i32).map(|b| (b * 37) % NUM_BLOCKS as i32);
+
+        let mut key_cache = vec![f32::NAN; NUM_BLOCKS * BLOCK_SIZE * kv_width];
+        let mut value_cache = key_cache.clone();
+        let (mut q, mut block_table, mut seq_lens) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut query_start, mut expected) = (vec![0], Vec::new());
+        for (seq, sequence) in sequences.iter().enumerate() {
+            let len = sequence.cached + sequence.computed;
+            let mut blocks: Vec<i32> = free_blocks
+                .by_ref()
+                .take(len.div_ceil(BLOCK_SIZE))
+                .collect();
+            let dense = dense(seq, sequence);
+            for p in 0..len {
+                let slot = blocks[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
+                let rows = p * kv_width..(p + 1) * kv_width;
+                key_cache[slot * kv_width..][..kv_width].copy_from_slice(&dense.keys[rows.clone()]);
+                value_cache[slot * kv_width..][..kv_width].copy_from_slice(&dense.values[rows]);
+            }
+            blocks.resize(blocks_per_seq, -1);
+            block_table.extend(blocks);
+            q.extend_from_slice(&dense.queries);
+            seq_lens.push(len as i32);
+            query_start.push(query_start[seq] + sequence.computed as i32);
+            expected.extend(reference(&dense, sequence, f64::from(scale)));
+        }
+        q.extend(std::iter::repeat_n(1.0, q_width));
+        expected.extend(std::iter::repeat_n(0.0, q_width));
+
+        let shape = AttentionShape {
+            num_heads: NUM_HEADS,
+            num_kv_heads: NUM_KV_HEADS,
+            head_dim: HEAD_DIM,
+            block_size: BLOCK_SIZE,
+            num_blocks: NUM_BLOCKS,
+            blocks_per_seq,
+        };
+        let layout = StepLayout {
+            block_table: &block_table,
+            seq_lens: &seq_lens,
+            query_start: &query_start,
+        };
+        let cache = KvCache {
+            keys: &key_cache,
+            values: &value_cache,
+        };
+        for threads in [1, 2] {
+            let workers = Workers::new(threads).unwrap();
+            let mut out = vec![f32::NAN; q.len()];
+            paged_attention(&q, &cache, &layout, &mut out, (shape, scale), &workers).unwrap();
+            assert_close(&out, &expected, 1e-5, &format!("{what}, {threads} threads"));
+        }
+    }
+
+    #[test]
+    fn mixed_batches_match_dense_causal_attention() {
+        let cases = [
+            (
+                // Small enough to run on the calling thread.
+                "a 5-token chunk after 7 cached tokens, a fresh 4-token prefill, two decodes",
+                vec![
+                    Sequence {
+                        cached: 7,
+                        computed: 5,
+                    },
+                    Sequence {
+                        cached: 0,
+                        computed: 4,
+                    },
+                    Sequence {
+                        cached: 9,
+                        computed: 1,
+                    },
+                    Sequence {
+                        cached: 2,
+                        computed: 1,
+                    },
+                ],
+            ),
+            (
+                // Long enough to be split over the workers.
+                "longer contexts",
+                vec![
+                    Sequence {
+                        cached: 57,
+                        computed: 5,
+                    },
+                    Sequence {
+                        cached: 0,
+                        computed: 40,
+                    },
+                    Sequence {
+                        cached: 90,
+                        computed: 1,
+                    },
+                    Sequence {
+                        cached: 30,
+                        computed: 1,
+                    },
+                ],
+            ),
+        ];
+        for (what, sequences) in cases {
+            check_batch(what, &sequences);
+        }
+    }
+
+    #[test]
+    fn bad_layouts_are_refused() {
+        let shape = AttentionShape {
+            num_heads: 2,
+            num_kv_heads: 1,
+            head_dim: 2,
+            block_size: 2,
+            num_blocks: 3,
+            blocks_per_seq: 2,
+        };
+        let cache = KvCache {
+            keys: &[0.0; 12],
+            values: &[0.0; 12],
+        };
+        let workers = Workers::new(1).unwrap();
+        let cases: [(&[i32], &[i32], &str); 3] = [
+            (
+                &[0, 3],
+                &[5],
+                "sequence 0: 5 tokens need 3 blocks, but the block table has 2 columns",
+            ),
+            (
+                &[0, 3],
+                &[4],
+                "sequence 0: block table entry 1 is 3, outside the 3 cache blocks",
+            ),
+            (&[-1, 1], &[2], "sequence 0: block table entry 0 is -1"),
+        ];
+        for (block_table, seq_lens, expected) in cases {
+            let layout = StepLayout {
+                block_table,
+                seq_lens,
+                query_start: &[0, 1],
+            };
+            let mut out = [0.0; 4];
+            let message =
+                paged_attention(&[1.0; 4], &cache, &layout, &mut out, (shape, 1.0), &workers)
+                    .unwrap_err();
+            assert!(message.contains(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn softmax_is_stable_for_large_scores() {
+        let mut scores = [1000.0, 1000.0, f32::NEG_INFINITY];
+        softmax_in_place(&mut scores);
+        assert_eq!(scores, [0.5, 0.5, 0.0]);
+    }
+}

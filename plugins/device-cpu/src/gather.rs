@@ -1,0 +1,104 @@
+//! Row gathers: `embedding_gather` (token ids to hidden states, widening the table) and `gather_rows` (the rows whose logits are computed).
+
+use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
+
+use crate::Context;
+use crate::widen::widen_into;
+use crate::workers::Workers;
+
+/// `out[e] = table[indices[e]]` for a `[num_rows, width]` table; every index is checked before
+/// anything is written. `what` names the index argument in the error.
+pub fn gather(
+    table: FloatSlice<'_>,
+    width: usize,
+    indices: &[i32],
+    out: &mut [f32],
+    (what, workers): (&str, &Workers),
+) -> Result<(), String> {
+    let num_rows = table.len().checked_div(width).unwrap_or(0);
+    for (position, &index) in indices.iter().enumerate() {
+        if usize::try_from(index).map_or(true, |index| index >= num_rows) {
+            return Err(format!(
+                "{what}[{position}] = {index} is outside 0..{num_rows}"
+            ));
+        }
+    }
+    if width == 0 {
+        return Ok(());
+    }
+    let rows_per_task = workers.rows_per_task(indices.len(), width);
+    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
+        let first = task * rows_per_task;
+        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
+            widen_into(table, index as usize * width, out_row);
+        }
+    });
+    Ok(())
+}
+
+pub(crate) fn run_embedding(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let width = launch.dim("H");
+    let mut views = launch.views()?;
+    let (ids, table) = (views.i32("ids"), views.float("table"));
+    gather(
+        table,
+        width,
+        ids,
+        views.f32_mut("out"),
+        ("ids", &context.workers),
+    )
+    .map_err(DeviceFailure::launch_failed)
+}
+
+pub(crate) fn run_rows(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let width = launch.dim("H");
+    let mut views = launch.views()?;
+    let (x, indices) = (FloatSlice::F32(views.f32("x")), views.i32("indices"));
+    gather(
+        x,
+        width,
+        indices,
+        views.f32_mut("out"),
+        ("indices", &context.workers),
+    )
+    .map_err(DeviceFailure::launch_failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    #[test]
+    fn gathers_and_widens_rows() {
+        let workers = Workers::new(1).unwrap();
+        let table = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let table_bf16 = table.map(|v| bf16::from_f32(v).to_bits());
+        for table in [FloatSlice::F32(&table), FloatSlice::BF16(&table_bf16)] {
+            let mut out = [0.0; 6];
+            gather(table, 2, &[2, 0, 2], &mut out, ("ids", &workers)).unwrap();
+            assert_eq!(out, [5.0, 6.0, 1.0, 2.0, 5.0, 6.0]);
+        }
+    }
+
+    #[test]
+    fn an_out_of_range_index_writes_nothing() {
+        let workers = Workers::new(1).unwrap();
+        let mut out = [9.0; 4];
+        let table = FloatSlice::F32(&[1.0, 2.0, 3.0, 4.0]);
+        for (indices, expected) in [
+            ([0, 2], "ids[1] = 2 is outside 0..2"),
+            ([-1, 0], "ids[0] = -1 is outside 0..2"),
+        ] {
+            let message = gather(table, 2, &indices, &mut out, ("ids", &workers)).unwrap_err();
+            assert_eq!(message, expected);
+            assert_eq!(out, [9.0; 4]);
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! The CPU device: the math of a decoder-only transformer (Llama/Qwen3) in f32 over f32, f16 or bf16 weights, exported through the plughost device C ABI.
+//!
+//! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
+//! available parallelism), see [`config`]. Launches run synchronously on those threads, so the
+//! device time `synchronize` reports is the time spent inside launches.
+//!
+//! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
+//! (RMSNorm over rows and per head), [`linear`], [`rotary`], [`kv_cache`] (writing the paged
+//! cache), [`attention`] (paged attention), [`elementwise`] (SiLU-and-mul, residual add),
+//! [`step_inputs`] (device-maintained seq lens, positions and slot mappings). Shared pieces:
+//! [`vector`] (dot products and axpy, AVX2 when the CPU has it), [`widen`] (f16/bf16 to f32)
+//! and [`workers`] (threads and scratch).
+//!
+//! Kernels borrow their arguments in place through `Launch::views` instead of copying them,
+//! and never panic on input: the export layer has checked every shape, and data-dependent
+//! problems (an out-of-range token id, slot or block) come back as LAUNCH_FAILED before any
+//! output is written.
+
+pub mod attention;
+pub mod config;
+pub mod elementwise;
+pub mod gather;
+pub mod kv_cache;
+pub mod linear;
+pub mod norm;
+pub mod rotary;
+pub mod step_inputs;
+pub mod vector;
+pub mod widen;
+pub mod workers;
+
+#[cfg(test)]
+mod abi_tests;
+#[cfg(test)]
+mod hf_reference_tests;
+#[cfg(test)]
+mod test_support;
+
+use plughost_device_abi::callables::CallableId;
+use plughost_device_abi::export::{DeviceBackend, DeviceFailure, Launch};
+
+use crate::config::CpuConfig;
+use crate::workers::Workers;
+
+// Typed views reinterpret buffer bytes in native order; the ABI's byte order is little-endian.
+const _: () = assert!(cfg!(target_endian = "little"));
+
+pub struct CpuDevice {
+    context: Context,
+}
+
+/// What kernels share across launches: the worker threads and reusable scratch.
+pub(crate) struct Context {
+    pub workers: Workers,
+    /// Small per-launch conversions (a norm weight widened to f32) reuse this buffer.
+    pub scratch: Vec<f32>,
+}
+
+impl DeviceBackend for CpuDevice {
+    fn open(config: &str) -> Result<CpuDevice, DeviceFailure> {
+        let config = CpuConfig::parse(config)
+            .map_err(|error| DeviceFailure::invalid_argument(error.to_string()))?;
+        let workers = Workers::new(config.threads.get()).map_err(DeviceFailure::internal)?;
+        Ok(CpuDevice {
+            context: Context {
+                workers,
+                scratch: Vec::new(),
+            },
+        })
+    }
+
+    fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+        let context = &mut self.context;
+        match launch.spec().id {
+            CallableId::EmbeddingGather => gather::run_embedding(launch, context),
+            CallableId::RmsNorm => norm::run_rows(launch, context),
+            CallableId::RmsNormHeads => norm::run_heads(launch, context),
+            CallableId::Linear => linear::run(launch, context),
+            CallableId::Rotary => rotary::run(launch, context),
+            CallableId::KvWrite => kv_cache::run(launch),
+            CallableId::PagedAttention => attention::run(launch, context),
+            CallableId::SiluMul => elementwise::run_silu_mul(launch, context),
+            CallableId::Add => elementwise::run_add(launch, context),
+            CallableId::GatherRows => gather::run_rows(launch, context),
+            CallableId::AdvanceSeqLens => step_inputs::run_advance_seq_lens(launch),
+            CallableId::DerivePositions => step_inputs::run_derive_positions(launch),
+            CallableId::DeriveSlotMapping => step_inputs::run_derive_slot_mapping(launch),
+        }
+    }
+}
+
+plughost_device_abi::export_device!(CpuDevice);

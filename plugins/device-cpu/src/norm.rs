@@ -1,0 +1,137 @@
+//! RMSNorm: `rms_norm` over rows of hidden states, `rms_norm_heads` in place over each head of a row (Qwen3's q/k norm).
+//!
+//! As Hugging Face's `LlamaRMSNorm` in f32: `weight * (x * rsqrt(mean(x²) + eps))`, the
+//! products in that order (float products are not associative).
+
+use plughost_device_abi::export::{DeviceFailure, Launch};
+
+use crate::Context;
+use crate::vector::dot;
+use crate::widen::widened;
+use crate::workers::Workers;
+
+/// Normalizes each `weight.len()`-wide row of `x` into the same row of `out`.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], workers: &Workers) {
+    let width = weight.len();
+    if width == 0 {
+        return;
+    }
+    let rows_per_task = workers.rows_per_task(x.len() / width, width);
+    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
+        let first = task * rows_per_task * width;
+        let x_rows = &x[first..first + out_rows.len()];
+        for (x_row, out_row) in x_rows
+            .chunks_exact(width)
+            .zip(out_rows.chunks_exact_mut(width))
+        {
+            let inverse_rms = inverse_rms(x_row, eps);
+            for ((out, &x), &w) in out_row.iter_mut().zip(x_row).zip(weight) {
+                *out = w * (x * inverse_rms);
+            }
+        }
+    });
+}
+
+/// Normalizes each `weight.len()`-wide chunk of `x` (one head) in place.
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, workers: &Workers) {
+    let width = weight.len();
+    if width == 0 {
+        return;
+    }
+    let chunks_per_task = workers.rows_per_task(x.len() / width, width);
+    workers.for_each_chunk(x, chunks_per_task * width, |_, rows| {
+        for row in rows.chunks_exact_mut(width) {
+            let inverse_rms = inverse_rms(row, eps);
+            for (x, &w) in row.iter_mut().zip(weight) {
+                *x = w * (*x * inverse_rms);
+            }
+        }
+    });
+}
+
+fn inverse_rms(row: &[f32], eps: f32) -> f32 {
+    let mean_square = dot(row, row) / row.len() as f32;
+    1.0 / (mean_square + eps).sqrt()
+}
+
+pub(crate) fn run_rows(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let eps = launch.param_f32("eps");
+    let mut views = launch.views()?;
+    let weight = widened(views.float("weight"), &mut context.scratch);
+    let (x, out) = (views.f32("x"), views.f32_mut("out"));
+    rms_norm(x, weight, eps, out, &context.workers);
+    Ok(())
+}
+
+pub(crate) fn run_heads(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let eps = launch.param_f32("eps");
+    let mut views = launch.views()?;
+    let weight = widened(views.float("weight"), &mut context.scratch);
+    rms_norm_in_place(views.f32_mut("x"), weight, eps, &context.workers);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{assert_close, noise};
+
+    /// Each `width`-wide chunk: x / sqrt(mean(x²) + eps) * weight, in f64.
+    fn reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f64> {
+        let mut out = Vec::new();
+        for row in x.chunks_exact(weight.len()) {
+            let mean_square =
+                row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / row.len() as f64;
+            let inverse_rms = 1.0 / (mean_square + f64::from(eps)).sqrt();
+            out.extend(
+                row.iter()
+                    .zip(weight)
+                    .map(|(&v, &w)| f64::from(v) * inverse_rms * f64::from(w)),
+            );
+        }
+        out
+    }
+
+    #[test]
+    fn rows_and_heads_match_the_definition() {
+        // (rows, width): a decode row, a few rows, and enough rows to split over threads.
+        let cases = [(1, 64), (3, 200), (200, 128)];
+        for threads in [1, 2] {
+            let workers = Workers::new(threads).unwrap();
+            for (rows, width) in cases {
+                let what = format!("{rows}x{width}, {threads} threads");
+                let x: Vec<f32> = (0..rows * width).map(|i| 3.0 * noise(1, i)).collect();
+                let weight: Vec<f32> = (0..width).map(|i| 1.0 + noise(2, i)).collect();
+                let expected = reference(&x, &weight, 1e-6);
+
+                let mut out = vec![f32::NAN; x.len()];
+                rms_norm(&x, &weight, 1e-6, &mut out, &workers);
+                assert_close(&out, &expected, 1e-6, &what);
+
+                // The same data seen as rows of `rows` heads each `width` wide.
+                let mut in_place = x.clone();
+                rms_norm_in_place(&mut in_place, &weight, 1e-6, &workers);
+                assert_close(&in_place, &expected, 1e-6, &what);
+            }
+        }
+    }
+
+    #[test]
+    fn eps_keeps_a_zero_row_finite() {
+        let mut out = [f32::NAN; 4];
+        rms_norm(
+            &[0.0; 4],
+            &[1.0; 4],
+            1e-6,
+            &mut out,
+            &Workers::new(1).unwrap(),
+        );
+        assert_eq!(out, [0.0; 4]);
+    }
+}
