@@ -3,6 +3,7 @@
 //! Layout: `device` loads device backends through the C ABI; `plugins` runs
 //! the WebAssembly components. See ARCHITECTURE.md for the code map.
 
+pub mod api;
 pub mod cli;
 pub mod device;
 pub mod engine;

@@ -1,20 +1,24 @@
-//! The `plughost` command line.
+//! The `plughost` command line: `serve`, `generate` and `check`.
 
+use std::io::Write;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
+use plughost::cli::ModelArgs;
+use plughost::engine::{EngineHandle, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::metrics::Metrics;
+use plughost::model::ChatMessage;
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::sampler::SamplerPlugin;
 use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{Deployment, PluginRuntime, RuntimeOptions};
+use plughost_sdk::sampler::SamplingParams;
 
 #[derive(Parser)]
-#[command(
-    name = "plughost",
-    version,
-    about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins"
-)]
+#[command(name = "plughost", version, about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,6 +26,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the OpenAI-compatible HTTP API.
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+    },
+    /// Generate one completion through the same engine and print it.
+    Generate {
+        #[command(flatten)]
+        model: ModelArgs,
+        #[arg(long)]
+        prompt: String,
+        /// Render the prompt as one user message through the model's chat template.
+        #[arg(long)]
+        chat: bool,
+        #[arg(long, default_value_t = 64)]
+        max_tokens: u32,
+        /// 0 is greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Keep going past end-of-sequence tokens.
+        #[arg(long)]
+        ignore_eos: bool,
+    },
     /// Load every plugin a deployment file names, run its `init`, and report.
     Check {
         /// The deployment file (TOML).
@@ -37,41 +70,125 @@ fn check(config: &PathBuf, cache_dir: Option<PathBuf>) -> Result<(), String> {
     let deployment = Deployment::from_file(config).map_err(|e| e.to_string())?;
     let runtime = PluginRuntime::new(RuntimeOptions { cache_dir }).map_err(|e| e.to_string())?;
     if let Some(spec) = &deployment.scheduler {
-        SchedulerPlugin::load(
-            &runtime,
-            &spec.component,
-            &spec.config_json(),
-            spec.limits(),
-        )
-        .map_err(|e| e.to_string())?;
+        SchedulerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
         println!("scheduler  ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.sampler {
-        SamplerPlugin::load(
-            &runtime,
-            &spec.component,
-            &spec.config_json(),
-            spec.limits(),
-        )
-        .map_err(|e| e.to_string())?;
+        SamplerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
         println!("sampler    ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.glue {
-        GluePlugin::load(
-            &runtime,
-            &spec.component,
-            &spec.config_json(),
-            spec.limits(),
-        )
-        .map_err(|e| e.to_string())?;
+        GluePlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
         println!("glue       ok  {}", spec.component.display());
     }
     Ok(())
 }
 
+struct GenerateArgs<'a> {
+    prompt: &'a str,
+    chat: bool,
+    max_tokens: u32,
+    temperature: f32,
+    seed: Option<u64>,
+    ignore_eos: bool,
+}
+
+fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
+    let engine = EngineHandle::start(model.setup()?, Arc::new(Metrics::new())).map_err(|e| e.to_string())?;
+    let summary = engine.wait_ready().map_err(|e| e.to_string())?;
+    let text = if args.chat {
+        let template = summary.chat_template.as_ref().ok_or("the model has no chat template")?;
+        template.render(&[ChatMessage::new("user", args.prompt)], true).map_err(|e| e.to_string())?
+    } else {
+        args.prompt.to_string()
+    };
+    let prompt_tokens = summary.tokenizer.encode(&text, !args.chat).map_err(|e| e.to_string())?;
+    if prompt_tokens.is_empty() {
+        return Err("the prompt is empty".into());
+    }
+    let room = summary.max_model_len.saturating_sub(prompt_tokens.len() as u32);
+    if room == 0 {
+        return Err(format!("the prompt has {} tokens, the context holds {}", prompt_tokens.len(), summary.max_model_len));
+    }
+    let request = GenerationRequest {
+        prompt_tokens,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            seed: args.seed.unwrap_or_else(rand::random),
+            ..SamplingParams::GREEDY
+        },
+        max_tokens: args.max_tokens.min(room),
+        stop: StopConditions { ignore_eos: args.ignore_eos, ..Default::default() },
+        logprobs: false,
+        priority: 0,
+    };
+    let (_, mut events) = engine.submit(request).map_err(|e| e.to_string())?;
+    let mut stdout = std::io::stdout().lock();
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            GenerationEvent::Delta { text, .. } => {
+                let _ = stdout.write_all(text.as_bytes());
+                let _ = stdout.flush();
+            }
+            GenerationEvent::Finished { reason, usage } => {
+                let _ = writeln!(stdout);
+                eprintln!("[{} prompt tokens, {} generated, finish reason {}]", usage.prompt_tokens, usage.completion_tokens, reason.as_str());
+                break;
+            }
+            GenerationEvent::Failed { message } => return Err(message),
+        }
+    }
+    engine.shutdown();
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
+    let setup = model.setup()?;
+    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
+        tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
+        let served = plughost::api::serve(listener, engine.clone(), plughost::api::ApiConfig::default(), shutdown_signal()).await;
+        tracing::info!("shutting down: closing the engine, the runtime and the device");
+        engine.shutdown();
+        served.map_err(|e| format!("server error: {e}"))
+    })
+}
+
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Serve { model, host, port } => serve(model, host, *port),
+        Command::Generate { model, prompt, chat, max_tokens, temperature, seed, ignore_eos } => generate(
+            model,
+            GenerateArgs { prompt, chat: *chat, max_tokens: *max_tokens, temperature: *temperature, seed: *seed, ignore_eos: *ignore_eos },
+        ),
         Command::Check { config, cache_dir } => check(config, cache_dir.clone()),
     };
     match result {

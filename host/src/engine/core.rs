@@ -84,6 +84,8 @@ impl EngineCore {
     pub fn step(&mut self) -> Result<(), RuntimeError> {
         self.abort_abandoned();
         if self.requests.is_empty() {
+            // The last requests may just have been aborted: publish the blocks they freed.
+            self.update_gauges();
             return Ok(());
         }
         self.num_steps += 1;

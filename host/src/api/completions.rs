@@ -1,0 +1,138 @@
+//! `POST /v1/completions`: prompts in, one choice set per prompt, as JSON or as a stream of chunks.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+
+use crate::engine::{FinishReason, TokenLogprob};
+use crate::model::Tokenizer;
+
+use super::body::ApiJson;
+use super::error::ApiError;
+use super::openai::{
+    CompletionChoice, CompletionRequest, CompletionResponse, GenerationBody, Usage,
+};
+use super::stream::{ChunkFormat, StreamConfig, to_json};
+use super::submit::{self, UsageTally};
+use super::validation;
+use super::{AppState, ResponseMeta, validate_off_thread};
+
+const OBJECT: &str = "text_completion";
+
+pub async fn create(
+    State(app): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<GenerationBody<CompletionRequest>>,
+) -> Result<Response, ApiError> {
+    let summary = app.engine.summary()?;
+    let tokenizer = summary.tokenizer.clone();
+    let validated =
+        validate_off_thread(move || validation::validate_completion(body, &summary)).await?;
+    let (requests, shape) = validated.into_parts();
+    let events = submit::submit(&app.engine, requests)?;
+    let meta = ResponseMeta::new("cmpl", &shape.model);
+    let mut usage = UsageTally::new(&shape);
+    if let Some(settings) = shape.stream {
+        let config = StreamConfig {
+            num_choices: shape.num_choices(),
+            include_usage: settings.include_usage,
+            keep_alive: app.config.keep_alive,
+        };
+        let format = Chunks {
+            meta,
+            tokenizer,
+            text_offsets: vec![0; shape.num_choices()],
+            logprobs: shape.logprobs,
+        };
+        return Ok(super::stream::sse(events, format, usage, config));
+    }
+    let outputs = submit::collect(events, &shape, &mut usage).await?;
+    let choices = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let mut offset = 0;
+            let logprobs = shape.logprobs.map(|k| {
+                super::logprobs::completion_logprobs(&tokenizer, &output.logprobs, k, &mut offset)
+            });
+            CompletionChoice {
+                index,
+                text: output.text,
+                logprobs,
+                finish_reason: Some(output.finish_reason.as_str()),
+            }
+        })
+        .collect();
+    Ok(Json(response(&meta, choices, Some(usage.usage()))).into_response())
+}
+
+fn response(
+    meta: &ResponseMeta,
+    choices: Vec<CompletionChoice>,
+    usage: Option<Usage>,
+) -> CompletionResponse {
+    CompletionResponse {
+        id: meta.id.clone(),
+        object: OBJECT,
+        created: meta.created,
+        model: meta.model.clone(),
+        choices,
+        usage,
+    }
+}
+
+/// Stream chunks: the same shape as the response, one choice each.
+struct Chunks {
+    meta: ResponseMeta,
+    tokenizer: Tokenizer,
+    /// Per choice, the characters sent so far (for `text_offset`).
+    text_offsets: Vec<usize>,
+    logprobs: Option<u32>,
+}
+
+impl Chunks {
+    fn chunk(&self, choice: CompletionChoice) -> String {
+        to_json(&response(&self.meta, vec![choice], None))
+    }
+}
+
+impl ChunkFormat for Chunks {
+    fn opening(&mut self, _index: usize) -> Option<String> {
+        None
+    }
+
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String> {
+        let logprobs = match (self.logprobs, self.text_offsets.get_mut(index)) {
+            (Some(k), Some(offset)) => Some(super::logprobs::completion_logprobs(
+                &self.tokenizer,
+                logprobs,
+                k,
+                offset,
+            )),
+            _ => None,
+        };
+        if text.is_empty() && logprobs.is_none() {
+            return None;
+        }
+        Some(self.chunk(CompletionChoice {
+            index,
+            text,
+            logprobs,
+            finish_reason: None,
+        }))
+    }
+
+    fn finish(&mut self, index: usize, reason: FinishReason) -> String {
+        self.chunk(CompletionChoice {
+            index,
+            text: String::new(),
+            logprobs: None,
+            finish_reason: Some(reason.as_str()),
+        })
+    }
+
+    fn usage(&mut self, usage: Usage) -> String {
+        to_json(&response(&self.meta, Vec::new(), Some(usage)))
+    }
+}

@@ -1,0 +1,127 @@
+//! The OpenAI-compatible HTTP API: the router, its shared state, and `serve` with graceful shutdown.
+//!
+//! A request flows body → [`body::ApiJson`] (size, UTF-8, JSON) → [`validation`] (a
+//! [`validation::ValidatedRequest`], the only source of engine requests) → [`submit`] (one
+//! engine request per choice, merged into one event stream) → a JSON response or
+//! [`stream`]'s server-sent events. Every failure is an [`ApiError`], turned into a status and
+//! an OpenAI error body by the one table in [`error`].
+
+pub mod body;
+pub mod chat;
+pub mod completions;
+pub mod error;
+pub mod logprobs;
+pub mod openai;
+pub mod routes;
+pub mod stream;
+pub mod submit;
+pub mod validation;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+
+use crate::engine::EngineHandle;
+
+pub use error::{ApiError, ErrorBody, ErrorResponse};
+
+/// Settings of the HTTP layer.
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+    /// How often an idle stream sends an SSE comment, so proxies keep it open.
+    pub keep_alive: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            max_body_bytes: 8 << 20,
+            keep_alive: Duration::from_secs(15),
+        }
+    }
+}
+
+/// What every handler shares.
+pub struct AppState {
+    pub engine: Arc<EngineHandle>,
+    pub config: ApiConfig,
+    /// Unix seconds when the router was built, the `created` of the model card.
+    pub started: u64,
+}
+
+/// The API's routes over an engine, for `serve` and for tests that embed it.
+pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
+    // `ApiJson` enforces the limit itself; this covers any of axum's own body extractors.
+    let body_limit = DefaultBodyLimit::max(config.max_body_bytes);
+    let state = Arc::new(AppState {
+        engine,
+        config,
+        started: unix_seconds(),
+    });
+    Router::new()
+        .route("/v1/completions", post(completions::create))
+        .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/models", get(routes::models))
+        .route("/health", get(routes::health))
+        .route("/metrics", get(routes::metrics))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(body_limit)
+        .with_state(state)
+}
+
+/// Serves the API on `listener` until `shutdown` completes, then stops accepting and waits for
+/// in-flight requests (streams included) to finish. The caller shuts the engine down after.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: Arc<EngineHandle>,
+    config: ApiConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(engine, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// `id`, `created` and `model` of one response and all its chunks.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+}
+
+impl ResponseMeta {
+    pub fn new(prefix: &str, model: &str) -> ResponseMeta {
+        ResponseMeta {
+            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            created: unix_seconds(),
+            model: model.to_string(),
+        }
+    }
+}
+
+fn unix_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Runs validation (tokenizing, template rendering: CPU work on possibly large inputs) on the
+/// blocking pool so it does not stall other connections.
+async fn validate_off_thread<T: Send + 'static>(
+    validate: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(validate)
+        .await
+        .map_err(|e| ApiError::Internal {
+            message: format!("validation task failed: {e}"),
+        })?
+}

@@ -1,0 +1,241 @@
+//! The OpenAI wire format: request bodies as clients send them and the responses and stream chunks we send back.
+//!
+//! Request fields keep loose types (`i64`, `f64`, JSON values) so that a value of the
+//! right type but out of range reaches validation and gets a message naming the
+//! rule; fields this server does not know are ignored, as OpenAI clients send extras.
+
+use std::collections::BTreeMap;
+
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    /// A string, a list of strings, a list of token ids or a list of token-id lists.
+    pub prompt: Option<Value>,
+    /// The number of most likely alternatives to return per token (0..=20).
+    pub logprobs: Option<i64>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<i64>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Option<Vec<ChatMessageIn>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<i64>,
+    /// Passed to the chat template as `tools`.
+    pub tools: Option<Value>,
+    /// Extra chat-template variables (vLLM's extension), e.g. `enable_thinking`.
+    pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
+}
+
+/// A generation request body: the endpoint's own fields and the shared parameters, both read
+/// from the same JSON object (two plain structs rather than `#[serde(flatten)]`, which would
+/// lose the name of a bad field in errors).
+#[derive(Debug, Clone, Default)]
+pub struct GenerationBody<R> {
+    pub request: R,
+    pub sampling: SamplingFields,
+}
+
+/// The generation parameters both endpoints share.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub seed: Option<serde_json::Number>,
+    /// A string or a list of up to four strings.
+    pub stop: Option<Value>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub n: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub repetition_penalty: Option<f64>,
+    pub ignore_eos: Option<bool>,
+    pub priority: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ChatMessageIn {
+    pub role: String,
+    /// A string, a list of content parts, or null.
+    #[serde(default)]
+    pub content: Option<Value>,
+    pub reasoning_content: Option<String>,
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ToolCallIn {
+    pub id: Option<String>,
+    pub function: FunctionCallIn,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct FunctionCallIn {
+    pub name: String,
+    /// JSON text as OpenAI sends it; an object is accepted too.
+    pub arguments: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u64,
+}
+
+/// A completion response and, with `object: "text_completion"` too, each stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The legacy completions logprobs: parallel lists, one entry per token.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<TopLogprobMap>,
+    pub text_offset: Vec<usize>,
+}
+
+/// `{token: logprob}` in the order given (most likely first).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopLogprobMap(pub Vec<(String, f32)>);
+
+impl Serialize for TopLogprobMap {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (token, logprob) in &self.0 {
+            map.serialize_entry(token, logprob)?;
+        }
+        map.end()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub max_model_len: u32,
+}

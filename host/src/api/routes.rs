@@ -1,0 +1,58 @@
+//! The small routes: `/v1/models`, `/health`, `/metrics`, and the OpenAI-shaped 404 and 405 fallbacks.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::IntoResponse;
+
+use super::AppState;
+use super::error::ApiError;
+use super::openai::{ModelCard, ModelList};
+
+/// The Prometheus text exposition format.
+const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>, ApiError> {
+    let summary = app.engine.summary()?;
+    let card = ModelCard {
+        id: summary.name,
+        object: "model",
+        created: app.started,
+        owned_by: "plughost",
+        max_model_len: summary.max_model_len,
+    };
+    Ok(Json(ModelList {
+        object: "list",
+        data: vec![card],
+    }))
+}
+
+/// 200 once the model is ready; 503 while it loads or when it failed to load.
+pub async fn health(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+    app.engine.summary()?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(CONTENT_TYPE, METRICS_CONTENT_TYPE)],
+        app.engine.metrics().render(),
+    )
+}
+
+pub async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::RouteNotFound {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}

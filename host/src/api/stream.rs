@@ -1,0 +1,136 @@
+//! Server-sent events for streaming responses: chunks per choice, the usage chunk, `[DONE]`,
+//! keep-alive comments, and errors that happen after the stream started sent as events.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use futures::stream;
+use serde::Serialize;
+
+use crate::engine::{FinishReason, TokenLogprob};
+
+use super::error::{ApiError, ErrorResponse};
+use super::openai::Usage;
+use super::submit::{ChoiceEvent, ChoiceEvents, UsageTally};
+
+/// How one endpoint writes its chunks; the stream machinery is shared.
+pub trait ChunkFormat: Send + 'static {
+    /// A chunk sent for each choice before any token (chat announces the assistant role).
+    fn opening(&mut self, index: usize) -> Option<String>;
+    /// New text of one choice; `None` when there is nothing to send.
+    fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String>;
+    fn finish(&mut self, index: usize, reason: FinishReason) -> String;
+    /// The chunk with no choices and the request's usage.
+    fn usage(&mut self, usage: Usage) -> String;
+}
+
+/// What the stream sends besides the chunks.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamConfig {
+    pub num_choices: usize,
+    pub include_usage: bool,
+    pub keep_alive: Duration,
+}
+
+/// Serializes a chunk; our response types always serialize.
+pub fn to_json<T: Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|e| {
+        format!("{{\"error\":{{\"message\":\"cannot serialize a chunk: {e}\"}}}}")
+    })
+}
+
+struct State<F> {
+    events: ChoiceEvents,
+    format: F,
+    usage: UsageTally,
+    include_usage: bool,
+    queued: VecDeque<Event>,
+    done: bool,
+}
+
+impl<F: ChunkFormat> State<F> {
+    fn on_event(&mut self, index: usize, event: ChoiceEvent) {
+        match event {
+            ChoiceEvent::Delta { text, logprobs } => {
+                if let Some(chunk) = self.format.delta(index, text, &logprobs) {
+                    self.queued.push_back(Event::default().data(chunk));
+                }
+            }
+            ChoiceEvent::Finished { reason, usage } => {
+                self.usage.add(index, &usage);
+                self.queued
+                    .push_back(Event::default().data(self.format.finish(index, reason)));
+            }
+            ChoiceEvent::Failed(error) => {
+                self.queued.push_back(error_event(error));
+                self.done = true;
+            }
+        }
+    }
+
+    fn on_end(&mut self) {
+        if self.include_usage {
+            let usage = self.usage.usage();
+            self.queued
+                .push_back(Event::default().data(self.format.usage(usage)));
+        }
+        self.queued.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+/// An error after the response started: the body the status table gives, as a `data:` event.
+pub fn error_event(error: ApiError) -> Event {
+    let (status, Json(body)): (StatusCode, Json<ErrorResponse>) = error.into();
+    tracing::warn!(
+        status = status.as_u16(),
+        "stream ended by an error: {}",
+        body.error.message
+    );
+    Event::default().data(to_json(&body))
+}
+
+/// The SSE response of a streaming request. The body owns the merged choice events, so a
+/// client that disconnects drops them and the engine aborts every choice.
+pub fn sse<F: ChunkFormat>(
+    events: ChoiceEvents,
+    mut format: F,
+    usage: UsageTally,
+    config: StreamConfig,
+) -> Response {
+    let queued = (0..config.num_choices)
+        .filter_map(|i| format.opening(i))
+        .map(|chunk| Event::default().data(chunk))
+        .collect();
+    let state = State {
+        events,
+        format,
+        usage,
+        include_usage: config.include_usage,
+        queued,
+        done: false,
+    };
+    let body = stream::unfold(state, |mut state| async move {
+        loop {
+            if let Some(event) = state.queued.pop_front() {
+                return Some((Ok::<_, Infallible>(event), state));
+            }
+            if state.done {
+                return None;
+            }
+            match state.events.next().await {
+                Some((index, event)) => state.on_event(index, event),
+                None => state.on_end(),
+            }
+        }
+    });
+    Sse::new(body.boxed())
+        .keep_alive(KeepAlive::new().interval(config.keep_alive))
+        .into_response()
+}

@@ -1,0 +1,163 @@
+//! Hands a validated request's choices to the engine and merges their event channels into one stream.
+//!
+//! The merged stream owns every choice's receiver. Dropping it (the client went away, or one
+//! choice failed) drops them all, which tells the engine to abort those requests and free
+//! their KV blocks; nothing else may hold a receiver.
+
+use futures::StreamExt;
+use futures::stream::{self, BoxStream, SelectAll};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use crate::engine::{
+    EngineError, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, TokenLogprob,
+    Usage,
+};
+
+use super::error::ApiError;
+use super::openai;
+use super::validation::ResponseShape;
+
+/// One choice's event, tagged with the choice index.
+#[derive(Debug)]
+pub enum ChoiceEvent {
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
+    /// The choice cannot finish: the engine failed it or stopped.
+    Failed(ApiError),
+}
+
+/// Every choice's events, interleaved as they arrive.
+pub type ChoiceEvents = SelectAll<BoxStream<'static, (usize, ChoiceEvent)>>;
+
+/// Submits each choice (in index order) and merges their channels.
+pub fn submit(
+    engine: &EngineHandle,
+    requests: Vec<GenerationRequest>,
+) -> Result<ChoiceEvents, ApiError> {
+    let mut merged = SelectAll::new();
+    for (index, request) in requests.into_iter().enumerate() {
+        // On an error, `merged` drops with the choices already submitted, aborting them.
+        let (_, receiver) = engine.submit(request)?;
+        merged.push(choice_stream(index, receiver));
+    }
+    Ok(merged)
+}
+
+/// One choice's events; ends after its last event and reports a channel that closed early.
+fn choice_stream(
+    index: usize,
+    receiver: UnboundedReceiver<GenerationEvent>,
+) -> BoxStream<'static, (usize, ChoiceEvent)> {
+    stream::unfold(Some(receiver), move |receiver| async move {
+        let mut receiver = receiver?;
+        let event = match receiver.recv().await {
+            Some(GenerationEvent::Delta { text, logprobs, .. }) => {
+                return Some((
+                    (index, ChoiceEvent::Delta { text, logprobs }),
+                    Some(receiver),
+                ));
+            }
+            Some(GenerationEvent::Finished { reason, usage }) => {
+                ChoiceEvent::Finished { reason, usage }
+            }
+            Some(GenerationEvent::Failed { message }) => {
+                ChoiceEvent::Failed(ApiError::GenerationFailed { message })
+            }
+            None => ChoiceEvent::Failed(ApiError::Unavailable(EngineError::Stopped)),
+        };
+        Some(((index, event), None))
+    })
+    .boxed()
+}
+
+/// Everything one choice produced, for a non-streaming response.
+#[derive(Debug, Clone)]
+pub struct ChoiceOutput {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: FinishReason,
+}
+
+/// Waits for every choice; the first failure fails the request (and aborts the others).
+pub async fn collect(
+    mut events: ChoiceEvents,
+    shape: &ResponseShape,
+    usage: &mut UsageTally,
+) -> Result<Vec<ChoiceOutput>, ApiError> {
+    let num_choices = shape.num_choices();
+    let mut texts = vec![String::new(); num_choices];
+    let mut logprobs = vec![Vec::new(); num_choices];
+    let mut reasons = vec![None; num_choices];
+    while let Some((index, event)) = events.next().await {
+        match event {
+            ChoiceEvent::Delta { text, logprobs: l } => {
+                texts[index].push_str(&text);
+                logprobs[index].extend(l);
+            }
+            ChoiceEvent::Finished { reason, usage: u } => {
+                usage.add(index, &u);
+                reasons[index] = Some(reason);
+            }
+            ChoiceEvent::Failed(error) => return Err(error),
+        }
+    }
+    texts
+        .into_iter()
+        .zip(logprobs)
+        .zip(reasons)
+        .map(|((text, logprobs), reason)| {
+            let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
+            Ok(ChoiceOutput {
+                text,
+                logprobs,
+                finish_reason,
+            })
+        })
+        .collect()
+}
+
+/// Token counts over a request's choices: each prompt counts once, every choice's output counts.
+#[derive(Debug, Clone)]
+pub struct UsageTally {
+    n: usize,
+    prompt_lens: Vec<u32>,
+    completion_tokens: u64,
+    /// Per prompt, the most prompt tokens any of its choices found in the prefix cache.
+    cached_tokens: Vec<u32>,
+}
+
+impl UsageTally {
+    pub fn new(shape: &ResponseShape) -> UsageTally {
+        UsageTally {
+            n: shape.n.max(1),
+            prompt_lens: shape.prompt_lens.clone(),
+            completion_tokens: 0,
+            cached_tokens: vec![0; shape.prompt_lens.len()],
+        }
+    }
+
+    pub fn add(&mut self, choice: usize, usage: &Usage) {
+        self.completion_tokens += usage.completion_tokens as u64;
+        if let Some(cached) = self.cached_tokens.get_mut(choice / self.n) {
+            *cached = (*cached).max(usage.cached_tokens);
+        }
+    }
+
+    pub fn usage(&self) -> openai::Usage {
+        let prompt_tokens: u64 = self.prompt_lens.iter().map(|&l| l as u64).sum();
+        openai::Usage {
+            prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: prompt_tokens + self.completion_tokens,
+            prompt_tokens_details: openai::PromptTokensDetails {
+                cached_tokens: self.cached_tokens.iter().map(|&c| c as u64).sum(),
+            },
+        }
+    }
+}

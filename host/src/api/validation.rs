@@ -1,0 +1,775 @@
+//! Turns OpenAI request bodies into validated engine requests: the model checked, parameters in
+//! range, prompts tokenized, token ids in the vocabulary and every choice within the context.
+//!
+//! [`ValidatedRequest`] is the only producer of [`GenerationRequest`]s in the API layer: a
+//! handler that has one knows the engine can run every choice as given.
+
+use plughost_sdk::sampler::{Penalties, SamplingParams};
+use serde_json::Value;
+
+use crate::engine::{GenerationRequest, ModelSummary, StopConditions};
+use crate::model::{ChatMessage, RenderOptions, ToolCall};
+
+use super::error::ApiError;
+use super::openai::{
+    ChatCompletionRequest, ChatMessageIn, CompletionRequest, GenerationBody, SamplingFields,
+};
+
+/// Most choices (`n`) per prompt.
+pub const MAX_N: i64 = 128;
+/// Most engine requests one HTTP request may start (prompts × `n`).
+pub const MAX_CHOICES: usize = 1024;
+/// Most alternatives per token in `logprobs` / `top_logprobs`.
+pub const MAX_TOP_LOGPROBS: i64 = 20;
+/// Most stop strings, as in the OpenAI API.
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// How the response is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSettings {
+    /// Send a final chunk with `usage` and no choices.
+    pub include_usage: bool,
+}
+
+/// What the response needs to know besides the engine's events.
+#[derive(Debug, Clone)]
+pub struct ResponseShape {
+    /// The served model's name, echoed in responses.
+    pub model: String,
+    /// Choices per prompt; prompt `p`'s choice `i` has index `p * n + i`.
+    pub n: usize,
+    /// Tokens of each prompt, for `usage`.
+    pub prompt_lens: Vec<u32>,
+    /// `None`: one JSON response once every choice finished.
+    pub stream: Option<StreamSettings>,
+    /// `Some(k)`: return each token's logprob with `k` alternatives.
+    pub logprobs: Option<u32>,
+}
+
+impl ResponseShape {
+    pub fn num_choices(&self) -> usize {
+        self.prompt_lens.len() * self.n
+    }
+}
+
+/// A request that passed validation: one engine request per choice, in choice-index order.
+#[derive(Debug, Clone)]
+pub struct ValidatedRequest {
+    pub shape: ResponseShape,
+    choices: Vec<GenerationRequest>,
+}
+
+impl ValidatedRequest {
+    pub fn choices(&self) -> &[GenerationRequest] {
+        &self.choices
+    }
+
+    pub fn into_parts(self) -> (Vec<GenerationRequest>, ResponseShape) {
+        (self.choices, self.shape)
+    }
+}
+
+pub fn validate_completion(
+    body: GenerationBody<CompletionRequest>,
+    model: &ModelSummary,
+) -> Result<ValidatedRequest, ApiError> {
+    let GenerationBody { request, sampling } = body;
+    check_model(request.model.as_deref(), model)?;
+    if request.echo == Some(true) {
+        return Err(unsupported("echo", "`echo` is not supported"));
+    }
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported("suffix", "`suffix` is not supported"));
+    }
+    if request.best_of.is_some_and(|b| b > 1) {
+        return Err(unsupported(
+            "best_of",
+            "`best_of` is not supported; use `n`",
+        ));
+    }
+    let logprobs = match request.logprobs {
+        None => None,
+        Some(k) => Some(top_logprobs_count("logprobs", k)?),
+    };
+    let prompts = completion_prompts(request.prompt.as_ref(), model)?;
+    build(&sampling, prompts, logprobs, model)
+}
+
+pub fn validate_chat(
+    body: GenerationBody<ChatCompletionRequest>,
+    model: &ModelSummary,
+) -> Result<ValidatedRequest, ApiError> {
+    let GenerationBody { request, sampling } = body;
+    check_model(request.model.as_deref(), model)?;
+    let logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
+    let template = model
+        .chat_template
+        .as_ref()
+        .ok_or_else(|| ApiError::NoChatTemplate {
+            model: model.name.clone(),
+        })?;
+    let messages = chat_messages(request.messages.as_deref())?;
+    let tools_json = request
+        .tools
+        .as_ref()
+        .filter(|t| !t.is_null())
+        .map(Value::to_string);
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        tools_json: tools_json.as_deref(),
+        kwargs: request.chat_template_kwargs.unwrap_or_default(),
+    };
+    let text = template
+        .render_with(&messages, &options)
+        .map_err(|e| ApiError::ChatTemplate {
+            message: e.to_string(),
+        })?;
+    let tokens = model
+        .tokenizer
+        .encode(&text, false)
+        .map_err(|e| ApiError::Internal {
+            message: e.to_string(),
+        })?;
+    if tokens.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "the rendered conversation is empty",
+        ));
+    }
+    build(&sampling, vec![tokens], logprobs, model)
+}
+
+fn check_model(requested: Option<&str>, model: &ModelSummary) -> Result<(), ApiError> {
+    match requested {
+        Some(name) if name != model.name => Err(ApiError::ModelNotFound {
+            model: name.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn unsupported(param: &str, message: &str) -> ApiError {
+    ApiError::Unsupported {
+        param: param.into(),
+        message: message.into(),
+    }
+}
+
+/// The engine requests of every prompt's choices, with the shared parameters checked once.
+fn build(
+    fields: &SamplingFields,
+    prompts: Vec<Vec<u32>>,
+    logprobs: Option<u32>,
+    model: &ModelSummary,
+) -> Result<ValidatedRequest, ApiError> {
+    let sampling = SamplingParams {
+        num_top_logprobs: logprobs.unwrap_or(0),
+        ..sampling_params(fields)?
+    };
+    let n = choices_per_prompt(fields.n, prompts.len())?;
+    let stop = stop_conditions(fields, model)?;
+    let stream = stream_settings(fields)?;
+    let priority = match fields.priority {
+        None => 0,
+        Some(p) => i32::try_from(p).map_err(|_| {
+            ApiError::invalid(
+                "priority",
+                format!("`priority` must fit in 32 bits, got {p}"),
+            )
+        })?,
+    };
+    let seed = seed(fields.seed.as_ref())?;
+    let requested = fields.max_completion_tokens.or(fields.max_tokens);
+    let mut choices = Vec::with_capacity(prompts.len() * n);
+    let mut prompt_lens = Vec::with_capacity(prompts.len());
+    for prompt in prompts {
+        let max_tokens = max_tokens(requested, prompt.len(), model)?;
+        prompt_lens.push(prompt.len() as u32);
+        for i in 0..n {
+            // With a seed, choice i draws from seed + i: repeatable, and the choices differ.
+            let seed = seed.map_or_else(rand::random, |s| s.wrapping_add(i as u64));
+            choices.push(GenerationRequest {
+                prompt_tokens: prompt.clone(),
+                sampling: SamplingParams { seed, ..sampling },
+                max_tokens,
+                stop: stop.clone(),
+                logprobs: logprobs.is_some(),
+                priority,
+            });
+        }
+    }
+    let shape = ResponseShape {
+        model: model.name.clone(),
+        n,
+        prompt_lens,
+        stream,
+        logprobs,
+    };
+    Ok(ValidatedRequest { shape, choices })
+}
+
+/// Checks an optional number against a rule; `rule` completes "`name` must be ...".
+fn ranged(
+    name: &str,
+    value: Option<f64>,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    rule: &str,
+) -> Result<f32, ApiError> {
+    match value {
+        None => Ok(default as f32),
+        Some(v) if v.is_finite() && ok(v) => Ok(v as f32),
+        Some(v) => Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be {rule}, got {v}"),
+        )),
+    }
+}
+
+fn sampling_params(fields: &SamplingFields) -> Result<SamplingParams, ApiError> {
+    let temperature = ranged(
+        "temperature",
+        fields.temperature,
+        1.0,
+        |v| (0.0..=2.0).contains(&v),
+        "between 0 and 2",
+    )?;
+    let top_p = ranged(
+        "top_p",
+        fields.top_p,
+        1.0,
+        |v| v > 0.0 && v <= 1.0,
+        "greater than 0 and at most 1",
+    )?;
+    let min_p = ranged(
+        "min_p",
+        fields.min_p,
+        0.0,
+        |v| (0.0..=1.0).contains(&v),
+        "between 0 and 1",
+    )?;
+    let penalty = |name, value| {
+        ranged(
+            name,
+            value,
+            0.0,
+            |v| (-2.0..=2.0).contains(&v),
+            "between -2 and 2",
+        )
+    };
+    let penalties = Penalties {
+        presence: penalty("presence_penalty", fields.presence_penalty)?,
+        frequency: penalty("frequency_penalty", fields.frequency_penalty)?,
+        repetition: ranged(
+            "repetition_penalty",
+            fields.repetition_penalty,
+            1.0,
+            |v| v > 0.0,
+            "greater than 0",
+        )?,
+    };
+    let top_k = match fields.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k >= 1 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "top_k",
+                format!("`top_k` must be -1 or 0 (disabled) or at least 1, got {k}"),
+            ));
+        }
+    };
+    Ok(SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        penalties,
+        seed: 0,
+        num_top_logprobs: 0,
+    })
+}
+
+fn choices_per_prompt(n: Option<i64>, num_prompts: usize) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be between 1 and {MAX_N}, got {n}"),
+        ));
+    }
+    let n = n as usize;
+    if n.saturating_mul(num_prompts) > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            "n",
+            format!(
+                "{num_prompts} prompts × n = {n} is more than {MAX_CHOICES} choices in one request"
+            ),
+        ));
+    }
+    Ok(n)
+}
+
+fn seed(seed: Option<&serde_json::Number>) -> Result<Option<u64>, ApiError> {
+    let Some(number) = seed else { return Ok(None) };
+    // A negative seed is accepted as its two's-complement bits, as Python's `int` seeds are.
+    match (number.as_u64(), number.as_i64()) {
+        (Some(s), _) => Ok(Some(s)),
+        (None, Some(s)) => Ok(Some(s as u64)),
+        _ => Err(ApiError::invalid(
+            "seed",
+            format!("`seed` must be an integer, got {number}"),
+        )),
+    }
+}
+
+fn top_logprobs_count(name: &str, k: i64) -> Result<u32, ApiError> {
+    if !(0..=MAX_TOP_LOGPROBS).contains(&k) {
+        return Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be between 0 and {MAX_TOP_LOGPROBS}, got {k}"),
+        ));
+    }
+    Ok(k as u32)
+}
+
+fn chat_logprobs(
+    logprobs: Option<bool>,
+    top_logprobs: Option<i64>,
+) -> Result<Option<u32>, ApiError> {
+    let top = match top_logprobs {
+        None => 0,
+        Some(k) => top_logprobs_count("top_logprobs", k)?,
+    };
+    match logprobs {
+        Some(true) => Ok(Some(top)),
+        _ if top > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "`top_logprobs` needs `logprobs: true`",
+        )),
+        _ => Ok(None),
+    }
+}
+
+fn stop_conditions(
+    fields: &SamplingFields,
+    model: &ModelSummary,
+) -> Result<StopConditions, ApiError> {
+    let stop_strings = match &fields.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_STOP_STRINGS {
+                let message = format!(
+                    "`stop` takes at most {MAX_STOP_STRINGS} strings, got {}",
+                    items.len()
+                );
+                return Err(ApiError::invalid("stop", message));
+            }
+            let strings: Option<Vec<String>> = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect();
+            strings.ok_or_else(|| {
+                ApiError::invalid("stop", "`stop` must be a string or a list of strings")
+            })?
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "`stop` must be a string or a list of strings",
+            ));
+        }
+    };
+    let mut stop_token_ids = Vec::new();
+    for &id in fields.stop_token_ids.as_deref().unwrap_or_default() {
+        stop_token_ids.push(token_id("stop_token_ids", id, model)?);
+    }
+    Ok(StopConditions {
+        stop_strings,
+        stop_token_ids,
+        ignore_eos: fields.ignore_eos.unwrap_or(false),
+    })
+}
+
+fn stream_settings(fields: &SamplingFields) -> Result<Option<StreamSettings>, ApiError> {
+    match (fields.stream.unwrap_or(false), &fields.stream_options) {
+        (true, options) => {
+            let include_usage = options
+                .as_ref()
+                .and_then(|o| o.include_usage)
+                .unwrap_or(false);
+            Ok(Some(StreamSettings { include_usage }))
+        }
+        (false, Some(_)) => Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` needs `stream: true`",
+        )),
+        (false, None) => Ok(None),
+    }
+}
+
+/// The output budget of one prompt: as asked if it fits the context, else the rest of the context.
+fn max_tokens(
+    requested: Option<i64>,
+    prompt_len: usize,
+    model: &ModelSummary,
+) -> Result<u32, ApiError> {
+    let context = model.max_model_len as u64;
+    let prompt = prompt_len as u64;
+    let too_long = |max_tokens: u64| ApiError::ContextLengthExceeded {
+        max_model_len: model.max_model_len,
+        requested: prompt + max_tokens,
+        prompt_tokens: prompt_len.try_into().unwrap_or(u32::MAX),
+        max_tokens,
+    };
+    match requested {
+        Some(m) if m < 1 => Err(ApiError::invalid(
+            "max_tokens",
+            format!("`max_tokens` must be at least 1, got {m}"),
+        )),
+        Some(m) if prompt + m as u64 > context => Err(too_long(m as u64)),
+        Some(m) => Ok(m as u32),
+        None if prompt >= context => Err(too_long(1)),
+        None => Ok((context - prompt) as u32),
+    }
+}
+
+fn token_id(name: &str, id: i64, model: &ModelSummary) -> Result<u32, ApiError> {
+    if id < 0 || id >= model.vocab_size as i64 {
+        let message = format!(
+            "token id {id} in `{name}` is outside the vocabulary (0..{})",
+            model.vocab_size
+        );
+        return Err(ApiError::invalid(name, message));
+    }
+    Ok(id as u32)
+}
+
+/// The prompts of a completions request, tokenized; each becomes its own set of choices.
+fn completion_prompts(
+    prompt: Option<&Value>,
+    model: &ModelSummary,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    const SHAPE: &str = "`prompt` must be a string, a list of strings, a list of token ids or a list of token-id lists";
+    let shape_error = || ApiError::invalid("prompt", SHAPE);
+    let prompts = match prompt {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "`prompt` is required"));
+        }
+        Some(Value::String(text)) => vec![encode(text, model)?],
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(ApiError::invalid("prompt", "`prompt` is an empty list"));
+        }
+        Some(Value::Array(items)) => match &items[0] {
+            Value::String(_) => {
+                let texts = items.iter().map(|v| v.as_str().ok_or_else(shape_error));
+                texts.map(|t| encode(t?, model)).collect::<Result<_, _>>()?
+            }
+            Value::Number(_) => vec![token_list(items, model)?],
+            Value::Array(_) => {
+                let lists = items.iter().map(|v| v.as_array().ok_or_else(shape_error));
+                lists
+                    .map(|l| token_list(l?, model))
+                    .collect::<Result<_, _>>()?
+            }
+            _ => return Err(shape_error()),
+        },
+        Some(_) => return Err(shape_error()),
+    };
+    if let Some(i) = prompts.iter().position(Vec::is_empty) {
+        return Err(ApiError::invalid("prompt", format!("prompt {i} is empty")));
+    }
+    Ok(prompts)
+}
+
+fn encode(text: &str, model: &ModelSummary) -> Result<Vec<u32>, ApiError> {
+    model
+        .tokenizer
+        .encode(text, true)
+        .map_err(|e| ApiError::Internal {
+            message: e.to_string(),
+        })
+}
+
+fn token_list(items: &[Value], model: &ModelSummary) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .map(|v| match v.as_i64() {
+            Some(id) => token_id("prompt", id, model),
+            None => Err(ApiError::invalid(
+                "prompt",
+                format!("a token id must be an integer, got {v}"),
+            )),
+        })
+        .collect()
+}
+
+/// The conversation as the chat template reads it.
+fn chat_messages(messages: Option<&[ChatMessageIn]>) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages =
+        messages.ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must hold at least one message",
+        ));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(i, m))
+        .collect()
+}
+
+fn chat_message(index: usize, message: &ChatMessageIn) -> Result<ChatMessage, ApiError> {
+    let role = match message.role.as_str() {
+        "developer" => "system",
+        role @ ("system" | "user" | "assistant" | "tool") => role,
+        other => {
+            let message = format!(
+                "unknown role `{other}`; expected system, developer, user, assistant or tool"
+            );
+            return Err(ApiError::invalid(
+                format!("messages[{index}].role"),
+                message,
+            ));
+        }
+    };
+    let tool_calls = message
+        .tool_calls
+        .iter()
+        .flatten()
+        .map(|call| ToolCall {
+            id: call.id.clone(),
+            name: call.function.name.clone(),
+            arguments: match &call.function.arguments {
+                None | Some(Value::Null) => "{}".to_string(),
+                Some(Value::String(text)) => text.clone(),
+                Some(other) => other.to_string(),
+            },
+        })
+        .collect();
+    Ok(ChatMessage {
+        role: role.to_string(),
+        content: message_content(index, message.content.as_ref())?,
+        reasoning_content: message.reasoning_content.clone(),
+        tool_calls,
+        tool_call_id: message.tool_call_id.clone(),
+    })
+}
+
+/// A string, or text parts joined with newlines as vLLM joins them.
+fn message_content(index: usize, content: Option<&Value>) -> Result<String, ApiError> {
+    let param = format!("messages[{index}].content");
+    let parts = match content {
+        None | Some(Value::Null) => return Ok(String::new()),
+        Some(Value::String(text)) => return Ok(text.clone()),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                param,
+                "message content must be a string or a list of content parts",
+            ));
+        }
+    };
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, part) in parts.iter().enumerate() {
+        let param = format!("{param}[{j}]");
+        let kind = part.get("type").and_then(Value::as_str);
+        match (kind, part.get("text").and_then(Value::as_str)) {
+            (Some("text"), Some(text)) => texts.push(text),
+            (Some("text"), None) => {
+                return Err(ApiError::invalid(
+                    param,
+                    "a text part needs a string `text`",
+                ));
+            }
+            (Some(other), _) => {
+                let message = format!(
+                    "content parts of type `{other}` are not supported; only `text` parts are"
+                );
+                return Err(ApiError::Unsupported {
+                    param: format!("{param}.type"),
+                    message,
+                });
+            }
+            (None, _) => {
+                return Err(ApiError::invalid(
+                    param,
+                    "a content part needs a string `type`",
+                ));
+            }
+        }
+    }
+    Ok(texts.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::api::body::parse_body;
+    use crate::model::{ChatTemplate, Tokenizer};
+
+    fn model() -> ModelSummary {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
+        ModelSummary {
+            name: "tiny".into(),
+            max_model_len: 64,
+            vocab_size: 448,
+            eos_token_ids: vec![447],
+            tokenizer: Tokenizer::from_dir(&dir).expect("tokenizer"),
+            chat_template: Some(Arc::new(ChatTemplate::from_dir(&dir).expect("template"))),
+        }
+    }
+
+    fn completion(json: &str) -> Result<ValidatedRequest, ApiError> {
+        validate_completion(parse_body(json.as_bytes())?, &model())
+    }
+
+    fn chat(json: &str) -> Result<ValidatedRequest, ApiError> {
+        validate_chat(parse_body(json.as_bytes())?, &model())
+    }
+
+    #[test]
+    fn invalid_parameters_are_refused_with_the_parameter_named() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"prompt": "hi", "max_tokens": -1}"#, "max_tokens"),
+            (r#"{"prompt": "hi", "temperature": 2.5}"#, "temperature"),
+            (r#"{"prompt": "hi", "top_p": 0}"#, "top_p"),
+            (r#"{"prompt": "hi", "top_k": -5}"#, "top_k"),
+            (r#"{"prompt": "hi", "min_p": 2}"#, "min_p"),
+            (r#"{"prompt": "hi", "n": 0}"#, "n"),
+            (
+                r#"{"prompt": "hi", "presence_penalty": 5}"#,
+                "presence_penalty",
+            ),
+            (
+                r#"{"prompt": "hi", "repetition_penalty": 0}"#,
+                "repetition_penalty",
+            ),
+            (r#"{"prompt": "hi", "logprobs": 50}"#, "logprobs"),
+            (
+                r#"{"prompt": "hi", "stop": ["a", "b", "c", "d", "e"]}"#,
+                "stop",
+            ),
+            (r#"{"prompt": "hi", "stop": 3}"#, "stop"),
+            (
+                r#"{"prompt": "hi", "stop_token_ids": [448]}"#,
+                "stop_token_ids",
+            ),
+            (r#"{"prompt": "hi", "seed": 1.5}"#, "seed"),
+            (
+                r#"{"prompt": "hi", "stream_options": {"include_usage": true}}"#,
+                "stream_options",
+            ),
+            (r#"{"prompt": []}"#, "prompt"),
+            (r#"{"prompt": [""]}"#, "prompt"),
+            (r#"{"prompt": [1, 448]}"#, "prompt"),
+            (r#"{"prompt": [[1], "a"]}"#, "prompt"),
+            (r#"{"prompt": {"a": 1}}"#, "prompt"),
+            (r#"{}"#, "prompt"),
+        ];
+        for (json, param) in cases {
+            match completion(json) {
+                Err(ApiError::InvalidParam { param: Some(p), .. }) => {
+                    assert_eq!(p, *param, "{json}")
+                }
+                other => panic!("{json}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn context_limits_cap_or_refuse() {
+        let ok = completion(r#"{"prompt": [1, 2, 3, 4]}"#).expect("fits");
+        assert_eq!(ok.choices()[0].max_tokens, 60);
+        assert!(matches!(
+            completion(r#"{"prompt": [1, 2, 3, 4], "max_tokens": 61}"#),
+            Err(ApiError::ContextLengthExceeded { .. })
+        ));
+        let long = format!("{{\"prompt\": {:?}}}", vec![1; 64]);
+        assert!(matches!(
+            completion(&long),
+            Err(ApiError::ContextLengthExceeded { .. })
+        ));
+        assert_eq!(
+            completion(r#"{"prompt": [1, 2, 3, 4], "max_tokens": 60}"#)
+                .expect("fits")
+                .choices()[0]
+                .max_tokens,
+            60
+        );
+    }
+
+    #[test]
+    fn prompts_and_choices_are_laid_out_by_index() {
+        let v = completion(r#"{"prompt": [[5, 6, 7], [8]], "n": 2, "seed": 10, "temperature": 0.5, "top_k": -1, "logprobs": 3}"#)
+            .expect("valid");
+        let seeds: Vec<u64> = v.choices().iter().map(|c| c.sampling.seed).collect();
+        assert_eq!(
+            seeds,
+            [10, 11, 10, 11],
+            "choice i of every prompt draws from seed + i"
+        );
+        assert_eq!(v.choices()[2].prompt_tokens, [8]);
+        assert_eq!(v.shape.prompt_lens, [3, 1]);
+        assert_eq!(
+            (v.shape.n, v.shape.num_choices(), v.shape.logprobs),
+            (2, 4, Some(3))
+        );
+        let c = &v.choices()[0];
+        assert_eq!(
+            (
+                c.sampling.temperature,
+                c.sampling.top_k,
+                c.sampling.num_top_logprobs,
+                c.logprobs
+            ),
+            (0.5, 0, 3, true)
+        );
+    }
+
+    #[test]
+    fn chat_messages_render_through_the_template() {
+        let v = chat(
+            r#"{"messages": [{"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "What is"}, {"type": "text", "text": "the time?"}]}],
+                "max_completion_tokens": 5, "logprobs": true, "top_logprobs": 2}"#,
+        )
+        .expect("valid");
+        let m = model();
+        let text = m
+            .tokenizer
+            .decode(&v.choices()[0].prompt_tokens, false)
+            .expect("decode");
+        assert_eq!(
+            text,
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is\nthe time?<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!((v.choices()[0].max_tokens, v.shape.logprobs), (5, Some(2)));
+
+        let refused: &[&str] = &[
+            r#"{"messages": []}"#,
+            r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#,
+            r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}"#,
+            r#"{"messages": [{"role": "user", "content": 5}]}"#,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}"#,
+            r#"{"messages": [{"role": "user", "content": "hi"}], "model": "other"}"#,
+            r#"{"prompt": "hi"}"#,
+        ];
+        for json in refused {
+            assert!(chat(json).is_err(), "{json}");
+        }
+        let mut no_template = model();
+        no_template.chat_template = None;
+        let body =
+            parse_body(br#"{"messages": [{"role": "user", "content": "hi"}]}"#).expect("parse");
+        assert!(matches!(
+            validate_chat(body, &no_template),
+            Err(ApiError::NoChatTemplate { .. })
+        ));
+    }
+}
