@@ -295,7 +295,8 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
         }]
     );
 
-    let cases: [(&str, i32, fn(&PluginError) -> bool); 3] = [
+    type IsExpected = fn(&PluginError) -> bool;
+    let cases: [(&str, i32, IsExpected); 3] = [
         ("trap", -1001, |e| matches!(e, PluginError::Trap { .. })),
         ("infinite loop", -1002, |e| {
             matches!(e, PluginError::Timeout { .. })
@@ -356,8 +357,7 @@ fn a_plugin_that_keeps_faulting_is_disabled() {
     }
     let err = scheduler
         .schedule(&[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources)
-        .err()
-        .expect("disabled");
+        .expect_err("disabled");
     assert!(
         matches!(err, PluginError::Disabled { faults: 2, .. }),
         "{err}"

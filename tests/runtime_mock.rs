@@ -103,7 +103,7 @@ fn decode_steps_allocate_nothing_and_write_only_token_ids_and_new_block_entries(
         let mut crossing = 0;
         for s in seqs.iter_mut() {
             // The new token lands at position len; a new block is needed when that position starts one.
-            if s.tokens.len() as u32 % BLOCK_SIZE == 0 {
+            if (s.tokens.len() as u32).is_multiple_of(BLOCK_SIZE) {
                 crossing += 1;
             }
             s.tokens.push((n + s.id as u32) % 400);

@@ -18,7 +18,11 @@ use plughost::plugins::{Deployment, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::SamplingParams;
 
 #[derive(Parser)]
-#[command(name = "plughost", version, about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins")]
+#[command(
+    name = "plughost",
+    version,
+    about = "LLM serving host with WebAssembly scheduling, sampling and model-glue plugins"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -66,19 +70,37 @@ enum Command {
     },
 }
 
-fn check(config: &PathBuf, cache_dir: Option<PathBuf>) -> Result<(), String> {
+fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), String> {
     let deployment = Deployment::from_file(config).map_err(|e| e.to_string())?;
     let runtime = PluginRuntime::new(RuntimeOptions { cache_dir }).map_err(|e| e.to_string())?;
     if let Some(spec) = &deployment.scheduler {
-        SchedulerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        SchedulerPlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("scheduler  ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.sampler {
-        SamplerPlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        SamplerPlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("sampler    ok  {}", spec.component.display());
     }
     if let Some(spec) = &deployment.glue {
-        GluePlugin::load(&runtime, &spec.component, &spec.config_json(), spec.limits()).map_err(|e| e.to_string())?;
+        GluePlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| e.to_string())?;
         println!("glue       ok  {}", spec.component.display());
     }
     Ok(())
@@ -94,21 +116,36 @@ struct GenerateArgs<'a> {
 }
 
 fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
-    let engine = EngineHandle::start(model.setup()?, Arc::new(Metrics::new())).map_err(|e| e.to_string())?;
+    let engine =
+        EngineHandle::start(model.setup()?, Arc::new(Metrics::new())).map_err(|e| e.to_string())?;
     let summary = engine.wait_ready().map_err(|e| e.to_string())?;
     let text = if args.chat {
-        let template = summary.chat_template.as_ref().ok_or("the model has no chat template")?;
-        template.render(&[ChatMessage::new("user", args.prompt)], true).map_err(|e| e.to_string())?
+        let template = summary
+            .chat_template
+            .as_ref()
+            .ok_or("the model has no chat template")?;
+        template
+            .render(&[ChatMessage::new("user", args.prompt)], true)
+            .map_err(|e| e.to_string())?
     } else {
         args.prompt.to_string()
     };
-    let prompt_tokens = summary.tokenizer.encode(&text, !args.chat).map_err(|e| e.to_string())?;
+    let prompt_tokens = summary
+        .tokenizer
+        .encode(&text, !args.chat)
+        .map_err(|e| e.to_string())?;
     if prompt_tokens.is_empty() {
         return Err("the prompt is empty".into());
     }
-    let room = summary.max_model_len.saturating_sub(prompt_tokens.len() as u32);
+    let room = summary
+        .max_model_len
+        .saturating_sub(prompt_tokens.len() as u32);
     if room == 0 {
-        return Err(format!("the prompt has {} tokens, the context holds {}", prompt_tokens.len(), summary.max_model_len));
+        return Err(format!(
+            "the prompt has {} tokens, the context holds {}",
+            prompt_tokens.len(),
+            summary.max_model_len
+        ));
     }
     let request = GenerationRequest {
         prompt_tokens,
@@ -118,7 +155,10 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
             ..SamplingParams::GREEDY
         },
         max_tokens: args.max_tokens.min(room),
-        stop: StopConditions { ignore_eos: args.ignore_eos, ..Default::default() },
+        stop: StopConditions {
+            ignore_eos: args.ignore_eos,
+            ..Default::default()
+        },
         logprobs: false,
         priority: 0,
     };
@@ -132,7 +172,12 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
             }
             GenerationEvent::Finished { reason, usage } => {
                 let _ = writeln!(stdout);
-                eprintln!("[{} prompt tokens, {} generated, finish reason {}]", usage.prompt_tokens, usage.completion_tokens, reason.as_str());
+                eprintln!(
+                    "[{} prompt tokens, {} generated, finish reason {}]",
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    reason.as_str()
+                );
                 break;
             }
             GenerationEvent::Failed { message } => return Err(message),
@@ -146,13 +191,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = terminate.recv() => {}
@@ -164,7 +210,8 @@ async fn shutdown_signal() {
 
 fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
     let setup = model.setup()?;
-    let runtime = tokio::runtime::Runtime::new().map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let runtime = tokio::runtime::Runtime::new()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
         let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -179,15 +226,32 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Serve { model, host, port } => serve(model, host, *port),
-        Command::Generate { model, prompt, chat, max_tokens, temperature, seed, ignore_eos } => generate(
+        Command::Generate {
             model,
-            GenerateArgs { prompt, chat: *chat, max_tokens: *max_tokens, temperature: *temperature, seed: *seed, ignore_eos: *ignore_eos },
+            prompt,
+            chat,
+            max_tokens,
+            temperature,
+            seed,
+            ignore_eos,
+        } => generate(
+            model,
+            GenerateArgs {
+                prompt,
+                chat: *chat,
+                max_tokens: *max_tokens,
+                temperature: *temperature,
+                seed: *seed,
+                ignore_eos: *ignore_eos,
+            },
         ),
         Command::Check { config, cache_dir } => check(config, cache_dir.clone()),
     };

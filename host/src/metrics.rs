@@ -1,6 +1,9 @@
 //! The server's Prometheus metrics: request latencies, queue and KV state, prefix cache, step time split.
 
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
 
 /// Every metric the engine records, registered in one registry.
 pub struct Metrics {
@@ -26,57 +29,129 @@ pub struct Metrics {
     pub step_seconds: HistogramVec,
 }
 
-const LATENCY_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
-const STEP_BUCKETS: &[f64] = &[0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+];
+const STEP_BUCKETS: &[f64] = &[
+    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5,
+];
 
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Histogram {
-    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec())).expect("valid histogram options");
-    registry.register(Box::new(h.clone())).expect("metric names are unique");
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
+        .expect("valid histogram options");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric names are unique");
     h
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("valid counter options");
-    registry.register(Box::new(c.clone())).expect("metric names are unique");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
     c
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("valid gauge options");
-    registry.register(Box::new(g.clone())).expect("metric names are unique");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric names are unique");
     g
 }
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let registry = Registry::new_custom(Some("plughost".into()), None).expect("valid registry prefix");
+        let registry =
+            Registry::new_custom(Some("plughost".into()), None).expect("valid registry prefix");
         let r = &registry;
-        let requests_finished = IntCounterVec::new(Opts::new("requests_finished_total", "Finished requests by finish reason"), &["reason"])
-            .expect("valid counter options");
-        registry.register(Box::new(requests_finished.clone())).expect("metric names are unique");
+        let requests_finished = IntCounterVec::new(
+            Opts::new(
+                "requests_finished_total",
+                "Finished requests by finish reason",
+            ),
+            &["reason"],
+        )
+        .expect("valid counter options");
+        registry
+            .register(Box::new(requests_finished.clone()))
+            .expect("metric names are unique");
         let step_seconds = HistogramVec::new(
-            HistogramOpts::new("step_seconds", "Engine step time by part; device is reported by the device").buckets(STEP_BUCKETS.to_vec()),
+            HistogramOpts::new(
+                "step_seconds",
+                "Engine step time by part; device is reported by the device",
+            )
+            .buckets(STEP_BUCKETS.to_vec()),
             &["part"],
         )
         .expect("valid histogram options");
-        registry.register(Box::new(step_seconds.clone())).expect("metric names are unique");
+        registry
+            .register(Box::new(step_seconds.clone()))
+            .expect("metric names are unique");
         Metrics {
-            time_to_first_token: histogram(r, "time_to_first_token_seconds", "Arrival to first generated token", LATENCY_BUCKETS),
-            inter_token_latency: histogram(r, "inter_token_latency_seconds", "Time between consecutive tokens of a request", LATENCY_BUCKETS),
-            e2e_latency: histogram(r, "e2e_request_latency_seconds", "Arrival to finish", LATENCY_BUCKETS),
-            queue_time: histogram(r, "request_queue_time_seconds", "Arrival to first scheduling", LATENCY_BUCKETS),
+            time_to_first_token: histogram(
+                r,
+                "time_to_first_token_seconds",
+                "Arrival to first generated token",
+                LATENCY_BUCKETS,
+            ),
+            inter_token_latency: histogram(
+                r,
+                "inter_token_latency_seconds",
+                "Time between consecutive tokens of a request",
+                LATENCY_BUCKETS,
+            ),
+            e2e_latency: histogram(
+                r,
+                "e2e_request_latency_seconds",
+                "Arrival to finish",
+                LATENCY_BUCKETS,
+            ),
+            queue_time: histogram(
+                r,
+                "request_queue_time_seconds",
+                "Arrival to first scheduling",
+                LATENCY_BUCKETS,
+            ),
             requests_running: gauge(r, "num_requests_running", "Requests holding KV blocks"),
             requests_waiting: gauge(r, "num_requests_waiting", "Requests waiting or preempted"),
-            kv_usage_permille: gauge(r, "kv_cache_usage_permille", "KV blocks held by requests, per mille"),
+            kv_usage_permille: gauge(
+                r,
+                "kv_cache_usage_permille",
+                "KV blocks held by requests, per mille",
+            ),
             kv_blocks_free: gauge(r, "kv_cache_free_blocks", "KV blocks no request holds"),
-            prefix_cache_queries: counter(r, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache"),
-            prefix_cache_hits: counter(r, "prefix_cache_hits_total", "Prompt tokens found in the prefix cache"),
+            prefix_cache_queries: counter(
+                r,
+                "prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache",
+            ),
+            prefix_cache_hits: counter(
+                r,
+                "prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache",
+            ),
             preemptions: counter(r, "num_preemptions_total", "Requests preempted (recompute)"),
-            prompt_tokens: counter(r, "prompt_tokens_total", "Prompt tokens of admitted requests"),
+            prompt_tokens: counter(
+                r,
+                "prompt_tokens_total",
+                "Prompt tokens of admitted requests",
+            ),
             generation_tokens: counter(r, "generation_tokens_total", "Generated tokens"),
             requests_finished,
-            scheduler_fallbacks: counter(r, "scheduler_fallbacks_total", "Steps scheduled by the built-in FCFS after an invalid plan or a plugin fault"),
-            sampler_fallbacks: counter(r, "sampler_fallbacks_total", "Steps sampled natively after a sampler plugin fault"),
+            scheduler_fallbacks: counter(
+                r,
+                "scheduler_fallbacks_total",
+                "Steps scheduled by the built-in FCFS after an invalid plan or a plugin fault",
+            ),
+            sampler_fallbacks: counter(
+                r,
+                "sampler_fallbacks_total",
+                "Steps sampled natively after a sampler plugin fault",
+            ),
             step_seconds,
             registry,
         }
@@ -85,7 +160,10 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
-        if TextEncoder::new().encode(&self.registry.gather(), &mut out).is_err() {
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .is_err()
+        {
             return String::new();
         }
         String::from_utf8(out).unwrap_or_default()

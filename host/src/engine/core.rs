@@ -344,6 +344,7 @@ impl EngineCore {
         let is_eos = !state.request.stop.ignore_eos && self.eos_token_ids.contains(&token);
         let is_stop_token = state.request.stop.stop_token_ids.contains(&token);
         let mut finish = None;
+        let mut stop_string_matched = false;
         let mut text = String::new();
         if is_eos || is_stop_token {
             finish = Some(FinishReason::Stop);
@@ -354,6 +355,7 @@ impl EngineCore {
                     StopOutcome::Stopped(t) => {
                         text = t;
                         finish = Some(FinishReason::Stop);
+                        stop_string_matched = true;
                     }
                 },
                 Ok(None) => {}
@@ -366,13 +368,21 @@ impl EngineCore {
         {
             finish = Some(FinishReason::Length);
         }
-        if finish == Some(FinishReason::Length) {
-            // The stream ends here: release held-back text and an incomplete character.
-            if let Ok(Some(rest)) = state.detokenizer.flush() {
-                let (StopOutcome::Continue(t) | StopOutcome::Stopped(t)) = state.stop.push(&rest);
-                text.push_str(&t);
+        if finish.is_some() && !stop_string_matched {
+            // The stream ends here: release text held back for a possible stop string and an
+            // incomplete character, unless a stop string ended it (then the rest is dropped).
+            let mut rest = match state.detokenizer.flush() {
+                Ok(Some(rest)) => rest,
+                _ => String::new(),
+            };
+            match state.stop.push(&rest) {
+                StopOutcome::Continue(t) => {
+                    text.push_str(&t);
+                    rest = state.stop.finish();
+                    text.push_str(&rest);
+                }
+                StopOutcome::Stopped(t) => text.push_str(&t),
             }
-            text.push_str(&state.stop.finish());
         }
         let _ = state.events.send(GenerationEvent::Delta {
             text,

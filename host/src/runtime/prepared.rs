@@ -160,7 +160,7 @@ impl RuntimeConfig {
 }
 
 fn bytes_of(buffer_dtype: DType, elements: u64) -> u64 {
-    elements.saturating_mul(buffer_dtype.size_bytes() as u64)
+    elements.saturating_mul(buffer_dtype.size_bytes())
 }
 
 impl Runtime {

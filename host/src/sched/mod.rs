@@ -12,5 +12,9 @@ pub use validate::{PlanError, validate_plan};
 
 /// The built-in policy: FCFS with defaults, run natively.
 pub fn fallback_plan(requests: &[RequestView], resources: &Resources) -> Plan {
-    plughost_scheduler_fcfs::schedule(requests, resources, &plughost_scheduler_fcfs::FcfsConfig::default())
+    plughost_scheduler_fcfs::schedule(
+        requests,
+        resources,
+        &plughost_scheduler_fcfs::FcfsConfig::default(),
+    )
 }

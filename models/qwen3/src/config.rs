@@ -128,13 +128,13 @@ impl TransformerConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("config.json: {name} must be positive"));
         }
-        if raw.num_attention_heads % kv_heads != 0 {
+        if !raw.num_attention_heads.is_multiple_of(kv_heads) {
             return Err(format!(
                 "config.json: num_attention_heads {} is not a multiple of num_key_value_heads {kv_heads}",
                 raw.num_attention_heads
             ));
         }
-        if head_dim % 2 != 0 {
+        if !head_dim.is_multiple_of(2) {
             return Err(format!(
                 "config.json: head_dim {head_dim} must be even for rotary embeddings"
             ));
