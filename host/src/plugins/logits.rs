@@ -333,7 +333,7 @@ mod tests {
         apply_penalties(&mut row, &history, &p);
         assert_eq!(
             row,
-            vec![1.0, (2.0 - 0.5 - 0.5) / 2.0, (-2.0 - 0.75) * 2.0, 2.0]
+            vec![1.0, 2.0 / 2.0 - 0.5 - 0.5, -2.0 * 2.0 - 0.75, 2.0]
         );
     }
 }
