@@ -162,21 +162,29 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
         logprobs: false,
         priority: 0,
     };
+    let submitted = std::time::Instant::now();
     let (_, mut events) = engine.submit(request).map_err(|e| e.to_string())?;
+    let mut first_token = None;
     let mut stdout = std::io::stdout().lock();
     while let Some(event) = events.blocking_recv() {
         match event {
             GenerationEvent::Delta { text, .. } => {
+                first_token.get_or_insert_with(std::time::Instant::now);
                 let _ = stdout.write_all(text.as_bytes());
                 let _ = stdout.flush();
             }
             GenerationEvent::Finished { reason, usage } => {
                 let _ = writeln!(stdout);
+                let ttft = first_token.map(|t| t - submitted).unwrap_or_default();
+                let decode = first_token.map(|t| t.elapsed()).unwrap_or_default();
+                let decode_rate = usage.completion_tokens.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9);
                 eprintln!(
-                    "[{} prompt tokens, {} generated, finish reason {}]",
+                    "[{} prompt tokens, {} generated, finish reason {}; time to first token {:.3} s, decode {:.1} tokens/s]",
                     usage.prompt_tokens,
                     usage.completion_tokens,
-                    reason.as_str()
+                    reason.as_str(),
+                    ttft.as_secs_f64(),
+                    decode_rate
                 );
                 break;
             }
