@@ -5,13 +5,21 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use plughost::engine::{EngineHandle, EngineOptions, EngineSetup, FinishReason, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::engine::{
+    EngineHandle, EngineOptions, EngineSetup, FinishReason, GenerationEvent, GenerationRequest,
+    StopConditions,
+};
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::SamplingParams;
 
 fn plugin(file: &str) -> PluginSpec {
-    PluginSpec { component: common::plugin_path(file), config: Default::default(), memory_mib: None, call_timeout_ms: None }
+    PluginSpec {
+        component: common::plugin_path(file),
+        config: Default::default(),
+        memory_mib: None,
+        call_timeout_ms: None,
+    }
 }
 
 fn start(options: EngineOptions) -> EngineHandle {
@@ -37,7 +45,10 @@ fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
         prompt_tokens: prompt,
         sampling: SamplingParams::GREEDY,
         max_tokens,
-        stop: StopConditions { ignore_eos: true, ..Default::default() },
+        stop: StopConditions {
+            ignore_eos: true,
+            ..Default::default()
+        },
         logprobs: false,
         priority: 0,
     }
@@ -64,12 +75,18 @@ fn collect(receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>>
 }
 
 fn run_together(engine: &EngineHandle, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    let receivers = requests.iter().map(|r| engine.submit(r.clone()).expect("submitted").1).collect();
+    let receivers = requests
+        .iter()
+        .map(|r| engine.submit(r.clone()).expect("submitted").1)
+        .collect();
     collect(receivers)
 }
 
 fn run_alone(engine: &EngineHandle, requests: &[GenerationRequest]) -> Vec<Vec<u32>> {
-    requests.iter().flat_map(|r| collect(vec![engine.submit(r.clone()).expect("submitted").1])).collect()
+    requests
+        .iter()
+        .flat_map(|r| collect(vec![engine.submit(r.clone()).expect("submitted").1]))
+        .collect()
 }
 
 /// Prompts of different lengths from a fixed pseudo-random stream over the 445 ordinary tokens.
@@ -79,7 +96,9 @@ fn prompts(count: usize) -> Vec<Vec<u32>> {
         .map(|i| {
             (0..(3 + (i * 7) % 40))
                 .map(|_| {
-                    state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
                     ((state >> 33) % 445) as u32
                 })
                 .collect()
@@ -90,7 +109,10 @@ fn prompts(count: usize) -> Vec<Vec<u32>> {
 fn metric(engine: &EngineHandle, name: &str) -> f64 {
     let text = engine.metrics().render();
     text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
         .unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
 }
 
@@ -103,7 +125,11 @@ fn thirty_two_concurrent_requests_match_their_solo_runs() {
         num_kv_blocks: Some(1024),
         ..Default::default()
     });
-    let requests: Vec<GenerationRequest> = prompts(32).into_iter().enumerate().map(|(i, p)| greedy(p, 8 + (i as u32 % 5) * 6)).collect();
+    let requests: Vec<GenerationRequest> = prompts(32)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| greedy(p, 8 + (i as u32 % 5) * 6))
+        .collect();
     let together = run_together(&engine, &requests);
     let alone = run_alone(&engine, &requests);
     for (i, (t, a)) in together.iter().zip(&alone).enumerate() {
@@ -126,18 +152,34 @@ fn a_kv_pool_too_small_for_everyone_preempts_and_still_gives_the_same_tokens() {
     });
     let requests: Vec<GenerationRequest> = prompts(8).into_iter().map(|p| greedy(p, 24)).collect();
     let together = run_together(&engine, &requests);
-    assert!(metric(&engine, "plughost_num_preemptions_total") > 0.0, "the pool is too small, so something was preempted");
+    assert!(
+        metric(&engine, "plughost_num_preemptions_total") > 0.0,
+        "the pool is too small, so something was preempted"
+    );
     let alone = run_alone(&engine, &requests);
     assert_eq!(together, alone);
-    assert_eq!(metric(&engine, "plughost_kv_cache_usage_permille"), 0.0, "every block is back");
+    assert_eq!(
+        metric(&engine, "plughost_kv_cache_usage_permille"),
+        0.0,
+        "every block is back"
+    );
     engine.shutdown();
 }
 
 #[test]
 fn a_shared_prefix_hits_the_cache_and_changes_nothing() {
-    let options = EngineOptions { max_num_seqs: 4, max_num_batched_tokens: 128, block_size: 4, num_kv_blocks: Some(256), ..Default::default() };
+    let options = EngineOptions {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 128,
+        block_size: 4,
+        num_kv_blocks: Some(256),
+        ..Default::default()
+    };
     let cached = start(options.clone());
-    let uncached = start(EngineOptions { enable_prefix_caching: false, ..options });
+    let uncached = start(EngineOptions {
+        enable_prefix_caching: false,
+        ..options
+    });
     let prefix = prompts(6).pop().expect("a long prompt");
     let first = greedy(prefix.iter().copied().chain([5, 6, 7]).collect(), 16);
     let second = greedy(prefix.iter().copied().chain([9, 10]).collect(), 16);
@@ -145,8 +187,15 @@ fn a_shared_prefix_hits_the_cache_and_changes_nothing() {
     let hits_before = metric(&cached, "plughost_prefix_cache_hits_total");
     let b = run_alone(&cached, std::slice::from_ref(&second));
     let hits = metric(&cached, "plughost_prefix_cache_hits_total") - hits_before;
-    assert!(hits >= (prefix.len() / 4 * 4) as f64 - 4.0, "the shared prefix's full blocks hit: {hits} of {}", prefix.len());
-    assert_eq!(run_alone(&uncached, &[first, second]), vec![a[0].clone(), b[0].clone()]);
+    assert!(
+        hits >= (prefix.len() / 4 * 4) as f64 - 4.0,
+        "the shared prefix's full blocks hit: {hits} of {}",
+        prefix.len()
+    );
+    assert_eq!(
+        run_alone(&uncached, &[first, second]),
+        vec![a[0].clone(), b[0].clone()]
+    );
     cached.shutdown();
     uncached.shutdown();
 }

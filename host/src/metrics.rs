@@ -1,8 +1,8 @@
 //! The server's Prometheus metrics: request latencies, queue and KV state, prefix cache, step time split.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Every metric the engine records, registered in one registry.
@@ -27,6 +27,8 @@ pub struct Metrics {
     pub sampler_fallbacks: IntCounter,
     /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
     pub step_seconds: HistogramVec,
+    /// The device's own counters, copied after every step and at shutdown.
+    pub device: IntGaugeVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -91,7 +93,16 @@ impl Metrics {
         registry
             .register(Box::new(step_seconds.clone()))
             .expect("metric names are unique");
+        let device = IntGaugeVec::new(
+            Opts::new("device", "The device's counters: allocations, frees, live allocations and bytes, bytes and calls each way, launches"),
+            &["counter"],
+        )
+        .expect("valid gauge options");
+        registry
+            .register(Box::new(device.clone()))
+            .expect("metric names are unique");
         Metrics {
+            device,
             time_to_first_token: histogram(
                 r,
                 "time_to_first_token_seconds",
@@ -154,6 +165,23 @@ impl Metrics {
             ),
             step_seconds,
             registry,
+        }
+    }
+
+    /// Copies the device's counters into the `device` gauges.
+    pub fn record_device(&self, stats: &crate::device::DeviceStats) {
+        for (name, value) in [
+            ("allocations", stats.allocations),
+            ("frees", stats.frees),
+            ("live_allocations", stats.live_allocations),
+            ("live_bytes", stats.live_bytes),
+            ("h2d_bytes", stats.h2d_bytes),
+            ("h2d_calls", stats.h2d_calls),
+            ("d2h_bytes", stats.d2h_bytes),
+            ("d2h_calls", stats.d2h_calls),
+            ("launches", stats.launches),
+        ] {
+            self.device.with_label_values(&[name]).set(value as i64);
         }
     }
 

@@ -457,6 +457,9 @@ impl EngineCore {
     }
 
     fn update_gauges(&mut self) {
+        if let Ok(stats) = self.runtime.device().stats() {
+            self.metrics.record_device(&stats);
+        }
         self.metrics.requests_running.set(self.running.len() as i64);
         self.metrics.requests_waiting.set(self.waiting.len() as i64);
         self.metrics

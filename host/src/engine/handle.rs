@@ -225,6 +225,9 @@ fn run_engine(
     let mut core = match load_engine(&setup, metrics) {
         Ok((core, summary)) => {
             tracing::info!(model = %setup.model_dir.display(), seconds = started.elapsed().as_secs_f64(), "model ready");
+            if let Ok(stats) = core.runtime.device().stats() {
+                core.metrics.record_device(&stats);
+            }
             set_load_state(&load, LoadState::Ready(Box::new(summary)));
             core
         }
@@ -272,8 +275,21 @@ fn run_engine(
             Err(e) => tracing::error!(path = %path.display(), "cannot write the profile: {e}"),
         }
     }
-    if let Err(e) = core.runtime.close() {
-        tracing::error!("closing the runtime failed: {e}");
+    let metrics = core.metrics.clone();
+    match core.runtime.into_device() {
+        Ok(device) => {
+            if let Ok(stats) = device.stats() {
+                metrics.record_device(&stats);
+                if stats.live_allocations > 0 {
+                    tracing::warn!(
+                        live = stats.live_allocations,
+                        "device buffers still live after the runtime released its own"
+                    );
+                }
+            }
+            device.close();
+        }
+        Err(e) => tracing::error!("closing the runtime failed: {e}"),
     }
 }
 
