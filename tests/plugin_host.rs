@@ -180,7 +180,10 @@ fn sampler_returns_the_argmax_at_temperature_zero() {
         .map(|request| SequenceToSample {
             request,
             position: 0,
-            params: SamplingParams::GREEDY,
+            params: SamplingParams {
+                logprobs: true,
+                ..SamplingParams::GREEDY
+            },
         })
         .collect();
     let sampled = sampler.sample(&mut batch, &sequences).expect("sample call");

@@ -216,6 +216,7 @@ fn main() {
         temperature: 0.8,
         top_p: 0.95,
         seed: 7,
+        logprobs: true,
         num_top_logprobs: 5,
         ..SamplingParams::GREEDY
     };
@@ -235,6 +236,7 @@ fn main() {
         SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
+            logprobs: false,
             num_top_logprobs: 0,
             ..sampled
         },

@@ -285,6 +285,8 @@ fn sampling_params(fields: &SamplingFields) -> Result<SamplingParams, ApiError> 
         min_p,
         penalties,
         seed: 0,
+        // The engine turns log-probabilities on for requests that return them.
+        logprobs: false,
         num_top_logprobs: 0,
     })
 }

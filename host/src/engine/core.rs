@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plughost_sdk::sampler::Sampled;
+use plughost_sdk::sampler::{Sampled, SamplingParams};
 
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
@@ -291,7 +291,11 @@ impl EngineCore {
             sequences.push(SequenceToSample {
                 request: *id,
                 position: state.output.len() as u32,
-                params: state.request.sampling,
+                // Log-probabilities cost a pass over the row; only requests that return them pay it.
+                params: SamplingParams {
+                    logprobs: state.request.logprobs,
+                    ..state.request.sampling
+                },
             });
         }
         let from_plugin = self

@@ -166,6 +166,7 @@ fn params_to_wit(p: &SamplingParams) -> wit::SamplingParams {
             repetition: p.penalties.repetition,
         },
         seed: p.seed,
+        logprobs: p.logprobs,
         num_top_logprobs: p.num_top_logprobs,
     }
 }

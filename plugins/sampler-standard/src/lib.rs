@@ -109,6 +109,7 @@ mod tests {
             temperature: 1.0,
             top_p: 0.9,
             seed,
+            logprobs: true,
             num_top_logprobs: 2,
             ..SamplingParams::GREEDY
         };

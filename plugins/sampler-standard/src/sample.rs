@@ -72,6 +72,13 @@ pub fn sample_sequence<R: LogitsRow + ?Sized>(
         row.apply_penalties(&params.penalties);
     }
     let token = choose(row, params, vocab_size, position);
+    if !params.logprobs {
+        return Sampled {
+            token,
+            logprob: f32::NAN,
+            top_logprobs: Vec::new(),
+        };
+    }
     with_logprobs(row, token, params.num_top_logprobs, vocab_size)
 }
 
@@ -543,6 +550,7 @@ mod tests {
         best.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
         for temperature in [0.0, 0.7, 1.5] {
             let p = SamplingParams {
+                logprobs: true,
                 num_top_logprobs: 5,
                 ..params(temperature, 0, 1.0, 0.0, 3)
             };
@@ -559,6 +567,7 @@ mod tests {
         let all = sample(
             &logits,
             &SamplingParams {
+                logprobs: true,
                 num_top_logprobs: 1000,
                 ..SamplingParams::GREEDY
             },
@@ -641,6 +650,7 @@ mod tests {
             (params(0.8, 0, 1.0, 0.1, 1), u64::from(FIRST_CHUNK)),
             (
                 SamplingParams {
+                    logprobs: true,
                     num_top_logprobs: 5,
                     ..SamplingParams::GREEDY
                 },
@@ -682,6 +692,7 @@ mod tests {
                     frequency: 1.0,
                     repetition: 0.0,
                 },
+                logprobs: true,
                 num_top_logprobs: u32::MAX,
                 ..params(1.0, 0, 0.9, 0.0, u64::MAX)
             },

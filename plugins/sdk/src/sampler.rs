@@ -43,6 +43,8 @@ pub struct SamplingParams {
     pub min_p: f32,
     pub penalties: Penalties,
     pub seed: u64,
+    /// Compute log-probabilities; when false `Sampled::logprob` is NaN.
+    pub logprobs: bool,
     pub num_top_logprobs: u32,
 }
 
@@ -55,6 +57,7 @@ impl SamplingParams {
         min_p: 0.0,
         penalties: Penalties::NONE,
         seed: 0,
+        logprobs: false,
         num_top_logprobs: 0,
     };
 }
@@ -194,6 +197,7 @@ pub mod adapter {
             min_p: p.min_p,
             penalties: penalties(p.penalties),
             seed: p.seed,
+            logprobs: p.logprobs,
             num_top_logprobs: p.num_top_logprobs,
         }
     }
