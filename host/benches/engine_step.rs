@@ -1,0 +1,155 @@
+//! Per-step host overhead of the engine: 64 running decodes on the mock device with a 151,936-token vocabulary.
+//!
+//! Run with `cargo xtask bench-engine`. The mock device does almost no
+//! arithmetic, so what a step costs beyond its reported device time is the
+//! host's share: scheduling (a plugin call), input refresh, dispatch, reading
+//! the logits, sampling (a plugin call over 64 rows of 151,936 logits) and
+//! emitting. The figures are means over every step, from the engine's own
+//! step metrics.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use plughost::engine::{EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::metrics::Metrics;
+use plughost::plugins::PluginSpec;
+use plughost_sdk::sampler::SamplingParams;
+
+const VOCAB: usize = 151_936;
+const HIDDEN: usize = 64;
+const SEQUENCES: usize = 64;
+const NEW_TOKENS: u32 = 128;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn env_dir(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| workspace().join(default))
+}
+
+/// A one-layer Qwen3-shaped model with the real vocabulary size and the real Qwen3 tokenizer.
+fn write_model(dir: &Path) {
+    std::fs::create_dir_all(dir).expect("model folder");
+    let config = serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"], "hidden_size": HIDDEN, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": VOCAB, "max_position_embeddings": 4096, "tie_word_embeddings": true, "eos_token_id": 151645
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config.json");
+    let shapes: Vec<(String, Vec<usize>)> = [
+        ("model.embed_tokens.weight".to_string(), vec![VOCAB, HIDDEN]),
+        ("model.norm.weight".into(), vec![HIDDEN]),
+        ("model.layers.0.input_layernorm.weight".into(), vec![HIDDEN]),
+        ("model.layers.0.post_attention_layernorm.weight".into(), vec![HIDDEN]),
+        ("model.layers.0.self_attn.q_proj.weight".into(), vec![64, HIDDEN]),
+        ("model.layers.0.self_attn.k_proj.weight".into(), vec![32, HIDDEN]),
+        ("model.layers.0.self_attn.v_proj.weight".into(), vec![32, HIDDEN]),
+        ("model.layers.0.self_attn.o_proj.weight".into(), vec![HIDDEN, 64]),
+        ("model.layers.0.self_attn.q_norm.weight".into(), vec![16]),
+        ("model.layers.0.self_attn.k_norm.weight".into(), vec![16]),
+        ("model.layers.0.mlp.gate_proj.weight".into(), vec![128, HIDDEN]),
+        ("model.layers.0.mlp.up_proj.weight".into(), vec![128, HIDDEN]),
+        ("model.layers.0.mlp.down_proj.weight".into(), vec![HIDDEN, 128]),
+    ]
+    .into_iter()
+    .collect();
+    let data: Vec<(String, Vec<u8>, Vec<usize>)> = shapes
+        .into_iter()
+        .map(|(name, shape)| {
+            let n: usize = shape.iter().product();
+            let bytes = (0..n).flat_map(|i| (((i * 7919) % 97) as f32 * 0.01 - 0.48).to_le_bytes()).collect();
+            (name, bytes, shape)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+        .iter()
+        .map(|(name, bytes, shape)| {
+            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).expect("view"))
+        })
+        .collect();
+    let file = safetensors::serialize(views, None).expect("serialize");
+    std::fs::write(dir.join("model.safetensors"), file).expect("model.safetensors");
+    let tokenizer = env_dir("PLUGHOST_QWEN3_TOKENIZER_DIR", "target/fixtures/qwen3-tokenizer");
+    for name in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(tokenizer.join(name), dir.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask test` once to fetch the Qwen3 tokenizer", tokenizer.join(name).display()));
+    }
+}
+
+fn metric_sum_count(text: &str, part: &str) -> (f64, f64) {
+    let value = |suffix: &str| {
+        let prefix = format!("plughost_step_seconds_{suffix}{{part=\"{part}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+    };
+    (value("sum"), value("count"))
+}
+
+fn main() {
+    let plugins = env_dir("PLUGHOST_PLUGINS_DIR", "target/plugins");
+    let model = std::env::temp_dir().join("plughost-bench-vocab-151936");
+    write_model(&model);
+    let spec = |file: &str| PluginSpec { component: plugins.join(file), config: Default::default(), memory_mib: None, call_timeout_ms: None };
+    let metrics = Arc::new(Metrics::new());
+    let setup = EngineSetup {
+        model_dir: model.clone(),
+        model_name: "bench".into(),
+        device_library: plugins.join("libplughost_device_mock.so"),
+        device_config: String::new(),
+        glue: spec("plughost_model_qwen3.wasm"),
+        scheduler: Some(spec("plughost_scheduler_fcfs.wasm")),
+        sampler: Some(spec("plughost_sampler_standard.wasm")),
+        component_cache: Some(std::env::temp_dir().join("plughost-bench-component-cache")),
+        options: EngineOptions {
+            max_num_seqs: SEQUENCES as u32,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            num_kv_blocks: Some(2048),
+            max_model_len: Some(1024),
+            ..Default::default()
+        },
+        profile_output: None,
+    };
+    let engine = EngineHandle::start(setup, metrics.clone()).expect("engine starts");
+    engine.wait_ready().expect("model loads");
+    let started = Instant::now();
+    let receivers: Vec<_> = (0..SEQUENCES as u32)
+        .map(|i| {
+            let request = GenerationRequest {
+                prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
+                sampling: SamplingParams::GREEDY,
+                max_tokens: NEW_TOKENS,
+                stop: StopConditions { ignore_eos: true, ..Default::default() },
+                logprobs: false,
+                priority: 0,
+            };
+            engine.submit(request).expect("submitted").1
+        })
+        .collect();
+    for mut rx in receivers {
+        while let Some(event) = rx.blocking_recv() {
+            if matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. }) {
+                break;
+            }
+        }
+    }
+    let wall = started.elapsed();
+    let text = metrics.render();
+    let (_, steps) = metric_sum_count(&text, "device");
+    println!("{SEQUENCES} sequences x {NEW_TOKENS} tokens, vocabulary {VOCAB}, mock device: {steps} steps in {:.2} s", wall.as_secs_f64());
+    println!("{:<16} {:>12}", "part", "µs per step");
+    let mut host = 0.0;
+    for part in ["schedule", "prepare_inputs", "dispatch", "read_logits", "sample", "emit", "device"] {
+        let (sum, count) = metric_sum_count(&text, part);
+        let per_step = if count > 0.0 { sum / steps * 1e6 } else { 0.0 };
+        if part != "device" {
+            host += per_step;
+        }
+        println!("{part:<16} {per_step:>12.1}");
+    }
+    println!("{:<16} {:>12.1}", "host total", host);
+    println!("{:<16} {:>12.1}", "wall per step", wall.as_secs_f64() / steps * 1e6);
+    engine.shutdown();
+    let _ = std::fs::remove_dir_all(model);
+}
