@@ -103,3 +103,53 @@ pub fn fetch_qwen3_tokenizer(root: &Path, target_dir: &Path) -> Result<PathBuf> 
     }
     Ok(out)
 }
+
+/// A Python environment with the test clients of `tests/clients/requirements.txt`, made once.
+pub fn test_python(root: &Path, target_dir: &Path) -> Result<PathBuf> {
+    let requirements = root.join("tests/clients/requirements.txt");
+    let wanted = std::fs::read_to_string(&requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let env = target_dir.join("test-python");
+    let python = env.join("bin/python");
+    let marker = env.join("installed-requirements.txt");
+    if python.is_file()
+        && std::fs::read_to_string(&marker).is_ok_and(|installed| installed == wanted)
+    {
+        return Ok(python);
+    }
+    eprintln!(
+        "installing the test clients ({}) into {}",
+        requirements.display(),
+        env.display()
+    );
+    let status = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&env)
+        .status()
+        .context(
+            "running python3 -m venv: the API tests drive the server with the openai Python client",
+        )?;
+    if !status.success() {
+        bail!("python3 -m venv {} failed ({status})", env.display());
+    }
+    let status = Command::new(&python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-r",
+        ])
+        .arg(&requirements)
+        .status()
+        .context("running pip")?;
+    if !status.success() {
+        bail!(
+            "pip install -r {} failed ({status})",
+            requirements.display()
+        );
+    }
+    std::fs::write(&marker, wanted)?;
+    Ok(python)
+}

