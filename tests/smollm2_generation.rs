@@ -1,0 +1,160 @@
+//! SmolLM2-135M-Instruct end to end on the CPU device: greedy continuations and log-probabilities against `transformers`, and a chat answer over HTTP.
+
+#[path = "api_support.rs"]
+mod api_support;
+mod common;
+// Only part of the shared support module is used here.
+#[allow(dead_code)]
+#[path = "smollm2_support.rs"]
+mod smollm2_support;
+
+use std::sync::Arc;
+
+use plughost::api::ApiConfig;
+use plughost::engine::{
+    EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
+};
+use plughost::metrics::Metrics;
+use plughost::plugins::PluginSpec;
+use plughost_sdk::sampler::SamplingParams;
+use serde_json::json;
+
+fn plugin(file: &str) -> PluginSpec {
+    PluginSpec {
+        component: common::plugin_path(file),
+        config: Default::default(),
+        memory_mib: None,
+        call_timeout_ms: None,
+    }
+}
+
+fn start_engine() -> Arc<EngineHandle> {
+    let setup = EngineSetup {
+        model_dir: smollm2_support::model_dir(),
+        model_name: "smollm2-135m-instruct".into(),
+        device_library: common::plugin_path("libplughost_device_cpu.so"),
+        device_config: String::new(),
+        glue: plugin("plughost_model_qwen3.wasm"),
+        scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),
+        sampler: Some(plugin("plughost_sampler_standard.wasm")),
+        component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+        options: EngineOptions {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 512,
+            max_model_len: Some(1024),
+            ..Default::default()
+        },
+        profile_output: None,
+    };
+    let engine =
+        Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).expect("engine starts"));
+    engine.wait_ready().expect("SmolLM2 loads");
+    engine
+}
+
+/// Reference `[16, 50]` top logits and `[16]` log-sum-exp of a prompt, as logprobs of the top-1 token.
+fn reference_top1_logprobs(name: &str) -> Vec<f32> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/smollm2/reference.safetensors");
+    let bytes = std::fs::read(path).expect("reference.safetensors");
+    let file = safetensors::SafeTensors::deserialize(&bytes).expect("parses");
+    let floats = |tensor: &str| -> Vec<f32> {
+        let view = file.tensor(tensor).expect("reference tensor");
+        view.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let top = floats(&format!("{name}.top_logits"));
+    let lse = floats(&format!("{name}.logsumexp"));
+    lse.iter()
+        .enumerate()
+        .map(|(row, l)| top[row * 50] - l)
+        .collect()
+}
+
+#[test]
+fn greedy_continuations_and_logprobs_match_transformers() {
+    let engine = start_engine();
+    for case in smollm2_support::reference().generation {
+        let request = GenerationRequest {
+            prompt_tokens: case.token_ids.clone(),
+            sampling: SamplingParams::GREEDY,
+            max_tokens: case.generated_token_ids.len() as u32,
+            stop: StopConditions {
+                ignore_eos: true,
+                ..Default::default()
+            },
+            logprobs: true,
+            priority: 0,
+        };
+        let (_, mut events) = engine.submit(request).expect("submitted");
+        let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                GenerationEvent::Delta {
+                    token_ids,
+                    logprobs: lp,
+                    ..
+                } => {
+                    tokens.extend(token_ids);
+                    logprobs.extend(lp.into_iter().map(|l| l.logprob));
+                }
+                GenerationEvent::Finished { .. } => break,
+                GenerationEvent::Failed { message } => panic!("{}: {message}", case.name),
+            }
+        }
+        let want = reference_top1_logprobs(&case.name);
+        for (k, (got, want)) in logprobs.iter().zip(&want).enumerate() {
+            assert!(
+                (got - want).abs() <= 1e-3,
+                "{} position {k}: logprob {got} vs {want}",
+                case.name
+            );
+        }
+        assert_eq!(
+            tokens, case.generated_token_ids,
+            "{}: greedy continuation",
+            case.name
+        );
+    }
+    engine.shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chat_api_knows_the_capital_of_france() {
+    let engine = tokio::task::spawn_blocking(start_engine)
+        .await
+        .expect("engine thread");
+    let base = format!(
+        "http://{}",
+        api_support::spawn_server(engine.clone(), ApiConfig::default())
+    );
+    let body = json!({
+        "model": "smollm2-135m-instruct",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 32,
+        "temperature": 0
+    });
+    let response: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("JSON answer");
+    let answer = response["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(answer.contains("Paris"), "answer: {response}");
+    assert_eq!(
+        answer,
+        smollm2_support::reference().answer.text,
+        "the same answer as transformers"
+    );
+    tokio::task::spawn_blocking(move || engine.shutdown())
+        .await
+        .expect("shutdown");
+}
