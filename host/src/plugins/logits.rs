@@ -76,15 +76,22 @@ fn key(v: f32) -> f32 {
 }
 
 pub fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in row.iter().enumerate() {
-        if key(v) > best_value {
-            best_value = key(v);
-            best = i;
+    // Two passes that vectorize: the maximum over eight independent lanes (`f32::max`
+    // ignores NaN), then the first index holding it.
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = row.chunks_exact(8);
+    let rest = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.max(v);
         }
     }
-    best as u32
+    let best = lanes
+        .iter()
+        .chain(rest)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    row.iter().position(|&v| v == best).unwrap_or(0) as u32
 }
 
 /// The `k` largest values, largest first; ties keep the lower index first.

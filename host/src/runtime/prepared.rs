@@ -80,7 +80,6 @@ pub struct Runtime {
     mirror: InputMirror,
     write_bytes: Vec<u8>,
     launch_args: Vec<TensorArg>,
-    logits_bytes: Vec<u8>,
 }
 
 fn dtype(d: glue::Dtype) -> DType {
@@ -399,7 +398,6 @@ impl Runtime {
             mirror: InputMirror::default(),
             write_bytes: Vec::new(),
             launch_args: Vec::with_capacity(widest),
-            logits_bytes: Vec::new(),
         }
     }
 
@@ -478,16 +476,15 @@ impl Runtime {
 
         let read_started = Instant::now();
         let values = extents.emitting as usize * self.info.vocab_size as usize;
-        self.logits_bytes.resize(values * 4, 0);
+        // Read straight into the f32 rows: one copy, not two.
+        logits.resize(values, 0.0);
         if values > 0 {
-            self.device.read(self.logits, 0, &mut self.logits_bytes)?;
+            self.device.read(
+                self.logits,
+                0,
+                bytemuck::cast_slice_mut(logits.as_mut_slice()),
+            )?;
         }
-        logits.clear();
-        logits.extend(
-            self.logits_bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
         Ok(StepTiming {
             prepare_inputs: Duration::ZERO,
             dispatch,
