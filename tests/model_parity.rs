@@ -142,7 +142,7 @@ impl Driver {
     fn step(&mut self, seqs: &mut [&mut Sequence], chunk: usize) {
         let mut spans = Vec::new();
         for seq in seqs.iter_mut() {
-            let end = (seq.computed + chunk).min(seq.tokens.len());
+            let end = seq.computed.saturating_add(chunk).min(seq.tokens.len());
             self.reserve(seq, end);
             spans.push((seq.computed, end));
         }
