@@ -364,3 +364,76 @@ fn four_ways_of_running_agree() {
         }
     }
 }
+
+/// Copies a fixture checkpoint into a temp folder with its config.json edited by `edit`.
+fn edited_copy(name: &str, case: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name);
+    let to = std::env::temp_dir().join(format!("plughost-bad-{case}-{}", std::process::id()));
+    std::fs::create_dir_all(&to).expect("temp folder");
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(from.join(file), to.join(file)).expect("copy");
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(from.join("config.json")).expect("config"))
+            .expect("JSON");
+    edit(&mut config);
+    std::fs::write(to.join("config.json"), config.to_string()).expect("write config");
+    to
+}
+
+#[test]
+fn loading_a_bad_checkpoint_names_the_problem() {
+    let cases: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+        (
+            "architecture",
+            |c| c["architectures"] = serde_json::json!(["MixtralForCausalLM"]),
+            "unsupported architecture MixtralForCausalLM",
+        ),
+        (
+            "shape",
+            |c| c["intermediate_size"] = serde_json::json!(96),
+            "model.layers.0.mlp.gate_proj.weight",
+        ),
+        (
+            "bias",
+            |c| c["attention_bias"] = serde_json::json!(true),
+            "attention_bias",
+        ),
+    ];
+    let plugins = PluginRuntime::new(RuntimeOptions {
+        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+    })
+    .expect("plugin runtime");
+    let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
+        .expect("cpu device loads");
+    for (case, edit, message) in cases {
+        let dir = edited_copy("tiny-qwen3", case, edit);
+        let mut glue = GluePlugin::load(
+            &plugins,
+            &common::plugin_path("plughost_model_qwen3.wasm"),
+            "",
+            InstanceLimits::default(),
+        )
+        .expect("glue loads");
+        let device = Device::open(&library, "").expect("device opens");
+        let config = RuntimeConfig {
+            max_num_seqs: 2,
+            max_num_batched_tokens: 16,
+            block_size: BLOCK_SIZE,
+            num_kv_blocks: 8,
+            max_model_len: 32,
+        };
+        let error = match load_model(device, &mut glue, &dir, config) {
+            Ok(_) => panic!("{case}: a bad checkpoint loaded"),
+            Err(e) => e.to_string(),
+        };
+        assert!(error.contains(message), "{case}: {error}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
