@@ -389,7 +389,8 @@ fn edited_copy(name: &str, case: &str, edit: impl Fn(&mut serde_json::Value)) ->
 
 #[test]
 fn loading_a_bad_checkpoint_names_the_problem() {
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 3] = [
+    type Edit = fn(&mut serde_json::Value);
+    let cases: [(&str, Edit, &str); 3] = [
         (
             "architecture",
             |c| c["architectures"] = serde_json::json!(["MixtralForCausalLM"]),
