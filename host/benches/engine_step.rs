@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use plughost::engine::{EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::engine::{
+    EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
+};
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::SamplingParams;
@@ -26,7 +28,9 @@ fn workspace() -> PathBuf {
 }
 
 fn env_dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| workspace().join(default))
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(default))
 }
 
 /// A one-layer Qwen3-shaped model with the real vocabulary size and the real Qwen3 tokenizer.
@@ -42,16 +46,40 @@ fn write_model(dir: &Path) {
         ("model.embed_tokens.weight".to_string(), vec![VOCAB, HIDDEN]),
         ("model.norm.weight".into(), vec![HIDDEN]),
         ("model.layers.0.input_layernorm.weight".into(), vec![HIDDEN]),
-        ("model.layers.0.post_attention_layernorm.weight".into(), vec![HIDDEN]),
-        ("model.layers.0.self_attn.q_proj.weight".into(), vec![64, HIDDEN]),
-        ("model.layers.0.self_attn.k_proj.weight".into(), vec![32, HIDDEN]),
-        ("model.layers.0.self_attn.v_proj.weight".into(), vec![32, HIDDEN]),
-        ("model.layers.0.self_attn.o_proj.weight".into(), vec![HIDDEN, 64]),
+        (
+            "model.layers.0.post_attention_layernorm.weight".into(),
+            vec![HIDDEN],
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight".into(),
+            vec![64, HIDDEN],
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight".into(),
+            vec![32, HIDDEN],
+        ),
+        (
+            "model.layers.0.self_attn.v_proj.weight".into(),
+            vec![32, HIDDEN],
+        ),
+        (
+            "model.layers.0.self_attn.o_proj.weight".into(),
+            vec![HIDDEN, 64],
+        ),
         ("model.layers.0.self_attn.q_norm.weight".into(), vec![16]),
         ("model.layers.0.self_attn.k_norm.weight".into(), vec![16]),
-        ("model.layers.0.mlp.gate_proj.weight".into(), vec![128, HIDDEN]),
-        ("model.layers.0.mlp.up_proj.weight".into(), vec![128, HIDDEN]),
-        ("model.layers.0.mlp.down_proj.weight".into(), vec![HIDDEN, 128]),
+        (
+            "model.layers.0.mlp.gate_proj.weight".into(),
+            vec![128, HIDDEN],
+        ),
+        (
+            "model.layers.0.mlp.up_proj.weight".into(),
+            vec![128, HIDDEN],
+        ),
+        (
+            "model.layers.0.mlp.down_proj.weight".into(),
+            vec![HIDDEN, 128],
+        ),
     ]
     .into_iter()
     .collect();
@@ -59,29 +87,45 @@ fn write_model(dir: &Path) {
         .into_iter()
         .map(|(name, shape)| {
             let n: usize = shape.iter().product();
-            let bytes = (0..n).flat_map(|i| (((i * 7919) % 97) as f32 * 0.01 - 0.48).to_le_bytes()).collect();
+            let bytes = (0..n)
+                .flat_map(|i| (((i * 7919) % 97) as f32 * 0.01 - 0.48).to_le_bytes())
+                .collect();
             (name, bytes, shape)
         })
         .collect();
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
         .iter()
         .map(|(name, bytes, shape)| {
-            (name.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes).expect("view"))
+            (
+                name.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .expect("view"),
+            )
         })
         .collect();
     let file = safetensors::serialize(views, None).expect("serialize");
     std::fs::write(dir.join("model.safetensors"), file).expect("model.safetensors");
-    let tokenizer = env_dir("PLUGHOST_QWEN3_TOKENIZER_DIR", "target/fixtures/qwen3-tokenizer");
+    let tokenizer = env_dir(
+        "PLUGHOST_QWEN3_TOKENIZER_DIR",
+        "target/fixtures/qwen3-tokenizer",
+    );
     for name in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(tokenizer.join(name), dir.join(name))
-            .unwrap_or_else(|e| panic!("{}: {e}; run `cargo xtask test` once to fetch the Qwen3 tokenizer", tokenizer.join(name).display()));
+        std::fs::copy(tokenizer.join(name), dir.join(name)).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}; run `cargo xtask test` once to fetch the Qwen3 tokenizer",
+                tokenizer.join(name).display()
+            )
+        });
     }
 }
 
 fn metric_sum_count(text: &str, part: &str) -> (f64, f64) {
     let value = |suffix: &str| {
         let prefix = format!("plughost_step_seconds_{suffix}{{part=\"{part}\"}} ");
-        text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
     };
     (value("sum"), value("count"))
 }
@@ -90,7 +134,12 @@ fn main() {
     let plugins = env_dir("PLUGHOST_PLUGINS_DIR", "target/plugins");
     let model = std::env::temp_dir().join("plughost-bench-vocab-151936");
     write_model(&model);
-    let spec = |file: &str| PluginSpec { component: plugins.join(file), config: Default::default(), memory_mib: None, call_timeout_ms: None };
+    let spec = |file: &str| PluginSpec {
+        component: plugins.join(file),
+        config: Default::default(),
+        memory_mib: None,
+        call_timeout_ms: None,
+    };
     let metrics = Arc::new(Metrics::new());
     let setup = EngineSetup {
         model_dir: model.clone(),
@@ -120,7 +169,10 @@ fn main() {
                 prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
                 sampling: SamplingParams::GREEDY,
                 max_tokens: NEW_TOKENS,
-                stop: StopConditions { ignore_eos: true, ..Default::default() },
+                stop: StopConditions {
+                    ignore_eos: true,
+                    ..Default::default()
+                },
                 logprobs: false,
                 priority: 0,
             };
@@ -129,7 +181,10 @@ fn main() {
         .collect();
     for mut rx in receivers {
         while let Some(event) = rx.blocking_recv() {
-            if matches!(event, GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. }) {
+            if matches!(
+                event,
+                GenerationEvent::Finished { .. } | GenerationEvent::Failed { .. }
+            ) {
                 break;
             }
         }
@@ -137,10 +192,21 @@ fn main() {
     let wall = started.elapsed();
     let text = metrics.render();
     let (_, steps) = metric_sum_count(&text, "device");
-    println!("{SEQUENCES} sequences x {NEW_TOKENS} tokens, vocabulary {VOCAB}, mock device: {steps} steps in {:.2} s", wall.as_secs_f64());
+    println!(
+        "{SEQUENCES} sequences x {NEW_TOKENS} tokens, vocabulary {VOCAB}, mock device: {steps} steps in {:.2} s",
+        wall.as_secs_f64()
+    );
     println!("{:<16} {:>12}", "part", "µs per step");
     let mut host = 0.0;
-    for part in ["schedule", "prepare_inputs", "dispatch", "read_logits", "sample", "emit", "device"] {
+    for part in [
+        "schedule",
+        "prepare_inputs",
+        "dispatch",
+        "read_logits",
+        "sample",
+        "emit",
+        "device",
+    ] {
         let (sum, count) = metric_sum_count(&text, part);
         let per_step = if count > 0.0 { sum / steps * 1e6 } else { 0.0 };
         if part != "device" {
@@ -149,7 +215,11 @@ fn main() {
         println!("{part:<16} {per_step:>12.1}");
     }
     println!("{:<16} {:>12.1}", "host total", host);
-    println!("{:<16} {:>12.1}", "wall per step", wall.as_secs_f64() / steps * 1e6);
+    println!(
+        "{:<16} {:>12.1}",
+        "wall per step",
+        wall.as_secs_f64() / steps * 1e6
+    );
     engine.shutdown();
     let _ = std::fs::remove_dir_all(model);
 }

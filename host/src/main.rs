@@ -177,7 +177,8 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
                 let _ = writeln!(stdout);
                 let ttft = first_token.map(|t| t - submitted).unwrap_or_default();
                 let decode = first_token.map(|t| t.elapsed()).unwrap_or_default();
-                let decode_rate = usage.completion_tokens.saturating_sub(1) as f64 / decode.as_secs_f64().max(1e-9);
+                let decode_rate = usage.completion_tokens.saturating_sub(1) as f64
+                    / decode.as_secs_f64().max(1e-9);
                 eprintln!(
                     "[{} prompt tokens, {} generated, finish reason {}; time to first token {:.3} s, decode {:.1} tokens/s]",
                     usage.prompt_tokens,
