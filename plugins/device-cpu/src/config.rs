@@ -3,6 +3,8 @@
 use std::num::NonZeroUsize;
 use std::thread;
 
+use plughost_device_abi::config::{ConfigError, ConfigSpec};
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuConfig {
     /// Worker threads for one launch; 1 runs every kernel on the calling thread.
@@ -17,49 +19,20 @@ impl Default for CpuConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    #[error("cpu device option `{option}` is not of the form key=value")]
-    NotKeyValue { option: String },
-    #[error("unknown cpu device option `{key}` (known: threads)")]
-    UnknownKey { key: String },
-    #[error("cpu device option `{key}` must be a positive integer, got `{value}`")]
-    NotAPositiveNumber { key: String, value: String },
-    #[error("cpu device option `{key}` is given twice")]
-    Duplicate { key: String },
-}
+/// The options `CpuConfig::parse` understands.
+const SPEC: ConfigSpec = ConfigSpec {
+    device: "cpu",
+    known_keys: &["threads"],
+};
 
 impl CpuConfig {
     /// Parses e.g. `threads=2`; the empty string keeps the defaults.
     pub fn parse(text: &str) -> Result<CpuConfig, ConfigError> {
         let mut config = CpuConfig::default();
-        let mut seen_keys: Vec<&str> = Vec::new();
-        for option in text.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            let (key, value) = option
-                .split_once('=')
-                .ok_or_else(|| ConfigError::NotKeyValue {
-                    option: option.to_string(),
-                })?;
-            let (key, value) = (key.trim(), value.trim());
-            if seen_keys.contains(&key) {
-                return Err(ConfigError::Duplicate {
-                    key: key.to_string(),
-                });
-            }
-            seen_keys.push(key);
-            match key {
-                "threads" => {
-                    config.threads =
-                        value.parse().map_err(|_| ConfigError::NotAPositiveNumber {
-                            key: key.to_string(),
-                            value: value.to_string(),
-                        })?;
-                }
-                _ => {
-                    return Err(ConfigError::UnknownKey {
-                        key: key.to_string(),
-                    });
-                }
+        for option in SPEC.parse(text)? {
+            match option.key {
+                "threads" => config.threads = option.parse("a positive integer")?,
+                key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
         Ok(config)
@@ -77,29 +50,31 @@ mod tests {
     }
 
     #[test]
-    fn parses_valid_configs() {
-        let cases = [
-            ("", CpuConfig::default()),
-            ("threads=1", threads(1)),
-            (" threads = 3 ,", threads(3)),
+    fn parses_threads_and_refuses_the_rest() {
+        let cases: [(&str, Result<CpuConfig, &str>); 7] = [
+            ("", Ok(CpuConfig::default())),
+            ("threads=1", Ok(threads(1))),
+            (" threads = 3 ,", Ok(threads(3))),
+            (
+                "threads=0",
+                Err("cpu device option `threads` must be a positive integer, got `0`"),
+            ),
+            (
+                "threads=many",
+                Err("cpu device option `threads` must be a positive integer, got `many`"),
+            ),
+            (
+                "thread=2",
+                Err("unknown cpu device option `thread` (known: threads)"),
+            ),
+            (
+                "threads=1,threads=2",
+                Err("cpu device option `threads` is given twice"),
+            ),
         ];
         for (text, expected) in cases {
-            assert_eq!(CpuConfig::parse(text).as_ref(), Ok(&expected), "{text}");
-        }
-    }
-
-    #[test]
-    fn refuses_invalid_configs() {
-        let cases = [
-            ("threads", "is not of the form key=value"),
-            ("thread=2", "unknown cpu device option `thread`"),
-            ("threads=0", "must be a positive integer, got `0`"),
-            ("threads=many", "must be a positive integer, got `many`"),
-            ("threads=1,threads=2", "`threads` is given twice"),
-        ];
-        for (text, expected) in cases {
-            let message = CpuConfig::parse(text).unwrap_err().to_string();
-            assert!(message.contains(expected), "{text}: {message}");
+            let parsed = CpuConfig::parse(text).map_err(|error| error.to_string());
+            assert_eq!(parsed, expected.map_err(str::to_string), "{text}");
         }
     }
 }

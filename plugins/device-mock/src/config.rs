@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use plughost_device_abi::config::{ConfigError, ConfigOption, ConfigSpec};
+
 /// How long an injected hang lasts when `hang_ms` is not given: long enough that only a
 /// timeout or cancellation in the host ends the wait.
 pub const DEFAULT_HANG: Duration = Duration::from_secs(24 * 60 * 60);
@@ -28,65 +30,33 @@ impl Default for MockConfig {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum ConfigError {
-    #[error("mock device option `{option}` is not of the form key=value")]
-    NotKeyValue { option: String },
-    #[error(
-        "unknown mock device option `{key}` (known: fail_launch, hang_launch, hang_ms, memory_bytes)"
-    )]
-    UnknownKey { key: String },
-    #[error("mock device option `{key}` must be a non-negative integer, got `{value}`")]
-    NotANumber { key: String, value: String },
-    #[error("mock device option `{key}` counts launches from 1, got 0")]
-    ZeroLaunch { key: String },
-    #[error("mock device option `{key}` is given twice")]
-    Duplicate { key: String },
-}
+/// The options `MockConfig::parse` understands; every value is a number.
+const SPEC: ConfigSpec = ConfigSpec {
+    device: "mock",
+    known_keys: &["fail_launch", "hang_launch", "hang_ms", "memory_bytes"],
+};
 
 impl MockConfig {
     /// Parses e.g. `fail_launch=3,hang_launch=5,hang_ms=200`; the empty string means no options.
     pub fn parse(text: &str) -> Result<MockConfig, ConfigError> {
         let mut config = MockConfig::default();
-        let mut seen_keys: Vec<&str> = Vec::new();
-        for option in text.split(',').map(str::trim).filter(|o| !o.is_empty()) {
-            let (key, value) = option
-                .split_once('=')
-                .ok_or_else(|| ConfigError::NotKeyValue {
-                    option: option.to_string(),
-                })?;
-            let (key, value) = (key.trim(), value.trim());
-            if seen_keys.contains(&key) {
-                return Err(ConfigError::Duplicate {
-                    key: key.to_string(),
-                });
-            }
-            seen_keys.push(key);
-            let number = value.parse::<u64>().map_err(|_| ConfigError::NotANumber {
-                key: key.to_string(),
-                value: value.to_string(),
-            });
-            match key {
-                "fail_launch" => config.fail_launch = Some(launch_number(key, number?)?),
-                "hang_launch" => config.hang_launch = Some(launch_number(key, number?)?),
-                "hang_ms" => config.hang = Duration::from_millis(number?),
-                "memory_bytes" => config.memory_bytes = Some(number?),
-                _ => {
-                    return Err(ConfigError::UnknownKey {
-                        key: key.to_string(),
-                    });
-                }
+        for option in SPEC.parse(text)? {
+            let number = option.parse::<u64>("a non-negative integer")?;
+            match option.key {
+                "fail_launch" => config.fail_launch = Some(launch_number(&option, number)?),
+                "hang_launch" => config.hang_launch = Some(launch_number(&option, number)?),
+                "hang_ms" => config.hang = Duration::from_millis(number),
+                "memory_bytes" => config.memory_bytes = Some(number),
+                key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
         Ok(config)
     }
 }
 
-fn launch_number(key: &str, number: u64) -> Result<u64, ConfigError> {
+fn launch_number(option: &ConfigOption<'_>, number: u64) -> Result<u64, ConfigError> {
     if number == 0 {
-        return Err(ConfigError::ZeroLaunch {
-            key: key.to_string(),
-        });
+        return Err(option.invalid("counts launches from 1, got 0"));
     }
     Ok(number)
 }
@@ -96,7 +66,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_valid_configs() {
+    fn parses_fault_injection_and_memory_options() {
         let cases = [
             ("", MockConfig::default()),
             (
@@ -123,22 +93,38 @@ mod tests {
             ),
         ];
         for (text, expected) in cases {
-            assert_eq!(MockConfig::parse(text).as_ref(), Ok(&expected), "{text}");
+            assert_eq!(MockConfig::parse(text), Ok(expected), "{text}");
         }
     }
 
     #[test]
-    fn refuses_invalid_configs() {
+    fn refuses_bad_options_naming_the_mock_device() {
         let cases = [
-            ("fail_launch", "is not of the form key=value"),
-            ("fail_lunch=2", "unknown mock device option `fail_lunch`"),
-            ("hang_ms=soon", "must be a non-negative integer, got `soon`"),
-            ("fail_launch=0", "counts launches from 1"),
-            ("hang_ms=1,hang_ms=2", "`hang_ms` is given twice"),
+            (
+                "fail_launch",
+                "mock device option `fail_launch` is not of the form key=value",
+            ),
+            (
+                "fail_lunch=2",
+                "unknown mock device option `fail_lunch` \
+                 (known: fail_launch, hang_launch, hang_ms, memory_bytes)",
+            ),
+            (
+                "hang_ms=soon",
+                "mock device option `hang_ms` must be a non-negative integer, got `soon`",
+            ),
+            (
+                "fail_launch=0",
+                "mock device option `fail_launch` counts launches from 1, got 0",
+            ),
+            (
+                "hang_ms=1,hang_ms=2",
+                "mock device option `hang_ms` is given twice",
+            ),
         ];
         for (text, expected) in cases {
-            let message = MockConfig::parse(text).unwrap_err().to_string();
-            assert!(message.contains(expected), "{text}: {message}");
+            let error = MockConfig::parse(text).unwrap_err();
+            assert_eq!(error.to_string(), expected, "{text}");
         }
     }
 }
