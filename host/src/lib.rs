@@ -4,6 +4,7 @@
 //! the WebAssembly components. See ARCHITECTURE.md for the code map.
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod engine;

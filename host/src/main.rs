@@ -1,4 +1,4 @@
-//! The `plughost` command line: `serve`, `generate` and `check`.
+//! The `plughost` command line: `serve`, `generate`, `bench` and `check`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -68,6 +68,8 @@ enum Command {
         #[arg(long, env = "PLUGHOST_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
     },
+    /// Load-test an OpenAI-compatible server, in the manner of `vllm bench serve`.
+    Bench(plughost::bench::BenchOptions),
 }
 
 fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), String> {
@@ -263,6 +265,7 @@ fn main() -> ExitCode {
             },
         ),
         Command::Check { config, cache_dir } => check(config, cache_dir.clone()),
+        Command::Bench(options) => plughost::bench::main(options.clone()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
