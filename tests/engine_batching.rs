@@ -158,6 +158,14 @@ fn a_kv_pool_too_small_for_everyone_preempts_and_still_gives_the_same_tokens() {
     );
     let alone = run_alone(&engine, &requests);
     assert_eq!(together, alone);
+    // Gauges are refreshed at the end of the step that finished the last request, which can
+    // be a moment after its final event arrived.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric(&engine, "plughost_kv_cache_usage_permille") != 0.0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert_eq!(
         metric(&engine, "plughost_kv_cache_usage_permille"),
         0.0,
