@@ -5,7 +5,8 @@
 //! device time `synchronize` reports is the time spent inside launches.
 //!
 //! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
-//! (RMSNorm over rows and per head), [`linear`], [`rotary`], [`kv_cache`] (writing the paged
+//! (RMSNorm over rows and per head), [`linear`] (batch-invariant: a token's output does not
+//! depend on the rest of its batch), [`rotary`], [`kv_cache`] (writing the paged
 //! cache), [`attention`] (paged attention), [`elementwise`] (SiLU-and-mul, residual add),
 //! [`step_inputs`] (device-maintained seq lens, positions and slot mappings). Shared pieces:
 //! [`vector`] (dot products and axpy, AVX2 when the CPU has it), [`widen`] (f16/bf16 to f32)
