@@ -2,10 +2,7 @@
 
 use std::path::Path;
 
-use wasmtime::Store;
-use wasmtime::component::{InstancePre, Linker};
-
-use super::instance::{ContainedInstance, PluginState, World};
+use super::instance::{ContainedInstance, PluginState};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
@@ -18,30 +15,7 @@ mod bindings {
 /// The records glue returns (`ModelInfo`, `StepProgram`, ...), as generated from the WIT.
 pub use bindings::plughost::plugin::program as types;
 
-impl World for bindings::ModelGlue {
-    type Pre = bindings::ModelGluePre<PluginState>;
-    const NAME: &'static str = "model-glue";
-
-    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        bindings::ModelGlue::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(
-            linker,
-            |s| s,
-        )
-    }
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-        bindings::ModelGluePre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
-        pre.instantiate(&mut *store)
-    }
-    fn call_init(
-        &self,
-        store: &mut Store<PluginState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        self.call_init(store, config)
-    }
-}
+super::instance::impl_world!(bindings::ModelGlue, ModelGluePre, "model-glue");
 
 impl types::Host for PluginState {}
 

@@ -83,6 +83,46 @@ pub(crate) trait World: Sized + 'static {
     ) -> wasmtime::Result<Result<(), String>>;
 }
 
+/// Implements [`World`] for a world's generated bindings; every world links, pre-instantiates,
+/// instantiates and initialises the same way.
+macro_rules! impl_world {
+    ($bindings:ident :: $world:ident, $pre:ident, $name:literal) => {
+        impl $crate::plugins::instance::World for $bindings::$world {
+            type Pre = $bindings::$pre<$crate::plugins::instance::PluginState>;
+            const NAME: &'static str = $name;
+
+            fn add_to_linker(
+                linker: &mut wasmtime::component::Linker<$crate::plugins::instance::PluginState>,
+            ) -> wasmtime::Result<()> {
+                type State = $crate::plugins::instance::PluginState;
+                $bindings::$world::add_to_linker::<State, wasmtime::component::HasSelf<State>>(
+                    linker,
+                    |s| s,
+                )
+            }
+            fn pre(
+                pre: wasmtime::component::InstancePre<$crate::plugins::instance::PluginState>,
+            ) -> wasmtime::Result<Self::Pre> {
+                $bindings::$pre::new(pre)
+            }
+            fn instantiate(
+                pre: &Self::Pre,
+                store: &mut wasmtime::Store<$crate::plugins::instance::PluginState>,
+            ) -> wasmtime::Result<Self> {
+                pre.instantiate(&mut *store)
+            }
+            fn call_init(
+                &self,
+                store: &mut wasmtime::Store<$crate::plugins::instance::PluginState>,
+                config: &str,
+            ) -> wasmtime::Result<Result<(), String>> {
+                self.call_init(store, config)
+            }
+        }
+    };
+}
+pub(crate) use impl_world;
+
 struct Live<W> {
     store: Store<PluginState>,
     bindings: W,

@@ -3,10 +3,9 @@
 use std::path::Path;
 
 use plughost_sdk::sampler::{Candidate, Sampled, SamplingParams};
-use wasmtime::Store;
-use wasmtime::component::{InstancePre, Linker, Resource};
+use wasmtime::component::Resource;
 
-use super::instance::{ContainedInstance, PluginState, World};
+use super::instance::{ContainedInstance, PluginState};
 use super::logits::{self, LogitsBatch, LogitsBatchHandle};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
@@ -30,27 +29,7 @@ pub struct SequenceToSample {
     pub params: SamplingParams,
 }
 
-impl World for bindings::Sampler {
-    type Pre = bindings::SamplerPre<PluginState>;
-    const NAME: &'static str = "sampler";
-
-    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        wit::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(linker, |s| s)
-    }
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-        bindings::SamplerPre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
-        pre.instantiate(&mut *store)
-    }
-    fn call_init(
-        &self,
-        store: &mut Store<PluginState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        self.call_init(store, config)
-    }
-}
+super::instance::impl_world!(bindings::Sampler, SamplerPre, "sampler");
 
 fn out_of_range(row: u32) -> wasmtime::Error {
     wasmtime::Error::msg(format!("logits row {row} is out of range"))
@@ -65,6 +44,7 @@ impl PluginState {
 }
 
 impl wit::Host for PluginState {}
+impl bindings::plughost::plugin::types::Host for PluginState {}
 
 impl wit::HostLogitsBatch for PluginState {
     fn rows(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {

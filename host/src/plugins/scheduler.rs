@@ -3,10 +3,8 @@
 use std::path::Path;
 
 use plughost_sdk::scheduler::{Phase, Plan, RequestView, Resources, Scheduled};
-use wasmtime::Store;
-use wasmtime::component::{InstancePre, Linker};
 
-use super::instance::{ContainedInstance, PluginState, World};
+use super::instance::{ContainedInstance, PluginState};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
@@ -18,30 +16,7 @@ mod bindings {
 
 use bindings::plughost::plugin::scheduling as wit;
 
-impl World for bindings::Scheduler {
-    type Pre = bindings::SchedulerPre<PluginState>;
-    const NAME: &'static str = "scheduler";
-
-    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()> {
-        bindings::Scheduler::add_to_linker::<PluginState, wasmtime::component::HasSelf<PluginState>>(
-            linker,
-            |s| s,
-        )
-    }
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre> {
-        bindings::SchedulerPre::new(pre)
-    }
-    fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self> {
-        pre.instantiate(&mut *store)
-    }
-    fn call_init(
-        &self,
-        store: &mut Store<PluginState>,
-        config: &str,
-    ) -> wasmtime::Result<Result<(), String>> {
-        self.call_init(store, config)
-    }
-}
+super::instance::impl_world!(bindings::Scheduler, SchedulerPre, "scheduler");
 
 impl wit::Host for PluginState {}
 impl bindings::plughost::plugin::types::Host for PluginState {}
