@@ -64,8 +64,8 @@ impl InputMirror {
 
     /// The writes that bring the device up to `staging` for a step of sequences `slot_ids`,
     /// whose block-table rows use `row_lens` entries each (`width` entries per row).
-    pub fn writes(
-        &self,
+    pub fn writes<'a>(
+        &'a self,
         staging: &StepStaging,
         slot_ids: &[u64],
         row_lens: &[usize],
@@ -77,7 +77,8 @@ impl InputMirror {
         }];
         let mut runs = Vec::new();
         let empty: [i32; 0] = [];
-        let old = |v: &'_ Vec<i32>| -> Vec<i32> { if self.valid { v.clone() } else { Vec::new() } };
+        // What the device holds; nothing is known after a failed step.
+        let old = |v: &'a [i32]| -> &'a [i32] { if self.valid { v } else { &[] } };
         for (kind, old_values, new_values) in [
             (
                 InputKind::QueryStart,
@@ -91,7 +92,7 @@ impl InputMirror {
             ),
         ] {
             runs.clear();
-            changed_runs(&old_values, new_values, 0, &mut runs);
+            changed_runs(old_values, new_values, 0, &mut runs);
             writes.extend(runs.drain(..).map(|range| InputWrite { kind, range }));
         }
         for (slot, &id) in slot_ids.iter().enumerate() {
