@@ -1,56 +1,214 @@
 //! The device's worker threads: spreading one launch over them, and per-thread scratch memory.
 //!
-//! Each device owns its own rayon pool, so `threads=N` holds per device and no kernel touches
-//! rayon's global pool. Small launches run on the calling thread: waking the pool costs more
-//! than it saves for a few thousand elements. Dropping [`Workers`] (closing the device) waits
-//! for the pool's threads to exit, so nothing of the device outlives `close`.
+//! A decode step is hundreds of small launches, each a few tens of microseconds of work, so
+//! handing a launch to the workers must cost far less than waking a sleeping thread. The
+//! calling thread takes tasks itself, `threads - 1` workers spin on a job counter between
+//! launches and only park after [`PARK_AFTER`] without work (an idle server), so within a
+//! step no launch waits on the kernel. Each device owns its workers, so `threads=N` holds per
+//! device. Dropping [`Workers`] (closing the device) joins them, so nothing of the device
+//! outlives `close`.
 
-use std::cell::RefCell;
+use std::any::Any;
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
-use std::time::Duration;
-
-use rayon::prelude::*;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// The fewest elements a task of [`Workers::rows_per_task`] gets, so launches smaller than
 /// two tasks run on the calling thread.
 const MIN_ELEMENTS_PER_TASK: usize = 16 * 1024;
 
-/// How long closing a device waits for its threads; they only have to leave rayon's loop.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Busy-wait iterations before a waiting worker starts yielding its core: covers the gap
+/// between two launches of a step.
+const SPIN_ITERATIONS: u32 = 4_000;
+
+/// How long a worker without work keeps checking (yielding the core between checks) before it
+/// parks: longer than the host's work between two steps, short enough that an idle server
+/// does not burn a core.
+const PARK_AFTER: Duration = Duration::from_millis(5);
 
 pub struct Workers {
     /// `None` with one thread: everything runs on the calling thread.
-    pool: Option<rayon::ThreadPool>,
+    pool: Option<Pool>,
     threads: usize,
-    /// Pool threads that have not exited yet.
-    running: Arc<(Mutex<usize>, Condvar)>,
+}
+
+/// The shared job slot and the worker threads that serve it.
+struct Pool {
+    shared: Arc<Shared>,
+    handles: Vec<JoinHandle<()>>,
+    /// One launch at a time owns the job slot.
+    dispatch: Mutex<()>,
+}
+
+/// A job's tasks, as the workers see it: a `&dyn Fn(usize)` whose lifetime the dispatching
+/// thread guarantees by waiting until every worker has left the job.
+type Job = *const (dyn Fn(usize) + Sync);
+
+struct Shared {
+    /// Odd while a job is open to workers, even otherwise: bumped when a job opens, when it
+    /// closes (its tasks are all taken) and at shutdown.
+    generation: AtomicU64,
+    /// The current job; written only while no job is open and no worker is inside one.
+    job: UnsafeCell<Option<Job>>,
+    next_task: AtomicUsize,
+    num_tasks: AtomicUsize,
+    /// Workers inside the current job. A worker joins only while the job is open, so a worker
+    /// that was not running when the job came (a busy machine) never holds up its end.
+    active: AtomicUsize,
+    /// The first panic of a task, re-raised on the dispatching thread.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+    shutdown: AtomicBool,
+    /// Parked workers; a dispatch only takes the lock to wake them when this is non-zero.
+    parked: AtomicUsize,
+    park_lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written by the dispatching thread before it opens the job (an increment of
+// `generation`) and cleared only after closing it and seeing `active` at zero; a worker reads
+// it only after joining (`active`) and then seeing the job still open (see `worker_loop`).
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer inside is only dereferenced while the job it points to is
+// alive.
+unsafe impl Send for Shared {}
+
+thread_local! {
+    /// Whether this thread is running a task: a launch inside a task runs serially.
+    static IN_TASK: Cell<bool> = const { Cell::new(false) };
+}
+
+impl Shared {
+    /// Takes tasks of the current job until none are left.
+    fn run_tasks(&self, job: &(dyn Fn(usize) + Sync)) {
+        let num_tasks = self.num_tasks.load(Ordering::Acquire);
+        loop {
+            let task = self.next_task.fetch_add(1, Ordering::Relaxed);
+            if task >= num_tasks {
+                return;
+            }
+            IN_TASK.with(|flag| flag.set(true));
+            let outcome = catch_unwind(AssertUnwindSafe(|| job(task)));
+            IN_TASK.with(|flag| flag.set(false));
+            if let Err(payload) = outcome {
+                let mut slot = self.panic.lock().unwrap_or_else(PoisonError::into_inner);
+                slot.get_or_insert(payload);
+            }
+        }
+    }
+
+    /// Waits until `generation` moves past `seen`: spinning, then yielding, then parked.
+    fn wait_for_job(&self, seen: u64) -> u64 {
+        let started = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let generation = self.generation.load(Ordering::SeqCst);
+            if generation != seen {
+                return generation;
+            }
+            if spins < SPIN_ITERATIONS {
+                spins += 1;
+                std::hint::spin_loop();
+            } else if started.elapsed() < PARK_AFTER {
+                std::thread::yield_now();
+            } else {
+                let mut guard = self
+                    .park_lock
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                // SeqCst pairs with the dispatcher's generation bump and `parked` load: either
+                // it sees this worker parked, or this worker sees the new generation.
+                self.parked.fetch_add(1, Ordering::SeqCst);
+                while self.generation.load(Ordering::SeqCst) == seen {
+                    guard = self
+                        .wake
+                        .wait(guard)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                self.parked.fetch_sub(1, Ordering::SeqCst);
+                return self.generation.load(Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn worker_loop(&self) {
+        let mut seen = 0;
+        loop {
+            seen = self.wait_for_job(seen);
+            if self.shutdown.load(Ordering::Acquire) {
+                return;
+            }
+            if seen % 2 == 0 {
+                // A job closed before this worker got to it.
+                continue;
+            }
+            // Join, then check the job is still open. Both SeqCst, against the dispatcher's
+            // close (a generation bump) followed by its load of `active`: either the dispatcher
+            // sees this worker inside and waits for it, or this worker sees the job closed.
+            self.active.fetch_add(1, Ordering::SeqCst);
+            if self.generation.load(Ordering::SeqCst) == seen {
+                // SAFETY: `job` was written before the job opened and is neither cleared nor
+                // dropped before `active` falls back to zero, after this call.
+                if let Some(job) = unsafe { *self.job.get() } {
+                    // SAFETY: as above, the job outlives this call.
+                    self.run_tasks(unsafe { &*job });
+                }
+            }
+            self.active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn wake_parked(&self) {
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            let _guard = self
+                .park_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            self.wake.notify_all();
+        }
+    }
 }
 
 impl Workers {
     pub fn new(threads: usize) -> Result<Workers, String> {
-        let pooled = threads > 1;
-        // Counted before the threads start, so a drop right after `new` still waits for all.
-        let running = Arc::new((Mutex::new(if pooled { threads } else { 0 }), Condvar::new()));
-        let pool = if pooled {
-            let exited = Arc::clone(&running);
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .thread_name(|index| format!("plughost-cpu-{index}"))
-                .exit_handler(move |_| {
-                    let (count, changed) = &*exited;
-                    *count.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
-                    changed.notify_all();
-                })
-                .build()
-                .map_err(|error| format!("starting {threads} worker threads: {error}"))?;
-            Some(pool)
-        } else {
-            None
+        let threads = threads.max(1);
+        if threads == 1 {
+            return Ok(Workers {
+                pool: None,
+                threads,
+            });
+        }
+        let shared = Arc::new(Shared {
+            generation: AtomicU64::new(0),
+            job: UnsafeCell::new(None),
+            next_task: AtomicUsize::new(0),
+            num_tasks: AtomicUsize::new(0),
+            active: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+            shutdown: AtomicBool::new(false),
+            parked: AtomicUsize::new(0),
+            park_lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let mut pool = Pool {
+            shared: Arc::clone(&shared),
+            handles: Vec::with_capacity(threads - 1),
+            dispatch: Mutex::new(()),
         };
+        for index in 1..threads {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("plughost-cpu-{index}"))
+                .spawn(move || shared.worker_loop())
+                .map_err(|error| format!("starting {threads} worker threads: {error}"))?;
+            // On an error above, dropping `pool` stops the workers started so far.
+            pool.handles.push(handle);
+        }
         Ok(Workers {
-            pool,
-            threads: threads.max(1),
-            running,
+            pool: Some(pool),
+            threads,
         })
     }
 
@@ -58,13 +216,49 @@ impl Workers {
         self.threads
     }
 
-    /// Runs `task(i)` for every `i` in `0..num_tasks`, spread over the workers.
+    /// Runs `task(i)` for every `i` in `0..num_tasks`, spread over the workers; the calling
+    /// thread takes tasks too. A panic in any task is re-raised here once all tasks are done.
     pub fn for_each(&self, num_tasks: usize, task: impl Fn(usize) + Sync + Send) {
-        match &self.pool {
-            Some(pool) if num_tasks > 1 => {
-                pool.install(|| (0..num_tasks).into_par_iter().for_each(task))
+        let pool = match &self.pool {
+            Some(pool) if num_tasks > 1 && !IN_TASK.with(Cell::get) => pool,
+            _ => return (0..num_tasks).for_each(task),
+        };
+        let _dispatch = pool.dispatch.lock().unwrap_or_else(PoisonError::into_inner);
+        let shared = &*pool.shared;
+        let job: &(dyn Fn(usize) + Sync) = &task;
+        // SAFETY: only the lifetime is erased. Workers dereference the pointer only between
+        // the generation bump below and their decrement of `active`, and this function waits
+        // for `active` to reach zero before `task` goes out of scope.
+        let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(job) };
+        // SAFETY: no job is open and `active` is zero (the previous dispatch waited for it
+        // under `dispatch`), so no worker reads `job` now.
+        unsafe { *shared.job.get() = Some(job) };
+        shared.next_task.store(0, Ordering::Relaxed);
+        shared.num_tasks.store(num_tasks, Ordering::Relaxed);
+        // Open the job.
+        shared.generation.fetch_add(1, Ordering::SeqCst);
+        shared.wake_parked();
+        shared.run_tasks(&task);
+        // Every task is taken: close the job, then wait for the workers still running one.
+        shared.generation.fetch_add(1, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while shared.active.load(Ordering::SeqCst) != 0 {
+            if spins < SPIN_ITERATIONS {
+                spins += 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
-            _ => (0..num_tasks).for_each(task),
+        }
+        // SAFETY: the job is closed and every worker that joined it has left.
+        unsafe { *shared.job.get() = None };
+        let panic = shared
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(payload) = panic {
+            resume_unwind(payload);
         }
     }
 
@@ -77,17 +271,16 @@ impl Workers {
         task: impl Fn(usize, &mut [T]) + Sync + Send,
     ) {
         let chunk_len = chunk_len.max(1);
-        match &self.pool {
-            Some(pool) if data.len() > chunk_len => pool.install(|| {
-                data.par_chunks_mut(chunk_len)
-                    .enumerate()
-                    .for_each(|(index, chunk)| task(index, chunk))
-            }),
-            _ => data
-                .chunks_mut(chunk_len)
-                .enumerate()
-                .for_each(|(index, chunk)| task(index, chunk)),
-        }
+        let len = data.len();
+        let start = SharedSlice(data.as_mut_ptr());
+        self.for_each(len.div_ceil(chunk_len), |index| {
+            let first = index * chunk_len;
+            let chunk_len = chunk_len.min(len - first);
+            // SAFETY: chunks are disjoint and inside `data`, which stays exclusively borrowed
+            // until `for_each` returns; each index runs once.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(start.at(first), chunk_len) };
+            task(index, chunk)
+        });
     }
 
     /// How many `row_len`-wide rows one task takes so that a launch of `num_rows` rows splits
@@ -99,13 +292,37 @@ impl Workers {
     }
 }
 
-impl Drop for Workers {
+/// The start of a slice whose disjoint chunks tasks on several threads write.
+struct SharedSlice<T>(*mut T);
+
+// SAFETY: tasks write disjoint chunks (see `Workers::for_each_chunk`).
+unsafe impl<T: Send> Sync for SharedSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Send for SharedSlice<T> {}
+
+impl<T> SharedSlice<T> {
+    /// Element `index`; a method (not a field access) so closures capture the whole wrapper.
+    fn at(&self, index: usize) -> *mut T {
+        self.0.wrapping_add(index)
+    }
+}
+
+impl Drop for Pool {
     fn drop(&mut self) {
-        // Dropping the pool asks its threads to exit; wait until they have.
-        drop(self.pool.take());
-        let (count, changed) = &*self.running;
-        let count = count.lock().unwrap_or_else(PoisonError::into_inner);
-        let _ = changed.wait_timeout_while(count, EXIT_TIMEOUT, |running| *running > 0);
+        self.shared.shutdown.store(true, Ordering::Release);
+        // Two bumps keep the generation even: no job is open.
+        self.shared.generation.fetch_add(2, Ordering::SeqCst);
+        let _guard = self
+            .shared
+            .park_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.shared.wake.notify_all();
+        drop(_guard);
+        for handle in self.handles.drain(..) {
+            // A worker only panics if the standard library does; there is nothing to report.
+            let _ = handle.join();
+        }
     }
 }
 
@@ -117,8 +334,8 @@ thread_local! {
 
 /// Runs `body` with `len` f32s of this thread's scratch (contents unspecified).
 ///
-/// A task that is itself re-entered on its thread (rayon may run another task while one
-/// waits) gets a fresh buffer instead of the busy one.
+/// A task that is itself re-entered on its thread gets a fresh buffer instead of the busy
+/// one.
 pub fn with_scratch<R>(len: usize, body: impl FnOnce(&mut [f32]) -> R) -> R {
     SCRATCH.with(|cell| match cell.try_borrow_mut() {
         Ok(mut scratch) => {
@@ -134,7 +351,6 @@ pub fn with_scratch<R>(len: usize, body: impl FnOnce(&mut [f32]) -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn every_task_and_chunk_runs_once() {
@@ -155,14 +371,67 @@ mod tests {
     }
 
     #[test]
-    fn dropping_the_workers_waits_for_their_threads() {
+    fn dropping_the_workers_joins_their_threads() {
         for work in [0, 8] {
             let workers = Workers::new(2).unwrap();
             workers.for_each(work, |_| {});
-            let running = Arc::clone(&workers.running);
+            let shared = Arc::downgrade(&workers.pool.as_ref().unwrap().shared);
             drop(workers);
-            assert_eq!(*running.0.lock().unwrap(), 0);
+            // Each worker holds the shared state until its thread ends.
+            assert!(shared.upgrade().is_none());
         }
+    }
+
+    #[test]
+    fn workers_serve_launches_after_parking() {
+        let workers = Workers::new(3).unwrap();
+        for round in 0..3 {
+            let threads_seen = Mutex::new(std::collections::HashSet::new());
+            workers.for_each(64, |_| {
+                threads_seen
+                    .lock()
+                    .unwrap()
+                    .insert(std::thread::current().id());
+                std::thread::sleep(Duration::from_millis(1));
+            });
+            assert!(
+                threads_seen.into_inner().unwrap().len() > 1,
+                "round {round}"
+            );
+            std::thread::sleep(PARK_AFTER * 3);
+        }
+    }
+
+    #[test]
+    fn a_panicking_task_reaches_the_caller_after_the_others_finish() {
+        let workers = Workers::new(2).unwrap();
+        let finished = AtomicUsize::new(0);
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            workers.for_each(16, |index| {
+                assert_ne!(index, 5, "task 5 fails");
+                finished.fetch_add(1, Ordering::Relaxed);
+            })
+        }));
+        assert!(outcome.is_err());
+        assert_eq!(finished.into_inner(), 15);
+        // The workers still serve launches afterwards.
+        let sum = AtomicUsize::new(0);
+        workers.for_each(10, |index| {
+            sum.fetch_add(index, Ordering::Relaxed);
+        });
+        assert_eq!(sum.into_inner(), 45);
+    }
+
+    #[test]
+    fn a_launch_inside_a_task_runs_serially() {
+        let workers = Workers::new(2).unwrap();
+        let sum = AtomicUsize::new(0);
+        workers.for_each(4, |_| {
+            workers.for_each(4, |index| {
+                sum.fetch_add(index, Ordering::Relaxed);
+            })
+        });
+        assert_eq!(sum.into_inner(), 24);
     }
 
     #[test]
