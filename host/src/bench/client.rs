@@ -1,6 +1,6 @@
 //! One streaming request to an OpenAI-compatible server, timed chunk by chunk into a record.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Serialize;
@@ -30,6 +30,28 @@ impl RequestRecord {
     }
 }
 
+/// Why one request failed. The record keeps the message, so failures land in the summary
+/// instead of stopping the run.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("cannot reach {url}: {cause}")]
+    Unreachable { url: String, cause: String },
+    #[error("HTTP {status}: {message}")]
+    Status { status: u16, message: String },
+    #[error("the stream broke: {0}")]
+    Broken(String),
+    #[error("a chunk is not JSON ({cause}): {data}")]
+    NotJson { cause: String, data: String },
+    #[error("error event: {0}")]
+    ErrorEvent(String),
+    #[error("the stream ended without [DONE]")]
+    NoDone,
+    #[error("the response carried no text")]
+    NoText,
+    #[error("timed out: no complete response within {} s (--request-timeout)", .0.as_secs_f64())]
+    Timeout(Duration),
+}
+
 /// Where a request goes and what it sends.
 pub struct RequestSpec<'a> {
     pub index: usize,
@@ -37,6 +59,8 @@ pub struct RequestSpec<'a> {
     pub body: &'a Value,
     /// The instant the run started, for `start_s`.
     pub run_start: Instant,
+    /// The longest the whole request (connect, headers and the full stream) may take.
+    pub timeout: Duration,
 }
 
 /// What the stream has shown so far.
@@ -60,14 +84,16 @@ impl Progress {
     }
 
     /// Reads one `data:` payload; `Ok(true)` at `[DONE]`.
-    fn on_data(&mut self, data: &str, now: Instant) -> Result<bool, String> {
+    fn on_data(&mut self, data: &str, now: Instant) -> Result<bool, RequestError> {
         if data == "[DONE]" {
             return Ok(true);
         }
-        let chunk: Value =
-            serde_json::from_str(data).map_err(|e| format!("a chunk is not JSON ({e}): {data}"))?;
+        let chunk: Value = serde_json::from_str(data).map_err(|e| RequestError::NotJson {
+            cause: e.to_string(),
+            data: data.to_string(),
+        })?;
         if let Some(error) = chunk.get("error") {
-            return Err(format!("error event: {}", error_message(error)));
+            return Err(RequestError::ErrorEvent(error_message(error)));
         }
         if chunk_text(&chunk).is_some_and(|t| !t.is_empty()) {
             self.on_text(now);
@@ -97,7 +123,8 @@ fn error_message(error: &Value) -> String {
         .unwrap_or_else(|| error.to_string())
 }
 
-/// Sends one request and follows its event stream; every failure ends up in the record.
+/// Sends one request and follows its event stream; every failure, a timeout included, ends up
+/// in the record.
 pub async fn send(client: &reqwest::Client, spec: RequestSpec<'_>) -> RequestRecord {
     let sent = Instant::now();
     let mut record = RequestRecord {
@@ -113,9 +140,14 @@ pub async fn send(client: &reqwest::Client, spec: RequestSpec<'_>) -> RequestRec
         num_text_chunks: 0,
         usage: None,
     };
-    match stream(client, &spec, &mut progress).await {
-        Ok(()) => finish(&mut record, progress),
-        Err(message) => record.error = Some(message),
+    // The deadline wraps the whole exchange, not just the connection: a server that accepts and
+    // then never answers, or stalls mid-stream, must still end as a failed request.
+    let outcome = tokio::time::timeout(spec.timeout, stream(client, &spec, &mut progress))
+        .await
+        .unwrap_or(Err(RequestError::Timeout(spec.timeout)))
+        .and_then(|()| finish(&mut record, progress));
+    if let Err(error) = outcome {
+        record.error = Some(error.to_string());
     }
     record
 }
@@ -124,13 +156,16 @@ async fn stream(
     client: &reqwest::Client,
     spec: &RequestSpec<'_>,
     progress: &mut Progress,
-) -> Result<(), String> {
+) -> Result<(), RequestError> {
     let response = client
         .post(spec.url)
         .json(spec.body)
         .send()
         .await
-        .map_err(|e| format!("cannot reach {}: {}", spec.url, error_chain(&e)))?;
+        .map_err(|e| RequestError::Unreachable {
+            url: spec.url.to_string(),
+            cause: error_chain(&e),
+        })?;
     let status = response.status();
     if !status.is_success() {
         let body = response.text().await.unwrap_or_default();
@@ -138,12 +173,15 @@ async fn stream(
             .ok()
             .and_then(|v| v.get("error").map(error_message))
             .unwrap_or(body);
-        return Err(format!("HTTP {}: {message}", status.as_u16()));
+        return Err(RequestError::Status {
+            status: status.as_u16(),
+            message,
+        });
     }
     let mut body = response.bytes_stream();
     let mut buffer = Vec::new();
     while let Some(bytes) = body.next().await {
-        let bytes = bytes.map_err(|e| format!("the stream broke: {}", error_chain(&e)))?;
+        let bytes = bytes.map_err(|e| RequestError::Broken(error_chain(&e)))?;
         let now = Instant::now();
         buffer.extend_from_slice(&bytes);
         while let Some(end) = buffer.iter().position(|&b| b == b'\n') {
@@ -157,15 +195,12 @@ async fn stream(
             }
         }
     }
-    Err("the stream ended without [DONE]".into())
+    Err(RequestError::NoDone)
 }
 
-fn finish(record: &mut RequestRecord, progress: Progress) {
+fn finish(record: &mut RequestRecord, progress: Progress) -> Result<(), RequestError> {
     let now = Instant::now();
-    let Some(first) = progress.first_text else {
-        record.error = Some("the response carried no text".into());
-        return;
-    };
+    let first = progress.first_text.ok_or(RequestError::NoText)?;
     let (prompt_tokens, output_tokens) = progress.usage.unwrap_or((0, progress.num_text_chunks));
     record.success = true;
     record.prompt_tokens = prompt_tokens;
@@ -173,6 +208,7 @@ fn finish(record: &mut RequestRecord, progress: Progress) {
     record.ttft_s = (first - progress.sent).as_secs_f64();
     record.e2e_s = (now - progress.sent).as_secs_f64();
     record.itl_s = progress.itl_s;
+    Ok(())
 }
 
 /// reqwest's top-level message hides the cause ("error sending request"); the chain names it.
@@ -233,7 +269,7 @@ mod tests {
     fn usage_chunks_give_the_token_counts() {
         let mut p = progress();
         let data = r#"{"choices":[],"usage":{"prompt_tokens":16,"completion_tokens":8}}"#;
-        assert_eq!(p.on_data(data, Instant::now()), Ok(false));
+        assert!(matches!(p.on_data(data, Instant::now()), Ok(false)));
         assert_eq!(p.usage, Some((16, 8)));
     }
 

@@ -1,10 +1,13 @@
 //! `plughost bench`: a load generator for OpenAI-compatible servers in the manner of `vllm bench serve`.
 //!
 //! `client` times one streaming request, `stats` turns records into a summary, `report` prints
-//! and writes it. Requests arrive on a Poisson schedule independent of the concurrency limit,
-//! so a saturated server shows up as queueing in TTFT rather than as a slower arrival rate.
+//! and writes it, `progress` draws a bar of completed requests on a terminal. Requests arrive on
+//! a Poisson schedule independent of the concurrency limit, so a saturated server shows up as
+//! queueing in TTFT rather than as a slower arrival rate. Warm-up requests go first, with
+//! prompts of their own, and are awaited before the clock starts.
 
 pub mod client;
+pub mod progress;
 pub mod report;
 pub mod stats;
 
@@ -21,6 +24,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use client::{RequestRecord, RequestSpec};
+use progress::PhaseProgress;
 use stats::{RunShape, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
@@ -55,7 +59,15 @@ pub struct BenchOptions {
     pub endpoint: Endpoint,
     #[arg(long, default_value_t = 32)]
     pub num_prompts: usize,
-    /// Requests in flight at once (default: unbounded).
+    /// Requests sent and awaited before timing starts; not counted in the results.
+    ///
+    /// Their prompts come from a seed stream of their own (random even with --prompt-kind
+    /// fixed), so no measured prompt is one the server has seen and cached. One, the default,
+    /// pays a fresh server's one-time costs (connections, lazy allocation, first-use
+    /// compilation) outside the measurement.
+    #[arg(long, visible_alias = "num-warmups", default_value_t = 1)]
+    pub warmup: usize,
+    /// Requests in flight at once (default: unbounded). Not with --sweep, which sets it per run.
     #[arg(long)]
     pub max_concurrency: Option<usize>,
     /// Requests per second with Poisson arrivals; `inf` sends everything at once.
@@ -70,10 +82,21 @@ pub struct BenchOptions {
     /// Keep generating past end-of-sequence so every request yields `output-len` tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Seconds one request may take from sending to the end of its stream; a request still
+    /// unfinished then counts as failed, so a hung server cannot hang the benchmark.
+    #[arg(long, value_name = "SECS", default_value_t = 600.0)]
+    pub request_timeout: f64,
+    // f64 rather than f32 so that the body carries exactly what was typed (0.7, not 0.69999998).
+    /// Sent as `temperature` in every request; 0 is greedy.
     #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
+    pub temperature: f64,
+    /// Sent as `top_p` in every request.
     #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    pub top_p: f64,
+    /// Sent as `top_k` only when given: OpenAI's API has no such field, while vLLM, llama.cpp
+    /// and plughost accept it (-1 or 0 disables it).
+    #[arg(long, allow_negative_numbers = true)]
+    pub top_k: Option<i64>,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Random prompts draw token ids from [100, this); lower it for models with small vocabularies.
@@ -82,12 +105,21 @@ pub struct BenchOptions {
     /// Write the summary and the per-request records here.
     #[arg(long)]
     pub result_json: Option<PathBuf>,
-    /// Run once per concurrency in this list, e.g. 1,2,4,8.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    /// Run once per concurrency in this list, e.g. 1,2,4,8. Each value is that run's
+    /// --max-concurrency, so the two flags cannot be combined.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        conflicts_with = "max_concurrency"
+    )]
     pub sweep: Option<Vec<usize>>,
     /// Draw output tokens/s and TTFT p50 against concurrency as SVG (needs --sweep).
     #[arg(long, requires = "sweep")]
     pub plot: Option<PathBuf>,
+    /// No progress bar on stderr (it is only drawn when stderr is a terminal anyway).
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
 const MIN_TOKEN_ID: u32 = 100;
@@ -112,11 +144,21 @@ pub struct RunResult {
     pub records: Vec<RequestRecord>,
 }
 
+/// What the warm-up did. Its requests are in no run's summary or records.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WarmupResult {
+    pub num_requests: usize,
+    pub num_failed: usize,
+    pub first_error: Option<String>,
+    pub duration_s: f64,
+}
+
 /// Everything a bench invocation measured; `--result-json` writes this.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     pub model: Option<String>,
     pub options: BenchOptions,
+    pub warmup: WarmupResult,
     pub runs: Vec<RunResult>,
 }
 
@@ -151,7 +193,27 @@ impl BenchOptions {
         if self.sweep.as_ref().is_some_and(Vec::is_empty) {
             return invalid("--sweep needs at least one concurrency");
         }
+        // Checked here so that `request_timeout()` cannot meet a value Duration rejects.
+        // NaN, negative and infinite values fail `try_from_secs_f64`; zero is a valid Duration.
+        if self.request_timeout <= 0.0 || Duration::try_from_secs_f64(self.request_timeout).is_err()
+        {
+            return invalid("--request-timeout must be a positive, finite number of seconds");
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return invalid("--temperature must be at least 0");
+        }
+        if self.top_p.is_nan() || self.top_p <= 0.0 || self.top_p > 1.0 {
+            return invalid("--top-p must be in (0, 1]");
+        }
+        if self.top_k.is_some_and(|k| k < -1) {
+            return invalid("--top-k must be -1 or 0 (disabled) or at least 1");
+        }
         Ok(())
+    }
+
+    /// The per-request deadline; `validate` has ruled out values `Duration` cannot hold.
+    fn request_timeout(&self) -> Duration {
+        Duration::try_from_secs_f64(self.request_timeout).unwrap_or(Duration::MAX)
     }
 
     fn url(&self) -> String {
@@ -173,8 +235,12 @@ impl BenchOptions {
 }
 
 /// The first model `/v1/models` lists; `None` (and a warning) when the server does not say,
-/// so that an unreachable server still shows up as failed requests.
-async fn discover_model(client: &reqwest::Client, base_url: &str) -> Option<String> {
+/// so that an unreachable or hung server still shows up as failed requests.
+async fn discover_model(
+    client: &reqwest::Client,
+    base_url: &str,
+    timeout: Duration,
+) -> Option<String> {
     let base = base_url.trim_end_matches('/');
     let base = base.strip_suffix("/v1").unwrap_or(base);
     let url = format!("{base}/v1/models");
@@ -182,7 +248,13 @@ async fn discover_model(client: &reqwest::Client, base_url: &str) -> Option<Stri
         let response = client.get(&url).send().await?.error_for_status()?;
         response.json::<Value>().await
     };
-    match listed.await {
+    let Ok(listed) = tokio::time::timeout(timeout, listed).await else {
+        tracing::warn!(
+            "{url} did not answer within the request timeout; sending requests without a model"
+        );
+        return None;
+    };
+    match listed {
         Ok(list) => {
             let id = list["data"][0]["id"].as_str().map(str::to_string);
             if id.is_none() {
@@ -210,12 +282,34 @@ const WORDS: &[&str] = &[
     "and", "sample", "from", "a", "cache", "of", "blocks",
 ];
 
-/// The prompt of request `index` in run `run`: the JSON fields to merge into the body.
-fn prompt_fields(options: &BenchOptions, run: usize, index: usize) -> (&'static str, Value) {
-    let seed = mix(options.seed ^ mix(run as u64) ^ mix(mix(index as u64)));
+/// Which seed stream a prompt comes from. The servers under test cache prompts (prefix
+/// caching), so the warm-up has a stream of its own: no measured prompt repeats a warm-up one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PromptStream {
+    Warmup,
+    /// Concurrency level `n` of the invocation (0 without a sweep).
+    Run(usize),
+}
+
+/// The warm-up stream's key. Runs use `mix(run)`, a bijection, so exactly one 64-bit run number
+/// would share it; none that a sweep can reach in practice.
+const WARMUP_STREAM: u64 = 0x7761_726d_2d75_7021;
+
+/// The prompt of request `index` in `stream`: the JSON fields to merge into the body.
+fn prompt_fields(
+    options: &BenchOptions,
+    stream: PromptStream,
+    index: usize,
+) -> (&'static str, Value) {
+    let (stream_key, kind) = match stream {
+        PromptStream::Run(run) => (mix(run as u64), options.prompt_kind),
+        // Warm-up prompts are random whatever the kind: a fixed one would be the measured prompt.
+        PromptStream::Warmup => (WARMUP_STREAM, PromptKind::Random),
+    };
+    let seed = mix(options.seed ^ stream_key ^ mix(mix(index as u64)));
     let mut rng = StdRng::seed_from_u64(seed);
     let len = options.input_len as usize;
-    let text = match options.prompt_kind {
+    let text = match kind {
         PromptKind::Fixed => "hello ".repeat(len).trim_end().to_string(),
         PromptKind::Random if options.endpoint == Endpoint::Completions => {
             let ids: Vec<u32> = (0..len)
@@ -234,8 +328,13 @@ fn prompt_fields(options: &BenchOptions, run: usize, index: usize) -> (&'static 
     }
 }
 
-fn request_body(options: &BenchOptions, model: Option<&str>, run: usize, index: usize) -> Value {
-    let (key, prompt) = prompt_fields(options, run, index);
+fn request_body(
+    options: &BenchOptions,
+    model: Option<&str>,
+    stream: PromptStream,
+    index: usize,
+) -> Value {
+    let (key, prompt) = prompt_fields(options, stream, index);
     let mut body = json!({
         "stream": true,
         "stream_options": {"include_usage": true},
@@ -249,6 +348,9 @@ fn request_body(options: &BenchOptions, model: Option<&str>, run: usize, index: 
     }
     if options.ignore_eos {
         body["ignore_eos"] = json!(true);
+    }
+    if let Some(top_k) = options.top_k {
+        body["top_k"] = json!(top_k);
     }
     body
 }
@@ -270,27 +372,38 @@ fn arrival_offsets(options: &BenchOptions, run: usize) -> Vec<f64> {
         .collect()
 }
 
-struct RunPlan<'a> {
+/// One batch of requests: the warm-up, or one concurrency level.
+struct Phase<'a> {
     options: &'a BenchOptions,
     client: &'a reqwest::Client,
     model: Option<&'a str>,
-    run: usize,
+    stream: PromptStream,
+    /// When each request arrives, in seconds from the phase's start; one per request.
+    offsets: Vec<f64>,
     max_concurrency: Option<usize>,
+    label: String,
 }
 
-async fn run_once(plan: RunPlan<'_>) -> RunResult {
-    let url: Arc<str> = plan.options.url().into();
-    let permits = plan.max_concurrency.map(|n| Arc::new(Semaphore::new(n)));
+/// Sends every request of a phase and waits for all of them; records in request order and the
+/// phase's duration in seconds.
+async fn send_phase(phase: Phase<'_>) -> (Vec<RequestRecord>, f64) {
+    let url: Arc<str> = phase.options.url().into();
+    let timeout = phase.options.request_timeout();
+    let permits = phase.max_concurrency.map(|n| Arc::new(Semaphore::new(n)));
+    let mut progress =
+        PhaseProgress::new(phase.label, phase.offsets.len(), !phase.options.no_progress);
     let start = Instant::now();
     let mut tasks = JoinSet::new();
-    for (index, offset) in arrival_offsets(plan.options, plan.run)
-        .into_iter()
-        .enumerate()
-    {
-        tokio::time::sleep_until((start + Duration::from_secs_f64(offset)).into()).await;
-        let body = request_body(plan.options, plan.model, plan.run, index);
-        let (client, url, permits) = (plan.client.clone(), url.clone(), permits.clone());
+    for (index, offset) in phase.offsets.iter().enumerate() {
+        // `sleep` saturates an unreachable arrival (a vanishing --request-rate) where
+        // `Instant + Duration` would panic.
+        let at = Duration::try_from_secs_f64(*offset).unwrap_or(Duration::MAX);
+        tokio::time::sleep(at.saturating_sub(start.elapsed())).await;
+        let body = request_body(phase.options, phase.model, phase.stream, index);
+        let (client, url, permits) = (phase.client.clone(), url.clone(), permits.clone());
         tasks.spawn(async move {
+            // The timeout starts after the permit: waiting for a slot is the benchmark's own
+            // queueing, not the server's slowness.
             let _permit = match &permits {
                 Some(p) => p.clone().acquire_owned().await.ok(),
                 None => None,
@@ -300,22 +413,71 @@ async fn run_once(plan: RunPlan<'_>) -> RunResult {
                 url: &url,
                 body: &body,
                 run_start: start,
+                timeout,
             };
             client::send(&client, spec).await
         });
     }
-    let mut records = Vec::with_capacity(plan.options.num_prompts);
+    let mut records = Vec::with_capacity(phase.offsets.len());
     while let Some(joined) = tasks.join_next().await {
-        records.push(joined.unwrap_or_else(|e| RequestRecord {
+        let record = joined.unwrap_or_else(|e| RequestRecord {
             error: Some(format!("the request task failed: {e}")),
             ..Default::default()
-        }));
+        });
+        progress.complete(record.success);
+        records.push(record);
     }
     let duration_s = start.elapsed().as_secs_f64();
+    progress.finish();
     records.sort_by_key(|r| r.index);
+    (records, duration_s)
+}
+
+/// Sends `--warmup` requests at once (within the first run's concurrency) and waits for them.
+/// Failures only warn: the measured runs still go ahead and report their own.
+async fn warm_up(
+    options: &BenchOptions,
+    client: &reqwest::Client,
+    model: Option<&str>,
+    max_concurrency: Option<usize>,
+) -> WarmupResult {
+    if options.warmup == 0 {
+        return WarmupResult::default();
+    }
+    let phase = Phase {
+        options,
+        client,
+        model,
+        stream: PromptStream::Warmup,
+        offsets: vec![0.0; options.warmup],
+        max_concurrency,
+        label: "warm-up".into(),
+    };
+    let (records, duration_s) = send_phase(phase).await;
+    let failed: Vec<&RequestRecord> = records.iter().filter(|r| !r.success).collect();
+    let first_error = failed.iter().find_map(|r| r.error.clone());
+    if let Some(error) = &first_error {
+        tracing::warn!(
+            "{} of {} warm-up requests failed ({error}); measuring anyway",
+            failed.len(),
+            records.len()
+        );
+    }
+    WarmupResult {
+        num_requests: records.len(),
+        num_failed: failed.len(),
+        first_error,
+        duration_s,
+    }
+}
+
+async fn run_once(phase: Phase<'_>) -> RunResult {
+    let shape_concurrency = phase.max_concurrency;
+    let request_rate = phase.options.request_rate;
+    let (records, duration_s) = send_phase(phase).await;
     let shape = RunShape {
-        max_concurrency: plan.max_concurrency,
-        request_rate: plan.options.request_rate,
+        max_concurrency: shape_concurrency,
+        request_rate,
         duration_s,
     };
     RunResult {
@@ -324,8 +486,8 @@ async fn run_once(plan: RunPlan<'_>) -> RunResult {
     }
 }
 
-/// Runs the benchmark (once, or once per `--sweep` concurrency) and writes the files asked for.
-/// Request failures are counted in the summaries, never returned as errors.
+/// Runs the warm-up, then the benchmark (once, or once per `--sweep` concurrency), and writes the
+/// files asked for. Request failures are counted in the summaries, never returned as errors.
 pub async fn run(options: BenchOptions) -> Result<BenchReport, BenchError> {
     options.validate()?;
     let client = reqwest::Client::builder()
@@ -333,22 +495,32 @@ pub async fn run(options: BenchOptions) -> Result<BenchReport, BenchError> {
         .build()?;
     let model = match &options.model {
         Some(model) => Some(model.clone()),
-        None => discover_model(&client, &options.base_url).await,
+        None => discover_model(&client, &options.base_url, options.request_timeout()).await,
     };
+    let levels = options.concurrencies();
+    let first_level = levels.first().copied().flatten();
+    let warmup = warm_up(&options, &client, model.as_deref(), first_level).await;
     let mut runs = Vec::new();
-    for (run, max_concurrency) in options.concurrencies().into_iter().enumerate() {
-        let plan = RunPlan {
+    for (run, max_concurrency) in levels.iter().copied().enumerate() {
+        let label = match max_concurrency {
+            Some(c) => format!("concurrency {c}"),
+            None => "run".to_string(),
+        };
+        let phase = Phase {
             options: &options,
             client: &client,
             model: model.as_deref(),
-            run,
+            stream: PromptStream::Run(run),
+            offsets: arrival_offsets(&options, run),
             max_concurrency,
+            label,
         };
-        runs.push(run_once(plan).await);
+        runs.push(run_once(phase).await);
     }
     let report = BenchReport {
         model,
         options,
+        warmup,
         runs,
     };
     report::write_files(&report)?;
@@ -376,7 +548,7 @@ mod tests {
     #[test]
     fn random_prompts_are_exact_fresh_and_reproducible() {
         let o = options(&["--input-len", "16", "--max-token-id", "448"]);
-        let ids = |run, index| prompt_fields(&o, run, index).1;
+        let ids = |run, index| prompt_fields(&o, PromptStream::Run(run), index).1;
         let first = ids(0, 0);
         let list = first.as_array().unwrap();
         assert_eq!(list.len(), 16);
@@ -390,11 +562,46 @@ mod tests {
     }
 
     #[test]
+    fn warm_up_prompts_never_repeat_a_measured_one() {
+        for kind in ["random", "fixed"] {
+            for endpoint in ["completions", "chat"] {
+                let o = options(&[
+                    "--input-len",
+                    "8",
+                    "--max-token-id",
+                    "448",
+                    "--prompt-kind",
+                    kind,
+                    "--endpoint",
+                    endpoint,
+                ]);
+                let measured: Vec<Value> = (0..4)
+                    .flat_map(|run| (0..64).map(move |i| (run, i)))
+                    .map(|(run, i)| prompt_fields(&o, PromptStream::Run(run), i).1)
+                    .collect();
+                let warmup: Vec<Value> = (0..8)
+                    .map(|i| prompt_fields(&o, PromptStream::Warmup, i).1)
+                    .collect();
+                for (i, w) in warmup.iter().enumerate() {
+                    assert!(
+                        !measured.contains(w),
+                        "{kind} {endpoint}: warm-up {i} repeats"
+                    );
+                    assert!(
+                        !warmup[..i].contains(w),
+                        "{kind} {endpoint}: warm-up {i} twice"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn bodies_follow_the_endpoint_and_flags() {
         let chat = request_body(
             &options(&["--endpoint", "chat", "--ignore-eos"]),
             Some("m"),
-            0,
+            PromptStream::Run(0),
             0,
         );
         assert!(chat["messages"][0]["content"].is_string());
@@ -403,12 +610,27 @@ mod tests {
         let fixed = request_body(
             &options(&["--prompt-kind", "fixed", "--input-len", "3"]),
             None,
-            0,
+            PromptStream::Run(0),
             0,
         );
         assert_eq!(fixed["prompt"], json!("hello hello hello"));
         assert!(fixed.get("ignore_eos").is_none() && fixed.get("model").is_none());
         assert_eq!(fixed["stream_options"]["include_usage"], json!(true));
+        assert_eq!(
+            (fixed["temperature"].as_f64(), fixed["top_p"].as_f64()),
+            (Some(0.0), Some(1.0))
+        );
+        // top_k is not an OpenAI field: absent unless asked for.
+        assert!(fixed.get("top_k").is_none());
+        let sampled = request_body(
+            &options(&["--temperature", "0.5", "--top-p", "0.75", "--top-k", "-1"]),
+            None,
+            PromptStream::Run(0),
+            0,
+        );
+        assert_eq!(sampled["temperature"], json!(0.5));
+        assert_eq!(sampled["top_p"], json!(0.75));
+        assert_eq!(sampled["top_k"], json!(-1));
     }
 
     #[test]
@@ -421,6 +643,17 @@ mod tests {
             (&["--sweep", "1,0"], false),
             (&["--sweep", "1,2,4", "--plot", "x.svg"], true),
             (&["--max-token-id", "50"], false),
+            (&["--request-timeout", "0.5"], true),
+            (&["--request-timeout", "0"], false),
+            (&["--request-timeout", "inf"], false),
+            (&["--request-timeout", "NaN"], false),
+            (&["--temperature=-1"], false),
+            (&["--top-p", "0"], false),
+            (&["--top-p", "1.5"], false),
+            (&["--top-k", "0"], true),
+            (&["--top-k", "-2"], false),
+            (&["--warmup", "0"], true),
+            (&["--num-warmups", "3"], true),
         ];
         for (args, ok) in cases {
             assert_eq!(options(args).validate().is_ok(), *ok, "{args:?}");
@@ -428,6 +661,14 @@ mod tests {
         assert!(
             BenchOptions::try_parse_from(["bench", "--base-url", "u", "--plot", "x.svg"]).is_err()
         );
+    }
+
+    #[test]
+    fn defaults_warm_up_once_and_time_out_after_ten_minutes() {
+        let o = options(&[]);
+        assert_eq!(o.warmup, 1);
+        assert_eq!(o.request_timeout(), Duration::from_secs(600));
+        assert_eq!(o.top_k, None);
     }
 
     #[test]

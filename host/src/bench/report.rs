@@ -80,6 +80,8 @@ pub fn table(summary: &Summary) -> String {
         &summary.tpot,
     );
     latency(&mut out, "Inter-token Latency", "ITL", &summary.itl);
+    // From sending the request to the end of its stream, queueing in the server included.
+    latency(&mut out, "End-to-end Latency", "E2EL", &summary.e2el);
     let _ = writeln!(out, "{:=^WIDTH$}", "");
     if let Some(error) = &summary.first_error {
         let _ = writeln!(out, "First error: {error}");
@@ -92,7 +94,7 @@ pub fn sweep_table(summaries: &[Summary]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>11} {:>4} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{:>11} {:>4} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "concurrency",
         "ok",
         "failed",
@@ -104,13 +106,15 @@ pub fn sweep_table(summaries: &[Summary]) -> String {
         "TPOT p50",
         "TPOT p99",
         "ITL p50",
-        "ITL p99"
+        "ITL p99",
+        "E2EL p50",
+        "E2EL p99"
     );
     for s in summaries {
         let concurrency = s.max_concurrency.map_or("inf".into(), |c| c.to_string());
         let _ = writeln!(
             out,
-            "{:>11} {:>4} {:>6} {:>9.2} {:>10.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
+            "{:>11} {:>4} {:>6} {:>9.2} {:>10.2} {:>10.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2}",
             concurrency,
             s.num_successful,
             s.num_failed,
@@ -122,7 +126,9 @@ pub fn sweep_table(summaries: &[Summary]) -> String {
             s.tpot.p50_ms,
             s.tpot.p99_ms,
             s.itl.p50_ms,
-            s.itl.p99_ms
+            s.itl.p99_ms,
+            s.e2el.p50_ms,
+            s.e2el.p99_ms
         );
     }
     if let Some(error) = summaries.iter().find_map(|s| s.first_error.as_ref()) {
@@ -323,9 +329,23 @@ mod tests {
             "Median TTFT (ms):",
             "P99 TPOT (ms):",
             "Mean ITL (ms):",
+            "Mean E2EL (ms):",
+            "Median E2EL (ms):",
+            "P99 E2EL (ms):",
         ] {
             assert!(text.contains(label), "missing {label} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_sweep_table_has_end_to_end_latency_columns() {
+        let text = sweep_table(&[summary(1), summary(2)]);
+        let header = text.lines().next().unwrap_or_default();
+        assert!(
+            header.contains("E2EL p50") && header.contains("E2EL p99"),
+            "{header}"
+        );
+        assert_eq!(text.lines().count(), 3);
     }
 
     #[test]

@@ -61,6 +61,7 @@ pub struct Summary {
     pub ttft: Distribution,
     pub tpot: Distribution,
     pub itl: Distribution,
+    /// End-to-end request latency: from sending to the end of the stream, successes only.
     pub e2el: Distribution,
 }
 
@@ -165,6 +166,9 @@ mod tests {
         assert_eq!(s.tpot.num_samples, 1);
         assert!((s.tpot.mean_ms - 100.0).abs() < 1e-6);
         assert_eq!(s.itl.num_samples, 4);
+        assert_eq!(s.e2el.num_samples, 2);
+        assert!((s.e2el.mean_ms - 350.0).abs() < 1e-6);
+        assert!((s.e2el.p99_ms - 497.0).abs() < 1e-6);
         assert_eq!(s.request_rate, None);
     }
 }
