@@ -171,9 +171,16 @@ fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
 }
 
+/// Copies into a temporary file beside `to`, then renames it over `to`: a server that has the
+/// old library mapped keeps its (unlinked) copy instead of crashing on a file rewritten in place.
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    std::fs::copy(from, to)
-        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    let mut partial = to.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    std::fs::copy(from, &partial)
+        .with_context(|| format!("copying {} to {}", from.display(), partial.display()))?;
+    std::fs::rename(&partial, to)
+        .with_context(|| format!("renaming {} to {}", partial.display(), to.display()))?;
     Ok(())
 }
 

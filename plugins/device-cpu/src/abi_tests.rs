@@ -10,7 +10,7 @@ use plughost_device_abi::{
 };
 
 use crate::attention::{self, AttentionShape, KvCache, StepLayout};
-use crate::linear::{self, LinearShape};
+use crate::linear::{self, Bf16Products, LinearShape};
 use crate::test_support::noise;
 use crate::workers::Workers;
 use crate::{elementwise, gather, kv_cache, norm, rotary, step_inputs};
@@ -458,7 +458,13 @@ fn step_in_process(weights: &Weights) -> StepOutputs {
             inner: HIDDEN,
             outputs,
         };
-        linear::linear(&normed, w, &mut out, shape, &workers);
+        linear::linear(
+            (&normed, w),
+            &mut out,
+            shape,
+            Bf16Products::default(),
+            &workers,
+        );
         out
     };
     let mut q = project(FloatSlice::F32(&weights.wq), q_width);

@@ -12,6 +12,9 @@
 //! the row, so each task owns a contiguous slice of `out` and reads each key and value row once
 //! for all of them.
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
@@ -206,6 +209,25 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
     let num_heads = query.len() / head_dim;
     let context_len = position + 1;
     with_scratch(num_heads * context_len, |scores| {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(head_dim, 64 | 128) && avx512::supported() {
+            let rows = avx512::Rows {
+                block_row: head.block_row,
+                block_size: head.shape.block_size,
+                num_kv_heads: head.shape.num_kv_heads,
+                kv_head: head.kv_head,
+                context_len,
+            };
+            let caches = (head.cache.keys, head.cache.values);
+            // SAFETY: supported (checked); `check_blocks` checked the blocks.
+            unsafe {
+                match head_dim {
+                    64 => avx512::attend::<4>(query, caches, &rows, scale, scores, out),
+                    _ => avx512::attend::<8>(query, caches, &rows, scale, scores, out),
+                }
+            }
+            return;
+        }
         for p in 0..context_len {
             let offset = head.offset(p);
             let key = &head.cache.keys[offset..offset + head_dim];
@@ -266,10 +288,10 @@ mod tests {
         queries: Vec<f32>,
     }
 
-    fn dense(seq: usize, sequence: &Sequence) -> Dense {
+    fn dense(seq: usize, sequence: &Sequence, head_dim: usize) -> Dense {
         let len = sequence.cached + sequence.computed;
-        let kv_len = len * NUM_KV_HEADS * HEAD_DIM;
-        let q_len = sequence.computed * NUM_HEADS * HEAD_DIM;
+        let kv_len = len * NUM_KV_HEADS * head_dim;
+        let q_len = sequence.computed * NUM_HEADS * head_dim;
         Dense {
             keys: (0..kv_len).map(|i| noise(100 + seq as u64, i)).collect(),
             values: (0..kv_len).map(|i| noise(200 + seq as u64, i)).collect(),
@@ -280,17 +302,17 @@ mod tests {
     }
 
     /// Plain causal attention over the dense K/V with f64 arithmetic.
-    fn reference(dense: &Dense, sequence: &Sequence, scale: f64) -> Vec<f64> {
+    fn reference(dense: &Dense, sequence: &Sequence, scale: f64, head_dim: usize) -> Vec<f64> {
         let group = NUM_HEADS / NUM_KV_HEADS;
         let mut out = Vec::new();
         for j in 0..sequence.computed {
             let position = sequence.cached + j;
             for h in 0..NUM_HEADS {
-                let q = &dense.queries[(j * NUM_HEADS + h) * HEAD_DIM..][..HEAD_DIM];
-                let kv = |p: usize| (p * NUM_KV_HEADS + h / group) * HEAD_DIM;
+                let q = &dense.queries[(j * NUM_HEADS + h) * head_dim..][..head_dim];
+                let kv = |p: usize| (p * NUM_KV_HEADS + h / group) * head_dim;
                 let scores: Vec<f64> = (0..=position)
                     .map(|p| {
-                        let k = &dense.keys[kv(p)..kv(p) + HEAD_DIM];
+                        let k = &dense.keys[kv(p)..kv(p) + head_dim];
                         let dot: f64 = q
                             .iter()
                             .zip(k)
@@ -302,7 +324,7 @@ mod tests {
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = weights.iter().sum();
-                for d in 0..HEAD_DIM {
+                for d in 0..head_dim {
                     let value: f64 = (0..=position)
                         .map(|p| weights[p] / total * f64::from(dense.values[kv(p) + d]))
                         .sum();
@@ -315,9 +337,9 @@ mod tests {
 
     /// Lays the sequences out in a paged cache (blocks handed out in a scattered order, unused
     /// table entries -1), adds one padding row, and compares with dense attention.
-    fn check_batch(what: &str, sequences: &[Sequence]) {
-        let scale = 1.0 / (HEAD_DIM as f32).sqrt();
-        let (q_width, kv_width) = (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM);
+    fn check_batch(what: &str, sequences: &[Sequence], head_dim: usize) {
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let (q_width, kv_width) = (NUM_HEADS * head_dim, NUM_KV_HEADS * head_dim);
         let blocks_per_seq = sequences
             .iter()
             .map(|s| (s.cached + s.computed).div_ceil(BLOCK_SIZE))
@@ -336,7 +358,7 @@ mod tests {
                 .by_ref()
                 .take(len.div_ceil(BLOCK_SIZE))
                 .collect();
-            let dense = dense(seq, sequence);
+            let dense = dense(seq, sequence, head_dim);
             for p in 0..len {
                 let slot = blocks[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
                 let rows = p * kv_width..(p + 1) * kv_width;
@@ -348,7 +370,7 @@ mod tests {
             q.extend_from_slice(&dense.queries);
             seq_lens.push(len as i32);
             query_start.push(query_start[seq] + sequence.computed as i32);
-            expected.extend(reference(&dense, sequence, f64::from(scale)));
+            expected.extend(reference(&dense, sequence, f64::from(scale), head_dim));
         }
         q.extend(std::iter::repeat_n(1.0, q_width));
         expected.extend(std::iter::repeat_n(0.0, q_width));
@@ -356,7 +378,7 @@ mod tests {
         let shape = AttentionShape {
             num_heads: NUM_HEADS,
             num_kv_heads: NUM_KV_HEADS,
-            head_dim: HEAD_DIM,
+            head_dim,
             block_size: BLOCK_SIZE,
             num_blocks: NUM_BLOCKS,
             blocks_per_seq,
@@ -427,7 +449,30 @@ mod tests {
             ),
         ];
         for (what, sequences) in cases {
-            check_batch(what, &sequences);
+            check_batch(what, &sequences, HEAD_DIM);
+        }
+    }
+
+    #[test]
+    fn heads_of_64_and_128_match_dense_causal_attention() {
+        // The sizes with a vector kernel of their own (where the CPU has AVX-512): a chunk
+        // after cached tokens, a prefill crossing several blocks, and a decode.
+        let sequences = [
+            Sequence {
+                cached: 9,
+                computed: 6,
+            },
+            Sequence {
+                cached: 0,
+                computed: 23,
+            },
+            Sequence {
+                cached: 41,
+                computed: 1,
+            },
+        ];
+        for head_dim in [64, 128] {
+            check_batch(&format!("head_dim {head_dim}"), &sequences, head_dim);
         }
     }
 

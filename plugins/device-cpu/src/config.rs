@@ -1,20 +1,25 @@
-//! The CPU device's `open` config: comma-separated `key=value` options (today only `threads`).
+//! The CPU device's `open` config: comma-separated `key=value` options (`threads`, `bf16_products`).
 
 use std::num::NonZeroUsize;
 use std::thread;
 
 use plughost_device_abi::config::{ConfigError, ConfigSpec};
 
+use crate::linear::Bf16Products;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuConfig {
     /// Worker threads for one launch; 1 runs every kernel on the calling thread.
     pub threads: NonZeroUsize,
+    /// `bf16_products=f32|bf16`: what bf16 weights are multiplied with (see [`Bf16Products`]).
+    pub bf16_products: Bf16Products,
 }
 
 impl Default for CpuConfig {
     fn default() -> CpuConfig {
         CpuConfig {
             threads: thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
+            bf16_products: Bf16Products::default(),
         }
     }
 }
@@ -22,7 +27,7 @@ impl Default for CpuConfig {
 /// The options `CpuConfig::parse` understands.
 const SPEC: ConfigSpec = ConfigSpec {
     device: "cpu",
-    known_keys: &["threads"],
+    known_keys: &["threads", "bf16_products"],
 };
 
 impl CpuConfig {
@@ -32,6 +37,7 @@ impl CpuConfig {
         for option in SPEC.parse(text)? {
             match option.key {
                 "threads" => config.threads = option.parse("a positive integer")?,
+                "bf16_products" => config.bf16_products = option.parse("`f32` or `bf16`")?,
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
@@ -46,6 +52,7 @@ mod tests {
     fn threads(count: usize) -> CpuConfig {
         CpuConfig {
             threads: NonZeroUsize::new(count).unwrap(),
+            ..CpuConfig::default()
         }
     }
 
@@ -65,7 +72,7 @@ mod tests {
             ),
             (
                 "thread=2",
-                Err("unknown cpu device option `thread` (known: threads)"),
+                Err("unknown cpu device option `thread` (known: threads, bf16_products)"),
             ),
             (
                 "threads=1,threads=2",

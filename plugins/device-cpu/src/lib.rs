@@ -55,6 +55,7 @@ pub(crate) struct Context {
     pub workers: Workers,
     /// Small per-launch conversions (a norm weight widened to f32) reuse this buffer.
     pub scratch: Vec<f32>,
+    pub bf16_products: linear::Bf16Products,
 }
 
 impl DeviceBackend for CpuDevice {
@@ -66,6 +67,7 @@ impl DeviceBackend for CpuDevice {
             context: Context {
                 workers,
                 scratch: Vec::new(),
+                bf16_products: config.bf16_products,
             },
         })
     }

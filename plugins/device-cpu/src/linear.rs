@@ -1,45 +1,43 @@
 //! `linear`: `out[T,N] = x[T,K] · w[N,K]ᵀ` in f32 over f32, f16 or bf16 weights, with results that do not depend on the batch.
 //!
-//! One arithmetic for every `T`. `w` is split into panels of `NR` rows and threads take
-//! whole panels. Per K block of `KC` columns a panel is packed into a k-major f32 tile in
-//! the thread's scratch (`tile`, widening f16/bf16), and the `MR`-token `microkernel`
-//! runs over the tile for each group of tokens; above `MC` tokens the tokens go in blocks,
-//! so the block of `x` a tile meets stays in L2. One or two tokens on AVX2 skip the tile:
-//! `few_tokens` feeds the transposed columns (`columns`) straight into the same FMAs.
+//! Every output is a dot product of a token row and a weight row, both contiguous in `k`: the
+//! weights are read where they lie, in their stored precision, with no packed or widened copy.
+//! Threads take panels of [`NR`] weight rows; a panel meets the tokens `MR` at a time (`MR`
+//! per instruction set), so one pass over a weight row serves several tokens, and with one
+//! token (decode) the `NR` rows stream from memory side by side.
 //!
-//! Batch invariance: every output element is summed in one fixed order, `out = Σ_b (Σ_{k in
-//! block b} x[t][k]·w[n][k])`, each K block of `KC` a chain of FMAs in `k` order from 0 and
-//! the block sums added to `out` in block order. `KC` is a constant, so the order depends on
-//! `K` alone: not on `T`, not on where token `t` sits in the batch, not on how the panels are
-//! spread over threads, not on which kernel runs. Token groups and panels only choose which
-//! register lane holds a chain; tails (fewer than `MR` tokens, fewer than `NR` outputs, a
-//! last K block shorter than `KC`) run the same chain in a narrower kernel or a zero-padded
-//! lane; partial sums pass through `out` as f32, exactly. So a prompt prefilled alone, in
-//! chunks or inside a batch gets the same bits. (Blocking the sum also keeps its rounding
-//! error nearer that of pairwise summation than one K-long chain would.)
+//! On AVX-512 with BF16 (`vdpbf16ps`), bf16 weights meet the activations rounded to bf16, the
+//! precision llama.cpp's BF16 path uses; f32 and f16 weights, and every weight on AVX2, meet
+//! f32 activations in f32 FMAs.
+//!
+//! Batch invariance: an output element is one vector accumulator whose lanes take the
+//! products of their residue class of `k` in `k` order, then one fixed reduction tree (see
+//! `avx512` and `avx2`); which tile, which token group and which thread computes it changes
+//! no instruction of that sequence. So a prompt prefilled alone, in chunks or inside a batch
+//! gets the same bits. One machine always runs one instruction set, chosen by [`Isa::detect`].
 
 #[cfg(target_arch = "x86_64")]
-mod columns;
+mod avx2;
 #[cfg(target_arch = "x86_64")]
-mod few_tokens;
-mod microkernel;
-mod tile;
+pub(crate) mod avx512;
+mod portable;
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ops::Range;
 
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
+use crate::widen::widen_into;
 use crate::workers::{Workers, with_scratch};
 
-use microkernel::{Call, Isa, MR};
-use tile::{Block, KC, NR, TILE_LEN};
+/// Weight rows per panel: the outputs of one tile.
+pub const NR: usize = 6;
 
-/// Most tokens one pass over a tile serves: an `MC × KC` block of `x` (240 KiB) stays in L2
-/// while the panels stream past it. Larger batches repack `w` once per block, a small cost
-/// next to `MC` tokens of arithmetic.
-const MC: usize = 40 * MR;
+/// Most tokens one pass over a panel serves: their activation rows (`64 × K`) stay in L2
+/// while the panels of a task stream past them.
+const MC: usize = 64;
 
 /// Below this many multiply-adds a launch runs as one task on the calling thread: waking the
 /// workers would take longer than the work.
@@ -47,6 +45,68 @@ const MIN_PARALLEL_WORK: usize = 128 * 1024;
 
 /// Tasks per thread: enough to even out panels that finish at different speeds.
 const TASKS_PER_THREAD: usize = 4;
+
+/// The instruction set the kernels run on, chosen once per machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512 F/BW/DQ/VL with BF16.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// AVX2 and FMA, with F16C for widening f16.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
+}
+
+impl Isa {
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx512::supported() {
+                return Isa::Avx512;
+            }
+            if avx2::supported() {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Portable
+    }
+
+    /// Tokens per tile.
+    fn tile_tokens(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => avx512::MR,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => avx2::MR,
+            Isa::Portable => portable::MR,
+        }
+    }
+}
+
+/// What bf16 weights are multiplied with where the CPU has AVX-512 BF16 (elsewhere: f32).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Bf16Products {
+    /// f32 activations times the widened weights in f32 FMAs, as for f32 and f16 weights.
+    F32,
+    /// Activations rounded to bf16 and pairs of products summed by `vdpbf16ps`: the weights
+    /// are read as stored, with no widening, so decode streams them faster and batches and
+    /// prefill run at twice the arithmetic rate; the precision of llama.cpp's BF16 path.
+    #[default]
+    Bf16,
+}
+
+impl std::str::FromStr for Bf16Products {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Bf16Products, String> {
+        match text {
+            "f32" => Ok(Bf16Products::F32),
+            "bf16" => Ok(Bf16Products::Bf16),
+            other => Err(format!("`{other}` is neither `f32` nor `bf16`")),
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearShape {
@@ -66,23 +126,40 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     };
     let mut views = launch.views()?;
     let (x, w) = (views.f32("x"), views.float("w"));
-    linear(x, w, views.f32_mut("out"), shape, &context.workers);
+    let isa = Isa::detect();
+    let out = views.f32_mut("out");
+    linear_on(
+        isa,
+        context.bf16_products,
+        x,
+        w,
+        out,
+        shape,
+        &context.workers,
+    );
     Ok(())
 }
 
 /// Slices hold exactly `T*K`, `N*K` and `T*N` elements (the export layer checked the shapes).
 pub fn linear(
-    x: &[f32],
-    w: FloatSlice<'_>,
+    (x, w): (&[f32], FloatSlice<'_>),
     out: &mut [f32],
     shape: LinearShape,
+    bf16_products: Bf16Products,
     workers: &Workers,
 ) {
-    linear_on(Isa::detect(), x, w, out, shape, workers)
+    linear_on(Isa::detect(), bf16_products, x, w, out, shape, workers)
+}
+
+thread_local! {
+    /// The activations rounded to bf16 for the `vdpbf16ps` path; grows to the largest launch
+    /// and is reused.
+    static X_BF16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
 fn linear_on(
     isa: Isa,
+    bf16_products: Bf16Products,
     x: &[f32],
     w: FloatSlice<'_>,
     out: &mut [f32],
@@ -111,155 +188,286 @@ fn linear_on(
     if tokens == 0 || outputs == 0 {
         return;
     }
-    let num_panels = outputs.div_ceil(NR);
-    // The split decides only which thread computes a panel, never how (see the module docs).
-    let panels_per_task = if tokens * inner * outputs < MIN_PARALLEL_WORK {
-        num_panels
-    } else {
-        num_panels.div_ceil(TASKS_PER_THREAD * workers.threads())
-    };
-    let work = Work {
-        isa,
-        x,
-        w,
-        out: SharedOut::new(out, outputs),
+    let out = SharedOut::new(out, outputs);
+    let plan = Plan {
         shape,
+        tile_tokens: isa.tile_tokens(),
     };
-    workers.for_each(num_panels.div_ceil(panels_per_task), |task| {
-        let first = task * panels_per_task;
-        work.panels(first..(first + panels_per_task).min(num_panels));
-    });
-}
-
-/// One launch's operands, as every task sees them.
-#[derive(Clone, Copy)]
-struct Work<'a> {
-    isa: Isa,
-    x: &'a [f32],
-    w: FloatSlice<'a>,
-    out: SharedOut<'a>,
-    shape: LinearShape,
-}
-
-impl Work<'_> {
-    /// `out[:, outputs of panels]`; the caller owns those columns of `out`.
-    fn panels(&self, panels: Range<usize>) {
+    match (isa, w) {
         #[cfg(target_arch = "x86_64")]
-        if self.isa == Isa::Avx2Fma && self.shape.tokens <= few_tokens::MAX_TOKENS {
-            return self.few_tokens(panels);
-        }
-        self.packed(panels);
-    }
-
-    /// The microkernel path: each panel packed K block by K block, every token group run
-    /// over each tile.
-    fn packed(&self, panels: Range<usize>) {
-        with_scratch(TILE_LEN + TILE_ALIGN, |scratch| {
-            let tile = aligned_tile(scratch);
-            for tokens in token_blocks(self.shape.tokens) {
-                for panel in panels.clone() {
-                    self.panel_times_tokens(panel, tokens.clone(), tile);
+        (Isa::Avx512, FloatSlice::BF16(bits)) if bf16_products == Bf16Products::Bf16 => X_BF16
+            .with(|cell| {
+                let mut rounded = cell.borrow_mut();
+                rounded.resize(x.len(), 0);
+                for (row, row_bits) in x.chunks(inner).zip(rounded.chunks_mut(inner)) {
+                    // SAFETY: `Isa::Avx512` comes from `avx512::supported`.
+                    unsafe { avx512::round_row_to_bf16(row, row_bits) };
                 }
-            }
-        });
-    }
-
-    /// `out[tokens, panel's outputs]`, K block by K block.
-    fn panel_times_tokens(&self, panel: usize, tokens: Range<usize>, tile: &mut [f32]) {
-        let LinearShape { inner, outputs, .. } = self.shape;
-        let n0 = panel * NR;
-        let rows = NR.min(outputs - n0);
-        for k0 in (0..inner).step_by(KC) {
-            let kc = KC.min(inner - k0);
-            let block = Block {
-                first_row: n0,
-                rows,
-                k0,
-                kc,
-                inner,
-            };
-            tile::pack(self.isa, self.w, block, tile);
-            for (t, group) in token_groups(tokens.clone()) {
-                let call = Call {
-                    tokens: group,
-                    kc,
-                    tile: tile.as_ptr(),
-                    // In bounds: `t + group <= T` and `k0 + kc <= K`.
-                    x: self.x[t * inner + k0..].as_ptr(),
-                    x_stride: inner,
-                    out: std::ptr::null_mut(),
-                    out_stride: outputs,
-                    first: k0 == 0,
-                };
-                // SAFETY: `isa` came from `Isa::detect`; the tile holds `kc * NR` packed values;
-                // `group` token rows of `x` from `t` have `kc` elements from `k0`; this task
-                // owns the panel's columns of `out`.
-                unsafe { self.out.update_block(self.isa, call, t, n0, rows) };
-            }
+                let rounded: &[u16] = &rounded;
+                plan.run(workers, &|tokens, n0, columns| {
+                    let tile = avx512::Tile {
+                        x: rounded[tokens.start * inner..].as_ptr(),
+                        x_stride: inner,
+                        w: panel_rows(bits, n0, columns, inner),
+                        inner,
+                        out: out.block(tokens.start, n0, tokens.len(), columns),
+                        out_stride: outputs,
+                        columns,
+                    };
+                    // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
+                    // row in bounds; the task owns the panel's columns of `out`.
+                    unsafe { by_tokens!(tokens.len(), 4, |M| avx512::bf16::<M>(&tile)) }
+                })
+            }),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::F32(values)) => {
+            plan.run(workers, &|tokens, n0, columns| {
+                let tile = avx512_tile(x, values, shape, &out, (tokens.clone(), n0, columns));
+                // SAFETY: as above.
+                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<f32, M>(&tile)) }
+            })
         }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::BF16(bits)) => {
+            let bits = as_wide::<Bf16Bits>(bits);
+            plan.run(workers, &|tokens, n0, columns| {
+                let tile = avx512_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
+                // SAFETY: as above.
+                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<Bf16Bits, M>(&tile)) }
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::F16(bits)) => {
+            let bits = as_wide::<F16Bits>(bits);
+            plan.run(workers, &|tokens, n0, columns| {
+                let tile = avx512_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
+                // SAFETY: as above.
+                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<F16Bits, M>(&tile)) }
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::F32(values)) => plan.run(workers, &|tokens, n0, columns| {
+            let tile = avx2_tile(x, values, shape, &out, (tokens.clone(), n0, columns));
+            // SAFETY: as above, with `avx2::supported`.
+            unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<f32, M>(&tile)) }
+        }),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::BF16(bits)) => {
+            let bits = as_wide::<Bf16Bits>(bits);
+            plan.run(workers, &|tokens, n0, columns| {
+                let tile = avx2_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
+                // SAFETY: as above.
+                unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<Bf16Bits, M>(&tile)) }
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::F16(bits)) => {
+            let bits = as_wide::<F16Bits>(bits);
+            plan.run(workers, &|tokens, n0, columns| {
+                let tile = avx2_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
+                // SAFETY: as above.
+                unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<F16Bits, M>(&tile)) }
+            })
+        }
+        (Isa::Portable, w) => plan.run(workers, &|tokens, n0, columns| {
+            with_scratch(NR * inner, |rows| {
+                for j in 0..NR {
+                    // Past the last row, repeat it: those outputs are not stored.
+                    let row = n0 + j.min(columns - 1);
+                    widen_into(w, row * inner, &mut rows[j * inner..(j + 1) * inner]);
+                }
+                let tile = portable::Tile {
+                    x: &x[tokens.start * inner..tokens.end * inner],
+                    tokens: tokens.len(),
+                    w: std::array::from_fn(|j| &rows[j * inner..(j + 1) * inner]),
+                    out: out.block(tokens.start, n0, tokens.len(), columns),
+                    out_stride: outputs,
+                    columns,
+                };
+                // SAFETY: the task owns the panel's columns of `out`.
+                unsafe { portable::run(&tile) }
+            })
+        }),
     }
+}
 
-    /// One or two tokens: full panels one by one; a last, partial panel through the
-    /// microkernel path.
-    #[cfg(target_arch = "x86_64")]
-    fn few_tokens(&self, panels: Range<usize>) {
+/// Calls the const-generic `$kernel` for a tile of `$tokens` tokens (`1..=$max`).
+macro_rules! by_tokens {
+    ($tokens:expr, 4, |$m:ident| $call:expr) => {
+        match $tokens {
+            1 => {
+                const $m: usize = 1;
+                $call
+            }
+            2 => {
+                const $m: usize = 2;
+                $call
+            }
+            3 => {
+                const $m: usize = 3;
+                $call
+            }
+            4 => {
+                const $m: usize = 4;
+                $call
+            }
+            other => unreachable!("a tile of {other} tokens"),
+        }
+    };
+    ($tokens:expr, 2, |$m:ident| $call:expr) => {
+        match $tokens {
+            1 => {
+                const $m: usize = 1;
+                $call
+            }
+            2 => {
+                const $m: usize = 2;
+                $call
+            }
+            other => unreachable!("a tile of {other} tokens"),
+        }
+    };
+}
+use by_tokens;
+
+/// The first element of each of the panel's `NR` weight rows; past the last of `columns`
+/// rows it repeats that row (those outputs are computed but not stored).
+fn panel_rows<W>(w: &[W], n0: usize, columns: usize, inner: usize) -> [*const W; NR] {
+    std::array::from_fn(|j| w[(n0 + j.min(columns - 1)) * inner..].as_ptr())
+}
+
+/// f16 weight bits, a type of their own so kernels widen them as f16.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct F16Bits(u16);
+
+impl F16Bits {
+    pub fn to_f32(self) -> f32 {
+        half::f16::from_bits(self.0).to_f32()
+    }
+}
+
+/// bf16 weight bits, a type of their own so kernels widen them as bf16.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Bf16Bits(u16);
+
+impl Bf16Bits {
+    pub fn to_f32(self) -> f32 {
+        crate::widen::bf16_to_f32(self.0)
+    }
+}
+
+/// The same bits seen as the weight type a kernel widens.
+#[cfg(target_arch = "x86_64")]
+fn as_wide<W: Copy>(bits: &[u16]) -> &[W] {
+    const { assert!(size_of::<W>() == size_of::<u16>() && align_of::<W>() == align_of::<u16>()) };
+    // SAFETY: `W` is a `repr(transparent)` newtype of `u16` (same size and alignment, checked
+    // above), valid for every bit pattern.
+    unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
+}
+
+/// A tile's token rows, panel and output block; `(tokens, n0, columns)`.
+type TileAt = (Range<usize>, usize, usize);
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_tile<W>(
+    x: &[f32],
+    w: &[W],
+    shape: LinearShape,
+    out: &SharedOut<'_>,
+    (tokens, n0, columns): TileAt,
+) -> avx512::Tile<f32, W> {
+    avx512::Tile {
+        x: x[tokens.start * shape.inner..].as_ptr(),
+        x_stride: shape.inner,
+        w: panel_rows(w, n0, columns, shape.inner),
+        inner: shape.inner,
+        out: out.block(tokens.start, n0, tokens.len(), columns),
+        out_stride: shape.outputs,
+        columns,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_tile<W>(
+    x: &[f32],
+    w: &[W],
+    shape: LinearShape,
+    out: &SharedOut<'_>,
+    (tokens, n0, columns): TileAt,
+) -> avx2::Tile<W> {
+    avx2::Tile {
+        x: x[tokens.start * shape.inner..].as_ptr(),
+        x_stride: shape.inner,
+        w: panel_rows(w, n0, columns, shape.inner),
+        inner: shape.inner,
+        out: out.block(tokens.start, n0, tokens.len(), columns),
+        out_stride: shape.outputs,
+        columns,
+    }
+}
+
+/// How one launch is cut into tasks, panels and token groups.
+struct Plan {
+    shape: LinearShape,
+    tile_tokens: usize,
+}
+
+impl Plan {
+    /// Calls `tile(tokens, n0, columns)` for every token group and panel, spread over the
+    /// workers by panels: each task owns the columns of its panels.
+    fn run(&self, workers: &Workers, tile: &(dyn Fn(Range<usize>, usize, usize) + Sync)) {
         let LinearShape {
             tokens,
             inner,
             outputs,
         } = self.shape;
-        let full = panels.start..panels.end.min(outputs / NR);
-        for panel in full.clone() {
-            let call = few_tokens::Call {
-                tokens,
-                first_row: panel * NR,
-                inner,
-                x: self.x.as_ptr(),
-                out: self.out.block(0, panel * NR, tokens, NR),
-                out_stride: outputs,
-            };
-            // SAFETY: `isa` vouches for AVX2, FMA and F16C; `tokens <= MAX_TOKENS` (checked by
-            // the caller); the panel is full, so its rows exist; `x` holds `tokens` rows;
-            // `block` checked the output block, whose columns this task owns.
-            unsafe { few_tokens::run(self.w, &call) };
-        }
-        if full.end < panels.end {
-            self.packed(full.end..panels.end);
-        }
+        let num_panels = outputs.div_ceil(NR);
+        // The split decides only which thread computes a panel, never how (see the module docs).
+        let panels_per_task = if tokens * inner * outputs < MIN_PARALLEL_WORK {
+            num_panels
+        } else {
+            num_panels.div_ceil(TASKS_PER_THREAD * workers.threads())
+        };
+        workers.for_each(num_panels.div_ceil(panels_per_task), |task| {
+            let first = task * panels_per_task;
+            let panels = first..(first + panels_per_task).min(num_panels);
+            for block in token_blocks(tokens, self.tile_tokens) {
+                for panel in panels.clone() {
+                    let n0 = panel * NR;
+                    let columns = NR.min(outputs - n0);
+                    for group in token_groups(block.clone(), self.tile_tokens) {
+                        tile(group, n0, columns);
+                    }
+                }
+            }
+        });
     }
 }
 
-/// f32s of slack in the scratch for aligning the tile to a cache line.
-const TILE_ALIGN: usize = 64 / size_of::<f32>();
-
-/// The [`TILE_LEN`] f32s of `scratch` that start on a cache line, so no load splits one.
-fn aligned_tile(scratch: &mut [f32]) -> &mut [f32] {
-    let offset = scratch.as_ptr().align_offset(64).min(TILE_ALIGN);
-    &mut scratch[offset..offset + TILE_LEN]
-}
-
-/// `0..T` cut into at most [`MC`]-token blocks of nearly equal size (multiples of [`MR`] but
-/// the last).
-fn token_blocks(tokens: usize) -> impl Iterator<Item = Range<usize>> {
+/// `0..T` cut into at most [`MC`]-token blocks of nearly equal size (multiples of
+/// `tile_tokens` but the last).
+fn token_blocks(tokens: usize, tile_tokens: usize) -> impl Iterator<Item = Range<usize>> {
     let num_blocks = tokens.div_ceil(MC);
-    let block = tokens.div_ceil(num_blocks).div_ceil(MR) * MR;
+    let block = tokens.div_ceil(num_blocks).div_ceil(tile_tokens) * tile_tokens;
     (0..tokens)
         .step_by(block)
         .map(move |start| start..(start + block).min(tokens))
 }
 
-/// `tokens` cut into the fewest groups of at most [`MR`] tokens, of sizes differing by at most
-/// one, as `(first token, size)`: 128 tokens make 18 groups of 6 and 4 of 5 rather than 21 of
-/// 6 and one of 2, whose four FMA chains would leave the FMA units waiting.
-fn token_groups(tokens: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
-    let num_groups = tokens.len().div_ceil(MR);
+/// `tokens` cut into the fewest groups of at most `tile_tokens`, of sizes differing by at most
+/// one: 13 tokens in tiles of 4 make 4, 3, 3, 3 rather than 4, 4, 4, 1, whose one-token tile
+/// would read its weights for a single token.
+fn token_groups(tokens: Range<usize>, tile_tokens: usize) -> impl Iterator<Item = Range<usize>> {
+    let num_groups = tokens.len().div_ceil(tile_tokens);
     let (size, larger) = match num_groups {
         0 => (0, 0),
         _ => (tokens.len() / num_groups, tokens.len() % num_groups),
     };
     (0..num_groups).map(move |group| {
         let first = tokens.start + group * size + group.min(larger);
-        (first, size + usize::from(group < larger))
+        first..first + size + usize::from(group < larger)
     })
 }
 
@@ -275,7 +483,8 @@ struct SharedOut<'a> {
 }
 
 // SAFETY: a `SharedOut` stands for an exclusive borrow, and its users write disjoint elements
-// (see `SharedOut::update_block`), so handing copies to other threads cannot make a data race.
+// (each task its own panels' columns), so handing copies to other threads cannot make a data
+// race.
 unsafe impl Send for SharedOut<'_> {}
 // SAFETY: as above.
 unsafe impl Sync for SharedOut<'_> {}
@@ -292,7 +501,7 @@ impl<'a> SharedOut<'a> {
 
     /// Element `[t, n0]` of the block of rows `t..t + tokens`, columns `n0..n0 + columns`,
     /// checked to lie inside `out`.
-    fn block(self, t: usize, n0: usize, tokens: usize, columns: usize) -> *mut f32 {
+    fn block(&self, t: usize, n0: usize, tokens: usize, columns: usize) -> *mut f32 {
         assert!(
             tokens > 0 && n0 + columns <= self.width && (t + tokens) * self.width <= self.len,
             "block of {tokens} rows from {t}, {columns} columns from {n0}, outside {} rows of {}",
@@ -301,43 +510,6 @@ impl<'a> SharedOut<'a> {
         );
         // In bounds: row `t` lies inside `out`.
         self.start.wrapping_add(t * self.width + n0)
-    }
-
-    /// Runs `call` against the block of `out` at token row `t`, columns `n0..n0 + columns`
-    /// (`call.out` and `call.out_stride` are set here). A block narrower than [`NR`] (a last,
-    /// partial panel) goes through a full-width copy, so the microkernel never writes past it.
-    ///
-    /// # Safety
-    /// [`microkernel::run`]'s contract for everything but `out`; no other thread reads or
-    /// writes this block of `out` during the parallel section.
-    unsafe fn update_block(self, isa: Isa, mut call: Call, t: usize, n0: usize, columns: usize) {
-        assert!(columns <= NR);
-        let start = self.block(t, n0, call.tokens, columns);
-        if columns == NR {
-            call.out = start;
-            call.out_stride = self.width;
-            // SAFETY: in bounds (checked); unshared and otherwise valid by the contract.
-            unsafe { microkernel::run(isa, &call) };
-            return;
-        }
-        let mut block = [0.0f32; MR * NR];
-        let rows = |m: usize| start.wrapping_add(m * self.width);
-        if !call.first {
-            for m in 0..call.tokens {
-                // SAFETY: in bounds (checked above) and unshared (the contract).
-                let row = unsafe { std::slice::from_raw_parts(rows(m), columns) };
-                block[m * NR..m * NR + columns].copy_from_slice(row);
-            }
-        }
-        call.out = block.as_mut_ptr();
-        call.out_stride = NR;
-        // SAFETY: `block` has `NR` f32s for each of the `call.tokens <= MR` tokens.
-        unsafe { microkernel::run(isa, &call) };
-        for m in 0..call.tokens {
-            // SAFETY: as above.
-            let row = unsafe { std::slice::from_raw_parts_mut(rows(m), columns) };
-            row.copy_from_slice(&block[m * NR..m * NR + columns]);
-        }
     }
 }
 
@@ -403,13 +575,31 @@ mod tests {
         out
     }
 
-    /// Every microkernel this machine can run: the portable one and, where present, AVX2+FMA.
-    fn isas() -> Vec<Isa> {
-        let mut isas = vec![Isa::Portable];
-        if Isa::detect() != Isa::Portable {
-            isas.push(Isa::detect());
+    /// Every kernel family this machine can run: instruction set and bf16 products.
+    fn kernels() -> Vec<(Isa, Bf16Products)> {
+        let mut kernels = vec![(Isa::Portable, Bf16Products::F32)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if avx2::supported() {
+                kernels.push((Isa::Avx2, Bf16Products::F32));
+            }
+            if avx512::supported() {
+                kernels.push((Isa::Avx512, Bf16Products::F32));
+                kernels.push((Isa::Avx512, Bf16Products::Bf16));
+            }
         }
-        isas
+        kernels
+    }
+
+    /// The activations a kernel multiplies `dtype` weights with: rounded to bf16 on the
+    /// `vdpbf16ps` path, as they are otherwise.
+    fn activations_seen(kernel: (Isa, Bf16Products), dtype: &str, x: &[f32]) -> Vec<f32> {
+        #[cfg(target_arch = "x86_64")]
+        if kernel == (Isa::Avx512, Bf16Products::Bf16) && dtype == "bf16" {
+            return x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        }
+        let _ = (kernel, dtype);
+        x.to_vec()
     }
 
     #[test]
@@ -425,7 +615,7 @@ mod tests {
             (64, 2000, 161),
             (250, 37, 40),
         ];
-        for isa in isas() {
+        for (isa, products) in kernels() {
             for threads in [1, 2] {
                 let workers = Workers::new(threads).unwrap();
                 for (tokens, inner, outputs) in shapes {
@@ -439,13 +629,14 @@ mod tests {
                     for dtype in ["f32", "f16", "bf16"] {
                         let (w, w_exact) = (weights.slice(dtype), weights.exact(dtype));
                         let mut out = vec![f32::NAN; tokens * outputs];
-                        linear_on(isa, &x, w, &mut out, shape, &workers);
-                        let expected = reference(&x, &w_exact, shape);
+                        linear_on(isa, products, &x, w, &mut out, shape, &workers);
+                        let x_seen = activations_seen((isa, products), dtype, &x);
+                        let expected = reference(&x_seen, &w_exact, shape);
                         for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {
                             // Sums of K products of values below 1 in f32: error ~ sqrt(K) ulp.
                             assert!(
                                 (f64::from(got) - want).abs() < 2e-6 * (inner as f64).sqrt(),
-                                "{isa:?} {shape:?} {dtype} {threads} threads: \
+                                "{isa:?} {products:?} {shape:?} {dtype} {threads} threads: \
                                  out[{i}] = {got}, expected {want}"
                             );
                         }
@@ -457,7 +648,7 @@ mod tests {
 
     /// `x · wᵀ` for the token rows of `x` in one launch, as f32 bits.
     fn launch_bits(
-        isa: Isa,
+        (isa, products): (Isa, Bf16Products),
         x: &[f32],
         w: FloatSlice<'_>,
         inner: usize,
@@ -469,7 +660,7 @@ mod tests {
             outputs: w.len() / inner,
         };
         let mut out = vec![f32::NAN; shape.tokens * shape.outputs];
-        linear_on(isa, x, w, &mut out, shape, workers);
+        linear_on(isa, products, x, w, &mut out, shape, workers);
         out.iter().map(|v| v.to_bits()).collect()
     }
 
@@ -482,12 +673,13 @@ mod tests {
         for (tokens, inner, outputs) in [(70, 603, 325), (250, 300, 40)] {
             let x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i)).collect();
             let weights = Weights::new(outputs * inner);
-            let isa = Isa::detect();
-            for threads in [1, 2] {
+            let detected = Isa::detect();
+            let kernels = kernels().into_iter().filter(|(isa, _)| *isa == detected);
+            for (kernel, threads) in kernels.flat_map(|kernel| [(kernel, 1), (kernel, 2)]) {
                 let workers = Workers::new(threads).unwrap();
                 for dtype in ["f32", "f16", "bf16"] {
                     let w = weights.slice(dtype);
-                    let launch = |rows: &[f32]| launch_bits(isa, rows, w, inner, &workers);
+                    let launch = |rows: &[f32]| launch_bits(kernel, rows, w, inner, &workers);
                     let in_chunks_of =
                         |n: usize| -> Vec<u32> { x.chunks(n * inner).flat_map(launch).collect() };
                     // Token `t` at position `t % BATCH` among other tokens.
@@ -512,8 +704,8 @@ mod tests {
                     for (way, bits) in ways {
                         if let Some(i) = (0..whole.len()).find(|&i| bits[i] != whole[i]) {
                             panic!(
-                                "T={tokens} K={inner} N={outputs} {dtype} {threads} threads: \
-                                 token {} output {} is {} {way}, {} in one batch",
+                                "{kernel:?} T={tokens} K={inner} N={outputs} {dtype} \
+                                 {threads} threads: token {} output {} is {} {way}, {} in one batch",
                                 i / outputs,
                                 i % outputs,
                                 f32::from_bits(bits[i]),
@@ -527,41 +719,44 @@ mod tests {
     }
 
     #[test]
-    fn portable_and_vector_kernels_agree_bit_for_bit() {
-        // A fused multiply-add is one correctly rounded operation on any path.
-        let (tokens, inner, outputs) = (13, 300, 40);
-        let x: Vec<f32> = (0..tokens * inner).map(|i| noise(17, i)).collect();
-        let weights = Weights::new(outputs * inner);
-        let workers = Workers::new(1).unwrap();
-        for dtype in ["f32", "f16", "bf16"] {
-            let w = weights.slice(dtype);
-            let results: Vec<Vec<u32>> = isas()
-                .into_iter()
-                .map(|isa| launch_bits(isa, &x, w, inner, &workers))
+    fn rounding_to_bf16_matches_round_to_nearest_even() {
+        #[cfg(target_arch = "x86_64")]
+        if avx512::supported() {
+            // 37 values: two full vectors and a masked tail; ties, signs and tiny values.
+            let x: Vec<f32> = (0..37)
+                .map(|i| match i {
+                    0 => f32::from_bits(0x3f80_8000), // a tie, rounds to even (down)
+                    1 => f32::from_bits(0x3f81_8000), // a tie, rounds to even (up)
+                    _ => noise(19, i) * 10f32.powi(i as i32 % 7 - 3),
+                })
                 .collect();
-            assert!(results.windows(2).all(|pair| pair[0] == pair[1]), "{dtype}");
+            let mut bits = vec![0u16; x.len()];
+            // SAFETY: checked above.
+            unsafe { avx512::round_row_to_bf16(&x, &mut bits) };
+            let expected: Vec<u16> = x.iter().map(|&v| bf16::from_f32(v).to_bits()).collect();
+            assert_eq!(bits, expected);
         }
     }
 
     #[test]
     fn token_groups_cover_the_block_evenly() {
-        type Groups = &'static [(usize, usize)];
+        type Groups = &'static [Range<usize>];
         let cases: [(Range<usize>, Groups); 4] = [
             (0..0, &[]),
-            (3..4, &[(3, 1)]),
-            (0..7, &[(0, 4), (4, 3)]),
-            (10..23, &[(10, 5), (15, 4), (19, 4)]),
+            (3..4, &[Range { start: 3, end: 4 }]),
+            (0..7, &[0..4, 4..7]),
+            (10..23, &[10..14, 14..17, 17..20, 20..23]),
         ];
         for (tokens, groups) in cases {
             assert_eq!(
-                token_groups(tokens.clone()).collect::<Vec<_>>(),
+                token_groups(tokens.clone(), 4).collect::<Vec<_>>(),
                 groups,
                 "{tokens:?}"
             );
         }
-        let sizes: Vec<usize> = token_groups(0..128).map(|(_, size)| size).collect();
-        assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (22, 128));
-        assert!(sizes.iter().all(|&size| size == 5 || size == 6));
+        let sizes: Vec<usize> = token_groups(0..130, 4).map(|group| group.len()).collect();
+        assert_eq!((sizes.len(), sizes.iter().sum::<usize>()), (33, 130));
+        assert!(sizes.iter().all(|&size| size == 3 || size == 4));
     }
 
     #[test]
@@ -573,10 +768,10 @@ mod tests {
             outputs: 3,
         };
         linear(
-            &[],
-            FloatSlice::F32(&[]),
+            (&[], FloatSlice::F32(&[])),
             &mut out,
             shape,
+            Bf16Products::default(),
             &Workers::new(1).unwrap(),
         );
         assert_eq!(out, vec![0.0; 6]);
@@ -596,7 +791,13 @@ mod tests {
         let weights = Weights::new(outputs * inner);
         for threads in [1, 2] {
             let workers = Workers::new(threads).unwrap();
-            for dtype in ["f32", "bf16", "f16"] {
+            let cases = [
+                ("f32", Bf16Products::F32),
+                ("bf16", Bf16Products::F32),
+                ("bf16", Bf16Products::Bf16),
+                ("f16", Bf16Products::F32),
+            ];
+            for (dtype, products) in cases {
                 let element_bytes = if dtype == "f32" { 4 } else { 2 };
                 let weight_bytes = (outputs * inner * element_bytes) as f64;
                 let copies: Vec<Weights> = (0..(256 << 20) / (outputs * inner * element_bytes))
@@ -618,17 +819,17 @@ mod tests {
                         "hot" => weights.slice(dtype),
                         _ => copies[i % copies.len()].slice(dtype),
                     };
-                    linear(&x, pick(0), &mut out, shape, &workers);
+                    linear((&x, pick(0)), &mut out, shape, products, &workers);
                     let repeats = if tokens == 1 { 400 } else { 10 };
                     let started = Instant::now();
                     for i in 0..repeats {
-                        linear(&x, pick(i + 1), &mut out, shape, &workers);
+                        linear((&x, pick(i + 1)), &mut out, shape, products, &workers);
                     }
                     let seconds = started.elapsed().as_secs_f64() / repeats as f64;
                     let flops = 2.0 * (tokens * inner * outputs) as f64;
                     println!(
-                        "linear T={tokens:<3} K={inner} N={outputs} {dtype:<4} {temperature:<4} \
-                         threads={threads}: {:8.1} us {:6.1} GB/s of weights {:6.1} GFLOP/s",
+                        "linear T={tokens:<3} K={inner} N={outputs} {dtype:<4} {products:?} \
+                         {temperature:<4} threads={threads}: {:8.1} us {:6.1} GB/s of weights {:6.1} GFLOP/s",
                         seconds * 1e6,
                         weight_bytes / seconds / 1e9,
                         flops / seconds / 1e9

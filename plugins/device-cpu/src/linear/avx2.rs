@@ -1,0 +1,148 @@
+//! AVX2 tiles: up to [`MR`] tokens by [`NR`] outputs as 8-lane dot products over weights
+//! widened to f32.
+//!
+//! Lane `l` of an output's accumulator takes the products at `k ≡ l` (mod 8) in `k` order;
+//! the last `K mod 8` columns go through zero-padded copies; [`reduce`] adds the lanes in one
+//! fixed tree. As on AVX-512, an output element's instructions do not depend on its batch.
+
+use std::arch::x86_64::{
+    __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
+    _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
+    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+};
+
+use super::{Bf16Bits, F16Bits, NR};
+
+/// Tokens per tile: 12 accumulators, two activation vectors and one weight vector fill 15 of
+/// the 16 ymm registers.
+pub const MR: usize = 2;
+
+/// Whether this CPU runs these tiles.
+pub fn supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma")
+        && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// One tile, as in the AVX-512 module: `M` token rows of `x` (`x_stride` apart) against the
+/// weight rows `w[0..NR]`, into `columns` outputs per token.
+#[derive(Clone, Copy)]
+pub struct Tile<W> {
+    pub x: *const f32,
+    pub x_stride: usize,
+    pub w: [*const W; NR],
+    pub inner: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+    pub columns: usize,
+}
+
+/// Weights that widen to f32 eight at a time.
+pub trait Wide: Copy {
+    /// # Safety
+    /// `p` starts 8 readable elements; the CPU is [`supported`].
+    unsafe fn load(p: *const Self) -> __m256;
+    fn to_f32(self) -> f32;
+}
+
+impl Wide for f32 {
+    #[inline]
+    #[target_feature(enable = "avx")]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Wide for Bf16Bits {
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load(p: *const Bf16Bits) -> __m256 {
+        // SAFETY: the trait's contract. bf16 is the top half of an f32.
+        unsafe {
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            )))
+        }
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Wide for F16Bits {
+    #[inline]
+    #[target_feature(enable = "avx,f16c")]
+    unsafe fn load(p: *const F16Bits) -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// The 8 lanes of `v` added halves first, then pairs: always the same tree.
+#[inline]
+#[target_feature(enable = "avx")]
+fn reduce(v: __m256) -> f32 {
+    let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
+}
+
+/// # Safety
+/// The CPU is [`supported`]; every pointer of `tile` covers `inner` elements (`M` token rows);
+/// the output block is valid and touched by no other thread.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
+    let Tile {
+        x,
+        x_stride,
+        w,
+        inner,
+        ..
+    } = *tile;
+    let mut acc = [[_mm256_setzero_ps(); NR]; M];
+    let whole = inner / 8 * 8;
+    let mut k = 0;
+    // SAFETY (all blocks): full steps stay below `whole`; the tail reads only the row's rest.
+    while k < whole {
+        let xv: [__m256; M] =
+            std::array::from_fn(|m| unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + k)) });
+        for j in 0..NR {
+            let wv = unsafe { W::load(w[j].wrapping_add(k)) };
+            for m in 0..M {
+                acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
+            }
+        }
+        k += 8;
+    }
+    if whole < inner {
+        let rest = inner - whole;
+        let padded = |read: &dyn Fn(usize) -> f32| -> __m256 {
+            let mut lanes = [0.0f32; 8];
+            for (i, lane) in lanes.iter_mut().enumerate().take(rest) {
+                *lane = read(i);
+            }
+            unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
+        };
+        let xv: [__m256; M] =
+            std::array::from_fn(|m| padded(&|i| unsafe { *x.add(m * x_stride + whole + i) }));
+        for j in 0..NR {
+            let wv = padded(&|i| unsafe { (*w[j].add(whole + i)).to_f32() });
+            for m in 0..M {
+                acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
+            }
+        }
+    }
+    for (m, row) in acc.iter().enumerate() {
+        for (j, &sum) in row.iter().enumerate().take(tile.columns) {
+            // SAFETY: the output block of the contract.
+            unsafe { *tile.out.add(m * tile.out_stride + j) = reduce(sum) };
+        }
+    }
+}

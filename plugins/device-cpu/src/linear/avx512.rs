@@ -1,0 +1,263 @@
+//! AVX-512 tiles: up to [`MR`] tokens by [`NR`] outputs as 16-lane dot products, bf16 weights
+//! through `vdpbf16ps`, f32 and f16 weights through FMAs.
+//!
+//! Lane `l` of an output's accumulator takes the products at `k ≡ l` (mod 16; for bf16, the
+//! pairs at `k ≡ 2l, 2l + 1` mod 32) in `k` order, the tail masked to zeros, and
+//! [`reduce`] adds the lanes in one fixed tree. The instruction sequence of an output element
+//! does not depend on `M`, on the other outputs of its tile or on where its token sits, which
+//! is what keeps `linear` batch-invariant.
+
+use std::arch::x86_64::{
+    __m256bh, __m512, __m512bh, __m512i, __mmask16, __mmask32, _mm_add_ps, _mm_add_ss,
+    _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps, _mm256_castps256_ps128,
+    _mm256_extractf128_ps, _mm256_loadu_si256, _mm256_mask_storeu_epi16, _mm256_maskz_loadu_epi16,
+    _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32, _mm512_cvtneps_pbh,
+    _mm512_cvtph_ps, _mm512_dpbf16_ps, _mm512_extractf32x8_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_maskz_loadu_epi16, _mm512_maskz_loadu_ps, _mm512_setzero_ps,
+    _mm512_slli_epi32,
+};
+
+use super::{Bf16Bits, F16Bits, NR};
+use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+
+const PREFETCH_PANELS: usize = 4;
+
+/// Tokens per tile: `MR × NR` = 24 accumulators, `MR` activation vectors and one weight
+/// vector fill 29 of the 32 zmm registers.
+pub const MR: usize = 4;
+
+/// Whether this CPU runs these tiles.
+pub fn supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512bf16")
+}
+
+/// One tile: token rows `x`, `x + x_stride`, … against weight rows `w[0..NR]`, each `inner`
+/// long; `out[m * out_stride + j]` for `j < columns` receives output `j` of token `m`.
+#[derive(Clone, Copy)]
+pub struct Tile<X, W> {
+    pub x: *const X,
+    pub x_stride: usize,
+    pub w: [*const W; NR],
+    pub inner: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+    pub columns: usize,
+}
+
+/// The 16 lanes of `v` added as `((l + l⊕8) + (l + l⊕4)) …`: halves, then quarters, then
+/// pairs, always the same tree.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+pub fn reduce(v: __m512) -> f32 {
+    let eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
+    let four = _mm_add_ps(
+        _mm256_castps256_ps128(eight),
+        _mm256_extractf128_ps::<1>(eight),
+    );
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
+}
+
+/// # Safety
+/// The CPU is [`supported`]; every pointer of `tile` covers `inner` elements (`M` token rows);
+/// the output block is valid and touched by no other thread.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
+    let Tile {
+        x,
+        x_stride,
+        w,
+        inner,
+        ..
+    } = *tile;
+    let load = |p: *const u16| -> __m512bh {
+        // SAFETY: `p` starts 32 readable elements (the caller's contract).
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+    };
+    let mut acc = [[_mm512_setzero_ps(); NR]; M];
+    let whole = inner / 32 * 32;
+    let mut k = 0;
+    while k < whole {
+        // SAFETY (this loop): `k + 32 <= inner`.
+        let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
+        for j in 0..NR {
+            let wv = load(w[j].wrapping_add(k));
+            for m in 0..M {
+                acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv[m], wv);
+            }
+        }
+        k += 32;
+    }
+    if whole < inner {
+        let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
+        let load = |p: *const u16| -> __m512bh {
+            // SAFETY: the masked lanes are the `inner - whole` elements left in the row.
+            unsafe {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(mask, p.cast()))
+            }
+        };
+        let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
+        for j in 0..NR {
+            let wv = load(w[j].wrapping_add(k));
+            for m in 0..M {
+                acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv[m], wv);
+            }
+        }
+    }
+    // SAFETY: the output block of the contract.
+    unsafe { store::<M>(&acc, tile.out, tile.out_stride, tile.columns) };
+}
+
+/// Weights that widen to f32 sixteen at a time.
+pub trait Wide: Copy {
+    /// # Safety
+    /// `p` starts 16 readable elements.
+    unsafe fn load(p: *const Self) -> __m512;
+    /// # Safety
+    /// `p` starts as many readable elements as `mask` has bits set, from bit 0.
+    unsafe fn load_masked(p: *const Self, mask: __mmask16) -> __m512;
+}
+
+impl Wide for f32 {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load_masked(p: *const f32, mask: __mmask16) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_maskz_loadu_ps(mask, p) }
+    }
+}
+
+impl Wide for Bf16Bits {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const Bf16Bits) -> __m512 {
+        // SAFETY: the trait's contract. bf16 is the top half of an f32.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(p.cast()),
+            )))
+        }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load_masked(p: *const Bf16Bits, mask: __mmask16) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe {
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_maskz_loadu_epi16(mask, p.cast()),
+            )))
+        }
+    }
+}
+
+impl Wide for F16Bits {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const F16Bits) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    unsafe fn load_masked(p: *const F16Bits, mask: __mmask16) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, p.cast())) }
+    }
+}
+
+/// # Safety
+/// As [`bf16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
+    let Tile {
+        x,
+        x_stride,
+        w,
+        inner,
+        ..
+    } = *tile;
+    let mut acc = [[_mm512_setzero_ps(); NR]; M];
+    let whole = inner / 16 * 16;
+    let mut k = 0;
+    // SAFETY (all blocks): full steps stay below `whole`, the tail is masked to the row.
+    while k < whole {
+        let xv: [__m512; M] =
+            std::array::from_fn(|m| unsafe { _mm512_loadu_ps(x.wrapping_add(m * x_stride + k)) });
+        for j in 0..NR {
+            if M == 1 && k % 32 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(
+                    w[j].wrapping_add(k + PREFETCH_PANELS * NR * inner).cast(),
+                );
+            }
+            let wv = unsafe { W::load(w[j].wrapping_add(k)) };
+            for m in 0..M {
+                acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
+            }
+        }
+        k += 16;
+    }
+    if whole < inner {
+        let mask: __mmask16 = ((1u32 << (inner - whole)) - 1) as __mmask16;
+        let xv: [__m512; M] = std::array::from_fn(|m| unsafe {
+            _mm512_maskz_loadu_ps(mask, x.wrapping_add(m * x_stride + k))
+        });
+        for j in 0..NR {
+            let wv = unsafe { W::load_masked(w[j].wrapping_add(k), mask) };
+            for m in 0..M {
+                acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
+            }
+        }
+    }
+    // SAFETY: the output block of the contract.
+    unsafe { store::<M>(&acc, tile.out, tile.out_stride, tile.columns) };
+}
+
+/// # Safety
+/// `out` has `M` rows of `columns` writable f32s, `out_stride` apart.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn store<const M: usize>(
+    acc: &[[__m512; NR]; M],
+    out: *mut f32,
+    out_stride: usize,
+    columns: usize,
+) {
+    for (m, row) in acc.iter().enumerate() {
+        for (j, &sum) in row.iter().enumerate().take(columns) {
+            // SAFETY: the contract.
+            unsafe { *out.add(m * out_stride + j) = reduce(sum) };
+        }
+    }
+}
+
+/// `bits[i] = bf16(x[i])`, rounding to nearest even, for one row; the same instructions for
+/// every element whatever the row's length, so a token's rounding does not depend on its batch.
+///
+/// # Safety
+/// The CPU is [`supported`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub unsafe fn round_row_to_bf16(x: &[f32], bits: &mut [u16]) {
+    assert_eq!(x.len(), bits.len());
+    for (x, bits) in x.chunks(16).zip(bits.chunks_mut(16)) {
+        let mask: __mmask16 = ((1u32 << x.len()) - 1) as __mmask16;
+        // SAFETY: `mask` covers the chunk's elements only.
+        unsafe {
+            let rounded: __m256bh = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, x.as_ptr()));
+            _mm256_mask_storeu_epi16(
+                bits.as_mut_ptr().cast(),
+                mask,
+                std::mem::transmute::<__m256bh, std::arch::x86_64::__m256i>(rounded),
+            );
+        }
+    }
+}
