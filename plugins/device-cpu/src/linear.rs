@@ -220,54 +220,24 @@ fn linear_on(
                 })
             }),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::F32(values)) => {
-            plan.run(workers, &|tokens, n0, columns| {
-                let tile = avx512_tile(x, values, shape, &out, (tokens.clone(), n0, columns));
-                // SAFETY: as above.
-                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<f32, M>(&tile)) }
-            })
-        }
+        (Isa::Avx512, FloatSlice::F32(values)) => avx512_wide(&plan, workers, x, values, out),
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, FloatSlice::BF16(bits)) => {
-            let bits = as_wide::<Bf16Bits>(bits);
-            plan.run(workers, &|tokens, n0, columns| {
-                let tile = avx512_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
-                // SAFETY: as above.
-                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<Bf16Bits, M>(&tile)) }
-            })
+            avx512_wide(&plan, workers, x, as_wide::<Bf16Bits>(bits), out)
         }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, FloatSlice::F16(bits)) => {
-            let bits = as_wide::<F16Bits>(bits);
-            plan.run(workers, &|tokens, n0, columns| {
-                let tile = avx512_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
-                // SAFETY: as above.
-                unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<F16Bits, M>(&tile)) }
-            })
+            avx512_wide(&plan, workers, x, as_wide::<F16Bits>(bits), out)
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::F32(values)) => plan.run(workers, &|tokens, n0, columns| {
-            let tile = avx2_tile(x, values, shape, &out, (tokens.clone(), n0, columns));
-            // SAFETY: as above, with `avx2::supported`.
-            unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<f32, M>(&tile)) }
-        }),
+        (Isa::Avx2, FloatSlice::F32(values)) => avx2_wide(&plan, workers, x, values, out),
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, FloatSlice::BF16(bits)) => {
-            let bits = as_wide::<Bf16Bits>(bits);
-            plan.run(workers, &|tokens, n0, columns| {
-                let tile = avx2_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
-                // SAFETY: as above.
-                unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<Bf16Bits, M>(&tile)) }
-            })
+            avx2_wide(&plan, workers, x, as_wide::<Bf16Bits>(bits), out)
         }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, FloatSlice::F16(bits)) => {
-            let bits = as_wide::<F16Bits>(bits);
-            plan.run(workers, &|tokens, n0, columns| {
-                let tile = avx2_tile(x, bits, shape, &out, (tokens.clone(), n0, columns));
-                // SAFETY: as above.
-                unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<F16Bits, M>(&tile)) }
-            })
+            avx2_wide(&plan, workers, x, as_wide::<F16Bits>(bits), out)
         }
         (Isa::Portable, w) => plan.run(workers, &|tokens, n0, columns| {
             with_scratch(NR * inner, |rows| {
@@ -367,45 +337,55 @@ fn as_wide<W: Copy>(bits: &[u16]) -> &[W] {
     unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
 }
 
-/// A tile's token rows, panel and output block; `(tokens, n0, columns)`.
-type TileAt = (Range<usize>, usize, usize);
-
+/// The AVX-512 FMA path: f32 activations times weights widened to f32.
 #[cfg(target_arch = "x86_64")]
-fn avx512_tile<W>(
+fn avx512_wide<W: avx512::Wide + Sync>(
+    plan: &Plan,
+    workers: &Workers,
     x: &[f32],
     w: &[W],
-    shape: LinearShape,
-    out: &SharedOut<'_>,
-    (tokens, n0, columns): TileAt,
-) -> avx512::Tile<f32, W> {
-    avx512::Tile {
-        x: x[tokens.start * shape.inner..].as_ptr(),
-        x_stride: shape.inner,
-        w: panel_rows(w, n0, columns, shape.inner),
-        inner: shape.inner,
-        out: out.block(tokens.start, n0, tokens.len(), columns),
-        out_stride: shape.outputs,
-        columns,
-    }
+    out: SharedOut<'_>,
+) {
+    let LinearShape { inner, outputs, .. } = plan.shape;
+    plan.run(workers, &|tokens, n0, columns| {
+        let tile = avx512::Tile {
+            x: x[tokens.start * inner..].as_ptr(),
+            x_stride: inner,
+            w: panel_rows(w, n0, columns, inner),
+            inner,
+            out: out.block(tokens.start, n0, tokens.len(), columns),
+            out_stride: outputs,
+            columns,
+        };
+        // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
+        // range keep every row in bounds; the task owns the panel's columns of `out`.
+        unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<W, M>(&tile)) }
+    })
 }
 
+/// The AVX2 path: f32 activations times weights widened to f32.
 #[cfg(target_arch = "x86_64")]
-fn avx2_tile<W>(
+fn avx2_wide<W: avx2::Wide + Sync>(
+    plan: &Plan,
+    workers: &Workers,
     x: &[f32],
     w: &[W],
-    shape: LinearShape,
-    out: &SharedOut<'_>,
-    (tokens, n0, columns): TileAt,
-) -> avx2::Tile<W> {
-    avx2::Tile {
-        x: x[tokens.start * shape.inner..].as_ptr(),
-        x_stride: shape.inner,
-        w: panel_rows(w, n0, columns, shape.inner),
-        inner: shape.inner,
-        out: out.block(tokens.start, n0, tokens.len(), columns),
-        out_stride: shape.outputs,
-        columns,
-    }
+    out: SharedOut<'_>,
+) {
+    let LinearShape { inner, outputs, .. } = plan.shape;
+    plan.run(workers, &|tokens, n0, columns| {
+        let tile = avx2::Tile {
+            x: x[tokens.start * inner..].as_ptr(),
+            x_stride: inner,
+            w: panel_rows(w, n0, columns, inner),
+            inner,
+            out: out.block(tokens.start, n0, tokens.len(), columns),
+            out_stride: outputs,
+            columns,
+        };
+        // SAFETY: as in `avx512_wide`, with `avx2::supported`.
+        unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<W, M>(&tile)) }
+    })
 }
 
 /// How one launch is cut into tasks, panels and token groups.
