@@ -245,6 +245,28 @@ impl Checkpoint {
         names
     }
 
+    /// Drops this process's resident pages of tensor `name` (the file stays in the page cache
+    /// and a later read maps them again): once a weight is in device memory its mapped copy
+    /// would only count twice against the process's memory.
+    pub fn release_pages(&self, name: &str) {
+        let Some(entry) = self.tensors.get(name) else {
+            return;
+        };
+        let shard = &self.shards[entry.shard];
+        // SAFETY: the mapping is a read-only shared mapping of the file, so dropping its pages
+        // loses nothing: a later access reads the same bytes from the file again.
+        let outcome = unsafe {
+            shard.mmap.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                entry.start,
+                entry.end - entry.start,
+            )
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(name, %error, "could not release the pages of a weight");
+        }
+    }
+
     /// The tensor `name`, refusing dtypes other than F32, F16 and BF16.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
         let Some((name, entry)) = self.tensors.get_key_value(name) else {

@@ -156,8 +156,45 @@ pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
     if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
-    let sum: f32 = row.iter().map(|&v| ((key(v) - max) / t).exp()).sum();
-    max / t + sum.ln()
+    max / t + sum_exp(row, max, t).ln()
+}
+
+/// `Σ exp((v - max) / t)` over the row: eight running sums, so the loop vectorizes, of
+/// [`exp_below_zero`], which vectorizes where `f32::exp` is a call per element.
+fn sum_exp(row: &[f32], max: f32, t: f32) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (chunks, rest) = row.as_chunks::<8>();
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += exp_below_zero((key(v) - max) / t);
+        }
+    }
+    for (lane, &v) in lanes.iter_mut().zip(rest) {
+        *lane += exp_below_zero((key(v) - max) / t);
+    }
+    lanes.iter().sum()
+}
+
+/// `exp(x)` for `x <= 0` (a logit minus the row's maximum), within a few ulp; 0 below -87.
+/// Branch-free and call-free: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| <= ln 2 / 2`.
+#[inline(always)]
+fn exp_below_zero(x: f32) -> f32 {
+    // Below -87 the result is under f32's normal range: flush to 0 (NaN compares false and
+    // also maps to -87, whose exponential is negligible next to the maximum's 1).
+    let x = if x > -87.0 { x } else { -87.0 };
+    // Round `x / ln 2` to an integer by adding 1.5 · 2^23 (round to nearest, no SSE4.1).
+    const ROUNDER: f32 = 12_582_912.0;
+    let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
+    let n = shifted - ROUNDER;
+    let n_bits = shifted.to_bits().wrapping_sub(ROUNDER.to_bits()) as i32;
+    // ln 2 in two parts, so `n · ln2_hi` is exact.
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let mut p = 1.0 / 720.0;
+    for coefficient in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p * r + coefficient;
+    }
+    // `n` lies in [-126, 0], so `2^n` is a normal f32 built from its exponent bits.
+    p * f32::from_bits(((n_bits + 127) as u32) << 23)
 }
 
 pub fn log_softmax(row: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {
@@ -181,12 +218,12 @@ pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
     if max == f32::NEG_INFINITY {
         return 0;
     }
-    let total: f32 = row.iter().map(|&v| ((key(v) - max) / t).exp()).sum();
+    let total = sum_exp(row, max, t);
     let target = u.clamp(0.0, 1.0) * total;
     let mut acc = 0.0f32;
     let mut last_positive = 0usize;
     for (i, &v) in row.iter().enumerate() {
-        let p = ((key(v) - max) / t).exp();
+        let p = exp_below_zero((key(v) - max) / t);
         if p > 0.0 {
             last_positive = i;
         }
@@ -282,6 +319,23 @@ pub fn read(row: &[f32], start: u32, len: u32) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_exponential_is_within_a_few_ulp() {
+        let mut worst = 0.0f64;
+        for i in 0..=200_000 {
+            let x = -87.0 * f64::from(i) / 200_000.0;
+            let got = f64::from(exp_below_zero(x as f32));
+            let want = f64::from(x as f32).exp();
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(
+            worst < 4.0 * f64::from(f32::EPSILON),
+            "relative error {worst}"
+        );
+        assert_eq!(exp_below_zero(-1000.0), exp_below_zero(-87.0));
+        assert!(exp_below_zero(f32::NAN) < 1e-37);
+    }
 
     #[test]
     fn argmax_ignores_nan_and_prefers_lowest_index_on_ties() {

@@ -35,6 +35,10 @@ impl WeightSource for Checkpoint {
             bytes: view.data(),
         })
     }
+
+    fn uploaded(&self, name: &str) {
+        self.release_pages(name);
+    }
 }
 
 /// Opens `model_dir`, asks `glue` for the model's description and program, and prepares them

@@ -39,6 +39,9 @@ pub struct WeightView<'a> {
 /// Where `prepare` reads weights from (a memory-mapped checkpoint, or a test's tensors).
 pub trait WeightSource {
     fn weight(&self, name: &str) -> Result<WeightView<'_>, RuntimeError>;
+
+    /// Weight `name` is now in device memory; the source may let go of its own copy.
+    fn uploaded(&self, _name: &str) {}
 }
 
 /// A device buffer with its dtype and symbolic shape.
@@ -208,6 +211,7 @@ impl Runtime {
             }
             let id = alloc.alloc(view.bytes.len() as u64)?;
             alloc.device.write(id, 0, view.bytes)?;
+            weights.uploaded(&spec.name);
             weight_buffers.insert(
                 spec.name.clone(),
                 Buffer {

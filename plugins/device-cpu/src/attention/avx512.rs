@@ -1,13 +1,19 @@
 //! AVX-512 attention of one token's query heads over one KV head, for heads of 64 or 128: a query head and its output row live in registers while the keys and values stream past.
 //!
-//! The arithmetic of a token depends on its query and its cached keys and values only, never
-//! on the rest of the batch: each score is one 16-lane dot product with the `linear`
-//! reduction tree, each output lane one FMA chain over positions in order.
+//! Scores come sixteen positions at a time: sixteen 16-lane dot products, then one transposed
+//! reduction ([`sum_lanes_of_each`]) that adds each product's lanes in a fixed tree. The
+//! softmax is vectorized ([`exp`]); the output lanes are FMA chains over positions in order.
+//! None of it depends on the rest of the batch, only on the token's query and its cached keys
+//! and values.
 
 use std::arch::x86_64::{
-    __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_storeu_ps,
+    __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_mul_ps,
+    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_shuffle_f32x4, _mm512_shuffle_ps, _mm512_storeu_ps, _mm512_sub_ps, _mm512_unpackhi_ps,
+    _mm512_unpacklo_ps,
 };
+use std::cell::RefCell;
 
 use crate::linear::avx512::reduce;
 
@@ -24,6 +30,11 @@ pub struct Rows<'a> {
     pub num_kv_heads: usize,
     pub kv_head: usize,
     pub context_len: usize,
+}
+
+thread_local! {
+    /// The cache offsets of one call's positions; grows to the longest context and is reused.
+    static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Attention of the query heads in `query` (`16 * C` wide each) over the positions of `rows`,
@@ -43,60 +54,207 @@ pub unsafe fn attend<const C: usize>(
 ) {
     let head_dim = 16 * C;
     let context_len = rows.context_len;
-    let load = |row: &[f32], c: usize| -> __m512 {
-        let chunk = &row[16 * c..16 * c + 16];
-        // SAFETY: `chunk` holds 16 f32s.
-        unsafe { _mm512_loadu_ps(chunk.as_ptr()) }
-    };
-    for (q_row, head_scores) in query
-        .chunks_exact(head_dim)
-        .zip(scores.chunks_exact_mut(context_len))
-    {
-        let q: [__m512; C] = std::array::from_fn(|c| load(q_row, c));
-        let mut position = 0;
+    OFFSETS.with(|cell| {
+        let mut offsets = cell.borrow_mut();
+        offsets.clear();
         for &block in rows.block_row {
             let first_slot = block as usize * rows.block_size;
-            for slot in first_slot..first_slot + rows.block_size.min(context_len - position) {
-                let offset = (slot * rows.num_kv_heads + rows.kv_head) * head_dim;
-                let key = &keys[offset..offset + head_dim];
-                let mut acc = _mm512_mul_ps(q[0], load(key, 0));
-                for (c, &q) in q.iter().enumerate().skip(1) {
-                    acc = _mm512_fmadd_ps(q, load(key, c), acc);
-                }
-                head_scores[position] = reduce(acc) * scale;
-                position += 1;
-            }
-            if position == context_len {
+            let count = rows.block_size.min(context_len - offsets.len());
+            offsets.extend(
+                (first_slot..first_slot + count)
+                    .map(|slot| (slot * rows.num_kv_heads + rows.kv_head) * head_dim),
+            );
+            if offsets.len() == context_len {
                 break;
             }
         }
-        super::softmax_in_place(head_scores);
-    }
-    for (out_row, head_scores) in out
-        .chunks_exact_mut(head_dim)
-        .zip(scores.chunks_exact(context_len))
-    {
-        let mut acc = [_mm512_setzero_ps(); C];
-        let mut position = 0;
-        for &block in rows.block_row {
-            let first_slot = block as usize * rows.block_size;
-            for slot in first_slot..first_slot + rows.block_size.min(context_len - position) {
-                let offset = (slot * rows.num_kv_heads + rows.kv_head) * head_dim;
+        let offsets: &[usize] = &offsets;
+        for (q_row, head_scores) in query
+            .chunks_exact(head_dim)
+            .zip(scores.chunks_exact_mut(context_len))
+        {
+            let q: [__m512; C] = std::array::from_fn(|c| load(q_row, c));
+            for (chunk, scores) in offsets.chunks(16).zip(head_scores.chunks_mut(16)) {
+                let mut products = [_mm512_setzero_ps(); 16];
+                for (product, &offset) in products.iter_mut().zip(chunk) {
+                    let key = &keys[offset..offset + head_dim];
+                    let mut acc = _mm512_mul_ps(q[0], load(key, 0));
+                    for (c, &q) in q.iter().enumerate().skip(1) {
+                        acc = _mm512_fmadd_ps(q, load(key, c), acc);
+                    }
+                    *product = acc;
+                }
+                let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
+                store_first(scores, sums);
+            }
+            softmax(head_scores);
+        }
+        for (out_row, head_scores) in out
+            .chunks_exact_mut(head_dim)
+            .zip(scores.chunks_exact(context_len))
+        {
+            let mut acc = [_mm512_setzero_ps(); C];
+            for (&offset, &weight) in offsets.iter().zip(head_scores) {
                 let value = &values[offset..offset + head_dim];
-                let weight = _mm512_set1_ps(head_scores[position]);
+                let weight = _mm512_set1_ps(weight);
                 for (c, acc) in acc.iter_mut().enumerate() {
                     *acc = _mm512_fmadd_ps(weight, load(value, c), *acc);
                 }
-                position += 1;
             }
-            if position == context_len {
-                break;
+            for (c, &sum) in acc.iter().enumerate() {
+                let chunk = &mut out_row[16 * c..16 * c + 16];
+                // SAFETY: `chunk` holds 16 f32s.
+                unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), sum) };
             }
         }
-        for (c, &sum) in acc.iter().enumerate() {
-            let chunk = &mut out_row[16 * c..16 * c + 16];
-            // SAFETY: `chunk` holds 16 f32s.
-            unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), sum) };
+    })
+}
+
+/// Sixteen f32s from element `16 * c` of `row`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load(row: &[f32], c: usize) -> __m512 {
+    let chunk = &row[16 * c..16 * c + 16];
+    // SAFETY: `chunk` holds 16 f32s.
+    unsafe { _mm512_loadu_ps(chunk.as_ptr()) }
+}
+
+/// The first `min(16, out.len())` lanes of `v` into `out`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_first(out: &mut [f32], v: __m512) {
+    let mask = lanes_mask(out.len());
+    // SAFETY: `mask` covers the elements of `out` only.
+    unsafe { _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, v) };
+}
+
+/// A mask of the first `min(16, len)` lanes.
+fn lanes_mask(len: usize) -> __mmask16 {
+    ((1u32 << len.min(16)) - 1) as __mmask16
+}
+
+/// Lane `i` of the result is the sum of the 16 lanes of `v[i]`, in a fixed tree for every
+/// `i`: within each 128-bit quarter `(l0 + l2) + (l1 + l3)`, then quarters `(q0 + q2) + (q1 +
+/// q3)`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
+    // Pairs: per quarter [a0+a2, b0+b2, a1+a3, b1+b3].
+    let pairs: [__m512; 8] = std::array::from_fn(|i| {
+        let (a, b) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
+    });
+    // Fours: per quarter the quarter sums of four vectors, in order.
+    let fours: [__m512; 4] = std::array::from_fn(|i| {
+        let (s, t) = (pairs[2 * i], pairs[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(s, t),
+            _mm512_shuffle_ps::<0xEE>(s, t),
+        )
+    });
+    // Quarters (q0 + q2, q1 + q3) of two groups of four.
+    let halves: [__m512; 2] = std::array::from_fn(|i| {
+        let (u, w) = (fours[2 * i], fours[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0x44>(u, w),
+            _mm512_shuffle_f32x4::<0xEE>(u, w),
+        )
+    });
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0x88>(halves[0], halves[1]),
+        _mm512_shuffle_f32x4::<0xDD>(halves[0], halves[1]),
+    )
+}
+
+/// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 0] (scores minus their maximum),
+/// 0 below: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub fn exp(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<0>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
+    // ln 2 in two parts, so `n · ln2_hi` is exact.
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693_359_4), x);
+    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.121_944_4e-4), r);
+    // Taylor coefficients 1/k! up to k = 6.
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    for coefficient in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coefficient));
+    }
+    _mm512_scalef_ps(p, n)
+}
+
+/// `exp(s - max) / Σ exp(s - max)` over `scores`, like the portable softmax but sixteen lanes
+/// at a time: lane `l` sums the positions `≡ l` (mod 16) in order, then [`reduce`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn softmax(scores: &mut [f32]) {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = _mm512_set1_ps(max);
+    let mut total = _mm512_setzero_ps();
+    for chunk in scores.chunks_mut(16) {
+        let mask = lanes_mask(chunk.len());
+        // SAFETY: `mask` covers the chunk only; masked-off lanes load as 0.
+        let x = unsafe { _mm512_maskz_loadu_ps(mask, chunk.as_ptr()) };
+        let e = exp(_mm512_sub_ps(x, max));
+        // SAFETY: as above.
+        unsafe { _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, e) };
+        total = _mm512_add_ps(total, e_masked(e, mask));
+    }
+    let total = _mm512_set1_ps(reduce(total));
+    for chunk in scores.chunks_mut(16) {
+        let mask = lanes_mask(chunk.len());
+        // SAFETY: `mask` covers the chunk only.
+        unsafe {
+            let e = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
+            _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, _mm512_div_ps(e, total));
+        }
+    }
+}
+
+/// `e` with the lanes outside `mask` zeroed.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn e_masked(e: __m512, mask: __mmask16) -> __m512 {
+    std::arch::x86_64::_mm512_maskz_mov_ps(mask, e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::noise;
+
+    #[test]
+    fn lanes_are_summed_in_order_and_exp_is_close() {
+        if !supported() {
+            return;
+        }
+        let values: Vec<[f32; 16]> = (0..16)
+            .map(|v| std::array::from_fn(|l| noise(5 + v as u64, l)))
+            .collect();
+        // SAFETY: supported (checked above).
+        let sums: [f32; 16] = unsafe {
+            let vectors: [__m512; 16] =
+                std::array::from_fn(|v| _mm512_loadu_ps(values[v].as_ptr()));
+            std::mem::transmute(sum_lanes_of_each(&vectors))
+        };
+        for (v, lanes) in values.iter().enumerate() {
+            let quarter = |q: usize| {
+                let l = &lanes[4 * q..4 * q + 4];
+                (l[0] + l[2]) + (l[1] + l[3])
+            };
+            let expected = (quarter(0) + quarter(2)) + (quarter(1) + quarter(3));
+            assert_eq!(sums[v].to_bits(), expected.to_bits(), "vector {v}");
+        }
+        let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 5.7 - noise(9, i).abs());
+        // SAFETY: supported (checked above).
+        let got: [f32; 16] = unsafe { std::mem::transmute(exp(_mm512_loadu_ps(xs.as_ptr()))) };
+        for (x, got) in xs.iter().zip(got) {
+            let want = f64::from(*x).exp();
+            assert!(
+                (f64::from(got) - want).abs() <= 4.0 * f64::from(f32::EPSILON) * want,
+                "exp({x}) = {got}, expected {want}"
+            );
         }
     }
 }
