@@ -1,7 +1,7 @@
 //! AVX-512 attention of one token's query heads over one KV head, for heads of 64 or 128: a query head and its output row live in registers while the keys and values stream past.
 //!
 //! Scores come sixteen positions at a time: sixteen 16-lane dot products, then one transposed
-//! reduction ([`sum_lanes_of_each`]) that adds each product's lanes in a fixed tree. The
+//! reduction (`sum_lanes_of_each`) that adds each product's lanes in a fixed tree. The
 //! softmax is vectorized ([`exp`]); the output lanes are FMA chains over positions in order.
 //! None of it depends on the rest of the batch, only on the token's query and its cached keys
 //! and values.
@@ -9,13 +9,12 @@
 use std::arch::x86_64::{
     __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
     _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_mul_ps,
-    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_shuffle_f32x4, _mm512_shuffle_ps, _mm512_storeu_ps, _mm512_sub_ps, _mm512_unpackhi_ps,
-    _mm512_unpacklo_ps,
+    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    _mm512_sub_ps,
 };
 use std::cell::RefCell;
 
-use crate::linear::avx512::reduce;
+use crate::linear::avx512::{reduce, sum_lanes_of_each};
 
 /// Whether this CPU runs these kernels.
 pub fn supported() -> bool {
@@ -131,39 +130,6 @@ fn store_first(out: &mut [f32], v: __m512) {
 /// A mask of the first `min(16, len)` lanes.
 fn lanes_mask(len: usize) -> __mmask16 {
     ((1u32 << len.min(16)) - 1) as __mmask16
-}
-
-/// Lane `i` of the result is the sum of the 16 lanes of `v[i]`, in a fixed tree for every
-/// `i`: within each 128-bit quarter `(l0 + l2) + (l1 + l3)`, then quarters `(q0 + q2) + (q1 +
-/// q3)`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
-    // Pairs: per quarter [a0+a2, b0+b2, a1+a3, b1+b3].
-    let pairs: [__m512; 8] = std::array::from_fn(|i| {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-    });
-    // Fours: per quarter the quarter sums of four vectors, in order.
-    let fours: [__m512; 4] = std::array::from_fn(|i| {
-        let (s, t) = (pairs[2 * i], pairs[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(s, t),
-            _mm512_shuffle_ps::<0xEE>(s, t),
-        )
-    });
-    // Quarters (q0 + q2, q1 + q3) of two groups of four.
-    let halves: [__m512; 2] = std::array::from_fn(|i| {
-        let (u, w) = (fours[2 * i], fours[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(u, w),
-            _mm512_shuffle_f32x4::<0xEE>(u, w),
-        )
-    });
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0x88>(halves[0], halves[1]),
-        _mm512_shuffle_f32x4::<0xDD>(halves[0], halves[1]),
-    )
 }
 
 /// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 0] (scores minus their maximum),
