@@ -490,8 +490,12 @@ async fn run_once(phase: Phase<'_>) -> RunResult {
 /// files asked for. Request failures are counted in the summaries, never returned as errors.
 pub async fn run(options: BenchOptions) -> Result<BenchReport, BenchError> {
     options.validate()?;
+    // A fresh connection per request: some servers (llama.cpp's) close a connection after
+    // each streamed response while still announcing keep-alive, and a request sent on such a
+    // reused connection fails. Every server under test pays the same small connect cost.
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
+        .pool_max_idle_per_host(0)
         .build()?;
     let model = match &options.model {
         Some(model) => Some(model.clone()),

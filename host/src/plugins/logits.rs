@@ -103,7 +103,7 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
     let better =
         |a: &Candidate, b: &Candidate| key(b.value).total_cmp(&key(a.value)).then(a.id.cmp(&b.id));
     // A sorted buffer of the best k with a cheap reject test wins for the
-    // small k samplers ask for; large k falls back to one selection pass.
+    // small k samplers ask for.
     if k <= 256 {
         let mut best: Vec<Candidate> = Vec::with_capacity(k + 1);
         let mut floor = f32::NEG_INFINITY;
@@ -125,18 +125,63 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
         }
         return best;
     }
-    let mut all: Vec<Candidate> = row
+    // Large k (a nucleus over a flat distribution): find a threshold at or below the k-th
+    // largest value with two histogram passes, then sort only the values at or above it.
+    let threshold = kth_largest_floor(row, k);
+    let mut candidates: Vec<Candidate> = row
         .iter()
         .enumerate()
+        .filter(|&(_, &v)| ordered_bits(v) >= threshold)
         .map(|(i, &v)| Candidate {
             id: i as u32,
             value: key(v),
         })
         .collect();
-    all.select_nth_unstable_by(k - 1, better);
-    all.truncate(k);
-    all.sort_unstable_by(better);
-    all
+    candidates.sort_unstable_by(better);
+    candidates.truncate(k);
+    candidates
+}
+
+/// `key(v)` as a `u32` in the same order as `f32::total_cmp` (-0 below +0).
+fn ordered_bits(v: f32) -> u32 {
+    let bits = key(v).to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// A value of [`ordered_bits`] at or below the `k`-th largest of `row` (`1 <= k <= len`), with
+/// few values between the two: the top 11 bits of the k-th largest, then the next 11.
+fn kth_largest_floor(row: &[f32], k: usize) -> u32 {
+    let mut high = [0u32; 2048];
+    for &v in row {
+        high[(ordered_bits(v) >> 21) as usize] += 1;
+    }
+    let (high_bucket, above) = bucket_holding(&high, k);
+    let mut low = [0u32; 2048];
+    for &v in row {
+        let bits = ordered_bits(v);
+        if (bits >> 21) as usize == high_bucket {
+            low[((bits >> 10) & 0x7ff) as usize] += 1;
+        }
+    }
+    let (low_bucket, _) = bucket_holding(&low, k - above);
+    ((high_bucket as u32) << 21) | ((low_bucket as u32) << 10)
+}
+
+/// Walking `counts` from the top: the bucket in which the running count reaches `k`, and the
+/// count above that bucket.
+fn bucket_holding(counts: &[u32], k: usize) -> (usize, usize) {
+    let mut above = 0;
+    for (bucket, &count) in counts.iter().enumerate().rev() {
+        if above + count as usize >= k {
+            return (bucket, above);
+        }
+        above += count as usize;
+    }
+    (0, above)
 }
 
 fn effective_temperature(temperature: f32) -> f32 {
@@ -354,10 +399,33 @@ mod tests {
             .map(|(i, &v)| (i as u32, v))
             .collect();
         sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        for k in [1u32, 5, 256, 257, 1500, 5000] {
+        for k in [1u32, 5, 256, 257, 1500, 2000, 5000] {
             let got: Vec<(u32, f32)> = top_k(&row, k).iter().map(|c| (c.id, c.value)).collect();
             let want: Vec<(u32, f32)> = sorted.iter().take(k as usize).copied().collect();
             assert_eq!(got, want, "k = {k}");
+        }
+        // Signs, zeros of both signs, infinities, NaN (as -inf) and many ties.
+        let mixed: Vec<f32> = (0..3000)
+            .map(|i| match i % 11 {
+                0 => -0.0,
+                1 => 0.0,
+                2 => f32::NAN,
+                3 => f32::NEG_INFINITY,
+                4 => f32::INFINITY,
+                5 => 1.5,
+                _ => ((i * 7919) % 2003) as f32 * -0.37 + 300.0,
+            })
+            .collect();
+        let mut sorted: Vec<(u32, f32)> = mixed
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, key(v)))
+            .collect();
+        sorted.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        for k in [300u32, 1000, 2999, 3000] {
+            let got: Vec<(u32, f32)> = top_k(&mixed, k).iter().map(|c| (c.id, c.value)).collect();
+            let want: Vec<(u32, f32)> = sorted.iter().take(k as usize).copied().collect();
+            assert_eq!(got, want, "mixed, k = {k}");
         }
     }
 

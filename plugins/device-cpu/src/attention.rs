@@ -13,7 +13,7 @@
 //! for all of them.
 
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 
 use plughost_device_abi::export::{DeviceFailure, Launch};
 

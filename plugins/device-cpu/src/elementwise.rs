@@ -10,11 +10,47 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
     let chunk_len = workers.rows_per_task(out.len(), 1);
     workers.for_each_chunk(out, chunk_len, |task, out| {
         let first = task * chunk_len;
-        let inputs = gate[first..].iter().zip(&up[first..]);
-        for (out, (&g, &u)) in out.iter_mut().zip(inputs) {
+        let (gate, up) = (
+            &gate[first..first + out.len()],
+            &up[first..first + out.len()],
+        );
+        #[cfg(target_arch = "x86_64")]
+        if crate::attention::avx512::supported() {
+            // SAFETY: supported (checked just above).
+            return unsafe { silu_mul_avx512(gate, up, out) };
+        }
+        for (out, (&g, &u)) in out.iter_mut().zip(gate.iter().zip(up)) {
             *out = g / (1.0 + (-g).exp()) * u;
         }
     });
+}
+
+/// The same formula sixteen lanes at a time with the vectorized `exp`; every element, the
+/// last partial chunk's too, goes through the same instructions, so a token's activations do
+/// not depend on where its row falls.
+///
+/// # Safety
+/// The CPU has AVX-512 F and DQ.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn silu_mul_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::{
+        _mm512_add_ps, _mm512_div_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_mul_ps,
+        _mm512_set1_ps, _mm512_sub_ps,
+    };
+    let one = _mm512_set1_ps(1.0);
+    for (index, out) in out.chunks_mut(16).enumerate() {
+        let mask = ((1u32 << out.len()) - 1) as u16;
+        let start = index * 16;
+        // SAFETY: `mask` covers the chunk, and `gate` and `up` are as long as `out`.
+        unsafe {
+            let g = _mm512_maskz_loadu_ps(mask, gate[start..].as_ptr());
+            let u = _mm512_maskz_loadu_ps(mask, up[start..].as_ptr());
+            let e = crate::attention::avx512::exp(_mm512_sub_ps(_mm512_set1_ps(0.0), g));
+            let silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
+            _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, _mm512_mul_ps(silu, u));
+        }
+    }
 }
 
 /// `x += y`.

@@ -132,8 +132,8 @@ fn lanes_mask(len: usize) -> __mmask16 {
     ((1u32 << len.min(16)) - 1) as __mmask16
 }
 
-/// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 0] (scores minus their maximum),
-/// 0 below: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
+/// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 88] (scores minus their maximum,
+/// SiLU's `-g`), the value at -87 below and infinity above: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub fn exp(x: __m512) -> __m512 {
