@@ -281,6 +281,148 @@ pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
     last_positive as u32
 }
 
+/// Inverse-CDF draw with `u` in [0, 1) from the nucleus of softmax(row / temperature): the
+/// fewest most likely tokens (lower index first among equals) whose probability reaches
+/// `top_p`, walked in index order. Linear in the row, with no sort: the cut is found on
+/// histograms of the logits' bits that carry probability mass, refined until they name the
+/// exact cut value, so a flat distribution costs what a peaked one does.
+pub fn sample_top_p(row: &[f32], temperature: f32, top_p: f32, u: f32) -> u32 {
+    let t = effective_temperature(temperature);
+    let max = row
+        .iter()
+        .map(|&v| key(v))
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    WEIGHTS.with(|cell| {
+        let mut weights = cell.borrow_mut();
+        weights.clear();
+        weights.extend(row.iter().map(|&v| exp_below_zero((key(v) - max) / t)));
+        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
+        let wanted = f64::from(top_p.clamp(0.0, 1.0)) * total;
+        let cut = nucleus_cut(row, &weights, wanted);
+        let members = |i: usize, ties_seen: &mut usize| -> bool {
+            let bits = ordered_bits(row[i]);
+            if bits > cut.value {
+                return true;
+            }
+            if bits == cut.value && *ties_seen < cut.ties {
+                *ties_seen += 1;
+                return true;
+            }
+            false
+        };
+        let target = f64::from(u.clamp(0.0, 1.0)) * cut.mass;
+        let (mut cumulative, mut ties_seen, mut last) = (0.0f64, 0usize, None);
+        for (i, &w) in weights.iter().enumerate() {
+            if !members(i, &mut ties_seen) {
+                continue;
+            }
+            cumulative += f64::from(w);
+            if w > 0.0 {
+                last = Some(i);
+            }
+            if cumulative > target && w > 0.0 {
+                return i as u32;
+            }
+        }
+        // Rounding can leave the walk a hair short of `target`: the last member with mass.
+        last.map_or(0, |i| i as u32)
+    })
+}
+
+thread_local! {
+    /// One row's unnormalised probabilities for `sample_top_p`; grows to the vocabulary once.
+    static WEIGHTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Where the nucleus ends: every value above `value` (as [`ordered_bits`]) is in, and the
+/// first `ties` tokens holding exactly `value`; `mass` is the nucleus's total weight.
+struct NucleusCut {
+    value: u32,
+    ties: usize,
+    mass: f64,
+}
+
+/// The cut of the fewest most likely tokens whose weight reaches `wanted`: three histogram
+/// passes over 11, 11 and 10 bits of the ordered logits, each summing weight per bucket from
+/// the top, narrow the bucket holding the cut to a single value.
+fn nucleus_cut(row: &[f32], weights: &[f32], wanted: f64) -> NucleusCut {
+    // (shift, width) of the bits each level resolves.
+    const LEVELS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
+    let (mut prefix, mut prefix_bits, mut above) = (0u32, 0u32, 0.0f64);
+    let mut mass = [0.0f64; 2048];
+    let mut count = [0usize; 2048];
+    // After the first level: the (bits, weight) of the values under `prefix`, usually a small
+    // part of the row, so the finer levels do not pass over the whole row again.
+    let mut subset: Vec<(u32, f32)> = Vec::new();
+    for (level, (shift, width)) in LEVELS.into_iter().enumerate() {
+        mass.fill(0.0);
+        count.fill(0);
+        let mask = (1u32 << width) - 1;
+        let mut add = |bits: u32, w: f32| {
+            let bucket = ((bits >> shift) & mask) as usize;
+            mass[bucket] += f64::from(w);
+            count[bucket] += 1;
+        };
+        if level == 0 {
+            for (&v, &w) in row.iter().zip(weights) {
+                add(ordered_bits(v), w);
+            }
+        } else {
+            for &(bits, w) in &subset {
+                add(bits, w);
+            }
+        }
+        let (mut chosen, mut lowest) = (None, 0);
+        for bucket in (0..=mask as usize).rev() {
+            if count[bucket] == 0 {
+                continue;
+            }
+            if above + mass[bucket] >= wanted {
+                chosen = Some(bucket);
+                break;
+            }
+            above += mass[bucket];
+            lowest = bucket;
+        }
+        // No bucket reached `wanted` (rounding): the lowest non-empty one ends the nucleus.
+        let bucket = chosen.unwrap_or_else(|| {
+            above -= mass[lowest];
+            lowest
+        });
+        prefix = (prefix << width) | bucket as u32;
+        prefix_bits += width;
+        let under_prefix = |bits: u32| bits >> (32 - prefix_bits) == prefix;
+        if level == 0 {
+            subset = row
+                .iter()
+                .zip(weights)
+                .map(|(&v, &w)| (ordered_bits(v), w))
+                .filter(|&(bits, _)| under_prefix(bits))
+                .collect();
+        } else {
+            subset.retain(|&(bits, _)| under_prefix(bits));
+        }
+    }
+    // `prefix` is now one exact value, the cut, and `subset` its ties, which share one weight.
+    let value = prefix;
+    let tie_count = subset.len();
+    let tie_weight = subset.first().map_or(0.0, |&(_, w)| f64::from(w));
+    let needed = if tie_weight > 0.0 {
+        ((wanted - above) / tie_weight).ceil().max(1.0) as usize
+    } else {
+        tie_count
+    };
+    let ties = needed.clamp(1, tie_count.max(1));
+    NucleusCut {
+        value,
+        ties,
+        mass: above + ties as f64 * tie_weight,
+    }
+}
+
 /// The repetition penalty over prompt and generated tokens, then the OpenAI
 /// presence/frequency penalties over generated tokens (vLLM's order).
 pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Penalties) {
@@ -348,6 +490,9 @@ impl LogitsRow for NativeRow<'_> {
     }
     fn sample_full(&self, temperature: f32, u: f32) -> u32 {
         sample_full(&self.values.borrow(), temperature, u)
+    }
+    fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
+        sample_top_p(&self.values.borrow(), temperature, top_p, u)
     }
     fn apply_penalties(&self, penalties: &Penalties) {
         apply_penalties(&mut self.values.borrow_mut(), self.history, penalties)
@@ -436,6 +581,94 @@ mod tests {
         let total: f32 = lp.iter().map(|v| v.exp()).sum();
         assert!((total - 1.0).abs() < 1e-5, "{total}");
         assert_eq!(log_softmax(&row, &[99], 1.0), vec![f32::NEG_INFINITY]);
+    }
+
+    /// The nucleus by its definition: sort, take the most likely until the mass reaches
+    /// `top_p`. Returns each token's weight and whether it is in.
+    fn nucleus_by_sorting(row: &[f32], temperature: f32, top_p: f32) -> (Vec<f64>, Vec<bool>) {
+        let max = row
+            .iter()
+            .map(|&v| key(v))
+            .fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = row
+            .iter()
+            .map(|&v| f64::from(exp_below_zero((key(v) - max) / temperature)))
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| key(row[b]).total_cmp(&key(row[a])).then(a.cmp(&b)));
+        let (mut member, mut mass) = (vec![false; row.len()], 0.0);
+        for &i in &order {
+            member[i] = true;
+            mass += weights[i];
+            if mass >= f64::from(top_p) * total {
+                break;
+            }
+        }
+        (weights, member)
+    }
+
+    /// The inverse CDF with `u` over the members, in index order.
+    fn draw_in_index_order(weights: &[f64], member: &[bool], u: f32) -> u32 {
+        let mass: f64 = weights
+            .iter()
+            .zip(member)
+            .filter(|(_, m)| **m)
+            .map(|(w, _)| w)
+            .sum();
+        let (target, mut cumulative, mut last) = (f64::from(u) * mass, 0.0, 0);
+        for (i, &w) in weights.iter().enumerate().filter(|&(i, _)| member[i]) {
+            cumulative += w;
+            if w > 0.0 {
+                last = i as u32;
+                if cumulative > target {
+                    return i as u32;
+                }
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn the_nucleus_draw_matches_its_definition() {
+        let noise = |seed: u64, i: usize| {
+            let x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ seed;
+            (x.wrapping_mul(0xBF58_476D_1CE4_E5B9) >> 40) as f32 / (1u64 << 24) as f32
+        };
+        let flat: Vec<f32> = (0..20_000).map(|i| noise(1, i) * 2.0).collect();
+        let peaked: Vec<f32> = (0..5000)
+            .map(|i| {
+                if i == 17 {
+                    30.0
+                } else {
+                    noise(2, i) * 12.0 - 6.0
+                }
+            })
+            .collect();
+        // Ties (the cut falls inside a run of equal logits), -inf, NaN and a negative zero.
+        let ties: Vec<f32> = (0..3000)
+            .map(|i| match i % 7 {
+                0 => 2.0,
+                1 => f32::NEG_INFINITY,
+                2 => f32::NAN,
+                3 => -0.0,
+                _ => (i % 13) as f32 * 0.25,
+            })
+            .collect();
+        for (name, row) in [("flat", &flat), ("peaked", &peaked), ("ties", &ties)] {
+            for (temperature, top_p) in [(0.8, 0.95), (1.0, 0.5), (0.3, 0.9), (1.5, 0.999)] {
+                let (weights, member) = nucleus_by_sorting(row, temperature, top_p);
+                for step in 0..300 {
+                    let u = (step as f32 + 0.5) / 300.0;
+                    assert_eq!(
+                        sample_top_p(row, temperature, top_p, u),
+                        draw_in_index_order(&weights, &member, u),
+                        "{name}: temperature {temperature}, top-p {top_p}, u {u}"
+                    );
+                }
+            }
+        }
+        assert_eq!(sample_top_p(&[f32::NEG_INFINITY; 3], 1.0, 0.9, 0.5), 0);
     }
 
     #[test]

@@ -110,6 +110,21 @@ impl wit::HostLogitsBatch for PluginState {
     ) -> wasmtime::Result<u32> {
         Ok(logits::sample_full(self.logits_row(row)?, temperature, u))
     }
+    fn sample_top_p(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        temperature: f32,
+        top_p: f32,
+        u: f32,
+    ) -> wasmtime::Result<u32> {
+        Ok(logits::sample_top_p(
+            self.logits_row(row)?,
+            temperature,
+            top_p,
+            u,
+        ))
+    }
     fn apply_penalties(
         &mut self,
         _: Resource<LogitsBatchHandle>,

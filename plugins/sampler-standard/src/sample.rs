@@ -22,8 +22,9 @@
 //!    `log_softmax` call in the host.
 //!
 //! The row stays in the host. Only temperature: the host's `sample_full`
-//! draws over the whole row. Top-k: the host's `top_k(k)` hands over `k`
-//! candidates. Top-p or min-p without top-k: candidates come in growing
+//! draws over the whole row. Top-p alone: the host's `sample_top_p` draws
+//! from the nucleus. Top-k: the host's `top_k(k)` hands over `k`
+//! candidates. Min-p (with or without top-p), no top-k: candidates come in growing
 //! chunks (64, then doubling) until the chunk holds the nucleus (its mass,
 //! normalised exactly with the host's `log_sum_exp`, reaches `top_p`) or the
 //! min-p cut; only a nearly flat distribution ever fetches the whole row.
@@ -126,6 +127,9 @@ fn choose<R: LogitsRow + ?Sized>(
     let u = Uniform::new(params.seed, position);
     let kept = if filters.top_k > 0 {
         top_k_candidates(row, &filters)
+    } else if let (Some(top_p), None) = (filters.top_p, filters.min_p) {
+        // Top-p alone: the host's linear-time nucleus draw, which never sorts the row.
+        return row.sample_top_p(filters.temperature, top_p as f32, u.as_f32());
     } else if filters.top_p.is_some() || filters.min_p.is_some() {
         nucleus_candidates(row, &filters, vocab_size)
     } else {
@@ -646,7 +650,9 @@ mod tests {
         let cases = [
             (params(1.0, 0, 1.0, 0.0, 1), 0),
             (params(1.0, 50, 0.9, 0.0, 1), 50),
-            (params(0.8, 0, 0.95, 0.0, 1), u64::from(FIRST_CHUNK)),
+            // Top-p alone draws in the host: nothing crosses.
+            (params(0.8, 0, 0.95, 0.0, 1), 0),
+            (params(0.8, 0, 0.95, 0.1, 1), u64::from(FIRST_CHUNK)),
             (params(0.8, 0, 1.0, 0.1, 1), u64::from(FIRST_CHUNK)),
             (
                 SamplingParams {

@@ -169,6 +169,43 @@ impl LogitsRow for VecRow {
             .map_or_else(|| self.argmax(), |i| i as u32)
     }
 
+    /// The definition, by sorting: the most likely tokens until their mass reaches `top_p`,
+    /// then the inverse CDF over them in index order.
+    fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
+        let scaled = self.scaled(temperature);
+        let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if !max.is_finite() {
+            return self.argmax();
+        }
+        let weights: Vec<f64> = scaled.iter().map(|&x| (x - max).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let logits = self.logits.borrow();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| by_rank_desc(&logits, a, b));
+        let mut member = vec![false; logits.len()];
+        let mut mass = 0.0;
+        for &i in &order {
+            member[i] = true;
+            mass += weights[i];
+            if mass >= f64::from(top_p) * total {
+                break;
+            }
+        }
+        let target = f64::from(u) * mass;
+        let mut cumulative = 0.0;
+        let mut last = None;
+        for (i, &w) in weights.iter().enumerate().filter(|&(i, _)| member[i]) {
+            cumulative += w;
+            if w > 0.0 {
+                last = Some(i as u32);
+                if cumulative > target {
+                    return i as u32;
+                }
+            }
+        }
+        last.unwrap_or(0)
+    }
+
     fn apply_penalties(&self, penalties: &Penalties) {
         let mut logits = self.logits.borrow_mut();
         let mut output_counts = vec![0u32; logits.len()];

@@ -92,6 +92,9 @@ pub trait LogitsRow {
     fn log_sum_exp(&self, temperature: f32) -> f32;
     /// Inverse-CDF draw from softmax(logits / temperature) with uniform `u`.
     fn sample_full(&self, temperature: f32, u: f32) -> u32;
+    /// Inverse-CDF draw with uniform `u` from the nucleus (the fewest most likely tokens whose
+    /// probability under softmax(logits / temperature) reaches `top_p`), in index order.
+    fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32;
     /// Rewrites the row in place with the sequence's penalties.
     fn apply_penalties(&self, penalties: &Penalties);
 }
@@ -183,6 +186,9 @@ pub mod adapter {
         }
         fn sample_full(&self, temperature: f32, u: f32) -> u32 {
             self.batch.sample_full(self.row, temperature, u)
+        }
+        fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
+            self.batch.sample_top_p(self.row, temperature, top_p, u)
         }
         fn apply_penalties(&self, p: &Penalties) {
             self.batch.apply_penalties(self.row, penalties_to_wit(p))
