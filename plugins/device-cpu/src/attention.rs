@@ -210,7 +210,7 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
     let context_len = position + 1;
     with_scratch(num_heads * context_len, |scores| {
         #[cfg(target_arch = "x86_64")]
-        if matches!(head_dim, 64 | 128) && avx512::supported() {
+        if avx512::supported() {
             let rows = avx512::Rows {
                 block_row: head.block_row,
                 block_size: head.shape.block_size,
@@ -219,14 +219,27 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
                 context_len,
             };
             let caches = (head.cache.keys, head.cache.values);
-            // SAFETY: supported (checked); `check_blocks` checked the blocks.
-            unsafe {
-                match head_dim {
-                    64 => avx512::attend::<4>(query, caches, &rows, scale, scores, out),
-                    _ => avx512::attend::<8>(query, caches, &rows, scale, scores, out),
-                }
+            macro_rules! attend {
+                ($c:literal, $g:literal) => {{
+                    // SAFETY: supported (checked); `check_blocks` checked the blocks; the
+                    // group holds `$g` heads of `16 * $c`.
+                    unsafe { avx512::attend::<$c, $g>(query, caches, &rows, scale, scores, out) };
+                    true
+                }};
             }
-            return;
+            // Heads of 64 or 128 in groups whose query and output rows fit the registers.
+            let done = match (head_dim, num_heads) {
+                (64, 1) => attend!(4, 1),
+                (64, 2) => attend!(4, 2),
+                (64, 3) => attend!(4, 3),
+                (64, 4) => attend!(4, 4),
+                (128, 1) => attend!(8, 1),
+                (128, 2) => attend!(8, 2),
+                _ => false,
+            };
+            if done {
+                return;
+            }
         }
         for p in 0..context_len {
             let offset = head.offset(p);

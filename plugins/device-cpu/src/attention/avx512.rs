@@ -36,14 +36,16 @@ thread_local! {
     static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Attention of the query heads in `query` (`16 * C` wide each) over the positions of `rows`,
-/// into `out` (same layout); `scores` holds `heads * context_len` f32s.
+/// Attention of the `G` query heads in `query` (`16 * C` wide each) over the positions of
+/// `rows`, into `out` (same layout); `scores` holds `G * context_len` f32s. Every key and
+/// value row is loaded once for all `G` heads, and the `G * C` output accumulators are
+/// independent FMA chains.
 ///
 /// # Safety
 /// The CPU is [`supported`]; every block `rows` names exists in the caches (checked by
-/// `check_blocks`).
+/// `check_blocks`); `query` and `out` hold `G * 16 * C` f32s.
 #[target_feature(enable = "avx512f,avx512dq")]
-pub unsafe fn attend<const C: usize>(
+pub unsafe fn attend<const C: usize, const G: usize>(
     query: &[f32],
     (keys, values): (&[f32], &[f32]),
     rows: &Rows<'_>,
@@ -68,12 +70,11 @@ pub unsafe fn attend<const C: usize>(
             }
         }
         let offsets: &[usize] = &offsets;
-        for (q_row, head_scores) in query
-            .chunks_exact(head_dim)
-            .zip(scores.chunks_exact_mut(context_len))
-        {
-            let q: [__m512; C] = std::array::from_fn(|c| load(q_row, c));
-            for (chunk, scores) in offsets.chunks(16).zip(head_scores.chunks_mut(16)) {
+        let q: [[__m512; C]; G] =
+            std::array::from_fn(|h| std::array::from_fn(|c| load(&query[h * head_dim..], c)));
+        for (chunk_index, chunk) in offsets.chunks(16).enumerate() {
+            let first = chunk_index * 16;
+            for (h, q) in q.iter().enumerate() {
                 let mut products = [_mm512_setzero_ps(); 16];
                 for (product, &offset) in products.iter_mut().zip(chunk) {
                     let key = &keys[offset..offset + head_dim];
@@ -84,22 +85,25 @@ pub unsafe fn attend<const C: usize>(
                     *product = acc;
                 }
                 let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
-                store_first(scores, sums);
+                let start = h * context_len + first;
+                store_first(&mut scores[start..start + chunk.len()], sums);
             }
+        }
+        for head_scores in scores.chunks_exact_mut(context_len).take(G) {
             softmax(head_scores);
         }
-        for (out_row, head_scores) in out
-            .chunks_exact_mut(head_dim)
-            .zip(scores.chunks_exact(context_len))
-        {
-            let mut acc = [_mm512_setzero_ps(); C];
-            for (&offset, &weight) in offsets.iter().zip(head_scores) {
-                let value = &values[offset..offset + head_dim];
-                let weight = _mm512_set1_ps(weight);
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(weight, load(value, c), *acc);
+        let mut acc = [[_mm512_setzero_ps(); C]; G];
+        for (position, &offset) in offsets.iter().enumerate() {
+            let value = &values[offset..offset + head_dim];
+            let v: [__m512; C] = std::array::from_fn(|c| load(value, c));
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let weight = _mm512_set1_ps(scores[h * context_len + position]);
+                for (acc, &v) in acc.iter_mut().zip(&v) {
+                    *acc = _mm512_fmadd_ps(weight, v, *acc);
                 }
             }
+        }
+        for (out_row, acc) in out.chunks_exact_mut(head_dim).zip(&acc) {
             for (c, &sum) in acc.iter().enumerate() {
                 let chunk = &mut out_row[16 * c..16 * c + 16];
                 // SAFETY: `chunk` holds 16 f32s.
