@@ -2,7 +2,9 @@
 //! weights in bf16, one server at a time under the same `plughost bench` loads, written up in
 //! `docs/benchmarks.md` with a throughput chart beside it.
 //!
-//! The servers run one after the other so they never share the cores. Raw results and server
+//! Both servers are up for the whole run and every load goes to one and then the other, never
+//! to both at once, so they never share the cores and a drift in the machine's speed does not
+//! land on one server only. Raw results and server
 //! logs go to `target/compare/`.
 
 mod cpu;
@@ -256,8 +258,7 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
     let kv = PlughostKv::new(&setup.facts, args.context);
     let plughost_spec = setup.plughost_spec(args, threads, &kv, &raw_dir);
     let llama_spec = setup.llama_spec(args, threads, &raw_dir);
-    let p = bench.server(&plughost_spec, true)?;
-    let l = bench.server(&llama_spec, false)?;
+    let [p, l] = bench.both([&plughost_spec, &llama_spec], [true, false])?;
 
     let counters = p.counters.clone();
     let plughost_result = setup.plughost_result(&plughost_spec, p, &kv, root);
@@ -606,61 +607,92 @@ struct Measured {
 }
 
 impl Bench<'_> {
-    /// Starts the server, warms it up, runs every load, reads its peak RSS (and plughost's
-    /// counters), and stops it; the guard stops it on any error too.
-    fn server(&self, spec: &ServerSpec, read_metrics: bool) -> Result<Measured> {
-        let mut running = RunningServer::start(spec)?;
-        running.wait_healthy(self.health_timeout)?;
-        let cpu_before = cpu::Snapshot::take(running.pid())?;
-        let url = running.base_url();
+    /// Starts both servers, warms each up, then runs every load against one and then the
+    /// other, alternating which goes first; reads their peak RSS (and plughost's counters)
+    /// and stops them. The guards stop them on any error too. Interleaving keeps a drift in
+    /// the machine's speed (a shared host) from landing on one server only; the idle server
+    /// sleeps while the other is measured.
+    fn both(&self, specs: [&ServerSpec; 2], read_metrics: [bool; 2]) -> Result<[Measured; 2]> {
+        let mut running = [
+            RunningServer::start(specs[0])?,
+            RunningServer::start(specs[1])?,
+        ];
+        for server in &mut running {
+            server.wait_healthy(self.health_timeout)?;
+        }
+        let pids = [running[0].pid(), running[1].pid()];
+        let cpu_before = cpu::Snapshot::take(&pids)?;
         let warmup_shape = Shape {
             output_len: WARMUP_OUTPUT_LEN,
             ..*self.shape
         };
-        let path = loads::json_path(self.raw_dir, spec.name, self.warmup);
-        loads::run(self.plughost, self.warmup, &warmup_shape, &url, &path)
+        for (server, spec) in running.iter_mut().zip(specs) {
+            let path = loads::json_path(self.raw_dir, spec.name, self.warmup);
+            loads::run(
+                self.plughost,
+                self.warmup,
+                &warmup_shape,
+                &server.base_url(),
+                &path,
+            )
             .with_context(|| format!("warming up {}", spec.name))?;
-        running.ensure_running("the warm-up")?;
-        let mut summaries = Vec::new();
-        for load in self.loads {
-            let path = loads::json_path(self.raw_dir, spec.name, load);
-            let summary = loads::run(self.plughost, load, self.shape, &url, &path)
-                .with_context(|| format!("{} against {}", load.title, spec.name))?;
-            running.ensure_running(&load.title)?;
-            if summary.num_failed > 0 {
-                eprintln!(
-                    "warning: {} of {} requests failed against {}: {}",
-                    summary.num_failed,
-                    summary.num_failed + summary.num_successful,
-                    spec.name,
-                    summary.first_error.as_deref().unwrap_or("no message")
-                );
-            }
-            summaries.push((load.key.clone(), summary));
+            server.ensure_running("the warm-up")?;
         }
-        let counters = if read_metrics {
-            read_counters(spec.port)
-        } else {
-            Vec::new()
-        };
-        // Read right before stopping: VmHWM covers the whole life of the process.
-        let peak_rss = running.peak_rss()?;
-        let others_cpu = cpu_before.others_share(&cpu::Snapshot::take(running.pid())?);
-        running.stop();
+        let mut summaries: [Vec<(String, Summary)>; 2] = [Vec::new(), Vec::new()];
+        for (index, load) in self.loads.iter().enumerate() {
+            let order = if index % 2 == 0 { [0, 1] } else { [1, 0] };
+            for which in order {
+                let (server, spec) = (&mut running[which], specs[which]);
+                let path = loads::json_path(self.raw_dir, spec.name, load);
+                let summary =
+                    loads::run(self.plughost, load, self.shape, &server.base_url(), &path)
+                        .with_context(|| format!("{} against {}", load.title, spec.name))?;
+                server.ensure_running(&load.title)?;
+                if summary.num_failed > 0 {
+                    eprintln!(
+                        "warning: {} of {} requests failed against {}: {}",
+                        summary.num_failed,
+                        summary.num_failed + summary.num_successful,
+                        spec.name,
+                        summary.first_error.as_deref().unwrap_or("no message")
+                    );
+                }
+                summaries[which].push((load.key.clone(), summary));
+            }
+        }
+        let others_cpu = cpu_before.others_share(&cpu::Snapshot::take(&pids)?);
         if others_cpu > DISTURBED {
             eprintln!(
-                "warning: other processes took {:.0}% of the CPU while {} was measured; its \
-                 numbers are disturbed",
+                "warning: other processes took {:.0}% of the CPU during the loads; the numbers \
+                 are disturbed",
                 others_cpu * 100.0,
-                spec.name
             );
         }
-        Ok(Measured {
-            summaries,
-            peak_rss,
-            counters,
-            others_cpu,
-        })
+        let mut measured = Vec::with_capacity(2);
+        for ((server, spec), (summaries, read_metrics)) in running
+            .into_iter()
+            .zip(specs)
+            .zip(summaries.into_iter().zip(read_metrics))
+        {
+            let counters = if read_metrics {
+                read_counters(spec.port)
+            } else {
+                Vec::new()
+            };
+            // Read right before stopping: VmHWM covers the whole life of the process.
+            let peak_rss = server.peak_rss()?;
+            server.stop();
+            measured.push(Measured {
+                summaries,
+                peak_rss,
+                counters,
+                others_cpu,
+            });
+        }
+        let [p, l]: [Measured; 2] = measured
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("two servers measured"))?;
+        Ok([p, l])
     }
 }
 

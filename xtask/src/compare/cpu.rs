@@ -18,11 +18,14 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub fn take(server_pid: u32) -> Result<Self> {
+    pub fn take(server_pids: &[u32]) -> Result<Self> {
         let (machine_busy, machine_total) =
             machine_ticks(&std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?)
                 .context("/proc/stat has no cpu line")?;
-        let server = process_ticks(&format!("/proc/{server_pid}/stat"), false)?;
+        let mut server = 0;
+        for pid in server_pids {
+            server += process_ticks(&format!("/proc/{pid}/stat"), false)?;
+        }
         let own = process_ticks("/proc/self/stat", true)?;
         Ok(Snapshot {
             machine_busy,
@@ -115,6 +118,6 @@ mod tests {
         };
         // 200 busy ticks, 160 of them ours: 40 of 400.
         assert!((a.others_share(&b) - 0.1).abs() < 1e-9);
-        assert!(Snapshot::take(std::process::id()).is_ok());
+        assert!(Snapshot::take(&[std::process::id()]).is_ok());
     }
 }

@@ -251,7 +251,8 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(
         out,
         "Written by `cargo xtask compare` on {}; run it again to refresh this page. Both servers \
-         ran on the same machine one after the other, never at the same time.\n",
+         were up on the same machine for the whole run; each load went to one and then the \
+         other (alternating which went first), never to both at once.\n",
         r.written
     );
     let _ = writeln!(
@@ -285,10 +286,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "Other processes took {:.1}% of the machine's CPU time while plughost was measured and \
-         {:.1}% while llama-server was (0% on a quiet machine).{}\n",
-        r.plughost.others_cpu * 100.0,
-        r.llama.others_cpu * 100.0,
+        "Other processes took {:.1}% of the machine's CPU time during the loads (0% on a quiet \
+         machine).{}\n",
+        r.plughost.others_cpu.max(r.llama.others_cpu) * 100.0,
         if r.plughost.others_cpu.max(r.llama.others_cpu) > r.disturbed {
             " **The machine was busy with other work while these numbers were taken, so they \
              do not compare the servers fairly. Run again when nothing else runs.**"
