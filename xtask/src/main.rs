@@ -54,7 +54,7 @@ enum Command {
     /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line.
     FetchModel(model_fetch::FetchArgs),
     /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
-    /// one server after the other, and write docs/benchmarks.md (builds llama.cpp if needed).
+    /// each load to one server and then the other, and write docs/benchmarks.md (builds llama.cpp if needed).
     Compare(compare::CompareArgs),
 }
 
