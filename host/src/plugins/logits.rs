@@ -145,11 +145,8 @@ pub fn top_k(row: &[f32], k: u32) -> Vec<Candidate> {
 /// `key(v)` as a `u32` in the same order as `f32::total_cmp` (-0 below +0).
 fn ordered_bits(v: f32) -> u32 {
     let bits = key(v).to_bits();
-    if bits >> 31 == 1 {
-        !bits
-    } else {
-        bits | 0x8000_0000
-    }
+    // Negative: flip every bit; positive: set the sign bit. Branch-free, so loops vectorize.
+    bits ^ ((((bits as i32) >> 31) as u32) | 0x8000_0000)
 }
 
 /// A value of [`ordered_bits`] at or below the `k`-th largest of `row` (`1 <= k <= len`), with
@@ -295,15 +292,17 @@ pub fn sample_top_p(row: &[f32], temperature: f32, top_p: f32, u: f32) -> u32 {
     if max == f32::NEG_INFINITY {
         return 0;
     }
-    WEIGHTS.with(|cell| {
-        let mut weights = cell.borrow_mut();
+    SCRATCH.with(|cell| {
+        let (weights, bits) = &mut *cell.borrow_mut();
         weights.clear();
         weights.extend(row.iter().map(|&v| exp_below_zero((key(v) - max) / t)));
+        bits.clear();
+        bits.extend(row.iter().map(|&v| ordered_bits(v)));
         let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
         let wanted = f64::from(top_p.clamp(0.0, 1.0)) * total;
-        let cut = nucleus_cut(row, &weights, wanted);
+        let cut = nucleus_cut(bits, weights, wanted);
         let members = |i: usize, ties_seen: &mut usize| -> bool {
-            let bits = ordered_bits(row[i]);
+            let bits = bits[i];
             if bits > cut.value {
                 return true;
             }
@@ -333,8 +332,10 @@ pub fn sample_top_p(row: &[f32], temperature: f32, top_p: f32, u: f32) -> u32 {
 }
 
 thread_local! {
-    /// One row's unnormalised probabilities for `sample_top_p`; grows to the vocabulary once.
-    static WEIGHTS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// One row's unnormalised probabilities and [`ordered_bits`] for `sample_top_p`, each
+    /// computed once in a pass that vectorizes; grows to the vocabulary once.
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<u32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Where the nucleus ends: every value above `value` (as [`ordered_bits`]) is in, and the
@@ -348,7 +349,7 @@ struct NucleusCut {
 /// The cut of the fewest most likely tokens whose weight reaches `wanted`: three histogram
 /// passes over 11, 11 and 10 bits of the ordered logits, each summing weight per bucket from
 /// the top, narrow the bucket holding the cut to a single value.
-fn nucleus_cut(row: &[f32], weights: &[f32], wanted: f64) -> NucleusCut {
+fn nucleus_cut(row_bits: &[u32], weights: &[f32], wanted: f64) -> NucleusCut {
     // (shift, width) of the bits each level resolves.
     const LEVELS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
     let (mut prefix, mut prefix_bits, mut above) = (0u32, 0u32, 0.0f64);
@@ -367,8 +368,8 @@ fn nucleus_cut(row: &[f32], weights: &[f32], wanted: f64) -> NucleusCut {
             count[bucket] += 1;
         };
         if level == 0 {
-            for (&v, &w) in row.iter().zip(weights) {
-                add(ordered_bits(v), w);
+            for (&bits, &w) in row_bits.iter().zip(weights) {
+                add(bits, w);
             }
         } else {
             for &(bits, w) in &subset {
@@ -396,10 +397,10 @@ fn nucleus_cut(row: &[f32], weights: &[f32], wanted: f64) -> NucleusCut {
         prefix_bits += width;
         let under_prefix = |bits: u32| bits >> (32 - prefix_bits) == prefix;
         if level == 0 {
-            subset = row
+            subset = row_bits
                 .iter()
                 .zip(weights)
-                .map(|(&v, &w)| (ordered_bits(v), w))
+                .map(|(&bits, &w)| (bits, w))
                 .filter(|&(bits, _)| under_prefix(bits))
                 .collect();
         } else {
