@@ -13,7 +13,7 @@
 //! for all of them.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod avx512;
+mod avx512;
 
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
@@ -210,7 +210,7 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
     let context_len = position + 1;
     with_scratch(num_heads * context_len, |scores| {
         #[cfg(target_arch = "x86_64")]
-        if avx512::supported() {
+        if crate::vector::avx512::supported() {
             let rows = avx512::Rows {
                 block_row: head.block_row,
                 block_size: head.shape.block_size,

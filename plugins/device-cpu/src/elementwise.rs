@@ -15,7 +15,7 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
             &up[first..first + out.len()],
         );
         #[cfg(target_arch = "x86_64")]
-        if crate::attention::avx512::supported() {
+        if crate::vector::avx512::supported() {
             // SAFETY: supported (checked just above).
             return unsafe { silu_mul_avx512(gate, up, out) };
         }
@@ -46,7 +46,7 @@ unsafe fn silu_mul_avx512(gate: &[f32], up: &[f32], out: &mut [f32]) {
         unsafe {
             let g = _mm512_maskz_loadu_ps(mask, gate[start..].as_ptr());
             let u = _mm512_maskz_loadu_ps(mask, up[start..].as_ptr());
-            let e = crate::attention::avx512::exp(_mm512_sub_ps(_mm512_set1_ps(0.0), g));
+            let e = crate::vector::avx512::exp(_mm512_sub_ps(_mm512_set1_ps(0.0), g));
             let silu = _mm512_div_ps(g, _mm512_add_ps(one, e));
             _mm512_mask_storeu_ps(out.as_mut_ptr(), mask, _mm512_mul_ps(silu, u));
         }

@@ -216,7 +216,7 @@ fn linear_on(
                     };
                     // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
                     // row in bounds; the task owns the panel's columns of `out`.
-                    unsafe { by_tokens!(tokens.len(), 4, |M| avx512::bf16::<M>(&tile)) }
+                    unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::bf16::<M>(&tile)) }
                 })
             }),
         #[cfg(target_arch = "x86_64")]
@@ -261,39 +261,14 @@ fn linear_on(
     }
 }
 
-/// Calls the const-generic `$kernel` for a tile of `$tokens` tokens (`1..=$max`).
+/// Evaluates `$call` with the const `$m` set to `$tokens`, one of the listed tile sizes.
 macro_rules! by_tokens {
-    ($tokens:expr, 4, |$m:ident| $call:expr) => {
+    ($tokens:expr, [$($n:literal),+], |$m:ident| $call:expr) => {
         match $tokens {
-            1 => {
-                const $m: usize = 1;
+            $($n => {
+                const $m: usize = $n;
                 $call
-            }
-            2 => {
-                const $m: usize = 2;
-                $call
-            }
-            3 => {
-                const $m: usize = 3;
-                $call
-            }
-            4 => {
-                const $m: usize = 4;
-                $call
-            }
-            other => unreachable!("a tile of {other} tokens"),
-        }
-    };
-    ($tokens:expr, 2, |$m:ident| $call:expr) => {
-        match $tokens {
-            1 => {
-                const $m: usize = 1;
-                $call
-            }
-            2 => {
-                const $m: usize = 2;
-                $call
-            }
+            })+
             other => unreachable!("a tile of {other} tokens"),
         }
     };
@@ -359,7 +334,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
         };
         // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
         // range keep every row in bounds; the task owns the panel's columns of `out`.
-        unsafe { by_tokens!(tokens.len(), 4, |M| avx512::wide::<W, M>(&tile)) }
+        unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::wide::<W, M>(&tile)) }
     })
 }
 
@@ -384,7 +359,7 @@ fn avx2_wide<W: avx2::Wide + Sync>(
             columns,
         };
         // SAFETY: as in `avx512_wide`, with `avx2::supported`.
-        unsafe { by_tokens!(tokens.len(), 2, |M| avx2::wide::<W, M>(&tile)) }
+        unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::wide::<W, M>(&tile)) }
     })
 }
 

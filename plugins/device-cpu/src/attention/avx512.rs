@@ -8,19 +8,12 @@
 
 use std::arch::x86_64::{
     __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_max_ps, _mm512_mul_ps,
-    _mm512_roundscale_ps, _mm512_scalef_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-    _mm512_sub_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps, _mm512_mul_ps,
+    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
 };
 use std::cell::RefCell;
 
-use crate::linear::avx512::{reduce, sum_lanes_of_each};
-
-/// Whether this CPU runs these kernels.
-pub fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-}
+use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
 /// Where one KV head's rows for positions `0..context_len` live in the paged caches.
 pub struct Rows<'a> {
@@ -42,7 +35,7 @@ thread_local! {
 /// independent FMA chains.
 ///
 /// # Safety
-/// The CPU is [`supported`]; every block `rows` names exists in the caches (checked by
+/// The CPU has AVX-512 F and DQ (`vector::avx512::supported`); every block `rows` names exists in the caches (checked by
 /// `check_blocks`); `query` and `out` hold `G * 16 * C` f32s.
 #[target_feature(enable = "avx512f,avx512dq")]
 pub unsafe fn attend<const C: usize, const G: usize>(
@@ -136,24 +129,6 @@ fn lanes_mask(len: usize) -> __mmask16 {
     ((1u32 << len.min(16)) - 1) as __mmask16
 }
 
-/// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 88] (scores minus their maximum,
-/// SiLU's `-g`), the value at -87 below and infinity above: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub fn exp(x: __m512) -> __m512 {
-    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps::<0>(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)));
-    // ln 2 in two parts, so `n · ln2_hi` is exact.
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693_359_4), x);
-    let r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.121_944_4e-4), r);
-    // Taylor coefficients 1/k! up to k = 6.
-    let mut p = _mm512_set1_ps(1.0 / 720.0);
-    for coefficient in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coefficient));
-    }
-    _mm512_scalef_ps(p, n)
-}
-
 /// `exp(s - max) / Σ exp(s - max)` over `scores`, like the portable softmax but sixteen lanes
 /// at a time: lane `l` sums the positions `≡ l` (mod 16) in order, then [`reduce`].
 #[inline]
@@ -169,7 +144,7 @@ fn softmax(scores: &mut [f32]) {
         let e = exp(_mm512_sub_ps(x, max));
         // SAFETY: as above.
         unsafe { _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, e) };
-        total = _mm512_add_ps(total, e_masked(e, mask));
+        total = _mm512_add_ps(total, _mm512_maskz_mov_ps(mask, e));
     }
     let total = _mm512_set1_ps(reduce(total));
     for chunk in scores.chunks_mut(16) {
@@ -178,53 +153,6 @@ fn softmax(scores: &mut [f32]) {
         unsafe {
             let e = _mm512_maskz_loadu_ps(mask, chunk.as_ptr());
             _mm512_mask_storeu_ps(chunk.as_mut_ptr(), mask, _mm512_div_ps(e, total));
-        }
-    }
-}
-
-/// `e` with the lanes outside `mask` zeroed.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn e_masked(e: __m512, mask: __mmask16) -> __m512 {
-    std::arch::x86_64::_mm512_maskz_mov_ps(mask, e)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::test_support::noise;
-
-    #[test]
-    fn lanes_are_summed_in_order_and_exp_is_close() {
-        if !supported() {
-            return;
-        }
-        let values: Vec<[f32; 16]> = (0..16)
-            .map(|v| std::array::from_fn(|l| noise(5 + v as u64, l)))
-            .collect();
-        // SAFETY: supported (checked above).
-        let sums: [f32; 16] = unsafe {
-            let vectors: [__m512; 16] =
-                std::array::from_fn(|v| _mm512_loadu_ps(values[v].as_ptr()));
-            std::mem::transmute(sum_lanes_of_each(&vectors))
-        };
-        for (v, lanes) in values.iter().enumerate() {
-            let quarter = |q: usize| {
-                let l = &lanes[4 * q..4 * q + 4];
-                (l[0] + l[2]) + (l[1] + l[3])
-            };
-            let expected = (quarter(0) + quarter(2)) + (quarter(1) + quarter(3));
-            assert_eq!(sums[v].to_bits(), expected.to_bits(), "vector {v}");
-        }
-        let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 5.7 - noise(9, i).abs());
-        // SAFETY: supported (checked above).
-        let got: [f32; 16] = unsafe { std::mem::transmute(exp(_mm512_loadu_ps(xs.as_ptr()))) };
-        for (x, got) in xs.iter().zip(got) {
-            let want = f64::from(*x).exp();
-            assert!(
-                (f64::from(got) - want).abs() <= 4.0 * f64::from(f32::EPSILON) * want,
-                "exp({x}) = {got}, expected {want}"
-            );
         }
     }
 }

@@ -8,17 +8,15 @@
 //! is what keeps `linear` batch-invariant.
 
 use std::arch::x86_64::{
-    __m256bh, __m512, __m512bh, __m512i, __mmask16, __mmask32, _mm_add_ps, _mm_add_ss,
-    _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps, _mm256_castps256_ps128,
-    _mm256_extractf128_ps, _mm256_loadu_si256, _mm256_mask_storeu_epi16, _mm256_maskz_loadu_epi16,
-    _mm512_add_ps, _mm512_castps512_ps256, _mm512_castsi512_ps, _mm512_cvtepu16_epi32,
-    _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_dpbf16_ps, _mm512_extractf32x8_ps, _mm512_fmadd_ps,
-    _mm512_loadu_ps, _mm512_loadu_si512, _mm512_maskz_loadu_epi16, _mm512_maskz_loadu_ps,
-    _mm512_setzero_ps, _mm512_shuffle_f32x4, _mm512_shuffle_ps, _mm512_slli_epi32,
-    _mm512_unpackhi_ps, _mm512_unpacklo_ps,
+    __m256bh, __m512, __m512bh, __m512i, __mmask16, __mmask32, _mm256_loadu_si256,
+    _mm256_mask_storeu_epi16, _mm256_maskz_loadu_epi16, _mm512_castsi512_ps, _mm512_cvtepu16_epi32,
+    _mm512_cvtneps_pbh, _mm512_cvtph_ps, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_loadu_si512, _mm512_maskz_loadu_epi16, _mm512_maskz_loadu_ps, _mm512_setzero_ps,
+    _mm512_slli_epi32,
 };
 
 use super::{Bf16Bits, F16Bits, NR};
+use crate::vector::avx512::reduce;
 use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 
 const PREFETCH_PANELS: usize = 4;
@@ -47,20 +45,6 @@ pub struct Tile<X, W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
-}
-
-/// The 16 lanes of `v` added as `((l + l⊕8) + (l + l⊕4)) …`: halves, then quarters, then
-/// pairs, always the same tree.
-#[inline]
-#[target_feature(enable = "avx512f,avx512dq")]
-pub fn reduce(v: __m512) -> f32 {
-    let eight = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
-    let four = _mm_add_ps(
-        _mm256_castps256_ps128(eight),
-        _mm256_extractf128_ps::<1>(eight),
-    );
-    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
-    _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
 }
 
 /// # Safety
@@ -239,39 +223,6 @@ unsafe fn store<const M: usize>(
             unsafe { *out.add(m * out_stride + j) = reduce(sum) };
         }
     }
-}
-
-/// Lane `i` of the result is the sum of the 16 lanes of `v[i]`, in one fixed tree for every
-/// `i`: within each 128-bit quarter `(l0 + l2) + (l1 + l3)`, then quarters `(q0 + q2) + (q1 +
-/// q3)`. Sixteen sums for the cost of about three full reductions (attention's scores).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
-    // Pairs: per quarter [a0+a2, b0+b2, a1+a3, b1+b3].
-    let pairs: [__m512; 8] = std::array::from_fn(|i| {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-    });
-    // Fours: per quarter the quarter sums of four vectors, in order.
-    let fours: [__m512; 4] = std::array::from_fn(|i| {
-        let (s, t) = (pairs[2 * i], pairs[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(s, t),
-            _mm512_shuffle_ps::<0xEE>(s, t),
-        )
-    });
-    // Quarters (q0 + q2, q1 + q3) of two groups of four.
-    let halves: [__m512; 2] = std::array::from_fn(|i| {
-        let (u, w) = (fours[2 * i], fours[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(u, w),
-            _mm512_shuffle_f32x4::<0xEE>(u, w),
-        )
-    });
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0x88>(halves[0], halves[1]),
-        _mm512_shuffle_f32x4::<0xDD>(halves[0], halves[1]),
-    )
 }
 
 /// `bits[i] = bf16(x[i])`, rounding to nearest even, for one row; the same instructions for
