@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use multiversion::multiversion;
 use plughost_sdk::sampler::{Candidate, LogitsRow, Penalties};
 
 /// The tokens a sequence has seen, for penalties.
@@ -76,22 +77,30 @@ fn key(v: f32) -> f32 {
 }
 
 pub fn argmax(row: &[f32]) -> u32 {
-    // Two passes that vectorize: the maximum over eight independent lanes (`f32::max`
-    // ignores NaN), then the first index holding it.
+    // Two passes that vectorize: the maximum, then the first index holding it.
+    let best = max_key(row);
+    row.iter().position(|&v| v == best).unwrap_or(0) as u32
+}
+
+/// The largest of `row` ignoring NaN (`f32::max` returns the other operand), -inf when there
+/// is none: eight independent lanes, so the loop vectorizes.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+fn max_key(row: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
-    let chunks = row.chunks_exact(8);
-    let rest = chunks.remainder();
+    let (chunks, rest) = row.as_chunks::<8>();
     for chunk in chunks {
         for (lane, &v) in lanes.iter_mut().zip(chunk) {
             *lane = lane.max(v);
         }
     }
-    let best = lanes
+    lanes
         .iter()
         .chain(rest)
         .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    row.iter().position(|&v| v == best).unwrap_or(0) as u32
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The `k` largest values, largest first; ties keep the lower index first.
@@ -191,10 +200,7 @@ fn effective_temperature(temperature: f32) -> f32 {
 
 pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
     let t = effective_temperature(temperature);
-    let max = row
-        .iter()
-        .map(|&v| key(v))
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = max_key(row);
     if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
@@ -203,6 +209,10 @@ pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
 
 /// `Σ exp((v - max) / t)` over the row: eight running sums, so the loop vectorizes, of
 /// [`exp_below_zero`], which vectorizes where `f32::exp` is a call per element.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
 fn sum_exp(row: &[f32], max: f32, t: f32) -> f32 {
     let mut lanes = [0.0f32; 8];
     let (chunks, rest) = row.as_chunks::<8>();
@@ -253,10 +263,7 @@ pub fn log_softmax(row: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {
 /// Inverse-CDF draw from softmax(row / temperature) with `u` in [0, 1).
 pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
     let t = effective_temperature(temperature);
-    let max = row
-        .iter()
-        .map(|&v| key(v))
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = max_key(row);
     if max == f32::NEG_INFINITY {
         return 0;
     }
@@ -280,62 +287,116 @@ pub fn sample_full(row: &[f32], temperature: f32, u: f32) -> u32 {
 
 /// Inverse-CDF draw with `u` in [0, 1) from the nucleus of softmax(row / temperature): the
 /// fewest most likely tokens (lower index first among equals) whose probability reaches
-/// `top_p`, walked in index order. Linear in the row, with no sort: the cut is found on
-/// histograms of the logits' bits that carry probability mass, refined until they name the
-/// exact cut value, so a flat distribution costs what a peaked one does.
+/// `top_p`, walked in index order. Linear in the row, with no sort: tokens too light to be in
+/// any nucleus are dropped in one pass, and the cut among the rest is found on histograms of
+/// the logits' bits that carry probability mass, refined until they name the exact cut value,
+/// so a flat distribution costs what a peaked one does.
 pub fn sample_top_p(row: &[f32], temperature: f32, top_p: f32, u: f32) -> u32 {
     let t = effective_temperature(temperature);
-    let max = row
-        .iter()
-        .map(|&v| key(v))
-        .fold(f32::NEG_INFINITY, f32::max);
+    let max = max_key(row);
     if max == f32::NEG_INFINITY {
         return 0;
     }
+    let top_p = if top_p.is_nan() {
+        1.0
+    } else {
+        f64::from(top_p.clamp(0.0, 1.0))
+    };
     SCRATCH.with(|cell| {
-        let (weights, bits) = &mut *cell.borrow_mut();
-        weights.clear();
-        weights.extend(row.iter().map(|&v| exp_below_zero((key(v) - max) / t)));
-        bits.clear();
-        bits.extend(row.iter().map(|&v| ordered_bits(v)));
-        let total: f64 = weights.iter().map(|&w| f64::from(w)).sum();
-        let wanted = f64::from(top_p.clamp(0.0, 1.0)) * total;
-        let cut = nucleus_cut(bits, weights, wanted);
-        let members = |i: usize, ties_seen: &mut usize| -> bool {
-            let bits = bits[i];
-            if bits > cut.value {
-                return true;
-            }
-            if bits == cut.value && *ties_seen < cut.ties {
-                *ties_seen += 1;
-                return true;
-            }
-            false
+        let (weights, heavy, subset) = &mut *cell.borrow_mut();
+        weights.resize(row.len(), 0.0);
+        fill_weights(row, max, t, weights);
+        let total = total_weight(weights);
+        // Every token lighter than `floor` together weighs under half of the `1 - top_p`
+        // share the nucleus leaves out, so none of them can be in it (the cut's own weight is
+        // at least `floor`).
+        let floor = ((1.0 - top_p) * total / (2.0 * row.len() as f64)) as f32;
+        heavy.resize(row.len(), 0);
+        let kept = keep_heavy(weights, floor, heavy);
+        let heavy = &heavy[..kept];
+        let Some(cut) = nucleus_cut((row, weights), heavy, top_p * total, subset) else {
+            return argmax(row);
         };
         let target = f64::from(u.clamp(0.0, 1.0)) * cut.mass;
         let (mut cumulative, mut ties_seen, mut last) = (0.0f64, 0usize, None);
-        for (i, &w) in weights.iter().enumerate() {
-            if !members(i, &mut ties_seen) {
+        for &i in heavy {
+            let bits = ordered_bits(row[i as usize]);
+            let member = bits > cut.value
+                || (bits == cut.value && ties_seen < cut.ties && {
+                    ties_seen += 1;
+                    true
+                });
+            if !member {
                 continue;
             }
+            let w = weights[i as usize];
             cumulative += f64::from(w);
             if w > 0.0 {
                 last = Some(i);
             }
             if cumulative > target && w > 0.0 {
-                return i as u32;
+                return i;
             }
         }
         // Rounding can leave the walk a hair short of `target`: the last member with mass.
-        last.map_or(0, |i| i as u32)
+        last.unwrap_or(0)
     })
 }
 
+/// `weights[i] = exp((row[i] - max) · (1 / t))`, NaN as -inf; a multiplication, as a
+/// division per token would take as long as the exponential.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+fn fill_weights(row: &[f32], max: f32, t: f32, weights: &mut [f32]) {
+    let inverse = 1.0 / t;
+    for (w, &v) in weights.iter_mut().zip(row) {
+        *w = exp_below_zero((key(v) - max) * inverse);
+    }
+}
+
+/// Writes the indices of the tokens of weight at least `floor` to the front of `out` (as long
+/// as `weights`), in order, and returns how many. Every index is written and the count
+/// advanced only for the kept ones, so there is no branch to mispredict when about half are.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+fn keep_heavy(weights: &[f32], floor: f32, out: &mut [u32]) -> usize {
+    let mut kept = 0;
+    for (i, &w) in weights.iter().enumerate() {
+        out[kept] = i as u32;
+        kept += usize::from(w >= floor);
+    }
+    kept
+}
+
+/// `Σ weights` in f64, eight running sums so the loop vectorizes.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+fn total_weight(weights: &[f32]) -> f64 {
+    let mut lanes = [0.0f64; 8];
+    let (chunks, rest) = weights.as_chunks::<8>();
+    for chunk in chunks {
+        for (lane, &w) in lanes.iter_mut().zip(chunk) {
+            *lane += f64::from(w);
+        }
+    }
+    for (lane, &w) in lanes.iter_mut().zip(rest) {
+        *lane += f64::from(w);
+    }
+    lanes.iter().sum()
+}
+
 thread_local! {
-    /// One row's unnormalised probabilities and [`ordered_bits`] for `sample_top_p`, each
-    /// computed once in a pass that vectorizes; grows to the vocabulary once.
-    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<u32>)> =
-        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    /// One row's unnormalised probabilities, the tokens that may be in its nucleus and the
+    /// finer levels' subset, for `sample_top_p`; grown to the vocabulary once.
+    #[allow(clippy::type_complexity)]
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<u32>, Vec<(u32, f32)>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// Where the nucleus ends: every value above `value` (as [`ordered_bits`]) is in, and the
@@ -346,36 +407,57 @@ struct NucleusCut {
     mass: f64,
 }
 
-/// The cut of the fewest most likely tokens whose weight reaches `wanted`: three histogram
-/// passes over 11, 11 and 10 bits of the ordered logits, each summing weight per bucket from
-/// the top, narrow the bucket holding the cut to a single value.
-fn nucleus_cut(row_bits: &[u32], weights: &[f32], wanted: f64) -> NucleusCut {
+/// The cut of the fewest most likely tokens among `heavy` (indices into `row` and `weights`)
+/// whose weight reaches `wanted`: three histogram passes over 11, 11 and 10 bits of the
+/// ordered logits, each summing weight per bucket from the top, narrow the bucket holding the
+/// cut to a single value. `None` when `heavy` is empty.
+fn nucleus_cut(
+    (row, weights): (&[f32], &[f32]),
+    heavy: &[u32],
+    wanted: f64,
+    subset: &mut Vec<(u32, f32)>,
+) -> Option<NucleusCut> {
     // (shift, width) of the bits each level resolves.
     const LEVELS: [(u32, u32); 3] = [(21, 11), (10, 11), (0, 10)];
+    if heavy.is_empty() {
+        return None;
+    }
     let (mut prefix, mut prefix_bits, mut above) = (0u32, 0u32, 0.0f64);
-    let mut mass = [0.0f64; 2048];
-    let mut count = [0usize; 2048];
-    // After the first level: the (bits, weight) of the values under `prefix`, usually a small
-    // part of the row, so the finer levels do not pass over the whole row again.
-    let mut subset: Vec<(u32, f32)> = Vec::new();
+    // The first level passes over every heavy token into two histograms, even and odd
+    // tokens, so a run of tokens in one bucket waits less on its own additions.
+    let mut mass = [[0.0f64; 2048]; 2];
+    let mut count = [[0u32; 2048]; 2];
     for (level, (shift, width)) in LEVELS.into_iter().enumerate() {
-        mass.fill(0.0);
-        count.fill(0);
         let mask = (1u32 << width) - 1;
-        let mut add = |bits: u32, w: f32| {
-            let bucket = ((bits >> shift) & mask) as usize;
-            mass[bucket] += f64::from(w);
-            count[bucket] += 1;
-        };
+        let bucket_of = |bits: u32| ((bits >> shift) & mask) as usize;
         if level == 0 {
-            for (&bits, &w) in row_bits.iter().zip(weights) {
-                add(bits, w);
+            let mut add = |way: usize, i: u32| {
+                let bucket = bucket_of(ordered_bits(row[i as usize]));
+                mass[way][bucket] += f64::from(weights[i as usize]);
+                count[way][bucket] += 1;
+            };
+            let (pairs, rest) = heavy.as_chunks::<2>();
+            for &[even, odd] in pairs {
+                add(0, even);
+                add(1, odd);
+            }
+            for &i in rest {
+                add(0, i);
+            }
+            for bucket in 0..2048 {
+                mass[0][bucket] += mass[1][bucket];
+                count[0][bucket] += count[1][bucket];
             }
         } else {
-            for &(bits, w) in &subset {
-                add(bits, w);
+            mass[0].fill(0.0);
+            count[0].fill(0);
+            for &(bits, w) in subset.iter() {
+                let bucket = bucket_of(bits);
+                mass[0][bucket] += f64::from(w);
+                count[0][bucket] += 1;
             }
         }
+        let (mass, count) = (&mass[0], &count[0]);
         let (mut chosen, mut lowest) = (None, 0);
         for bucket in (0..=mask as usize).rev() {
             if count[bucket] == 0 {
@@ -397,12 +479,11 @@ fn nucleus_cut(row_bits: &[u32], weights: &[f32], wanted: f64) -> NucleusCut {
         prefix_bits += width;
         let under_prefix = |bits: u32| bits >> (32 - prefix_bits) == prefix;
         if level == 0 {
-            subset = row_bits
-                .iter()
-                .zip(weights)
-                .map(|(&bits, &w)| (bits, w))
-                .filter(|&(bits, _)| under_prefix(bits))
-                .collect();
+            subset.clear();
+            subset.extend(heavy.iter().filter_map(|&i| {
+                let bits = ordered_bits(row[i as usize]);
+                under_prefix(bits).then(|| (bits, weights[i as usize]))
+            }));
         } else {
             subset.retain(|&(bits, _)| under_prefix(bits));
         }
@@ -417,11 +498,11 @@ fn nucleus_cut(row_bits: &[u32], weights: &[f32], wanted: f64) -> NucleusCut {
         tie_count
     };
     let ties = needed.clamp(1, tie_count.max(1));
-    NucleusCut {
+    Some(NucleusCut {
         value,
         ties,
         mass: above + ties as f64 * tie_weight,
-    }
+    })
 }
 
 /// The repetition penalty over prompt and generated tokens, then the OpenAI
@@ -593,9 +674,10 @@ mod tests {
             .fold(f32::NEG_INFINITY, f32::max);
         let weights: Vec<f64> = row
             .iter()
-            .map(|&v| f64::from(exp_below_zero((key(v) - max) / temperature)))
+            .map(|&v| f64::from(exp_below_zero((key(v) - max) * (1.0 / temperature))))
             .collect();
-        let total: f64 = weights.iter().sum();
+        let as_f32: Vec<f32> = weights.iter().map(|&w| w as f32).collect();
+        let total = total_weight(&as_f32);
         let mut order: Vec<usize> = (0..row.len()).collect();
         order.sort_by(|&a, &b| key(row[b]).total_cmp(&key(row[a])).then(a.cmp(&b)));
         let (mut member, mut mass) = (vec![false; row.len()], 0.0);
