@@ -570,6 +570,57 @@ fn device_maintained_step_inputs_have_the_real_values() {
 }
 
 #[test]
+fn kv_write_rounds_into_a_bf16_cache_and_mixed_caches_are_refused() {
+    use ArgTag::{Input, Output, OutputExisting};
+    let mut device = open_mock("");
+    // One KV head of width 4, two blocks of 2 slots; the row goes to slot 3.
+    let row = [1.0f32, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5];
+    let k = upload_f32(&mut device, &row);
+    let v = upload_f32(&mut device, &row.map(|x| -x));
+    let cache_bytes = 2 * 2 * 4 * 2;
+    let key_cache = upload(&mut device, &vec![0; cache_bytes]);
+    let value_cache = upload(&mut device, &vec![0; cache_bytes]);
+    let slots = upload_i32(&mut device, &[3]);
+    let cache_shape = [2, 2, 1, 4];
+    launch(
+        &mut device,
+        "kv_write",
+        &[
+            arg(k, DType::F32, &[1, 4], Input),
+            arg(v, DType::F32, &[1, 4], Input),
+            arg(key_cache, DType::BF16, &cache_shape, OutputExisting),
+            arg(value_cache, DType::BF16, &cache_shape, OutputExisting),
+            arg(slots, DType::I32, &[1], Input),
+        ],
+        &[],
+    );
+    let mut bytes = vec![0; cache_bytes];
+    device.read(key_cache, 0, &mut bytes).unwrap();
+    let bits: Vec<u16> = bytes
+        .chunks_exact(2)
+        .map(|pair| u16::from_le_bytes([pair[0], pair[1]]))
+        .collect();
+    // 1 + 2^-8 and 1 + 3 * 2^-8 lie halfway between bf16 values: ties go to the even one.
+    assert_eq!(&bits[12..], &[0x3f80, 0x3f80, 0x3f82, 0xc020]);
+    assert!(bits[..12].iter().all(|&b| b == 0), "{bits:?}");
+    // A mixed pair of caches is refused before the device runs anything.
+    let f32_cache = upload(&mut device, &vec![0; 2 * cache_bytes]);
+    let callable = device.callable_index("kv_write").unwrap();
+    let (_, message) = expect_call_error(device.launch(
+        callable,
+        &[
+            arg(k, DType::F32, &[1, 4], Input),
+            arg(v, DType::F32, &[1, 4], Input),
+            arg(key_cache, DType::BF16, &cache_shape, OutputExisting),
+            arg(f32_cache, DType::F32, &cache_shape, Output),
+            arg(slots, DType::I32, &[1], Input),
+        ],
+        &[],
+    ));
+    assert!(message.contains("must have the same dtype"), "{message}");
+}
+
+#[test]
 fn a_short_block_table_fails_the_slot_mapping() {
     let mut device = open_mock("");
     let seq_lens = upload_i32(&mut device, &[9]);

@@ -8,10 +8,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use plughost::device::DType;
 use plughost::device::{Device, DeviceLibrary};
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
-use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
+use plughost::runtime::{KvCacheDtype, Runtime, RuntimeConfig, StepSequence, load_model};
 use serde::Deserialize;
 
 const BLOCK_SIZE: u32 = 4;
@@ -77,15 +78,34 @@ impl Fixture {
     }
 }
 
-/// The references multiply bf16 weights with f32 activations. Where the CPU has AVX-512
-/// BF16, the device's default rounds activations to bf16 for bf16 weights instead;
-/// `bf16_products_are_batch_invariant_and_close` checks that default.
-const REFERENCE_DEVICE_CONFIG: &str = "bf16_products=f32";
+/// How a test runs the model: the CPU device's config and the KV cache's element type.
+struct Precision {
+    device_config: &'static str,
+    kv_cache_dtype: KvCacheDtype,
+}
 
-fn load(fixture: &Fixture, num_kv_blocks: u32, device_config: &str) -> Runtime {
+/// The references multiply bf16 weights with f32 activations and keep f32 keys and values.
+/// Serving a bf16 checkpoint rounds both to bf16 instead (activations where the CPU has
+/// AVX-512 BF16); `bf16_serving_defaults_are_batch_invariant_and_close` checks that.
+const REFERENCE: Precision = Precision {
+    device_config: "bf16_products=f32",
+    kv_cache_dtype: KvCacheDtype::F32,
+};
+
+/// What `plughost serve` uses by default.
+const SERVING_DEFAULT: Precision = Precision {
+    device_config: "",
+    kv_cache_dtype: KvCacheDtype::Auto,
+};
+
+fn config_json(dir: &Path) -> String {
+    std::fs::read_to_string(dir.join("config.json")).expect("config.json")
+}
+
+fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime {
     let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
         .expect("cpu device loads");
-    let device = Device::open(&library, device_config).expect("cpu device opens");
+    let device = Device::open(&library, precision.device_config).expect("cpu device opens");
     let plugins = PluginRuntime::new(RuntimeOptions {
         cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
     })
@@ -103,6 +123,7 @@ fn load(fixture: &Fixture, num_kv_blocks: u32, device_config: &str) -> Runtime {
         block_size: BLOCK_SIZE,
         num_kv_blocks,
         max_model_len: 128,
+        kv_cache_dtype: precision.kv_cache_dtype.resolve(&config_json(&fixture.dir)),
     };
     load_model(device, &mut glue, &fixture.dir, config).expect("model loads")
 }
@@ -231,7 +252,7 @@ fn logits_at_every_prompt_position_match_the_reference() {
     for (name, tolerance) in CHECKPOINTS {
         let fixture = Fixture::open(name, tolerance);
         let mut driver = Driver {
-            runtime: load(&fixture, 256, REFERENCE_DEVICE_CONFIG),
+            runtime: load(&fixture, 256, &REFERENCE),
             next_block: 0,
         };
         for prompt in &fixture.reference.prompts {
@@ -267,7 +288,7 @@ fn greedy_continuations_match_the_reference() {
     for (name, tolerance) in CHECKPOINTS {
         let fixture = Fixture::open(name, tolerance);
         let mut driver = Driver {
-            runtime: load(&fixture, 256, REFERENCE_DEVICE_CONFIG),
+            runtime: load(&fixture, 256, &REFERENCE),
             next_block: 0,
         };
         for prompt in &fixture.reference.prompts {
@@ -294,10 +315,10 @@ fn greedy_continuations_match_the_reference() {
 }
 
 /// Runs every prompt and returns each one's generated tokens and emitted logits.
-fn run_way(fixture: &Fixture, way: &str, device_config: &str) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+fn run_way(fixture: &Fixture, way: &str, precision: &Precision) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
     let prompts = &fixture.reference.prompts;
     let mut driver = Driver {
-        runtime: load(fixture, 512, device_config),
+        runtime: load(fixture, 512, precision),
         next_block: 0,
     };
     let mut seqs: Vec<Sequence> = prompts
@@ -345,7 +366,7 @@ fn run_way(fixture: &Fixture, way: &str, device_config: &str) -> Vec<(Vec<u32>, 
 fn four_ways_of_running_agree() {
     for (name, tolerance) in CHECKPOINTS {
         let fixture = Fixture::open(name, tolerance);
-        let baseline = run_way(&fixture, "one at a time", REFERENCE_DEVICE_CONFIG);
+        let baseline = run_way(&fixture, "one at a time", &REFERENCE);
         for (prompt, (tokens, _)) in fixture.reference.prompts.iter().zip(&baseline) {
             assert_eq!(
                 tokens, &prompt.generated_token_ids,
@@ -353,7 +374,7 @@ fn four_ways_of_running_agree() {
                 prompt.name
             );
         }
-        assert_ways_agree(&fixture, &baseline, REFERENCE_DEVICE_CONFIG);
+        assert_ways_agree(&fixture, &baseline, &REFERENCE);
     }
 }
 
@@ -361,11 +382,11 @@ fn four_ways_of_running_agree() {
 fn assert_ways_agree(
     fixture: &Fixture,
     baseline: &[(Vec<u32>, Vec<Vec<f32>>)],
-    device_config: &str,
+    precision: &Precision,
 ) {
     let name = &fixture.name;
     for way in ["one batch", "chunks of 3", "cached prefix"] {
-        let other = run_way(fixture, way, device_config);
+        let other = run_way(fixture, way, precision);
         for ((prompt, (want_tokens, want_logits)), (tokens, logits)) in
             fixture.reference.prompts.iter().zip(baseline).zip(&other)
         {
@@ -383,13 +404,15 @@ fn assert_ways_agree(
 }
 
 #[test]
-fn bf16_products_are_batch_invariant_and_close() {
+fn bf16_serving_defaults_are_batch_invariant_and_close() {
     let fixture = Fixture::open("tiny-qwen3-bf16", 2e-2);
-    // The device's default: activations rounded to bf16 where the CPU multiplies in bf16.
-    let baseline = run_way(&fixture, "one at a time", "");
-    assert_ways_agree(&fixture, &baseline, "");
-    // Rounding the activations moves the first generated logits by a few hundredths here
-    // (measured 0.03); a real error (a wrong row, a dropped block) moves them by whole units.
+    // Activations rounded to bf16 where the CPU multiplies in bf16, keys and values cached in
+    // bf16.
+    let baseline = run_way(&fixture, "one at a time", &SERVING_DEFAULT);
+    assert_ways_agree(&fixture, &baseline, &SERVING_DEFAULT);
+    // The rounding moves the first generated logits by a few hundredths here (measured 0.03
+    // with bf16 activations); a real error (a wrong row, a dropped block) moves them by whole
+    // units.
     for (prompt, (_, logits)) in fixture.reference.prompts.iter().zip(&baseline) {
         let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
         let diff = max_abs_diff(&logits[0], &want[0]);
@@ -461,6 +484,7 @@ fn loading_a_bad_checkpoint_names_the_problem() {
             block_size: BLOCK_SIZE,
             num_kv_blocks: 8,
             max_model_len: 32,
+            kv_cache_dtype: DType::F32,
         };
         let error = match load_model(device, &mut glue, &dir, config) {
             Ok(_) => panic!("{case}: a bad checkpoint loaded"),

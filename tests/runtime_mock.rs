@@ -4,7 +4,7 @@ mod common;
 
 use std::path::Path;
 
-use plughost::device::{Device, DeviceLibrary, DeviceStats};
+use plughost::device::{DType, Device, DeviceLibrary, DeviceStats};
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
@@ -32,6 +32,7 @@ fn mock_runtime() -> Runtime {
         block_size: BLOCK_SIZE,
         num_kv_blocks: 512,
         max_model_len: 256,
+        kv_cache_dtype: DType::F32,
     };
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-qwen3");
     load_model(device, &mut glue, &dir, config).expect("model loads on the mock device")

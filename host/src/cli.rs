@@ -7,6 +7,7 @@ use clap::Args;
 use crate::engine::{EngineOptions, EngineSetup};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
+use crate::runtime::KvCacheDtype;
 
 /// Where the model, the plugins and the device come from, and the engine's limits.
 #[derive(Debug, Clone, Args)]
@@ -41,6 +42,9 @@ pub struct ModelArgs {
     /// Memory for the KV cache, e.g. `512MiB`, `2GiB` or a number of bytes.
     #[arg(long, value_parser = parse_bytes, default_value = "512MiB")]
     pub kv_cache_memory: u64,
+    /// The KV cache's element type; `auto` takes the checkpoint's (bf16 for a bf16 model).
+    #[arg(long, value_enum, default_value_t = KvCacheDtype::Auto)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Reuse KV blocks of shared prompt prefixes (on by default).
     #[arg(long, overrides_with = "no_enable_prefix_caching")]
     pub enable_prefix_caching: bool,
@@ -211,6 +215,7 @@ impl ModelArgs {
                 block_size: self.block_size,
                 num_kv_blocks: self.num_kv_blocks,
                 kv_cache_memory: self.kv_cache_memory,
+                kv_cache_dtype: self.kv_cache_dtype,
                 enable_prefix_caching: !self.no_enable_prefix_caching,
                 max_model_len: self.max_model_len,
             },

@@ -85,8 +85,10 @@ pub struct CompareArgs {
 /// plughost's KV blocks hold this many tokens; passed explicitly so the KV size computed here
 /// is the one the server allocates.
 const BLOCK_SIZE: u64 = 16;
-/// plughost keeps K and V in f32.
-const PLUGHOST_KV_ELEM_BYTES: u64 = 4;
+/// plughost's KV cache type, passed explicitly (it is also what `auto` picks for the bf16
+/// checkpoint), and its element size.
+const PLUGHOST_KV_DTYPE: &str = "bf16";
+const PLUGHOST_KV_ELEM_BYTES: u64 = 2;
 /// llama-server's default KV cache type is f16.
 const LLAMA_KV_ELEM_BYTES: u64 = 2;
 /// Output tokens of the warm-up request each server gets before its loads.
@@ -383,6 +385,8 @@ impl Setup {
                 BLOCK_SIZE.to_string().into(),
                 "--kv-cache-memory".into(),
                 kv.bytes().to_string().into(),
+                "--kv-cache-dtype".into(),
+                PLUGHOST_KV_DTYPE.into(),
                 "--device-config".into(),
                 format!("threads={threads}").into(),
             ],
@@ -460,8 +464,8 @@ impl Setup {
             kv_bytes: blocks * kv.block_bytes,
             memory_note: format!(
                 "weights = model.safetensors ({} bytes); KV cache = {blocks} blocks × \
-                 {BLOCK_SIZE} tokens × {} bytes per token (f32 K and V: 2 × {} layers × {} KV \
-                 heads × {} dims × 4 bytes), computed from config.json and the flags \
+                 {BLOCK_SIZE} tokens × {} bytes per token ({PLUGHOST_KV_DTYPE} K and V: 2 × {} \
+                 layers × {} KV heads × {} dims × {PLUGHOST_KV_ELEM_BYTES} bytes), computed from config.json and the flags \
                  ({kv_source}){device_note}.",
                 facts.file_bytes,
                 facts.kv_bytes_per_token(PLUGHOST_KV_ELEM_BYTES),

@@ -18,7 +18,7 @@ use crate::plugins::sampler::SamplerPlugin;
 use crate::plugins::scheduler::SchedulerPlugin;
 use crate::plugins::{PluginRuntime, PluginSpec, RuntimeOptions};
 use crate::profile::Profiler;
-use crate::runtime::{RuntimeConfig, load_model};
+use crate::runtime::{KvCacheDtype, RuntimeConfig, load_model};
 use crate::sched::Phase;
 
 use super::core::{EngineCore, EngineLimits};
@@ -46,6 +46,8 @@ pub struct EngineOptions {
     pub num_kv_blocks: Option<u32>,
     /// Bytes for the KV cache when `num_kv_blocks` is not given.
     pub kv_cache_memory: u64,
+    /// The element type of the KV cache.
+    pub kv_cache_dtype: KvCacheDtype,
     pub enable_prefix_caching: bool,
     /// Longest prompt plus output; defaults to the model's maximum position.
     pub max_model_len: Option<u32>,
@@ -59,6 +61,7 @@ impl Default for EngineOptions {
             block_size: 16,
             num_kv_blocks: None,
             kv_cache_memory: 512 << 20,
+            kv_cache_dtype: KvCacheDtype::Auto,
             enable_prefix_caching: true,
             max_model_len: None,
         }
@@ -378,12 +381,13 @@ fn load_engine(
         .max_model_len
         .unwrap_or(info.max_position)
         .min(info.max_position.max(1));
+    let kv_cache_dtype = options.kv_cache_dtype.resolve(&config_json);
     let bytes_per_block = 2u64
         * info.kv.num_layers as u64
         * options.block_size as u64
         * info.kv.num_kv_heads as u64
         * info.kv.head_dim as u64
-        * 4;
+        * kv_cache_dtype.size_bytes();
     let num_kv_blocks = match options.num_kv_blocks {
         Some(n) => n,
         None => {
@@ -393,6 +397,12 @@ fn load_engine(
             (options.kv_cache_memory / bytes_per_block.max(1)).min(useful) as u32
         }
     };
+    tracing::info!(
+        blocks = num_kv_blocks,
+        dtype = %kv_cache_dtype,
+        mib = (num_kv_blocks as u64 * bytes_per_block) as f64 / (1u64 << 20) as f64,
+        "KV cache"
+    );
     if (num_kv_blocks as u64) * (options.block_size as u64)
         < max_model_len.min(options.max_num_batched_tokens) as u64
     {
@@ -409,6 +419,7 @@ fn load_engine(
         block_size: options.block_size,
         num_kv_blocks,
         max_model_len,
+        kv_cache_dtype,
     };
     let runtime = load_model(device, &mut glue, &setup.model_dir, runtime_config)
         .map_err(|e| e.to_string())?;

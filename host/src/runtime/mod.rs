@@ -1,7 +1,7 @@
 //! The runtime: prepares a model's step program on a device once, then runs one flattened batch per step.
 //!
 //! `prepare` takes the program from the model glue, uploads the weights,
-//! allocates the KV cache, the scratch buffers and the pooled step-input
+//! allocates the KV cache (f32, f16 or bf16), the scratch buffers and the pooled step-input
 //! buffers, each sized for the largest step. `execute` allocates nothing on
 //! the device: it refreshes the step inputs, launches the prepared tasks
 //! with the step's shapes, and reads back the logits rows of the sequences
@@ -10,6 +10,7 @@
 mod deps;
 mod error;
 mod extents;
+mod kv_dtype;
 mod load;
 mod prepared;
 mod refresh;
@@ -18,6 +19,7 @@ mod step;
 pub use deps::TaskGraph;
 pub use error::RuntimeError;
 pub use extents::Extents;
+pub use kv_dtype::KvCacheDtype;
 pub use load::{LoadError, load_model};
 pub use prepared::{Runtime, RuntimeConfig, WeightSource, WeightView};
 pub use step::{StepSequence, StepTiming};

@@ -27,6 +27,8 @@ pub struct RuntimeConfig {
     pub num_kv_blocks: u32,
     /// Most tokens one sequence may hold (prompt and output).
     pub max_model_len: u32,
+    /// The element type of the KV cache: f32, f16 or bf16.
+    pub kv_cache_dtype: DType,
 }
 
 /// A weight as the checkpoint holds it: dtype, shape and raw little-endian bytes.
@@ -247,8 +249,8 @@ impl Runtime {
         let kv_elements = max.resolve_shape(&kv_shape, &mut shape_buf);
         let mut kv = Vec::new();
         for _ in 0..info.kv.num_layers {
-            let k = alloc.alloc(bytes_of(DType::F32, kv_elements))?;
-            let v = alloc.alloc(bytes_of(DType::F32, kv_elements))?;
+            let k = alloc.alloc(bytes_of(config.kv_cache_dtype, kv_elements))?;
+            let v = alloc.alloc(bytes_of(config.kv_cache_dtype, kv_elements))?;
             kv.push((k, v));
         }
         let mut inputs = StepInputBuffers::default();
@@ -320,6 +322,7 @@ impl Runtime {
             weights: &weight_buffers,
             kv: &kv,
             kv_shape: &kv_shape,
+            kv_dtype: config.kv_cache_dtype,
             logits: Buffer {
                 id: logits,
                 dtype: DType::F32,
@@ -566,6 +569,7 @@ struct BufferResolver<'a> {
     weights: &'a HashMap<String, Buffer>,
     kv: &'a [(BufferId, BufferId)],
     kv_shape: &'a [Dim],
+    kv_dtype: DType,
     logits: Buffer,
 }
 
@@ -578,7 +582,7 @@ impl BufferResolver<'_> {
                 .ok_or(format!("no KV cache for layer {layer}"))?;
             Ok(Buffer {
                 id: if value { *v } else { *k },
-                dtype: DType::F32,
+                dtype: self.kv_dtype,
                 shape: self.kv_shape.to_vec(),
             })
         };

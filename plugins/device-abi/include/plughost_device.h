@@ -20,15 +20,17 @@
  * Callables every device provides, in this order (index = position). Shapes
  * use T flattened tokens, S sequences, E emitting rows, H hidden, V vocab,
  * D head_dim, B KV blocks, bs block size, M blocks per sequence. W is a
- * weight: f32, f16 or bf16. Float params are passed as their IEEE-754 bits.
+ * weight: f32, f16 or bf16. C is a KV cache: f32, f16 or bf16, the same for
+ * the keys and values of a launch; kv_write rounds to it (nearest even).
+ * Float params are passed as their IEEE-754 bits.
  *  0 embedding_gather(ids i32[T], table W[V,H], out f32[T,H])
  *  1 rms_norm(x f32[T,H], weight W[H], out f32[T,H]; eps)
  *  2 rms_norm_heads(x f32[T,N*D] inout, weight W[D]; eps, head_dim)
  *  3 linear(x f32[T,K], w W[N,K], out f32[T,N])            out = x . w^T
  *  4 rotary(q f32[T,Hq*D] inout, k f32[T,Hk*D] inout, positions i32[T];
  *           head_dim, theta)                                rotate-half
- *  5 kv_write(k f32[T,Hk*D], v f32[T,Hk*D], key_cache f32[B,bs,Hk,D] out,
- *             value_cache f32[B,bs,Hk,D] out, slot_mapping i32[T])
+ *  5 kv_write(k f32[T,Hk*D], v f32[T,Hk*D], key_cache C[B,bs,Hk,D] out,
+ *             value_cache C[B,bs,Hk,D] out, slot_mapping i32[T])
  *             slot < 0 skips the row
  *  6 paged_attention(q f32[T,Hq*D], key_cache, value_cache,
  *                    block_table i32[S,M], seq_lens i32[S],

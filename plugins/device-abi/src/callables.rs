@@ -118,12 +118,16 @@ pub enum Constraint {
     },
     /// The symbol is even (rotate-half needs pairs).
     Even(&'static str),
+    /// Two arguments have the same dtype (the key and value caches of one layer).
+    SameDtype(&'static str, &'static str),
 }
 
 const F32: &[DType] = &[DType::F32];
 const I32: &[DType] = &[DType::I32];
 /// Weights may stay in their checkpoint precision.
 const WEIGHT: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+/// KV caches hold keys and values in f32, or rounded to f16 or bf16 when written.
+const KV: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
 const fn arg(
     name: &'static str,
@@ -220,20 +224,20 @@ pub const ALL: &[CallableSpec] = &[
         args: &[
             arg("k", F32, &[Sym("T"), Product("Hk", "D")], Read),
             arg("v", F32, &[Sym("T"), Product("Hk", "D")], Read),
-            arg("key_cache", F32, KV_CACHE, Write),
-            arg("value_cache", F32, KV_CACHE, Write),
+            arg("key_cache", KV, KV_CACHE, Write),
+            arg("value_cache", KV, KV_CACHE, Write),
             arg("slot_mapping", I32, &[Sym("T")], Read),
         ],
         params: &[],
-        constraints: &[],
+        constraints: &[Constraint::SameDtype("key_cache", "value_cache")],
     },
     CallableSpec {
         id: CallableId::PagedAttention,
         name: "paged_attention",
         args: &[
             arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
-            arg("key_cache", F32, KV_CACHE, Read),
-            arg("value_cache", F32, KV_CACHE, Read),
+            arg("key_cache", KV, KV_CACHE, Read),
+            arg("value_cache", KV, KV_CACHE, Read),
             arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
             arg("seq_lens", I32, &[Sym("S")], Read),
             arg("query_start", I32, &[PlusOne("S")], Read),
@@ -246,10 +250,13 @@ pub const ALL: &[CallableSpec] = &[
             dim_param("block_size", "bs"),
             f32_bits("scale"),
         ],
-        constraints: &[Constraint::MultipleOf {
-            value: "Hq",
-            factor: "Hk",
-        }],
+        constraints: &[
+            Constraint::MultipleOf {
+                value: "Hq",
+                factor: "Hk",
+            },
+            Constraint::SameDtype("key_cache", "value_cache"),
+        ],
     },
     CallableSpec {
         id: CallableId::SiluMul,

@@ -41,6 +41,27 @@ pub fn encode_f32(values: &[f32]) -> Vec<u8> {
         .collect()
 }
 
+/// Encodes f32 values as `dtype` elements, rounding to the nearest even f16 or bf16; `None`
+/// for dtypes that are not floats.
+pub fn encode_float(dtype: DType, values: &[f32]) -> Option<Vec<u8>> {
+    match dtype {
+        DType::F32 => Some(encode_f32(values)),
+        DType::F16 => Some(
+            values
+                .iter()
+                .flat_map(|&value| half::f16::from_f32(value).to_le_bytes())
+                .collect(),
+        ),
+        DType::BF16 => Some(
+            values
+                .iter()
+                .flat_map(|&value| half::bf16::from_f32(value).to_le_bytes())
+                .collect(),
+        ),
+        DType::I32 | DType::I64 | DType::U8 => None,
+    }
+}
+
 pub fn encode_i32(values: &[i32]) -> Vec<u8> {
     values
         .iter()

@@ -190,22 +190,25 @@ impl Launch<'_> {
         self.write_bytes(arg, &elements::encode_i32(values));
     }
 
-    /// Overwrites `values.len()` elements of an f32 argument starting at element `first`,
-    /// leaving the rest as they are (a KV cache written at a few slots).
-    pub fn write_f32_at(&mut self, arg: &str, first: usize, values: &[f32]) {
-        assert_eq!(self.dtype(arg), DType::F32, "argument `{arg}`");
+    /// Overwrites `values.len()` elements of a float argument starting at element `first`,
+    /// rounding them to its dtype and leaving the rest as they are (a KV cache written at a few
+    /// slots).
+    pub fn write_float_at(&mut self, arg: &str, first: usize, values: &[f32]) {
+        let dtype = self.dtype(arg);
+        let bytes = elements::encode_float(dtype, values)
+            .unwrap_or_else(|| panic!("argument `{arg}` is not a float tensor"));
         let (buffer, range) = {
             let resolved = self.arg(arg);
             (resolved.buffer, resolved.bytes.clone())
         };
-        let start = range.start + first * 4;
-        let end = start + values.len() * 4;
+        let start = range.start + first * dtype.size_bytes() as usize;
+        let end = start + bytes.len();
         assert!(
             end <= range.end,
             "`{}` wrote past the end of `{arg}`",
             self.spec.name
         );
-        self.buffers.storage_mut(buffer)[start..end].copy_from_slice(&elements::encode_f32(values));
+        self.buffers.storage_mut(buffer)[start..end].copy_from_slice(&bytes);
     }
 
     fn write_bytes(&mut self, arg: &str, bytes: &[u8]) {
@@ -342,6 +345,14 @@ impl FloatSlice<'_> {
     }
 }
 
+/// A written float argument in the dtype it was passed in; f16 and bf16 as raw bits.
+#[derive(Debug, PartialEq)]
+pub enum FloatSliceMut<'l> {
+    F32(&'l mut [f32]),
+    F16(&'l mut [u16]),
+    BF16(&'l mut [u16]),
+}
+
 /// Every argument of one launch, borrowed in place by [`Launch::views`].
 ///
 /// Arguments the callable only reads come out shared (`f32`, `i32`, `float`), as often as
@@ -391,6 +402,18 @@ impl<'l> ArgViews<'l> {
     /// updates.
     pub fn f32_mut(&mut self, arg: &str) -> &'l mut [f32] {
         cast_slice_mut(self.take_exclusive(arg, DType::F32))
+    }
+
+    /// A written float argument in whichever of f32, f16 or bf16 it was passed.
+    pub fn float_mut(&mut self, arg: &str) -> FloatSliceMut<'l> {
+        match self.dtype(arg) {
+            DType::F32 => FloatSliceMut::F32(cast_slice_mut(self.take_exclusive(arg, DType::F32))),
+            DType::F16 => FloatSliceMut::F16(cast_slice_mut(self.take_exclusive(arg, DType::F16))),
+            DType::BF16 => {
+                FloatSliceMut::BF16(cast_slice_mut(self.take_exclusive(arg, DType::BF16)))
+            }
+            other => panic!("argument `{arg}` is {other}, not a float tensor"),
+        }
     }
 
     pub fn i32_mut(&mut self, arg: &str) -> &'l mut [i32] {

@@ -87,7 +87,7 @@ pub fn check_launch(
     }
     bind_simple_dims(spec, args, &mut bindings)?;
     resolve_products(spec, args, &mut bindings)?;
-    check_constraints(spec.constraints, &bindings)?;
+    check_constraints(spec, args, &bindings)?;
     Ok(bindings)
 }
 
@@ -327,8 +327,12 @@ fn bind_factor(
     Ok(true)
 }
 
-fn check_constraints(constraints: &[Constraint], bindings: &ShapeBindings) -> Result<(), String> {
-    for constraint in constraints {
+fn check_constraints(
+    spec: &CallableSpec,
+    args: &[TensorArg],
+    bindings: &ShapeBindings,
+) -> Result<(), String> {
+    for constraint in spec.constraints {
         match *constraint {
             Constraint::MultipleOf { value, factor } => {
                 let (Some(v), Some(f)) = (bindings.find(value), bindings.find(factor)) else {
@@ -349,6 +353,23 @@ fn check_constraints(constraints: &[Constraint], bindings: &ShapeBindings) -> Re
                     return Err(format!(
                         "{symbol} = {} ({}) must be even",
                         bound.value, bound.origin
+                    ));
+                }
+            }
+            Constraint::SameDtype(first, second) => {
+                let dtype_of = |name: &str| {
+                    spec.arg_index(name)
+                        .and_then(|index| args.get(index))
+                        .map(|arg| arg.dtype)
+                };
+                if let (Some(a), Some(b)) = (dtype_of(first), dtype_of(second))
+                    && a != b
+                {
+                    let name = |code| DType::from_code(code).map_or("?", |dtype| dtype.name());
+                    return Err(format!(
+                        "arguments `{first}` ({}) and `{second}` ({}) must have the same dtype",
+                        name(a),
+                        name(b)
                     ));
                 }
             }
@@ -441,6 +462,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!((rotary.get("Hq"), rotary.get("Hk")), (Some(4), Some(2)));
+    }
+
+    #[test]
+    fn kv_caches_may_be_half_width_but_not_mixed() {
+        let with_caches = |key: DType, value: DType| {
+            let mut args = attention_args(32, 3);
+            args[1] = tensor(key, &[5, 4, 2, 8], ArgTag::Input);
+            args[2] = tensor(value, &[5, 4, 2, 8], ArgTag::Input);
+            check_launch(spec("paged_attention"), &args, &ATTENTION_PARAMS)
+        };
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            assert!(with_caches(dtype, dtype).is_ok(), "{dtype}");
+        }
+        let error = with_caches(DType::BF16, DType::F16).unwrap_err();
+        assert_eq!(
+            error,
+            "arguments `key_cache` (bf16) and `value_cache` (f16) must have the same dtype"
+        );
+        assert!(with_caches(DType::I32, DType::I32).is_err());
     }
 
     #[test]

@@ -15,9 +15,11 @@
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
-use plughost_device_abi::export::{DeviceFailure, Launch};
+use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
+use crate::kv_cache::CacheElement;
+use crate::linear::{Bf16Bits, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::vector::{axpy, dot};
 use crate::workers::{Workers, with_scratch};
@@ -45,10 +47,10 @@ pub struct StepLayout<'a> {
     pub query_start: &'a [i32],
 }
 
-/// The paged caches, each `[B, bs, Hk, D]`.
-pub struct KvCache<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+/// The paged caches, each `[B, bs, Hk, D]`, in f32 or a half-width element type.
+pub struct KvCache<'a, E> {
+    pub keys: &'a [E],
+    pub values: &'a [E],
 }
 
 /// Where one token of the step attends: its sequence and position, or nothing (padding).
@@ -74,19 +76,39 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         seq_lens: views.i32("seq_lens"),
         query_start: views.i32("query_start"),
     };
-    let cache = KvCache {
-        keys: views.f32("key_cache"),
-        values: views.f32("value_cache"),
-    };
     let (q, out) = (views.f32("q"), views.f32_mut("out"));
-    paged_attention(q, &cache, &layout, out, (shape, scale), &context.workers)
-        .map_err(DeviceFailure::launch_failed)
+    let params = (shape, scale);
+    let workers = &context.workers;
+    // One match here, so each element type gets kernels of its own.
+    let done = match (views.float("key_cache"), views.float("value_cache")) {
+        (FloatSlice::F32(keys), FloatSlice::F32(values)) => {
+            let cache = KvCache { keys, values };
+            paged_attention(q, &cache, &layout, out, params, workers)
+        }
+        (FloatSlice::BF16(keys), FloatSlice::BF16(values)) => {
+            let cache = KvCache::<Bf16Bits> {
+                keys: as_wide(keys),
+                values: as_wide(values),
+            };
+            paged_attention(q, &cache, &layout, out, params, workers)
+        }
+        (FloatSlice::F16(keys), FloatSlice::F16(values)) => {
+            let cache = KvCache::<F16Bits> {
+                keys: as_wide(keys),
+                values: as_wide(values),
+            };
+            paged_attention(q, &cache, &layout, out, params, workers)
+        }
+        // The ABI checks refuse this before a launch reaches the device.
+        _ => Err("the key and value caches have different dtypes".to_string()),
+    };
+    done.map_err(DeviceFailure::launch_failed)
 }
 
 /// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
-pub fn paged_attention(
+pub fn paged_attention<E: CacheElement>(
     q: &[f32],
-    cache: &KvCache<'_>,
+    cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
     out: &mut [f32],
     (shape, scale): (AttentionShape, f32),
@@ -179,14 +201,14 @@ fn check_blocks(
 }
 
 /// One KV head of one sequence: where its keys and values are.
-struct Head<'a> {
-    cache: &'a KvCache<'a>,
+struct Head<'a, E> {
+    cache: &'a KvCache<'a, E>,
     block_row: &'a [i32],
     kv_head: usize,
     shape: AttentionShape,
 }
 
-impl Head<'_> {
+impl<E> Head<'_, E> {
     /// The element offset of this head's row at `position` in either cache.
     fn offset(&self, position: usize) -> usize {
         let AttentionShape {
@@ -204,11 +226,18 @@ impl Head<'_> {
 
 /// Attention of the query heads in `query` (adjacent `head_dim`-wide heads sharing one KV
 /// head) over positions `0..=position`, into `out` (same layout).
-fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out: &mut [f32]) {
+fn attend_group<E: CacheElement>(
+    query: &[f32],
+    head: &Head<'_, E>,
+    position: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     let head_dim = head.shape.head_dim;
     let num_heads = query.len() / head_dim;
     let context_len = position + 1;
-    with_scratch(num_heads * context_len, |scores| {
+    // The scores of every head, then one widened key or value row.
+    with_scratch(num_heads * context_len + head_dim, |scratch| {
         #[cfg(target_arch = "x86_64")]
         if crate::vector::avx512::supported() {
             let rows = avx512::Rows {
@@ -223,7 +252,9 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
                 ($c:literal, $g:literal) => {{
                     // SAFETY: supported (checked); `check_blocks` checked the blocks; the
                     // group holds `$g` heads of `16 * $c`.
-                    unsafe { avx512::attend::<$c, $g>(query, caches, &rows, scale, scores, out) };
+                    unsafe {
+                        avx512::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
+                    };
                     true
                 }};
             }
@@ -241,9 +272,16 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
                 return;
             }
         }
-        for p in 0..context_len {
+        let (scores, row) = scratch.split_at_mut(num_heads * context_len);
+        let widened = |cache: &[E], p: usize, row: &mut [f32]| {
             let offset = head.offset(p);
-            let key = &head.cache.keys[offset..offset + head_dim];
+            for (x, &e) in row.iter_mut().zip(&cache[offset..offset + head_dim]) {
+                *x = e.to_f32();
+            }
+        };
+        for p in 0..context_len {
+            widened(head.cache.keys, p, row);
+            let key = &*row;
             for (h, q_head) in query.chunks_exact(head_dim).enumerate() {
                 scores[h * context_len + p] = dot(q_head, key) * scale;
             }
@@ -253,8 +291,8 @@ fn attend_group(query: &[f32], head: &Head<'_>, position: usize, scale: f32, out
         }
         out.fill(0.0);
         for p in 0..context_len {
-            let offset = head.offset(p);
-            let value = &head.cache.values[offset..offset + head_dim];
+            widened(head.cache.values, p, row);
+            let value = &*row;
             for (h, out_head) in out.chunks_exact_mut(head_dim).enumerate() {
                 axpy(out_head, scores[h * context_len + p], value);
             }
@@ -487,6 +525,67 @@ mod tests {
         for head_dim in [64, 128] {
             check_batch(&format!("head_dim {head_dim}"), &sequences, head_dim);
         }
+    }
+
+    /// Attention over caches of `E` equals attention over f32 caches of the same (widened)
+    /// values, bit for bit: widening is exact and every other operation is the same.
+    fn half_width_matches_f32<E: CacheElement>(what: &str) {
+        // SmolLM2's heads (nine query heads on three KV heads of 64), then heads of 128.
+        for (num_heads, num_kv_heads, head_dim) in [(9, 3, 64), (4, 2, 128), (4, 2, 8)] {
+            let (block_size, num_blocks, blocks_per_seq) = (16, 12, 4);
+            let kv_len = num_blocks * block_size * num_kv_heads * head_dim;
+            let keys: Vec<E> = (0..kv_len).map(|i| E::from_f32(noise(7, i))).collect();
+            let values: Vec<E> = (0..kv_len).map(|i| E::from_f32(noise(8, i))).collect();
+            let widened = |cache: &[E]| cache.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+            let (keys_f32, values_f32) = (widened(&keys), widened(&values));
+            // A 20-token chunk after 9 cached tokens, and two decodes at 33 and 50 tokens.
+            let block_table = [3, 7, 1, -1, 0, 5, 9, 2, 11, 4, 6, 8];
+            let (seq_lens, query_start) = ([29, 33, 50], [0, 20, 21, 22]);
+            let q: Vec<f32> = (0..22 * num_heads * head_dim)
+                .map(|i| 2.0 * noise(9, i))
+                .collect();
+            let shape = AttentionShape {
+                num_heads,
+                num_kv_heads,
+                head_dim,
+                block_size,
+                num_blocks,
+                blocks_per_seq,
+            };
+            let layout = StepLayout {
+                block_table: &block_table,
+                seq_lens: &seq_lens,
+                query_start: &query_start,
+            };
+            let workers = Workers::new(2).unwrap();
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let mut half = vec![f32::NAN; q.len()];
+            let cache = KvCache {
+                keys: &keys[..],
+                values: &values[..],
+            };
+            paged_attention(&q, &cache, &layout, &mut half, (shape, scale), &workers).unwrap();
+            let mut full = vec![f32::NAN; q.len()];
+            let cache = KvCache {
+                keys: &keys_f32[..],
+                values: &values_f32[..],
+            };
+            paged_attention(&q, &cache, &layout, &mut full, (shape, scale), &workers).unwrap();
+            let same = half
+                .iter()
+                .zip(&full)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{what}, heads {num_heads}/{num_kv_heads} of {head_dim}"
+            );
+        }
+    }
+
+    #[test]
+    fn bf16_and_f16_caches_match_f32_caches_of_the_same_values() {
+        half_width_matches_f32::<crate::linear::Bf16Bits>("bf16");
+        half_width_matches_f32::<crate::linear::F16Bits>("f16");
     }
 
     #[test]

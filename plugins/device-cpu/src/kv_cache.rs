@@ -1,10 +1,54 @@
-//! `kv_write`: storing this step's keys and values into the paged cache at their slots.
+//! `kv_write`: storing this step's keys and values into the paged cache at their slots, in the cache's element type.
 //!
 //! A cache is `[B, bs, Hk, D]`, so slot `s` (block `s / bs`, offset `s % bs`) is row `s` of the
 //! cache seen as `[B*bs, Hk*D]`. A negative slot skips its token (padding, or a token whose
-//! KV is already cached).
+//! KV is already cached). Caches hold f32, or f16 or bf16 rounded to nearest even: half the
+//! bytes for attention to read back at every decode step.
 
-use plughost_device_abi::export::{DeviceFailure, Launch};
+use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
+
+use crate::linear::{Bf16Bits, F16Bits, as_wide_mut};
+
+/// What a KV cache may hold; the AVX-512 attention kernel loads sixteen at a time.
+#[cfg(target_arch = "x86_64")]
+pub trait CacheElement: Copy + Send + Sync + crate::linear::avx512::Wide {
+    fn from_f32(value: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+/// What a KV cache may hold.
+#[cfg(not(target_arch = "x86_64"))]
+pub trait CacheElement: Copy + Send + Sync {
+    fn from_f32(value: f32) -> Self;
+    fn to_f32(self) -> f32;
+}
+
+impl CacheElement for f32 {
+    fn from_f32(value: f32) -> f32 {
+        value
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl CacheElement for Bf16Bits {
+    fn from_f32(value: f32) -> Bf16Bits {
+        Bf16Bits::from_f32(value)
+    }
+    fn to_f32(self) -> f32 {
+        Bf16Bits::to_f32(self)
+    }
+}
+
+impl CacheElement for F16Bits {
+    fn from_f32(value: f32) -> F16Bits {
+        F16Bits::from_f32(value)
+    }
+    fn to_f32(self) -> f32 {
+        F16Bits::to_f32(self)
+    }
+}
 
 /// The rows of one step's keys or values and the cache they go to, both `width = Hk*D` wide.
 pub struct KvRows<'a> {
@@ -12,11 +56,12 @@ pub struct KvRows<'a> {
     pub values: &'a [f32],
 }
 
-/// Writes row `t` of `rows` into row `slot_mapping[t]` of each cache. Every slot is checked
-/// before anything is written, so a failed launch leaves the caches as they were.
-pub fn kv_write(
+/// Writes row `t` of `rows` into row `slot_mapping[t]` of each cache, rounded to the caches'
+/// element type. Every slot is checked before anything is written, so a failed launch leaves
+/// the caches as they were.
+pub fn kv_write<E: CacheElement>(
     rows: KvRows<'_>,
-    (key_cache, value_cache): (&mut [f32], &mut [f32]),
+    (key_cache, value_cache): (&mut [E], &mut [E]),
     slot_mapping: &[i32],
     width: usize,
 ) -> Result<(), String> {
@@ -36,10 +81,16 @@ pub fn kv_write(
             row * width..(row + 1) * width,
             slot * width..(slot + 1) * width,
         );
-        key_cache[target.clone()].copy_from_slice(&rows.keys[source.clone()]);
-        value_cache[target].copy_from_slice(&rows.values[source]);
+        store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
+        store(&mut value_cache[target], &rows.values[source]);
     }
     Ok(())
+}
+
+fn store<E: CacheElement>(target: &mut [E], source: &[f32]) {
+    for (element, &value) in target.iter_mut().zip(source) {
+        *element = E::from_f32(value);
+    }
 }
 
 pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
@@ -50,8 +101,26 @@ pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         values: views.f32("v"),
     };
     let slot_mapping = views.i32("slot_mapping");
-    let caches = (views.f32_mut("key_cache"), views.f32_mut("value_cache"));
-    kv_write(rows, caches, slot_mapping, width).map_err(DeviceFailure::launch_failed)
+    let written = match (views.float_mut("key_cache"), views.float_mut("value_cache")) {
+        (FloatSliceMut::F32(keys), FloatSliceMut::F32(values)) => {
+            kv_write(rows, (keys, values), slot_mapping, width)
+        }
+        (FloatSliceMut::BF16(keys), FloatSliceMut::BF16(values)) => kv_write::<Bf16Bits>(
+            rows,
+            (as_wide_mut(keys), as_wide_mut(values)),
+            slot_mapping,
+            width,
+        ),
+        (FloatSliceMut::F16(keys), FloatSliceMut::F16(values)) => kv_write::<F16Bits>(
+            rows,
+            (as_wide_mut(keys), as_wide_mut(values)),
+            slot_mapping,
+            width,
+        ),
+        // The ABI checks refuse this before a launch reaches the device.
+        _ => Err("the key and value caches have different dtypes".to_string()),
+    };
+    written.map_err(DeviceFailure::launch_failed)
 }
 
 #[cfg(test)]
@@ -73,6 +142,29 @@ mod tests {
         kv_write(rows, (&mut key_cache, &mut value_cache), &[3, -1, 0], width).unwrap();
         assert_eq!(key_cache, [5.0, 6.0, 9.0, 9.0, 9.0, 9.0, 1.0, 2.0]);
         assert_eq!(value_cache, [-5.0, -6.0, 9.0, 9.0, 9.0, 9.0, -1.0, -2.0]);
+    }
+
+    #[test]
+    fn half_width_caches_store_rounded_values() {
+        // 1 + 2^-8 is halfway between two bf16 values and goes to the even one; 1 + 2^-12 is
+        // a quarter of f16's step at 1; 70000 is past f16's largest finite value.
+        let keys = [1.0 + 1.0 / 256.0, -2.5, 1.0 + 1.0 / 4096.0, 70000.0];
+        let values = keys.map(|v| -v);
+        let rows = || KvRows {
+            keys: &keys,
+            values: &values,
+        };
+        let mut bf16_keys = [Bf16Bits::from_f32(9.0); 4];
+        let mut bf16_values = bf16_keys;
+        kv_write(rows(), (&mut bf16_keys, &mut bf16_values), &[1, -1], 2).unwrap();
+        let widened: Vec<f32> = bf16_keys.iter().map(|b| b.to_f32()).collect();
+        assert_eq!(widened, [9.0, 9.0, 1.0, -2.5]);
+        assert_eq!(bf16_values[2].to_f32(), -1.0);
+        let mut f16_keys = [F16Bits::from_f32(0.0); 4];
+        let mut f16_values = f16_keys;
+        kv_write(rows(), (&mut f16_keys, &mut f16_values), &[-1, 0], 2).unwrap();
+        let widened: Vec<f32> = f16_keys.iter().map(|b| b.to_f32()).collect();
+        assert_eq!(widened, [1.0, f32::INFINITY, 0.0, 0.0]);
     }
 
     #[test]

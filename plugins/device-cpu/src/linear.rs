@@ -199,10 +199,15 @@ fn linear_on(
             .with(|cell| {
                 let mut rounded = cell.borrow_mut();
                 rounded.resize(x.len(), 0);
-                for (row, row_bits) in x.chunks(inner).zip(rounded.chunks_mut(inner)) {
-                    // SAFETY: `Isa::Avx512` comes from `avx512::supported`.
-                    unsafe { avx512::round_row_to_bf16(row, row_bits) };
-                }
+                // A prefill's activations are megabytes: both threads round them.
+                let rows_per_task = workers.rows_per_task(tokens, inner);
+                workers.for_each_chunk(&mut rounded, rows_per_task * inner, |task, bits| {
+                    let rows = &x[task * rows_per_task * inner..];
+                    for (row, row_bits) in rows.chunks(inner).zip(bits.chunks_mut(inner)) {
+                        // SAFETY: `Isa::Avx512` comes from `avx512::supported`.
+                        unsafe { avx512::round_row_to_bf16(row, row_bits) };
+                    }
+                });
                 let rounded: &[u16] = &rounded;
                 plan.run(workers, &|tokens, n0, columns| {
                     let tile = avx512::Tile {
@@ -290,6 +295,11 @@ impl F16Bits {
     pub fn to_f32(self) -> f32 {
         half::f16::from_bits(self.0).to_f32()
     }
+
+    /// Rounded to the nearest f16, ties to even.
+    pub fn from_f32(value: f32) -> F16Bits {
+        F16Bits(half::f16::from_f32(value).to_bits())
+    }
 }
 
 /// bf16 weight bits, a type of their own so kernels widen them as bf16.
@@ -301,16 +311,32 @@ impl Bf16Bits {
     pub fn to_f32(self) -> f32 {
         crate::widen::bf16_to_f32(self.0)
     }
+
+    /// Rounded to the nearest bf16, ties to even.
+    pub fn from_f32(value: f32) -> Bf16Bits {
+        Bf16Bits(half::bf16::from_f32(value).to_bits())
+    }
 }
 
 /// The same bits seen as the weight type a kernel widens.
-#[cfg(target_arch = "x86_64")]
-fn as_wide<W: Copy>(bits: &[u16]) -> &[W] {
+pub(crate) fn as_wide<W: HalfBits>(bits: &[u16]) -> &[W] {
     const { assert!(size_of::<W>() == size_of::<u16>() && align_of::<W>() == align_of::<u16>()) };
     // SAFETY: `W` is a `repr(transparent)` newtype of `u16` (same size and alignment, checked
     // above), valid for every bit pattern.
     unsafe { std::slice::from_raw_parts(bits.as_ptr().cast(), bits.len()) }
 }
+
+/// As [`as_wide`], for bits a kernel writes.
+pub(crate) fn as_wide_mut<W: HalfBits>(bits: &mut [u16]) -> &mut [W] {
+    const { assert!(size_of::<W>() == size_of::<u16>() && align_of::<W>() == align_of::<u16>()) };
+    // SAFETY: as in `as_wide`; the exclusive borrow moves to the result.
+    unsafe { std::slice::from_raw_parts_mut(bits.as_mut_ptr().cast(), bits.len()) }
+}
+
+/// The `repr(transparent)` newtypes of `u16` that [`as_wide`] may produce.
+pub(crate) trait HalfBits: Copy {}
+impl HalfBits for F16Bits {}
+impl HalfBits for Bf16Bits {}
 
 /// The AVX-512 FMA path: f32 activations times weights widened to f32.
 #[cfg(target_arch = "x86_64")]

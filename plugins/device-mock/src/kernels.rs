@@ -182,8 +182,8 @@ fn kv_write(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     }
     for (row, slot) in targets {
         let rows = row * width..(row + 1) * width;
-        launch.write_f32_at("key_cache", slot * width, &k[rows.clone()]);
-        launch.write_f32_at("value_cache", slot * width, &v[rows]);
+        launch.write_float_at("key_cache", slot * width, &k[rows.clone()]);
+        launch.write_float_at("value_cache", slot * width, &v[rows]);
     }
     Ok(())
 }

@@ -4,7 +4,8 @@
 //! reduction (`sum_lanes_of_each`) that adds each product's lanes in a fixed tree. The
 //! softmax is vectorized ([`exp`]); the output lanes are FMA chains over positions in order.
 //! None of it depends on the rest of the batch, only on the token's query and its cached keys
-//! and values.
+//! and values. Cache rows in f16 or bf16 are widened sixteen elements per load, so decode reads
+//! half the bytes of an f32 cache and computes the same way.
 
 use std::arch::x86_64::{
     __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
@@ -13,6 +14,7 @@ use std::arch::x86_64::{
 };
 use std::cell::RefCell;
 
+use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
 /// Where one KV head's rows for positions `0..context_len` live in the paged caches.
@@ -38,9 +40,9 @@ thread_local! {
 /// The CPU has AVX-512 F and DQ (`vector::avx512::supported`); every block `rows` names exists in the caches (checked by
 /// `check_blocks`); `query` and `out` hold `G * 16 * C` f32s.
 #[target_feature(enable = "avx512f,avx512dq")]
-pub unsafe fn attend<const C: usize, const G: usize>(
+pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
     query: &[f32],
-    (keys, values): (&[f32], &[f32]),
+    (keys, values): (&[E], &[E]),
     rows: &Rows<'_>,
     scale: f32,
     scores: &mut [f32],
@@ -71,9 +73,9 @@ pub unsafe fn attend<const C: usize, const G: usize>(
                 let mut products = [_mm512_setzero_ps(); 16];
                 for (product, &offset) in products.iter_mut().zip(chunk) {
                     let key = &keys[offset..offset + head_dim];
-                    let mut acc = _mm512_mul_ps(q[0], load(key, 0));
+                    let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
                     for (c, &q) in q.iter().enumerate().skip(1) {
-                        acc = _mm512_fmadd_ps(q, load(key, c), acc);
+                        acc = _mm512_fmadd_ps(q, load_cached(key, c), acc);
                     }
                     *product = acc;
                 }
@@ -88,7 +90,7 @@ pub unsafe fn attend<const C: usize, const G: usize>(
         let mut acc = [[_mm512_setzero_ps(); C]; G];
         for (position, &offset) in offsets.iter().enumerate() {
             let value = &values[offset..offset + head_dim];
-            let v: [__m512; C] = std::array::from_fn(|c| load(value, c));
+            let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
             for (h, acc) in acc.iter_mut().enumerate() {
                 let weight = _mm512_set1_ps(scores[h * context_len + position]);
                 for (acc, &v) in acc.iter_mut().zip(&v) {
@@ -113,6 +115,15 @@ fn load(row: &[f32], c: usize) -> __m512 {
     let chunk = &row[16 * c..16 * c + 16];
     // SAFETY: `chunk` holds 16 f32s.
     unsafe { _mm512_loadu_ps(chunk.as_ptr()) }
+}
+
+/// Sixteen cache elements from element `16 * c` of `row`, widened to f32.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m512 {
+    let chunk = &row[16 * c..16 * c + 16];
+    // SAFETY: `chunk` holds 16 elements.
+    unsafe { E::load(chunk.as_ptr()) }
 }
 
 /// The first `min(16, out.len())` lanes of `v` into `out`.
