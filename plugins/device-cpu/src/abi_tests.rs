@@ -1,4 +1,4 @@
-//! Tests through the C ABI table: one decoder step that launches every callable, checked against the kernels called directly, plus open and launch failures.
+//! Tests through the C ABI table: one decoder step that launches every callable (with KV caches in f32, bf16 and f16), checked against the kernels called directly, plus open and launch failures.
 
 use std::ffi::CString;
 use std::ptr;
@@ -10,7 +10,8 @@ use plughost_device_abi::{
 };
 
 use crate::attention::{self, AttentionShape, KvCache, StepLayout};
-use crate::linear::{self, Bf16Products, LinearShape};
+use crate::kv_cache::CacheElement;
+use crate::linear::{self, Bf16Bits, Bf16Products, F16Bits, LinearShape};
 use crate::test_support::noise;
 use crate::workers::Workers;
 use crate::{elementwise, gather, kv_cache, norm, rotary, step_inputs};
@@ -99,8 +100,29 @@ impl Device {
     }
 
     fn zeros(&self, shape: &[u64]) -> Tensor {
+        self.zeros_of(DType::F32, shape)
+    }
+
+    /// Zero bits are zero in every float dtype.
+    fn zeros_of(&self, dtype: DType, shape: &[u64]) -> Tensor {
         let len: u64 = shape.iter().product();
-        self.f32s(shape, &vec![0.0; len as usize])
+        self.upload(dtype, shape, &vec![0; (len * dtype.size_bytes()) as usize])
+    }
+
+    /// A float tensor widened to f32, as bits, so a -0 or a NaN counts as itself.
+    fn read_widened_bits(&self, tensor: &Tensor) -> Vec<u32> {
+        let size = tensor.dtype.size_bytes() as usize;
+        let bytes = self.read_bytes(tensor, size);
+        let half_bits = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]);
+        bytes
+            .chunks_exact(size)
+            .map(|b| match tensor.dtype {
+                DType::F32 => u32::from_le_bytes(b.try_into().unwrap()),
+                DType::BF16 => bf16::from_bits(half_bits(b)).to_f32().to_bits(),
+                DType::F16 => f16::from_bits(half_bits(b)).to_f32().to_bits(),
+                other => panic!("{other} is not a float dtype"),
+            })
+            .collect()
     }
 
     fn read_bytes(&self, tensor: &Tensor, size: usize) -> Vec<u8> {
@@ -253,10 +275,12 @@ struct StepOutputs {
     slots: Vec<i32>,
     /// Rows 1 and 2 of `hidden + attention`, after `silu(h) * h` and doubling in place.
     gathered: Vec<f32>,
+    /// The key cache after the step, widened to f32 bits.
+    key_cache: Vec<u32>,
 }
 
-/// The step through the C ABI, every callable once or more.
-fn step_through_abi(device: &Device, weights: &Weights) -> StepOutputs {
+/// The step through the C ABI, every callable once or more, with KV caches of `cache_dtype`.
+fn step_through_abi(device: &Device, weights: &Weights, cache_dtype: DType) -> StepOutputs {
     let tokens = IDS.len() as u64;
     let (h, q_width, kv_width) = (
         HIDDEN as u64,
@@ -295,7 +319,10 @@ fn step_through_abi(device: &Device, weights: &Weights) -> StepOutputs {
         device.zeros(&[tokens, kv_width]),
         device.zeros(&[tokens, kv_width]),
     );
-    let (key_cache, value_cache) = (device.zeros(&cache_shape), device.zeros(&cache_shape));
+    let (key_cache, value_cache) = (
+        device.zeros_of(cache_dtype, &cache_shape),
+        device.zeros_of(cache_dtype, &cache_shape),
+    );
     let attention = device.zeros(&[tokens, q_width]);
     let gathered = device.zeros(&[2, h]);
     let emit = device.i32s(&[2], &[1, 2]);
@@ -413,11 +440,12 @@ fn step_through_abi(device: &Device, weights: &Weights) -> StepOutputs {
         seq_lens: device.read_i32(&seq_lens),
         slots: device.read_i32(&slots),
         gathered: device.read_f32(&gathered),
+        key_cache: device.read_widened_bits(&key_cache),
     }
 }
 
-/// The same step with the kernels called directly.
-fn step_in_process(weights: &Weights) -> StepOutputs {
+/// The same step with the kernels called directly, with KV caches of `E`.
+fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
     let workers = Workers::new(1).unwrap();
     let tokens = IDS.len();
     let (q_width, kv_width) = (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM);
@@ -475,7 +503,8 @@ fn step_in_process(weights: &Weights) -> StepOutputs {
     rotary::rotate_rows(&mut q, &positions, &inv_freq, &workers);
     rotary::rotate_rows(&mut k, &positions, &inv_freq, &workers);
     let cache_len = NUM_BLOCKS * BLOCK_SIZE * kv_width;
-    let (mut key_cache, mut value_cache) = (vec![0.0; cache_len], vec![0.0; cache_len]);
+    let zero = E::from_f32(0.0);
+    let (mut key_cache, mut value_cache) = (vec![zero; cache_len], vec![zero; cache_len]);
     let rows = kv_cache::KvRows {
         keys: &k,
         values: &v,
@@ -526,18 +555,19 @@ fn step_in_process(weights: &Weights) -> StepOutputs {
         seq_lens: seq_lens.to_vec(),
         slots: slots.to_vec(),
         gathered,
+        key_cache: key_cache.iter().map(|e| e.to_f32().to_bits()).collect(),
     }
 }
 
 #[test]
 fn a_step_through_the_abi_matches_the_kernels() {
     let weights = Weights::new();
-    let expected = step_in_process(&weights);
+    let expected = step_in_process::<f32>(&weights);
     assert_eq!(expected.seq_lens, [2, 4]);
     assert_eq!(expected.slots, [2, 3, 1]);
     for config in ["threads=1", "threads=2"] {
         let device = Device::open(config).unwrap();
-        let outputs = step_through_abi(&device, &weights);
+        let outputs = step_through_abi(&device, &weights, DType::F32);
         assert_eq!(outputs, expected, "{config}");
 
         let stats = device.stats();
@@ -548,6 +578,28 @@ fn a_step_through_the_abi_matches_the_kernels() {
             0,
             "nothing ran since the last synchronize"
         );
+    }
+}
+
+#[test]
+fn a_step_with_half_width_caches_matches_the_kernels() {
+    let weights = Weights::new();
+    let full = step_in_process::<f32>(&weights);
+    let cases = [
+        (DType::BF16, step_in_process::<Bf16Bits>(&weights)),
+        (DType::F16, step_in_process::<F16Bits>(&weights)),
+    ];
+    for (dtype, expected) in cases {
+        // The cache really holds rounded values, so the launches really took the dtype's path.
+        assert_ne!(expected.key_cache, full.key_cache, "{dtype}");
+        if dtype == DType::BF16 {
+            assert!(expected.key_cache.iter().all(|bits| bits & 0xffff == 0));
+        }
+        for config in ["threads=1", "threads=2"] {
+            let device = Device::open(config).unwrap();
+            let outputs = step_through_abi(&device, &weights, dtype);
+            assert_eq!(outputs, expected, "{dtype}, {config}");
+        }
     }
 }
 
@@ -598,4 +650,34 @@ fn failures_come_back_as_codes_and_messages() {
         message.contains("arguments `q` and `k` overlap"),
         "{message}"
     );
+
+    // A layer's key and value caches share one dtype; the ABI refuses a launch that mixes them
+    // before the kernel sees it.
+    let rows = device.f32s(&[1, 4], &[1.0; 4]);
+    let cache_shape = [2, 1, 1, 4];
+    let key_cache = device.zeros_of(DType::F32, &cache_shape);
+    let value_cache = device.zeros_of(DType::BF16, &cache_shape);
+    let slots = device.i32s(&[1], &[0]);
+    let (code, message) = device
+        .launch(
+            "kv_write",
+            &[
+                rows.arg(IN),
+                rows.arg(IN),
+                key_cache.arg(OUT),
+                value_cache.arg(OUT),
+                slots.arg(IN),
+            ],
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(code, status::INVALID_ARGUMENT);
+    assert!(
+        message.contains(
+            "arguments `key_cache` (f32) and `value_cache` (bf16) must have the same dtype"
+        ),
+        "{message}"
+    );
+    assert_eq!(device.read_widened_bits(&key_cache), [0; 8]);
+    assert_eq!(device.stats().launches, 0);
 }

@@ -111,6 +111,38 @@ pub fn paged_attention<E: CacheElement>(
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
     out: &mut [f32],
+    params: (AttentionShape, f32),
+    workers: &Workers,
+) -> Result<(), String> {
+    paged_attention_on(Kernel::detect(), q, cache, layout, out, params, workers)
+}
+
+/// The kernels a machine runs attention with. Chosen once per launch, so every group of a
+/// step computes the same way; tests pick the portable one to cover it on any CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Portable,
+    /// Heads of 64 or 128 in the AVX-512 kernel, other sizes portable.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if crate::vector::avx512::supported() {
+            return Kernel::Avx512;
+        }
+        Kernel::Portable
+    }
+}
+
+fn paged_attention_on<E: CacheElement>(
+    kernel: Kernel,
+    q: &[f32],
+    cache: &KvCache<'_, E>,
+    layout: &StepLayout<'_>,
+    out: &mut [f32],
     (shape, scale): (AttentionShape, f32),
     workers: &Workers,
 ) -> Result<(), String> {
@@ -147,7 +179,7 @@ pub fn paged_attention<E: CacheElement>(
                 kv_head,
                 shape,
             };
-            attend_group(query, &head, owner.position, scale, out_group);
+            attend_group(kernel, query, &head, (owner.position, scale), out_group);
         }
     });
     Ok(())
@@ -227,10 +259,10 @@ impl<E> Head<'_, E> {
 /// Attention of the query heads in `query` (adjacent `head_dim`-wide heads sharing one KV
 /// head) over positions `0..=position`, into `out` (same layout).
 fn attend_group<E: CacheElement>(
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] kernel: Kernel,
     query: &[f32],
     head: &Head<'_, E>,
-    position: usize,
-    scale: f32,
+    (position, scale): (usize, f32),
     out: &mut [f32],
 ) {
     let head_dim = head.shape.head_dim;
@@ -239,7 +271,7 @@ fn attend_group<E: CacheElement>(
     // The scores of every head, then one widened key or value row.
     with_scratch(num_heads * context_len + head_dim, |scratch| {
         #[cfg(target_arch = "x86_64")]
-        if crate::vector::avx512::supported() {
+        if kernel == Kernel::Avx512 {
             let rows = avx512::Rows {
                 block_row: head.block_row,
                 block_size: head.shape.block_size,
@@ -250,8 +282,8 @@ fn attend_group<E: CacheElement>(
             let caches = (head.cache.keys, head.cache.values);
             macro_rules! attend {
                 ($c:literal, $g:literal) => {{
-                    // SAFETY: supported (checked); `check_blocks` checked the blocks; the
-                    // group holds `$g` heads of `16 * $c`.
+                    // SAFETY: `Kernel::Avx512` comes from `avx512::supported`; `check_blocks`
+                    // checked the blocks; the group holds `$g` heads of `16 * $c`.
                     unsafe {
                         avx512::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
                     };
@@ -443,12 +475,23 @@ mod tests {
             keys: &key_cache,
             values: &value_cache,
         };
-        for threads in [1, 2] {
+        for (kernel, threads) in kernels().into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
             let workers = Workers::new(threads).unwrap();
             let mut out = vec![f32::NAN; q.len()];
-            paged_attention(&q, &cache, &layout, &mut out, (shape, scale), &workers).unwrap();
-            assert_close(&out, &expected, 1e-5, &format!("{what}, {threads} threads"));
+            let params = (shape, scale);
+            paged_attention_on(kernel, &q, &cache, &layout, &mut out, params, &workers).unwrap();
+            let what = format!("{what}, {kernel:?}, {threads} threads");
+            assert_close(&out, &expected, 1e-5, &what);
         }
+    }
+
+    /// The portable kernels, and the vector ones where this CPU has them.
+    fn kernels() -> Vec<Kernel> {
+        let mut kernels = vec![Kernel::Portable];
+        if Kernel::detect() != Kernel::Portable {
+            kernels.push(Kernel::detect());
+        }
+        kernels
     }
 
     #[test]
@@ -530,7 +573,8 @@ mod tests {
     /// Attention over caches of `E` equals attention over f32 caches of the same (widened)
     /// values, bit for bit: widening is exact and every other operation is the same.
     fn half_width_matches_f32<E: CacheElement>(what: &str) {
-        // SmolLM2's heads (nine query heads on three KV heads of 64), then heads of 128.
+        // SmolLM2's heads (nine query heads on three KV heads of 64), heads of 128, and heads
+        // only the portable kernels take.
         for (num_heads, num_kv_heads, head_dim) in [(9, 3, 64), (4, 2, 128), (4, 2, 8)] {
             let (block_size, num_blocks, blocks_per_seq) = (16, 12, 4);
             let kv_len = num_blocks * block_size * num_kv_heads * head_dim;
@@ -558,27 +602,48 @@ mod tests {
                 query_start: &query_start,
             };
             let workers = Workers::new(2).unwrap();
-            let scale = 1.0 / (head_dim as f32).sqrt();
-            let mut half = vec![f32::NAN; q.len()];
-            let cache = KvCache {
+            let params = (shape, 1.0 / (head_dim as f32).sqrt());
+            let half_cache = KvCache {
                 keys: &keys[..],
                 values: &values[..],
             };
-            paged_attention(&q, &cache, &layout, &mut half, (shape, scale), &workers).unwrap();
-            let mut full = vec![f32::NAN; q.len()];
-            let cache = KvCache {
+            let full_cache = KvCache {
                 keys: &keys_f32[..],
                 values: &values_f32[..],
             };
-            paged_attention(&q, &cache, &layout, &mut full, (shape, scale), &workers).unwrap();
-            let same = half
-                .iter()
-                .zip(&full)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(
-                same,
-                "{what}, heads {num_heads}/{num_kv_heads} of {head_dim}"
-            );
+            for kernel in kernels() {
+                let mut half = vec![f32::NAN; q.len()];
+                paged_attention_on(
+                    kernel,
+                    &q,
+                    &half_cache,
+                    &layout,
+                    &mut half,
+                    params,
+                    &workers,
+                )
+                .unwrap();
+                let mut full = vec![f32::NAN; q.len()];
+                paged_attention_on(
+                    kernel,
+                    &q,
+                    &full_cache,
+                    &layout,
+                    &mut full,
+                    params,
+                    &workers,
+                )
+                .unwrap();
+                let same = half
+                    .iter()
+                    .zip(&full)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{what}, {kernel:?}, heads {num_heads}/{num_kv_heads} of {head_dim}"
+                );
+                assert!(half.iter().all(|x| x.is_finite()), "{what}, {kernel:?}");
+            }
         }
     }
 

@@ -126,6 +126,8 @@ pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::linear::HalfBits;
+    use crate::test_support::noise;
 
     #[test]
     fn writes_rows_at_their_slots_and_skips_negative_ones() {
@@ -165,6 +167,77 @@ mod tests {
         kv_write(rows(), (&mut f16_keys, &mut f16_values), &[-1, 0], 2).unwrap();
         let widened: Vec<f32> = f16_keys.iter().map(|b| b.to_f32()).collect();
         assert_eq!(widened, [1.0, f32::INFINITY, 0.0, 0.0]);
+    }
+
+    /// Writes rows of awkward values into a cache of `E` through its `u16` bits, the way
+    /// `run` does, and checks every element against `round` (the `half` crate's rounding).
+    fn stores_what_half_rounds_to<E: CacheElement + HalfBits>(round: fn(f32) -> u16, what: &str) {
+        // Ties (to even) for bf16 and for f16, values below f16's normal range and below f32's,
+        // overflow to infinity, signed zero, and NaNs whose payload lies only in bits the
+        // rounding drops (which must stay NaN, not become infinity).
+        let specials = [
+            1.0 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            1.0 + 1.0 / 2048.0,
+            -(1.0 + 3.0 / 2048.0),
+            3e-8,
+            -6e-8,
+            1e-40,
+            65519.0,
+            65520.0,
+            -70000.0,
+            f32::MAX,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xff80_1234),
+        ];
+        let width = 8;
+        let tokens = 6;
+        let keys: Vec<f32> = specials
+            .iter()
+            .copied()
+            .chain((0..).map(|i| 3.0 * noise(11, i)))
+            .take(tokens * width)
+            .collect();
+        let values: Vec<f32> = keys.iter().rev().map(|v| -v).collect();
+        let slot_mapping = [4, -1, 0, 6, -3, 2];
+        const UNTOUCHED: u16 = 0xabcd;
+        let mut key_bits = vec![UNTOUCHED; 8 * width];
+        let mut value_bits = key_bits.clone();
+        let rows = KvRows {
+            keys: &keys,
+            values: &values,
+        };
+        let caches = (
+            as_wide_mut::<E>(&mut key_bits),
+            as_wide_mut(&mut value_bits),
+        );
+        kv_write(rows, caches, &slot_mapping, width).unwrap();
+        for (cache, source, which) in [(&key_bits, &keys, "key"), (&value_bits, &values, "value")] {
+            for (slot, row) in cache.chunks_exact(width).enumerate() {
+                let token = slot_mapping.iter().position(|&s| s == slot as i32);
+                for (i, &bits) in row.iter().enumerate() {
+                    let expected = match token {
+                        Some(token) => round(source[token * width + i]),
+                        None => UNTOUCHED,
+                    };
+                    assert_eq!(
+                        bits, expected,
+                        "{what} {which} cache, slot {slot}, element {i}: {bits:#06x}"
+                    );
+                }
+            }
+        }
+        assert!(E::from_f32(f32::from_bits(0x7f80_0001)).to_f32().is_nan());
+    }
+
+    #[test]
+    fn half_width_caches_hold_exactly_what_half_rounds_to() {
+        stores_what_half_rounds_to::<Bf16Bits>(|v| half::bf16::from_f32(v).to_bits(), "bf16");
+        stores_what_half_rounds_to::<F16Bits>(|v| half::f16::from_f32(v).to_bits(), "f16");
     }
 
     #[test]
