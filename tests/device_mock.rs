@@ -573,7 +573,7 @@ fn device_maintained_step_inputs_have_the_real_values() {
 fn kv_write_rounds_into_a_bf16_cache_and_mixed_caches_are_refused() {
     use ArgTag::{Input, Output, OutputExisting};
     let mut device = open_mock("");
-    // One KV head of width 4, two blocks of 2 slots; the row goes to slot 3.
+    // Two blocks of one KV head of 2 slots of width 4; the row goes to slot 3.
     let row = [1.0f32, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5];
     let k = upload_f32(&mut device, &row);
     let v = upload_f32(&mut device, &row.map(|x| -x));
@@ -581,7 +581,7 @@ fn kv_write_rounds_into_a_bf16_cache_and_mixed_caches_are_refused() {
     let key_cache = upload(&mut device, &vec![0; cache_bytes]);
     let value_cache = upload(&mut device, &vec![0; cache_bytes]);
     let slots = upload_i32(&mut device, &[3]);
-    let cache_shape = [2, 2, 1, 4];
+    let cache_shape = [2, 1, 2, 4];
     launch(
         &mut device,
         "kv_write",
@@ -714,7 +714,7 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
 
     use ArgTag::{Inout, Input, Output, OutputExisting};
     use DType::{BF16, F16, F32, I32};
-    let cache_shape = [B, BS, HK, D];
+    let cache_shape = [B, HK, BS, D];
     let step_layout = [
         arg(block_table, I32, &[S, M], Input),
         arg(seq_lens, I32, &[S], Input),

@@ -223,6 +223,7 @@ impl Runtime {
                 },
             );
         }
+        // `[B, Hk, bs, D]`, the device ABI's cache layout.
         let kv_shape = vec![
             Dim {
                 extent: Extent::KvBlocks,
@@ -230,13 +231,13 @@ impl Runtime {
                 offset: 0,
             },
             Dim {
-                extent: Extent::BlockSize,
-                factor: 1,
+                extent: Extent::One,
+                factor: info.kv.num_kv_heads as u64,
                 offset: 0,
             },
             Dim {
-                extent: Extent::One,
-                factor: info.kv.num_kv_heads as u64,
+                extent: Extent::BlockSize,
+                factor: 1,
                 offset: 0,
             },
             Dim {

@@ -29,9 +29,9 @@
  *  3 linear(x f32[T,K], w W[N,K], out f32[T,N])            out = x . w^T
  *  4 rotary(q f32[T,Hq*D] inout, k f32[T,Hk*D] inout, positions i32[T];
  *           head_dim, theta)                                rotate-half
- *  5 kv_write(k f32[T,Hk*D], v f32[T,Hk*D], key_cache C[B,bs,Hk,D] out,
- *             value_cache C[B,bs,Hk,D] out, slot_mapping i32[T])
- *             slot < 0 skips the row
+ *  5 kv_write(k f32[T,Hk*D], v f32[T,Hk*D], key_cache C[B,Hk,bs,D] out,
+ *             value_cache C[B,Hk,bs,D] out, slot_mapping i32[T])
+ *             slot s is row s % bs of block s / bs; slot < 0 skips the row
  *  6 paged_attention(q f32[T,Hq*D], key_cache, value_cache,
  *                    block_table i32[S,M], seq_lens i32[S],
  *                    query_start i32[S+1], out f32[T,Hq*D];

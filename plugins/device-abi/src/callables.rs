@@ -160,7 +160,9 @@ const fn dim_param(name: &'static str, symbol: &'static str) -> ParamSpec {
 use Access::{Read, ReadWrite, Write};
 use Dim::{PlusOne, Product, Sym};
 
-const KV_CACHE: &[Dim] = &[Sym("B"), Sym("bs"), Sym("Hk"), Sym("D")];
+/// A paged KV cache: each block holds each KV head's `bs` rows together, so attention reads a
+/// head's rows of a block as one contiguous run.
+const KV_CACHE: &[Dim] = &[Sym("B"), Sym("Hk"), Sym("bs"), Sym("D")];
 
 /// Every callable, in index order.
 pub const ALL: &[CallableSpec] = &[

@@ -410,8 +410,8 @@ mod tests {
     fn attention_args(q_width: u64, query_start_len: u64) -> Vec<TensorArg> {
         vec![
             f32_in(&[3, q_width]),
-            f32_in(&[5, 4, 2, 8]),
-            f32_in(&[5, 4, 2, 8]),
+            f32_in(&[5, 2, 4, 8]),
+            f32_in(&[5, 2, 4, 8]),
             i32_in(&[2, 3]),
             i32_in(&[2]),
             i32_in(&[query_start_len]),
@@ -468,8 +468,8 @@ mod tests {
     fn kv_caches_may_be_half_width_but_not_mixed() {
         let with_caches = |key: DType, value: DType| {
             let mut args = attention_args(32, 3);
-            args[1] = tensor(key, &[5, 4, 2, 8], ArgTag::Input);
-            args[2] = tensor(value, &[5, 4, 2, 8], ArgTag::Input);
+            args[1] = tensor(key, &[5, 2, 4, 8], ArgTag::Input);
+            args[2] = tensor(value, &[5, 2, 4, 8], ArgTag::Input);
             check_launch(spec("paged_attention"), &args, &ATTENTION_PARAMS)
         };
         for dtype in [DType::F32, DType::F16, DType::BF16] {

@@ -289,8 +289,8 @@ fn step_through_abi(device: &Device, weights: &Weights, cache_dtype: DType) -> S
     );
     let cache_shape = [
         NUM_BLOCKS as u64,
-        BLOCK_SIZE as u64,
         NUM_KV_HEADS as u64,
+        BLOCK_SIZE as u64,
         HEAD_DIM as u64,
     ];
     let seq_lens = device.i32s(&[2], &SEQ_LENS_BEFORE);
@@ -509,7 +509,6 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
         keys: &k,
         values: &v,
     };
-    kv_cache::kv_write(rows, (&mut key_cache, &mut value_cache), &slots, kv_width).unwrap();
     let shape = AttentionShape {
         num_heads: NUM_HEADS,
         num_kv_heads: NUM_KV_HEADS,
@@ -518,6 +517,8 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
         num_blocks: NUM_BLOCKS,
         blocks_per_seq: 2,
     };
+    let caches = (&mut key_cache[..], &mut value_cache[..]);
+    kv_cache::kv_write(rows, caches, &slots, shape.cache_layout()).unwrap();
     let layout = StepLayout {
         block_table: &BLOCK_TABLE,
         seq_lens: &seq_lens,

@@ -18,7 +18,7 @@ mod avx512;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
-use crate::kv_cache::CacheElement;
+use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::vector::{axpy, dot};
@@ -39,6 +39,16 @@ pub struct AttentionShape {
     pub blocks_per_seq: usize,
 }
 
+impl AttentionShape {
+    pub fn cache_layout(&self) -> CacheLayout {
+        CacheLayout {
+            block_size: self.block_size,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
 /// The step's layout: which sequence each token belongs to, and where its keys live.
 pub struct StepLayout<'a> {
     /// `[S, M]` row-major.
@@ -47,7 +57,8 @@ pub struct StepLayout<'a> {
     pub query_start: &'a [i32],
 }
 
-/// The paged caches, each `[B, bs, Hk, D]`, in f32 or a half-width element type.
+/// The paged caches, each `[B, Hk, bs, D]` (see `kv_cache`), in f32 or a half-width element
+/// type.
 pub struct KvCache<'a, E> {
     pub keys: &'a [E],
     pub values: &'a [E],
@@ -58,6 +69,9 @@ pub struct KvCache<'a, E> {
 struct RowOwner {
     seq: usize,
     position: usize,
+    /// The sequence's only token of the step (a decode): it reads its cached rows once, from
+    /// memory, where a prefill chunk's tokens share them in cache.
+    alone: bool,
 }
 
 pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
@@ -178,6 +192,7 @@ fn paged_attention_on<E: CacheElement>(
                 block_row,
                 kv_head,
                 shape,
+                cold: owner.alone,
             };
             attend_group(kernel, query, &head, (owner.position, scale), out_group);
         }
@@ -199,8 +214,13 @@ fn row_owners(
             continue;
         }
         check_blocks(layout, shape, seq, &span)?;
+        let alone = span.tokens.len() == 1;
         for (row, position) in span.rows_and_positions() {
-            owners[row] = Some(RowOwner { seq, position });
+            owners[row] = Some(RowOwner {
+                seq,
+                position,
+                alone,
+            });
         }
     }
     Ok(owners)
@@ -238,21 +258,18 @@ struct Head<'a, E> {
     block_row: &'a [i32],
     kv_head: usize,
     shape: AttentionShape,
+    /// Whether the rows are likely in memory rather than cache (see `RowOwner::alone`).
+    cold: bool,
 }
 
 impl<E> Head<'_, E> {
     /// The element offset of this head's row at `position` in either cache.
     fn offset(&self, position: usize) -> usize {
-        let AttentionShape {
-            block_size,
-            num_kv_heads,
-            head_dim,
-            ..
-        } = self.shape;
+        let block_size = self.shape.block_size;
         // Checked by `check_blocks`: the entry exists and is a block of the cache.
         let block = self.block_row[position / block_size] as usize;
         let slot = block * block_size + position % block_size;
-        (slot * num_kv_heads + self.kv_head) * head_dim
+        self.shape.cache_layout().row(slot, self.kv_head)
     }
 }
 
@@ -274,10 +291,10 @@ fn attend_group<E: CacheElement>(
         if kernel == Kernel::Avx512 {
             let rows = avx512::Rows {
                 block_row: head.block_row,
-                block_size: head.shape.block_size,
-                num_kv_heads: head.shape.num_kv_heads,
+                layout: head.shape.cache_layout(),
                 kv_head: head.kv_head,
                 context_len,
+                prefetch: head.cold,
             };
             let caches = (head.cache.keys, head.cache.values);
             macro_rules! attend {
@@ -443,10 +460,16 @@ mod tests {
                 .collect();
             let dense = dense(seq, sequence, head_dim);
             for p in 0..len {
-                let slot = blocks[p / BLOCK_SIZE] as usize * BLOCK_SIZE + p % BLOCK_SIZE;
-                let rows = p * kv_width..(p + 1) * kv_width;
-                key_cache[slot * kv_width..][..kv_width].copy_from_slice(&dense.keys[rows.clone()]);
-                value_cache[slot * kv_width..][..kv_width].copy_from_slice(&dense.values[rows]);
+                let block = blocks[p / BLOCK_SIZE] as usize;
+                for kv_head in 0..NUM_KV_HEADS {
+                    // `[B, Hk, bs, D]`: a block holds each head's rows together.
+                    let at =
+                        ((block * NUM_KV_HEADS + kv_head) * BLOCK_SIZE + p % BLOCK_SIZE) * head_dim;
+                    let row = (p * NUM_KV_HEADS + kv_head) * head_dim;
+                    let row = row..row + head_dim;
+                    key_cache[at..at + head_dim].copy_from_slice(&dense.keys[row.clone()]);
+                    value_cache[at..at + head_dim].copy_from_slice(&dense.values[row]);
+                }
             }
             blocks.resize(blocks_per_seq, -1);
             block_table.extend(blocks);

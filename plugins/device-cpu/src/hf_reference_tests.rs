@@ -302,7 +302,7 @@ impl Engine {
     fn attention(&mut self, layer: usize, normed: &[f32], step: &Step) -> Vec<f32> {
         let c = self.config.clone();
         let name = |suffix: &str| format!("model.layers.{layer}.self_attn.{suffix}");
-        let (q_width, kv_width) = (c.heads * c.head_dim, c.kv_heads * c.head_dim);
+        let q_width = c.heads * c.head_dim;
         let mut q = self.linear(normed, c.hidden, &name("q_proj.weight"));
         let mut k = self.linear(normed, c.hidden, &name("k_proj.weight"));
         let v = self.linear(normed, c.hidden, &name("v_proj.weight"));
@@ -319,12 +319,6 @@ impl Engine {
             keys: &k,
             values: &v,
         };
-        let caches = (
-            &mut self.key_caches[layer][..],
-            &mut self.value_caches[layer][..],
-        );
-        kv_cache::kv_write(rows, caches, &step.slots, kv_width).unwrap();
-
         let shape = AttentionShape {
             num_heads: c.heads,
             num_kv_heads: c.kv_heads,
@@ -333,6 +327,12 @@ impl Engine {
             num_blocks: NUM_BLOCKS,
             blocks_per_seq: step.blocks_per_seq,
         };
+        let caches = (
+            &mut self.key_caches[layer][..],
+            &mut self.value_caches[layer][..],
+        );
+        kv_cache::kv_write(rows, caches, &step.slots, shape.cache_layout()).unwrap();
+
         let layout = StepLayout {
             block_table: &step.block_table,
             seq_lens: &step.seq_lens,

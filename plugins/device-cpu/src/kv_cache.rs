@@ -1,8 +1,9 @@
 //! `kv_write`: storing this step's keys and values into the paged cache at their slots, in the cache's element type.
 //!
-//! A cache is `[B, bs, Hk, D]`, so slot `s` (block `s / bs`, offset `s % bs`) is row `s` of the
-//! cache seen as `[B*bs, Hk*D]`. A negative slot skips its token (padding, or a token whose
-//! KV is already cached). Caches hold f32, or f16 or bf16 rounded to nearest even: half the
+//! A cache is `[B, Hk, bs, D]`: slot `s` is offset `s % bs` of block `s / bs`, and inside a
+//! block each KV head's `bs` rows lie together, so attention reads one head's rows of a
+//! block as one contiguous run. A negative slot skips its token (padding, or a token whose KV
+//! is already cached). Caches hold f32, or f16 or bf16 rounded to nearest even: half the
 //! bytes for attention to read back at every decode step.
 
 use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
@@ -50,21 +51,43 @@ impl CacheElement for F16Bits {
     }
 }
 
-/// The rows of one step's keys or values and the cache they go to, both `width = Hk*D` wide.
+/// The shape of a cache block: `Hk` heads of `bs` rows of `D` elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLayout {
+    pub block_size: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl CacheLayout {
+    /// The element offset of KV head `kv_head`'s row at `slot`.
+    pub fn row(&self, slot: usize, kv_head: usize) -> usize {
+        let (block, offset) = (slot / self.block_size, slot % self.block_size);
+        ((block * self.num_kv_heads + kv_head) * self.block_size + offset) * self.head_dim
+    }
+
+    /// Elements per slot: one row of every KV head.
+    pub fn slot_width(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+}
+
+/// The rows of one step's keys or values, `Hk*D` wide.
 pub struct KvRows<'a> {
     pub keys: &'a [f32],
     pub values: &'a [f32],
 }
 
-/// Writes row `t` of `rows` into row `slot_mapping[t]` of each cache, rounded to the caches'
+/// Writes row `t` of `rows` into slot `slot_mapping[t]` of each cache, rounded to the caches'
 /// element type. Every slot is checked before anything is written, so a failed launch leaves
 /// the caches as they were.
 pub fn kv_write<E: CacheElement>(
     rows: KvRows<'_>,
     (key_cache, value_cache): (&mut [E], &mut [E]),
     slot_mapping: &[i32],
-    width: usize,
+    layout: CacheLayout,
 ) -> Result<(), String> {
+    let width = layout.slot_width();
     let num_slots = key_cache.len().checked_div(width).unwrap_or(0);
     for (row, &slot) in slot_mapping.iter().enumerate() {
         if slot >= 0 && slot as usize >= num_slots {
@@ -77,12 +100,15 @@ pub fn kv_write<E: CacheElement>(
         let Ok(slot) = usize::try_from(slot) else {
             continue;
         };
-        let (source, target) = (
-            row * width..(row + 1) * width,
-            slot * width..(slot + 1) * width,
-        );
-        store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
-        store(&mut value_cache[target], &rows.values[source]);
+        let head_dim = layout.head_dim;
+        for kv_head in 0..layout.num_kv_heads {
+            let source = (row * layout.num_kv_heads + kv_head) * head_dim;
+            let source = source..source + head_dim;
+            let target = layout.row(slot, kv_head);
+            let target = target..target + head_dim;
+            store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
+            store(&mut value_cache[target], &rows.values[source]);
+        }
     }
     Ok(())
 }
@@ -94,7 +120,11 @@ fn store<E: CacheElement>(target: &mut [E], source: &[f32]) {
 }
 
 pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
-    let width = launch.dim("Hk") * launch.dim("D");
+    let layout = CacheLayout {
+        block_size: launch.dim("bs"),
+        num_kv_heads: launch.dim("Hk"),
+        head_dim: launch.dim("D"),
+    };
     let mut views = launch.views()?;
     let rows = KvRows {
         keys: views.f32("k"),
@@ -103,19 +133,19 @@ pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let slot_mapping = views.i32("slot_mapping");
     let written = match (views.float_mut("key_cache"), views.float_mut("value_cache")) {
         (FloatSliceMut::F32(keys), FloatSliceMut::F32(values)) => {
-            kv_write(rows, (keys, values), slot_mapping, width)
+            kv_write(rows, (keys, values), slot_mapping, layout)
         }
         (FloatSliceMut::BF16(keys), FloatSliceMut::BF16(values)) => kv_write::<Bf16Bits>(
             rows,
             (as_wide_mut(keys), as_wide_mut(values)),
             slot_mapping,
-            width,
+            layout,
         ),
         (FloatSliceMut::F16(keys), FloatSliceMut::F16(values)) => kv_write::<F16Bits>(
             rows,
             (as_wide_mut(keys), as_wide_mut(values)),
             slot_mapping,
-            width,
+            layout,
         ),
         // The ABI checks refuse this before a launch reaches the device.
         _ => Err("the key and value caches have different dtypes".to_string()),
@@ -129,6 +159,40 @@ mod tests {
     use crate::linear::HalfBits;
     use crate::test_support::noise;
 
+    /// One KV head of `head_dim`: a slot is one contiguous row, wherever the block boundaries.
+    fn single_head(head_dim: usize) -> CacheLayout {
+        CacheLayout {
+            block_size: 2,
+            num_kv_heads: 1,
+            head_dim,
+        }
+    }
+
+    #[test]
+    fn each_heads_rows_of_a_block_lie_together() {
+        // Two blocks of two slots, two KV heads of two elements: block 1 is
+        // [head 0: slot 2, slot 3][head 1: slot 2, slot 3].
+        let layout = CacheLayout {
+            block_size: 2,
+            num_kv_heads: 2,
+            head_dim: 2,
+        };
+        let keys = [1.0, 2.0, 3.0, 4.0];
+        let values = keys.map(|v| -v);
+        let (mut key_cache, mut value_cache) = (vec![0.0; 16], vec![0.0; 16]);
+        let rows = KvRows {
+            keys: &keys,
+            values: &values,
+        };
+        kv_write(rows, (&mut key_cache, &mut value_cache), &[3], layout).unwrap();
+        let mut expected = vec![0.0; 16];
+        expected[10..12].copy_from_slice(&[1.0, 2.0]);
+        expected[14..16].copy_from_slice(&[3.0, 4.0]);
+        assert_eq!(key_cache, expected);
+        assert_eq!(value_cache, expected.iter().map(|v| -v).collect::<Vec<_>>());
+        assert_eq!((layout.row(3, 0), layout.row(3, 1)), (10, 14));
+    }
+
     #[test]
     fn writes_rows_at_their_slots_and_skips_negative_ones() {
         let width = 2;
@@ -141,7 +205,13 @@ mod tests {
             keys: &keys,
             values: &values,
         };
-        kv_write(rows, (&mut key_cache, &mut value_cache), &[3, -1, 0], width).unwrap();
+        kv_write(
+            rows,
+            (&mut key_cache, &mut value_cache),
+            &[3, -1, 0],
+            single_head(width),
+        )
+        .unwrap();
         assert_eq!(key_cache, [5.0, 6.0, 9.0, 9.0, 9.0, 9.0, 1.0, 2.0]);
         assert_eq!(value_cache, [-5.0, -6.0, 9.0, 9.0, 9.0, 9.0, -1.0, -2.0]);
     }
@@ -158,13 +228,25 @@ mod tests {
         };
         let mut bf16_keys = [Bf16Bits::from_f32(9.0); 4];
         let mut bf16_values = bf16_keys;
-        kv_write(rows(), (&mut bf16_keys, &mut bf16_values), &[1, -1], 2).unwrap();
+        kv_write(
+            rows(),
+            (&mut bf16_keys, &mut bf16_values),
+            &[1, -1],
+            single_head(2),
+        )
+        .unwrap();
         let widened: Vec<f32> = bf16_keys.iter().map(|b| b.to_f32()).collect();
         assert_eq!(widened, [9.0, 9.0, 1.0, -2.5]);
         assert_eq!(bf16_values[2].to_f32(), -1.0);
         let mut f16_keys = [F16Bits::from_f32(0.0); 4];
         let mut f16_values = f16_keys;
-        kv_write(rows(), (&mut f16_keys, &mut f16_values), &[-1, 0], 2).unwrap();
+        kv_write(
+            rows(),
+            (&mut f16_keys, &mut f16_values),
+            &[-1, 0],
+            single_head(2),
+        )
+        .unwrap();
         let widened: Vec<f32> = f16_keys.iter().map(|b| b.to_f32()).collect();
         assert_eq!(widened, [1.0, f32::INFINITY, 0.0, 0.0]);
     }
@@ -215,7 +297,7 @@ mod tests {
             as_wide_mut::<E>(&mut key_bits),
             as_wide_mut(&mut value_bits),
         );
-        kv_write(rows, caches, &slot_mapping, width).unwrap();
+        kv_write(rows, caches, &slot_mapping, single_head(width)).unwrap();
         for (cache, source, which) in [(&key_bits, &keys, "key"), (&value_bits, &values, "value")] {
             for (slot, row) in cache.chunks_exact(width).enumerate() {
                 let token = slot_mapping.iter().position(|&s| s == slot as i32);
@@ -248,7 +330,13 @@ mod tests {
             keys: &[1.0; 4],
             values: &[1.0; 4],
         };
-        let message = kv_write(rows, (&mut key_cache, &mut value_cache), &[0, 2], 2).unwrap_err();
+        let message = kv_write(
+            rows,
+            (&mut key_cache, &mut value_cache),
+            &[0, 2],
+            single_head(2),
+        )
+        .unwrap_err();
         assert_eq!(message, "slot_mapping[1] = 2 is outside the 2 cache slots");
         assert_eq!((key_cache, value_cache), (vec![9.0; 4], vec![9.0; 4]));
     }

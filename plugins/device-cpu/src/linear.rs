@@ -218,6 +218,7 @@ fn linear_on(
                         out: out.block(tokens.start, n0, tokens.len(), columns),
                         out_stride: outputs,
                         columns,
+                        prefetch_next_panel: plan.reads_panels_once(),
                     };
                     // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
                     // row in bounds; the task owns the panel's columns of `out`.
@@ -357,6 +358,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
             out: out.block(tokens.start, n0, tokens.len(), columns),
             out_stride: outputs,
             columns,
+            prefetch_next_panel: plan.reads_panels_once(),
         };
         // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
         // range keep every row in bounds; the task owns the panel's columns of `out`.
@@ -396,6 +398,12 @@ struct Plan {
 }
 
 impl Plan {
+    /// Whether every panel meets all the tokens in one pass (one token block), so its weights
+    /// are read once, from memory, rather than again from cache for later blocks.
+    fn reads_panels_once(&self) -> bool {
+        self.shape.tokens <= MC
+    }
+
     /// Calls `tile(tokens, n0, columns)` for every token group and panel, spread over the
     /// workers by panels: each task owns the columns of its panels.
     fn run(&self, workers: &Workers, tile: &(dyn Fn(Range<usize>, usize, usize) + Sync)) {

@@ -161,9 +161,17 @@ fn rotary(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     Ok(())
 }
 
+/// Element offset of KV head `kv_head`'s row at `slot` in a `[B, Hk, bs, D]` cache.
+fn cache_row(launch: &Launch<'_>, slot: usize, kv_head: usize) -> usize {
+    let (block_size, num_kv_heads) = (launch.dim("bs"), launch.dim("Hk"));
+    let (block, offset) = (slot / block_size, slot % block_size);
+    ((block * num_kv_heads + kv_head) * block_size + offset) * launch.dim("D")
+}
+
 fn kv_write(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let num_slots = launch.dim("B") * launch.dim("bs");
-    let width = launch.dim("Hk") * launch.dim("D");
+    let (num_kv_heads, head_dim) = (launch.dim("Hk"), launch.dim("D"));
+    let width = num_kv_heads * head_dim;
     let k = launch.read_f32("k");
     let v = launch.read_f32("v");
     let slot_mapping = launch.read_i32("slot_mapping");
@@ -181,9 +189,13 @@ fn kv_write(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         targets.push((row, slot));
     }
     for (row, slot) in targets {
-        let rows = row * width..(row + 1) * width;
-        launch.write_float_at("key_cache", slot * width, &k[rows.clone()]);
-        launch.write_float_at("value_cache", slot * width, &v[rows]);
+        for kv_head in 0..num_kv_heads {
+            let source = row * width + kv_head * head_dim;
+            let source = source..source + head_dim;
+            let target = cache_row(launch, slot, kv_head);
+            launch.write_float_at("key_cache", target, &k[source.clone()]);
+            launch.write_float_at("value_cache", target, &v[source]);
+        }
     }
     Ok(())
 }
@@ -204,7 +216,6 @@ fn paged_attention(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     .map_err(DeviceFailure::launch_failed)?;
 
     let q_width = num_heads * head_dim;
-    let kv_width = num_kv_heads * head_dim;
     let mut out = vec![0.0; num_tokens * q_width];
     for (seq, span) in spans.iter().enumerate() {
         let block_row = &block_table[seq * blocks_per_seq..(seq + 1) * blocks_per_seq];
@@ -217,15 +228,14 @@ fn paged_attention(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
                         "sequence {seq}: position {position} maps to no slot of the {num_blocks} cache blocks"
                     ))
                 })?;
-            let keys = launch.read_f32_at("key_cache", slot * kv_width, kv_width);
-            let values = launch.read_f32_at("value_cache", slot * kv_width, kv_width);
             for head in 0..num_heads {
                 let kv_head = head / heads_per_kv_head;
+                let at = cache_row(launch, slot, kv_head);
+                let keys = launch.read_f32_at("key_cache", at, head_dim);
+                let values = launch.read_f32_at("value_cache", at, head_dim);
                 for d in 0..head_dim {
                     let q_index = row * q_width + head * head_dim + d;
-                    let kv_index = kv_head * head_dim + d;
-                    out[q_index] =
-                        0.5 * q[q_index] + 0.25 * keys[kv_index] + 0.25 * values[kv_index];
+                    out[q_index] = 0.5 * q[q_index] + 0.25 * keys[d] + 0.25 * values[d];
                 }
             }
         }

@@ -8,22 +8,24 @@
 //! half the bytes of an f32 cache and computes the same way.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps, _mm512_mul_ps,
-    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
+    __m512, __mmask16, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps,
+    _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps,
+    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
 };
 use std::cell::RefCell;
 
-use crate::kv_cache::CacheElement;
+use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
 /// Where one KV head's rows for positions `0..context_len` live in the paged caches.
 pub struct Rows<'a> {
     pub block_row: &'a [i32],
-    pub block_size: usize,
-    pub num_kv_heads: usize,
+    pub layout: CacheLayout,
     pub kv_head: usize,
     pub context_len: usize,
+    /// Hint rows into L1 ahead of use: for rows read from memory, which the hardware
+    /// prefetchers do not follow from one block to the next.
+    pub prefetch: bool,
 }
 
 thread_local! {
@@ -50,25 +52,21 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
 ) {
     let head_dim = 16 * C;
     let context_len = rows.context_len;
-    OFFSETS.with(|cell| {
-        let mut offsets = cell.borrow_mut();
-        offsets.clear();
-        for &block in rows.block_row {
-            let first_slot = block as usize * rows.block_size;
-            let count = rows.block_size.min(context_len - offsets.len());
-            offsets.extend(
-                (first_slot..first_slot + count)
-                    .map(|slot| (slot * rows.num_kv_heads + rows.kv_head) * head_dim),
-            );
-            if offsets.len() == context_len {
-                break;
-            }
-        }
-        let offsets: &[usize] = &offsets;
+    with_offsets(rows, |offsets| {
         let q: [[__m512; C]; G] =
             std::array::from_fn(|h| std::array::from_fn(|c| load(&query[h * head_dim..], c)));
+        let prefetch = |cache: &[E], offsets: &[usize]| {
+            if rows.prefetch {
+                for &offset in offsets {
+                    prefetch_row(cache, offset, head_dim);
+                }
+            }
+        };
+        prefetch(keys, &offsets[..offsets.len().min(PREFETCH_DISTANCE)]);
         for (chunk_index, chunk) in offsets.chunks(16).enumerate() {
             let first = chunk_index * 16;
+            let ahead = (first + PREFETCH_DISTANCE).min(context_len);
+            prefetch(keys, &offsets[ahead..(ahead + 16).min(context_len)]);
             for (h, q) in q.iter().enumerate() {
                 let mut products = [_mm512_setzero_ps(); 16];
                 for (product, &offset) in products.iter_mut().zip(chunk) {
@@ -84,11 +82,15 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
                 store_first(&mut scores[start..start + chunk.len()], sums);
             }
         }
+        prefetch(values, &offsets[..offsets.len().min(PREFETCH_DISTANCE)]);
         for head_scores in scores.chunks_exact_mut(context_len).take(G) {
             softmax(head_scores);
         }
         let mut acc = [[_mm512_setzero_ps(); C]; G];
         for (position, &offset) in offsets.iter().enumerate() {
+            if let Some(ahead) = offsets.get(position + PREFETCH_DISTANCE) {
+                prefetch(values, std::slice::from_ref(ahead));
+            }
             let value = &values[offset..offset + head_dim];
             let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
             for (h, acc) in acc.iter_mut().enumerate() {
@@ -106,6 +108,38 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             }
         }
     })
+}
+
+/// Calls `f` with the element offset of the row of every position `0..context_len` in either
+/// cache.
+fn with_offsets<R>(rows: &Rows<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
+    let layout = rows.layout;
+    OFFSETS.with(|cell| {
+        let mut offsets = cell.borrow_mut();
+        offsets.clear();
+        for &block in rows.block_row {
+            let first = layout.row(block as usize * layout.block_size, rows.kv_head);
+            let count = layout.block_size.min(rows.context_len - offsets.len());
+            offsets.extend((0..count).map(|i| first + i * layout.head_dim));
+            if offsets.len() == rows.context_len {
+                break;
+            }
+        }
+        f(&offsets)
+    })
+}
+
+/// Positions between a row's prefetch hint and its use: enough to cover a memory access.
+const PREFETCH_DISTANCE: usize = 16;
+
+/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L1.
+#[inline]
+fn prefetch_row<E>(cache: &[E], offset: usize, head_dim: usize) {
+    let start = cache.as_ptr().wrapping_add(offset).cast::<i8>();
+    for line in (0..head_dim * size_of::<E>()).step_by(64) {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
+    }
 }
 
 /// Sixteen f32s from element `16 * c` of `row`.

@@ -45,6 +45,9 @@ pub struct Tile<X, W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
+    /// Hint the next panel's rows into L1 while this tile runs (tiles of several tokens): set
+    /// when the launch reads each panel once, so its weights come from memory.
+    pub prefetch_next_panel: bool,
 }
 
 /// # Safety
@@ -70,6 +73,12 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
         // SAFETY (this loop): `k + 32 <= inner`.
         let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
         for j in 0..NR {
+            if M > 1 && tile.prefetch_next_panel {
+                // The next panel's rows follow this one's in memory; without the hint a decode
+                // batch stalls on them at the start of every panel instead of streaming them
+                // while it computes.
+                _mm_prefetch::<_MM_HINT_T0>(w[j].wrapping_add(k + NR * inner).cast());
+            }
             let wv = load(w[j].wrapping_add(k));
             for m in 0..M {
                 acc[m][j] = _mm512_dpbf16_ps(acc[m][j], xv[m], wv);
@@ -183,6 +192,8 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
                 _mm_prefetch::<_MM_HINT_T0>(
                     w[j].wrapping_add(k + PREFETCH_PANELS * NR * inner).cast(),
                 );
+            } else if M > 1 && tile.prefetch_next_panel && k % 32 == 0 {
+                _mm_prefetch::<_MM_HINT_T0>(w[j].wrapping_add(k + NR * inner).cast());
             }
             let wv = unsafe { W::load(w[j].wrapping_add(k)) };
             for m in 0..M {
