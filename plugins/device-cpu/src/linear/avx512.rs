@@ -45,8 +45,9 @@ pub struct Tile<X, W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
-    /// Hint the next panel's rows into L1 while this tile runs (tiles of several tokens): set
-    /// when the launch reads each panel once, so its weights come from memory.
+    /// Hint the next panel's rows into L1 while this tile runs: set when the launch reads
+    /// each panel once, so its weights come from memory. (The f32-product tiles of one token
+    /// always hint [`PREFETCH_PANELS`] panels ahead.)
     pub prefetch_next_panel: bool,
 }
 
@@ -73,10 +74,10 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
         // SAFETY (this loop): `k + 32 <= inner`.
         let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
         for j in 0..NR {
-            if M > 1 && tile.prefetch_next_panel {
-                // The next panel's rows follow this one's in memory; without the hint a decode
-                // batch stalls on them at the start of every panel instead of streaming them
-                // while it computes.
+            if tile.prefetch_next_panel {
+                // The next panel's rows follow this one's in memory; without the hint decode
+                // stalls on them at the start of every panel instead of streaming them while
+                // it computes.
                 _mm_prefetch::<_MM_HINT_T0>(w[j].wrapping_add(k + NR * inner).cast());
             }
             let wv = load(w[j].wrapping_add(k));
