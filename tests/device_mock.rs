@@ -582,18 +582,18 @@ fn kv_write_rounds_into_a_bf16_cache_and_mixed_caches_are_refused() {
     let value_cache = upload(&mut device, &vec![0; cache_bytes]);
     let slots = upload_i32(&mut device, &[3]);
     let cache_shape = [2, 1, 2, 4];
-    launch(
-        &mut device,
-        "kv_write",
-        &[
+    // The launch's arguments with `value_cache` as given.
+    let kv_write_args = |value_cache: TensorArg| {
+        [
             arg(k, DType::F32, &[1, 4], Input),
             arg(v, DType::F32, &[1, 4], Input),
             arg(key_cache, DType::BF16, &cache_shape, OutputExisting),
-            arg(value_cache, DType::BF16, &cache_shape, OutputExisting),
+            value_cache,
             arg(slots, DType::I32, &[1], Input),
-        ],
-        &[],
-    );
+        ]
+    };
+    let bf16_values = arg(value_cache, DType::BF16, &cache_shape, OutputExisting);
+    launch(&mut device, "kv_write", &kv_write_args(bf16_values), &[]);
     let mut bytes = vec![0; cache_bytes];
     device.read(key_cache, 0, &mut bytes).unwrap();
     let bits: Vec<u16> = bytes
@@ -606,17 +606,8 @@ fn kv_write_rounds_into_a_bf16_cache_and_mixed_caches_are_refused() {
     // A mixed pair of caches is refused before the device runs anything.
     let f32_cache = upload(&mut device, &vec![0; 2 * cache_bytes]);
     let callable = device.callable_index("kv_write").unwrap();
-    let (_, message) = expect_call_error(device.launch(
-        callable,
-        &[
-            arg(k, DType::F32, &[1, 4], Input),
-            arg(v, DType::F32, &[1, 4], Input),
-            arg(key_cache, DType::BF16, &cache_shape, OutputExisting),
-            arg(f32_cache, DType::F32, &cache_shape, Output),
-            arg(slots, DType::I32, &[1], Input),
-        ],
-        &[],
-    ));
+    let f32_values = arg(f32_cache, DType::F32, &cache_shape, Output);
+    let (_, message) = expect_call_error(device.launch(callable, &kv_write_args(f32_values), &[]));
     assert!(message.contains("must have the same dtype"), "{message}");
 }
 

@@ -214,17 +214,28 @@ pub fn log_sum_exp(row: &[f32], temperature: f32) -> f32 {
     "x86_64+avx2+fma"
 ))]
 fn sum_exp(row: &[f32], max: f32, t: f32) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (chunks, rest) = row.as_chunks::<8>();
+    eight_lane_sum(row, |v| exp_below_zero((key(v) - max) / t))
+}
+
+/// `Σ term(v)` over `values` in eight running sums (lane `l` takes the elements at `i ≡ l`
+/// mod 8), added up at the end: the loop vectorizes. Inlined, so it is compiled for each
+/// instruction set its callers are.
+#[inline(always)]
+fn eight_lane_sum<A>(values: &[f32], term: impl Fn(f32) -> A) -> A
+where
+    A: Copy + Default + std::ops::AddAssign + std::iter::Sum,
+{
+    let mut lanes = [A::default(); 8];
+    let (chunks, rest) = values.as_chunks::<8>();
     for chunk in chunks {
         for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += exp_below_zero((key(v) - max) / t);
+            *lane += term(v);
         }
     }
     for (lane, &v) in lanes.iter_mut().zip(rest) {
-        *lane += exp_below_zero((key(v) - max) / t);
+        *lane += term(v);
     }
-    lanes.iter().sum()
+    lanes.into_iter().sum()
 }
 
 /// `exp(x)` for `x <= 0` (a logit minus the row's maximum), within a few ulp; 0 below -87.
@@ -378,17 +389,7 @@ fn keep_heavy(weights: &[f32], floor: f32, out: &mut [u32]) -> usize {
     "x86_64+avx2+fma"
 ))]
 fn total_weight(weights: &[f32]) -> f64 {
-    let mut lanes = [0.0f64; 8];
-    let (chunks, rest) = weights.as_chunks::<8>();
-    for chunk in chunks {
-        for (lane, &w) in lanes.iter_mut().zip(chunk) {
-            *lane += f64::from(w);
-        }
-    }
-    for (lane, &w) in lanes.iter_mut().zip(rest) {
-        *lane += f64::from(w);
-    }
-    lanes.iter().sum()
+    eight_lane_sum(weights, f64::from)
 }
 
 thread_local! {
