@@ -2,6 +2,8 @@
 //!
 //! Buffer ranges are not checked here: they need the device's buffer table.
 
+use std::fmt;
+
 use crate::abi::{ArgTag, DType, TensorArg};
 use crate::callables::{CallableSpec, Constraint, Dim, ParamKind};
 
@@ -11,12 +13,64 @@ pub struct ShapeBindings {
     bindings: Vec<Binding>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Binding {
     symbol: &'static str,
     value: u64,
     /// Where the value came from, for messages such as "but H = 4 (argument `x` dimension 1)".
-    origin: String,
+    origin: Origin,
+}
+
+/// Where a symbol's value came from. Every launch binds a handful of symbols and only a failed
+/// check prints one, so it is kept as plain data and rendered on demand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    Param(&'static str),
+    Dim(DimRef),
+    /// `dim / divisor`: the unknown factor of a product dimension.
+    Quotient {
+        dim: DimRef,
+        divisor: &'static str,
+    },
+}
+
+/// One dimension of one argument of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct DimRef {
+    arg: &'static str,
+    arg_index: usize,
+    dim_index: usize,
+}
+
+impl DimRef {
+    fn new(spec: &CallableSpec, arg_index: usize, dim_index: usize) -> DimRef {
+        DimRef {
+            arg: spec.args[arg_index].name,
+            arg_index,
+            dim_index,
+        }
+    }
+}
+
+impl fmt::Display for DimRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let DimRef {
+            arg,
+            arg_index,
+            dim_index,
+        } = self;
+        write!(f, "argument `{arg}` (#{arg_index}) dimension {dim_index}")
+    }
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Param(name) => write!(f, "param `{name}`"),
+            Origin::Dim(dim) => dim.fmt(f),
+            Origin::Quotient { dim, divisor } => write!(f, "{dim} / {divisor}"),
+        }
+    }
 }
 
 impl ShapeBindings {
@@ -30,7 +84,7 @@ impl ShapeBindings {
             .find(|binding| binding.symbol == symbol)
     }
 
-    fn bind(&mut self, symbol: &'static str, value: u64, origin: String) {
+    fn bind(&mut self, symbol: &'static str, value: u64, origin: Origin) {
         self.bindings.push(Binding {
             symbol,
             value,
@@ -43,19 +97,17 @@ impl ShapeBindings {
         &mut self,
         symbol: &'static str,
         value: u64,
-        origin: impl FnOnce() -> String,
+        origin: Origin,
     ) -> Result<(), String> {
         match self.find(symbol) {
             None => {
-                self.bind(symbol, value, origin());
+                self.bind(symbol, value, origin);
                 Ok(())
             }
             Some(bound) if bound.value == value => Ok(()),
             Some(bound) => Err(format!(
-                "{} is {value}, but {symbol} = {} ({})",
-                origin(),
-                bound.value,
-                bound.origin
+                "{origin} is {value}, but {symbol} = {} ({})",
+                bound.value, bound.origin
             )),
         }
     }
@@ -139,8 +191,7 @@ fn bind_params(
                         param_spec.name
                     ));
                 }
-                let origin = || format!("param `{}`", param_spec.name);
-                bindings.bind_or_check(symbol, value as u64, origin)?;
+                bindings.bind_or_check(symbol, value as u64, Origin::Param(param_spec.name))?;
             }
         }
     }
@@ -203,13 +254,6 @@ fn describe_dims(dims: &[Dim]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
-fn dim_origin(spec: &CallableSpec, arg_index: usize, dim_index: usize) -> String {
-    format!(
-        "argument `{}` (#{arg_index}) dimension {dim_index}",
-        spec.args[arg_index].name
-    )
-}
-
 /// Binds or checks every `Sym` and `PlusOne` dimension, in argument order.
 fn bind_simple_dims(
     spec: &CallableSpec,
@@ -218,23 +262,21 @@ fn bind_simple_dims(
 ) -> Result<(), String> {
     for (arg_index, (arg, arg_spec)) in args.iter().zip(spec.args).enumerate() {
         for (dim_index, (&value, dim)) in arg.dims().iter().zip(arg_spec.dims).enumerate() {
-            let origin = || dim_origin(spec, arg_index, dim_index);
+            let origin = DimRef::new(spec, arg_index, dim_index);
             match *dim {
-                Dim::Sym(symbol) => bindings.bind_or_check(symbol, value, origin)?,
+                Dim::Sym(symbol) => bindings.bind_or_check(symbol, value, Origin::Dim(origin))?,
                 Dim::PlusOne(symbol) => match bindings.find(symbol) {
                     Some(bound) if bound.value.checked_add(1) != Some(value) => {
                         return Err(format!(
-                            "{} is {value}, but must be {symbol}+1 where {symbol} = {} ({})",
-                            origin(),
-                            bound.value,
-                            bound.origin
+                            "{origin} is {value}, but must be {symbol}+1 where {symbol} = {} ({})",
+                            bound.value, bound.origin
                         ));
                     }
                     Some(_) => {}
                     None if value == 0 => {
-                        return Err(format!("{} is 0, but must be {symbol}+1", origin()));
+                        return Err(format!("{origin} is 0, but must be {symbol}+1"));
                     }
-                    None => bindings.bind(symbol, value - 1, origin()),
+                    None => bindings.bind(symbol, value - 1, Origin::Dim(origin)),
                 },
                 Dim::Product(..) => {}
             }
@@ -271,7 +313,7 @@ fn resolve_products(
             let (arg_index, dim_index, left, right, _) = pending[0];
             return Err(format!(
                 "{}: cannot infer both {left} and {right}",
-                dim_origin(spec, arg_index, dim_index)
+                DimRef::new(spec, arg_index, dim_index)
             ));
         }
     }
@@ -284,23 +326,19 @@ fn resolve_product(
     (arg_index, dim_index, left, right, value): (usize, usize, &'static str, &'static str, u64),
     bindings: &mut ShapeBindings,
 ) -> Result<bool, String> {
-    let origin = || dim_origin(spec, arg_index, dim_index);
-    match (bindings.find(left).cloned(), bindings.find(right).cloned()) {
+    let origin = DimRef::new(spec, arg_index, dim_index);
+    match (bindings.find(left).copied(), bindings.find(right).copied()) {
         (Some(l), Some(r)) => {
             if l.value.checked_mul(r.value) != Some(value) {
                 return Err(format!(
-                    "{} is {value}, but must be {left}*{right} = {}*{} ({}; {})",
-                    origin(),
-                    l.value,
-                    r.value,
-                    l.origin,
-                    r.origin
+                    "{origin} is {value}, but must be {left}*{right} = {}*{} ({}; {})",
+                    l.value, r.value, l.origin, r.origin
                 ));
             }
             Ok(true)
         }
-        (Some(known), None) => bind_factor(right, &known, value, origin(), bindings),
-        (None, Some(known)) => bind_factor(left, &known, value, origin(), bindings),
+        (Some(known), None) => bind_factor(right, &known, value, origin, bindings),
+        (None, Some(known)) => bind_factor(left, &known, value, origin, bindings),
         (None, None) => Ok(false),
     }
 }
@@ -310,7 +348,7 @@ fn bind_factor(
     unknown: &'static str,
     known: &Binding,
     value: u64,
-    origin: String,
+    origin: DimRef,
     bindings: &mut ShapeBindings,
 ) -> Result<bool, String> {
     if known.value == 0 || !value.is_multiple_of(known.value) {
@@ -322,7 +360,10 @@ fn bind_factor(
     bindings.bind(
         unknown,
         value / known.value,
-        format!("{origin} / {}", known.symbol),
+        Origin::Quotient {
+            dim: origin,
+            divisor: known.symbol,
+        },
     );
     Ok(true)
 }

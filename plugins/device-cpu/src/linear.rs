@@ -39,9 +39,10 @@ pub const NR: usize = 6;
 /// while the panels of a task stream past them.
 const MC: usize = 64;
 
-/// Below this many multiply-adds a launch runs as one task on the calling thread: waking the
-/// workers would take longer than the work.
-const MIN_PARALLEL_WORK: usize = 128 * 1024;
+/// Below this many multiply-adds (64 KiB of bf16 weights for one token) a launch runs as one
+/// task on the calling thread: handing half of it to a worker would save less than it costs.
+/// Above it, even a decode's small projections stream their weights faster on every core.
+const MIN_PARALLEL_WORK: usize = 32 * 1024;
 
 /// Tasks per thread: enough to even out panels that finish at different speeds.
 const TASKS_PER_THREAD: usize = 4;
@@ -406,7 +407,7 @@ impl Plan {
 
     /// Calls `tile(tokens, n0, columns)` for every token group and panel, spread over the
     /// workers by panels: each task owns the columns of its panels.
-    fn run(&self, workers: &Workers, tile: &(dyn Fn(Range<usize>, usize, usize) + Sync)) {
+    fn run(&self, workers: &Workers, tile: &(impl Fn(Range<usize>, usize, usize) + Sync)) {
         let LinearShape {
             tokens,
             inner,
@@ -423,10 +424,12 @@ impl Plan {
             let first = task * panels_per_task;
             let panels = first..(first + panels_per_task).min(num_panels);
             for block in token_blocks(tokens, self.tile_tokens) {
+                // Cut once per block: the panel loop below is the hot path of decode.
+                let groups = token_groups(block, self.tile_tokens);
                 for panel in panels.clone() {
                     let n0 = panel * NR;
                     let columns = NR.min(outputs - n0);
-                    for group in token_groups(block.clone(), self.tile_tokens) {
+                    for group in groups.clone() {
                         tile(group, n0, columns);
                     }
                 }
@@ -448,7 +451,10 @@ fn token_blocks(tokens: usize, tile_tokens: usize) -> impl Iterator<Item = Range
 /// `tokens` cut into the fewest groups of at most `tile_tokens`, of sizes differing by at most
 /// one: 13 tokens in tiles of 4 make 4, 3, 3, 3 rather than 4, 4, 4, 1, whose one-token tile
 /// would read its weights for a single token.
-fn token_groups(tokens: Range<usize>, tile_tokens: usize) -> impl Iterator<Item = Range<usize>> {
+fn token_groups(
+    tokens: Range<usize>,
+    tile_tokens: usize,
+) -> impl Iterator<Item = Range<usize>> + Clone {
     let num_groups = tokens.len().div_ceil(tile_tokens);
     let (size, larger) = match num_groups {
         0 => (0, 0),
