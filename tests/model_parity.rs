@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use plughost::device::DType;
 use plughost::device::{Device, DeviceLibrary};
+use plughost::model::ModelConfig;
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{KvCacheDtype, Runtime, RuntimeConfig, StepSequence, load_model};
@@ -98,8 +99,13 @@ const SERVING_DEFAULT: Precision = Precision {
     kv_cache_dtype: KvCacheDtype::Auto,
 };
 
-fn config_json(dir: &Path) -> String {
-    std::fs::read_to_string(dir.join("config.json")).expect("config.json")
+/// The dtype the checkpoint's config.json names.
+fn checkpoint_dtype(dir: &Path) -> Option<String> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).expect("config.json");
+    ModelConfig::parse(&text, &path)
+        .expect("config.json parses")
+        .torch_dtype
 }
 
 fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime {
@@ -123,7 +129,9 @@ fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime
         block_size: BLOCK_SIZE,
         num_kv_blocks,
         max_model_len: 128,
-        kv_cache_dtype: precision.kv_cache_dtype.resolve(&config_json(&fixture.dir)),
+        kv_cache_dtype: precision
+            .kv_cache_dtype
+            .resolve(checkpoint_dtype(&fixture.dir).as_deref()),
     };
     load_model(device, &mut glue, &fixture.dir, config).expect("model loads")
 }

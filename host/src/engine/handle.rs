@@ -12,7 +12,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use crate::device::{Device, DeviceLibrary};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::metrics::Metrics;
-use crate::model::{ChatTemplate, Tokenizer};
+use crate::model::{ChatTemplate, ModelConfig, Tokenizer};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::sampler::SamplerPlugin;
 use crate::plugins::scheduler::SchedulerPlugin;
@@ -368,20 +368,19 @@ fn load_engine(
         ),
         None => None,
     };
-    let config_json =
-        std::fs::read_to_string(setup.model_dir.join("config.json")).map_err(|e| {
-            format!(
-                "cannot read {}: {e}",
-                setup.model_dir.join("config.json").display()
-            )
-        })?;
+    let config_path = setup.model_dir.join("config.json");
+    let config_json = std::fs::read_to_string(&config_path)
+        .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
     let info = glue.describe(&config_json).map_err(|e| e.to_string())?;
+    let model_config = ModelConfig::parse(&config_json, &config_path).map_err(|e| e.to_string())?;
     let options = &setup.options;
     let max_model_len = options
         .max_model_len
         .unwrap_or(info.max_position)
         .min(info.max_position.max(1));
-    let kv_cache_dtype = options.kv_cache_dtype.resolve(&config_json);
+    let kv_cache_dtype = options
+        .kv_cache_dtype
+        .resolve(model_config.torch_dtype.as_deref());
     let bytes_per_block = 2u64
         * info.kv.num_layers as u64
         * options.block_size as u64

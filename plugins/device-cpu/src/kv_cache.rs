@@ -7,6 +7,7 @@
 //! bytes for attention to read back at every decode step.
 
 use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
+pub use plughost_device_abi::kv_cache::CacheLayout;
 
 use crate::linear::{Bf16Bits, F16Bits, as_wide_mut};
 
@@ -48,27 +49,6 @@ impl CacheElement for F16Bits {
     }
     fn to_f32(self) -> f32 {
         F16Bits::to_f32(self)
-    }
-}
-
-/// The shape of a cache block: `Hk` heads of `bs` rows of `D` elements.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct CacheLayout {
-    pub block_size: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-}
-
-impl CacheLayout {
-    /// The element offset of KV head `kv_head`'s row at `slot`.
-    pub fn row(&self, slot: usize, kv_head: usize) -> usize {
-        let (block, offset) = (slot / self.block_size, slot % self.block_size);
-        ((block * self.num_kv_heads + kv_head) * self.block_size + offset) * self.head_dim
-    }
-
-    /// Elements per slot: one row of every KV head.
-    pub fn slot_width(&self) -> usize {
-        self.num_kv_heads * self.head_dim
     }
 }
 

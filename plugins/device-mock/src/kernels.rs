@@ -8,6 +8,7 @@
 
 use plughost_device_abi::callables::CallableId;
 use plughost_device_abi::export::{DeviceFailure, Launch};
+use plughost_device_abi::kv_cache::CacheLayout;
 
 use crate::step_inputs;
 
@@ -161,17 +162,19 @@ fn rotary(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     Ok(())
 }
 
-/// Element offset of KV head `kv_head`'s row at `slot` in a `[B, Hk, bs, D]` cache.
-fn cache_row(launch: &Launch<'_>, slot: usize, kv_head: usize) -> usize {
-    let (block_size, num_kv_heads) = (launch.dim("bs"), launch.dim("Hk"));
-    let (block, offset) = (slot / block_size, slot % block_size);
-    ((block * num_kv_heads + kv_head) * block_size + offset) * launch.dim("D")
+/// The launch's KV cache layout.
+fn cache_layout(launch: &Launch<'_>) -> CacheLayout {
+    CacheLayout {
+        block_size: launch.dim("bs"),
+        num_kv_heads: launch.dim("Hk"),
+        head_dim: launch.dim("D"),
+    }
 }
 
 fn kv_write(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let num_slots = launch.dim("B") * launch.dim("bs");
-    let (num_kv_heads, head_dim) = (launch.dim("Hk"), launch.dim("D"));
-    let width = num_kv_heads * head_dim;
+    let layout = cache_layout(launch);
+    let (head_dim, width) = (layout.head_dim, layout.slot_width());
     let k = launch.read_f32("k");
     let v = launch.read_f32("v");
     let slot_mapping = launch.read_i32("slot_mapping");
@@ -189,10 +192,10 @@ fn kv_write(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         targets.push((row, slot));
     }
     for (row, slot) in targets {
-        for kv_head in 0..num_kv_heads {
+        for kv_head in 0..layout.num_kv_heads {
             let source = row * width + kv_head * head_dim;
             let source = source..source + head_dim;
-            let target = cache_row(launch, slot, kv_head);
+            let target = layout.row(slot, kv_head);
             launch.write_float_at("key_cache", target, &k[source.clone()]);
             launch.write_float_at("value_cache", target, &v[source]);
         }
@@ -206,6 +209,7 @@ fn paged_attention(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let (block_size, num_blocks, blocks_per_seq) =
         (launch.dim("bs"), launch.dim("B"), launch.dim("M"));
     let heads_per_kv_head = num_heads / num_kv_heads;
+    let layout = cache_layout(launch);
     let q = launch.read_f32("q");
     let block_table = launch.read_i32("block_table");
     let spans = step_inputs::sequence_spans(
@@ -230,7 +234,7 @@ fn paged_attention(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
                 })?;
             for head in 0..num_heads {
                 let kv_head = head / heads_per_kv_head;
-                let at = cache_row(launch, slot, kv_head);
+                let at = layout.row(slot, kv_head);
                 let keys = launch.read_f32_at("key_cache", at, head_dim);
                 let values = launch.read_f32_at("value_cache", at, head_dim);
                 for d in 0..head_dim {
