@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 
 /// What one measurement found.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +24,48 @@ impl Bandwidth {
     pub fn gb_per_second(&self) -> f64 {
         self.bytes_per_second / 1e9
     }
+}
+
+/// One measurement's shape, taken as often as the caller needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Probe {
+    buffer_bytes: usize,
+    threads: usize,
+    passes: usize,
+}
+
+impl Probe {
+    pub fn new(buffer_mib: usize, threads: usize, passes: usize) -> Result<Self> {
+        let buffer_bytes = buffer_mib
+            .checked_mul(1 << 20)
+            .context("the bandwidth buffer is too large")?;
+        Ok(Probe {
+            buffer_bytes,
+            threads,
+            passes,
+        })
+    }
+
+    /// Measures now, saying so on stderr.
+    pub fn measure(&self) -> Result<Bandwidth> {
+        eprintln!(
+            "measuring read bandwidth: {} MiB, {} threads, best of {}",
+            self.buffer_bytes >> 20,
+            self.threads,
+            self.passes
+        );
+        let bandwidth = measure(self.buffer_bytes, self.threads, self.passes)?;
+        eprintln!("read bandwidth {:.1} GB/s", bandwidth.gb_per_second());
+        Ok(bandwidth)
+    }
+}
+
+/// The median of several measurements (the lower middle one of an even count, so the bound
+/// it gives is never the more flattering of two); `None` without any.
+pub fn median(measurements: &[Bandwidth]) -> Option<Bandwidth> {
+    let mut sorted = measurements.to_vec();
+    sorted.sort_by(|a, b| a.bytes_per_second.total_cmp(&b.bytes_per_second));
+    sorted.get(sorted.len().saturating_sub(1) / 2).copied()
 }
 
 /// Independent sums per thread; eight u64 lanes keep two AVX2 adds or one AVX-512 add in flight
@@ -103,5 +145,19 @@ mod tests {
         assert!(b.bytes_per_second.is_finite() && b.bytes_per_second > 0.0);
         assert_eq!(b.buffer_bytes, 1 << 20);
         assert!(measure(16, 4, 1).is_err());
+    }
+
+    #[test]
+    fn the_median_is_the_middle_measurement_or_the_lower_middle_one() {
+        let at = |gb: f64| Bandwidth {
+            bytes_per_second: gb * 1e9,
+            buffer_bytes: 1,
+            threads: 1,
+            passes: 1,
+        };
+        let gb = |b: Option<Bandwidth>| b.map(|b| b.gb_per_second());
+        assert_eq!(gb(median(&[at(50.0), at(30.0), at(40.0)])), Some(40.0));
+        assert_eq!(gb(median(&[at(50.0), at(30.0)])), Some(30.0));
+        assert_eq!(gb(median(&[])), None);
     }
 }

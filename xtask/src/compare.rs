@@ -3,9 +3,9 @@
 //! `docs/benchmarks.md` with a throughput chart beside it.
 //!
 //! Both servers are up for the whole run and every load goes to one and then the other, never
-//! to both at once, so they never share the cores and a drift in the machine's speed does not
-//! land on one server only. Raw results and server
-//! logs go to `target/compare/`.
+//! to both at once, in several rounds, so they never share the cores and a drift in the
+//! machine's speed does not land on one server only. Raw results and server logs go to
+//! `target/compare/`.
 
 mod cpu;
 mod llama;
@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
 
-use crate::bandwidth;
+use crate::bandwidth::{self, Bandwidth};
 use crate::gguf_llama::WeightDtype;
 use crate::plugins::Workspace;
 use loads::{Load, SAMPLING, Shape, Summary};
@@ -77,6 +77,10 @@ pub struct CompareArgs {
     /// MiB read by the bandwidth measurement (well beyond any last-level cache).
     #[arg(long, default_value_t = 1024)]
     pub bandwidth_mib: usize,
+    /// Rounds of every load. Each round sends every load to both servers in turn; a server's
+    /// figures pool its rounds, so a slow minute of the machine is spread over both.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// The page to write, relative to the workspace root; the chart goes beside it as .svg.
     #[arg(long, default_value = "docs/benchmarks.md")]
     pub out: PathBuf,
@@ -112,6 +116,7 @@ impl CompareArgs {
             self.input_len > 0 && self.output_len > 0,
             "--input-len and --output-len must be at least 1"
         );
+        ensure!(self.rounds > 0, "--rounds must be at least 1");
         ensure!(
             self.bandwidth_mib >= 256,
             "--bandwidth-mib must be at least 256, well beyond any last-level cache"
@@ -233,7 +238,7 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
     let setup = Setup::prepare(workspace, args, threads)?;
     let raw_dir = workspace.target_dir().join("compare");
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
-    let machine = measure_machine(args, threads)?;
+    let probe = bandwidth::Probe::new(args.bandwidth_mib, threads, BANDWIDTH_PASSES)?;
 
     let loads = args.loads();
     let shape = Shape {
@@ -247,7 +252,8 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
         concurrency: 1,
         num_prompts: 1,
         sampling: None,
-        seed: args.seed.wrapping_add(loads.len() as u64),
+        // Past every round's seeds.
+        seed: args.seed.wrapping_add((loads.len() * args.rounds) as u64),
     };
     let bench = Bench {
         plughost: &setup.plughost,
@@ -256,11 +262,14 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
         shape: &shape,
         raw_dir: &raw_dir,
         health_timeout: Duration::from_secs(args.health_timeout),
+        rounds: args.rounds,
+        bandwidth: &probe,
     };
     let kv = PlughostKv::new(&setup.facts, args.context);
     let plughost_spec = setup.plughost_spec(args, threads, &kv, &raw_dir);
     let llama_spec = setup.llama_spec(args, threads, &raw_dir);
-    let [p, l] = bench.both([&plughost_spec, &llama_spec], [true, false])?;
+    let ([p, l], bandwidths) = bench.both([&plughost_spec, &llama_spec], [true, false])?;
+    let machine = Machine::new(cpu_model(), bandwidths)?;
 
     let counters = p.counters.clone();
     let plughost_result = setup.plughost_result(&plughost_spec, p, &kv, root);
@@ -531,24 +540,6 @@ impl PlughostKv {
     }
 }
 
-fn measure_machine(args: &CompareArgs, threads: usize) -> Result<Machine> {
-    eprintln!(
-        "measuring read bandwidth: {} MiB, {threads} threads, best of {BANDWIDTH_PASSES}",
-        args.bandwidth_mib
-    );
-    let bytes = args
-        .bandwidth_mib
-        .checked_mul(1 << 20)
-        .context("--bandwidth-mib is too large")?;
-    let bandwidth = bandwidth::measure(bytes, threads, BANDWIDTH_PASSES)?;
-    eprintln!("read bandwidth {:.1} GB/s", bandwidth.gb_per_second());
-    Ok(Machine {
-        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        cpu: cpu_model(),
-        bandwidth,
-    })
-}
-
 /// Writes the page, the chart beside it and the summary JSON; prints the tables.
 fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -> Result<()> {
     let levels: Vec<usize> = report.sweep.iter().map(|(c, _)| *c).collect();
@@ -599,6 +590,8 @@ struct Bench<'a> {
     shape: &'a Shape,
     raw_dir: &'a Path,
     health_timeout: Duration,
+    rounds: usize,
+    bandwidth: &'a bandwidth::Probe,
 }
 
 /// One server's measurements.
@@ -611,12 +604,17 @@ struct Measured {
 }
 
 impl Bench<'_> {
-    /// Starts both servers, warms each up, then runs every load against one and then the
-    /// other, alternating which goes first; reads their peak RSS (and plughost's counters)
-    /// and stops them. The guards stop them on any error too. Interleaving keeps a drift in
-    /// the machine's speed (a shared host) from landing on one server only; the idle server
-    /// sleeps while the other is measured.
-    fn both(&self, specs: [&ServerSpec; 2], read_metrics: [bool; 2]) -> Result<[Measured; 2]> {
+    /// Starts both servers, warms each up, then runs the rounds: every load against one and
+    /// then the other, alternating which goes first, with the read bandwidth measured before
+    /// each single-stream load. Pools each server's rounds per load, reads their peak RSS (and
+    /// plughost's counters) and stops them. The guards stop them on any error too.
+    /// Interleaving keeps a drift in the machine's speed (a shared host) from landing on one
+    /// server only; the idle server sleeps while the other is measured.
+    fn both(
+        &self,
+        specs: [&ServerSpec; 2],
+        read_metrics: [bool; 2],
+    ) -> Result<([Measured; 2], Vec<Bandwidth>)> {
         let mut running = [
             RunningServer::start(specs[0])?,
             RunningServer::start(specs[1])?,
@@ -642,28 +640,53 @@ impl Bench<'_> {
             .with_context(|| format!("warming up {}", spec.name))?;
             server.ensure_running("the warm-up")?;
         }
-        let mut summaries: [Vec<(String, Summary)>; 2] = [Vec::new(), Vec::new()];
-        for (index, load) in self.loads.iter().enumerate() {
-            let order = if index % 2 == 0 { [0, 1] } else { [1, 0] };
-            for which in order {
-                let (server, spec) = (&mut running[which], specs[which]);
-                let path = loads::json_path(self.raw_dir, spec.name, load);
-                let summary =
-                    loads::run(self.plughost, load, self.shape, &server.base_url(), &path)
-                        .with_context(|| format!("{} against {}", load.title, spec.name))?;
-                server.ensure_running(&load.title)?;
-                if summary.num_failed > 0 {
-                    eprintln!(
-                        "warning: {} of {} requests failed against {}: {}",
-                        summary.num_failed,
-                        summary.num_failed + summary.num_successful,
-                        spec.name,
-                        summary.first_error.as_deref().unwrap_or("no message")
-                    );
+        // Runs by load index, per server.
+        let mut runs: [Vec<Vec<loads::Run>>; 2] = [
+            vec![Vec::new(); self.loads.len()],
+            vec![Vec::new(); self.loads.len()],
+        ];
+        let mut bandwidths = Vec::with_capacity(self.rounds);
+        for round in 0..self.rounds {
+            for (index, load) in self.loads.iter().enumerate() {
+                if load.key == SINGLE {
+                    // Both servers are idle here; the bound is taken next to the decode it
+                    // bounds, not minutes away from it.
+                    bandwidths.push(self.bandwidth.measure()?);
                 }
-                summaries[which].push((load.key.clone(), summary));
+                let load = load.in_round(round, self.loads.len());
+                let order = if (index + round) % 2 == 0 {
+                    [0, 1]
+                } else {
+                    [1, 0]
+                };
+                for which in order {
+                    let (server, spec) = (&mut running[which], specs[which]);
+                    let path = loads::round_json_path(self.raw_dir, spec.name, &load, round);
+                    let run =
+                        loads::run(self.plughost, &load, self.shape, &server.base_url(), &path)
+                            .with_context(|| format!("{} against {}", load.title, spec.name))?;
+                    server.ensure_running(&load.title)?;
+                    let s = &run.summary;
+                    if s.num_failed > 0 {
+                        eprintln!(
+                            "warning: {} of {} requests failed against {}: {}",
+                            s.num_failed,
+                            s.num_failed + s.num_successful,
+                            spec.name,
+                            s.first_error.as_deref().unwrap_or("no message")
+                        );
+                    }
+                    runs[which][index].push(run);
+                }
             }
         }
+        let summaries = runs.map(|per_load| {
+            self.loads
+                .iter()
+                .zip(per_load)
+                .filter_map(|(load, runs)| Some((load.key.clone(), loads::pool(&runs)?)))
+                .collect::<Vec<_>>()
+        });
         let others_cpu = cpu_before.others_share(&cpu::Snapshot::take(&pids)?);
         if others_cpu > DISTURBED {
             eprintln!(
@@ -696,7 +719,7 @@ impl Bench<'_> {
         let [p, l]: [Measured; 2] = measured
             .try_into()
             .map_err(|_| anyhow::anyhow!("two servers measured"))?;
-        Ok([p, l])
+        Ok(([p, l], bandwidths))
     }
 }
 
@@ -836,6 +859,7 @@ fn write_summary_json(dir: &Path, r: &Report) -> Result<()> {
         "cores": r.machine.cores,
         "cpu": r.machine.cpu,
         "read_bandwidth_bytes_per_s": r.machine.bandwidth.bytes_per_second,
+        "read_bandwidth_rounds_bytes_per_s": r.machine.rounds.iter().map(|b| b.bytes_per_second).collect::<Vec<_>>(),
         "weight_bytes_per_token": r.model.tensor_bytes,
         "bound_tok_s": report::bound_tok_s(r.model, &r.machine.bandwidth),
         "plughost": server(r.plughost),

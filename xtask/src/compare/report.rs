@@ -16,7 +16,23 @@ pub const SAMPLED: &str = "batched-sampling";
 pub struct Machine {
     pub cores: usize,
     pub cpu: String,
+    /// The median of `rounds`: the bandwidth the bound is computed from.
     pub bandwidth: Bandwidth,
+    /// One measurement before each round's single-stream load.
+    pub rounds: Vec<Bandwidth>,
+}
+
+impl Machine {
+    pub fn new(cpu: String, rounds: Vec<Bandwidth>) -> anyhow::Result<Self> {
+        let bandwidth = crate::bandwidth::median(&rounds)
+            .ok_or_else(|| anyhow::anyhow!("no read bandwidth was measured"))?;
+        Ok(Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu,
+            bandwidth,
+            rounds,
+        })
+    }
 }
 
 /// One server's results.
@@ -252,16 +268,26 @@ pub fn markdown(r: &Report) -> String {
         out,
         "Written by `cargo xtask compare` on {}; run it again to refresh this page. Both servers \
          were up on the same machine for the whole run; each load went to one and then the \
-         other (alternating which went first), never to both at once.\n",
-        r.written
+         other (alternating which went first), never to both at once, in {} rounds. Each \
+         figure pools a server's rounds of a load: percentiles over all their requests, \
+         throughput as their output tokens over their summed durations.\n",
+        r.written,
+        r.machine.rounds.len()
     );
     let _ = writeln!(
         out,
-        "**Machine:** {} cores, {}; measured read bandwidth {:.1} GB/s ({} MiB buffer, {} \
-         threads, best of {} passes).\n",
+        "**Machine:** {} cores, {}; measured read bandwidth {:.1} GB/s, the median of {} \
+         measurements taken right before each round's single-stream load ({} GB/s; {} MiB \
+         buffer, {} threads, best of {} passes each).\n",
         m.cores,
         m.cpu,
         m.bandwidth.gb_per_second(),
+        m.rounds.len(),
+        m.rounds
+            .iter()
+            .map(|b| format!("{:.1}", b.gb_per_second()))
+            .collect::<Vec<_>>()
+            .join(", "),
         m.bandwidth.buffer_bytes >> 20,
         m.bandwidth.threads,
         m.bandwidth.passes
@@ -390,7 +416,9 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "The loads, in this order against each server (`$URL` is its address):\n\n```sh"
+        "The loads of the first round, in this order against each server (`$URL` is its \
+         address); every later round adds {} to each seed, so no prompt repeats:\n\n```sh",
+        r.loads.len()
     );
     for c in &r.bench_commands {
         let _ = writeln!(out, "{c}");
@@ -501,17 +529,15 @@ mod tests {
 
     #[test]
     fn targets_pass_and_fail_on_their_thresholds() {
-        let machine = Machine {
-            cores: 2,
-            cpu: "cpu".into(),
-            // 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
-            bandwidth: Bandwidth {
-                bytes_per_second: 50_000.0,
-                buffer_bytes: 1 << 30,
-                threads: 2,
-                passes: 5,
-            },
+        let at = |bytes_per_second: f64| Bandwidth {
+            bytes_per_second,
+            buffer_bytes: 1 << 30,
+            threads: 2,
+            passes: 5,
         };
+        // A median of 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
+        let machine =
+            Machine::new("cpu".into(), vec![at(90_000.0), at(50_000.0), at(20_000.0)]).unwrap();
         let model = facts();
         let shape = Shape {
             input_len: 256,
