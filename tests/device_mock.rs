@@ -915,10 +915,147 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
     logits_bytes
 }
 
+/// Runs each fused callable and the sequence of callables it replaces on the same inputs;
+/// returns (fused, sequence) outputs: q, k, v, the gated activation, the residual and the norm.
+fn run_fused_and_sequences(device: &mut Device) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    use ArgTag::{Inout, Input, Output};
+    use DType::{BF16, F32};
+    const T: u64 = 3;
+    const K: u64 = 8;
+    const Q: u64 = 6;
+    const R: u64 = 4;
+    const I: u64 = 5;
+    let ramp = |count: u64, step: f32| -> Vec<f32> {
+        (0..count).map(|i| (i as f32 * step).cos()).collect()
+    };
+    let bf16_of = |values: &[f32]| -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|value| ((value.to_bits() >> 16) as u16).to_le_bytes())
+            .collect()
+    };
+    let x = upload_f32(device, &ramp(T * K, 0.3));
+    let [wq, wk, wv, w_gate, w_up] = [(Q, 0.7), (R, 1.1), (R, 1.3), (I, 0.5), (I, 0.6)]
+        .map(|(rows, step)| upload(device, &bf16_of(&ramp(rows * K, step))));
+    let norm_weight = upload_f32(device, &ramp(K, 0.2));
+    let eps = i64::from(1e-6f32.to_bits());
+    let mut scratch = |elements: u64| device.alloc(elements * 4).unwrap();
+    let [q1, q2] = [scratch(T * Q), scratch(T * Q)];
+    let [k1, k2, v1, v2] = [0; 4].map(|_| scratch(T * R));
+    let [act1, act2, gate, up] = [0; 4].map(|_| scratch(T * I));
+    let [out1, out2] = [scratch(T * K), scratch(T * K)];
+    let residual = ramp(T * K, 0.9);
+    let [res1, res2] = [0; 2].map(|_| upload_f32(device, &residual));
+
+    launch(
+        device,
+        "qkv_linear",
+        &[
+            arg(x, F32, &[T, K], Input),
+            arg(wq, BF16, &[Q, K], Input),
+            arg(wk, BF16, &[R, K], Input),
+            arg(wv, BF16, &[R, K], Input),
+            arg(q1, F32, &[T, Q], Output),
+            arg(k1, F32, &[T, R], Output),
+            arg(v1, F32, &[T, R], Output),
+        ],
+        &[],
+    );
+    for (w, out, n) in [(wq, q2, Q), (wk, k2, R), (wv, v2, R)] {
+        let args = [
+            arg(x, F32, &[T, K], Input),
+            arg(w, BF16, &[n, K], Input),
+            arg(out, F32, &[T, n], Output),
+        ];
+        launch(device, "linear", &args, &[]);
+    }
+    launch(
+        device,
+        "silu_gate_linear",
+        &[
+            arg(x, F32, &[T, K], Input),
+            arg(w_gate, BF16, &[I, K], Input),
+            arg(w_up, BF16, &[I, K], Input),
+            arg(act1, F32, &[T, I], Output),
+        ],
+        &[],
+    );
+    for (w, out) in [(w_gate, gate), (w_up, up)] {
+        let args = [
+            arg(x, F32, &[T, K], Input),
+            arg(w, BF16, &[I, K], Input),
+            arg(out, F32, &[T, I], Output),
+        ];
+        launch(device, "linear", &args, &[]);
+    }
+    let silu_args = [
+        arg(gate, F32, &[T, I], Input),
+        arg(up, F32, &[T, I], Input),
+        arg(act2, F32, &[T, I], Output),
+    ];
+    launch(device, "silu_mul", &silu_args, &[]);
+    launch(
+        device,
+        "add_rms_norm",
+        &[
+            arg(res1, F32, &[T, K], Inout),
+            arg(x, F32, &[T, K], Input),
+            arg(norm_weight, F32, &[K], Input),
+            arg(out1, F32, &[T, K], Output),
+        ],
+        &[eps],
+    );
+    let add_args = [arg(res2, F32, &[T, K], Inout), arg(x, F32, &[T, K], Input)];
+    launch(device, "add", &add_args, &[]);
+    let norm_args = [
+        arg(res2, F32, &[T, K], Input),
+        arg(norm_weight, F32, &[K], Input),
+        arg(out2, F32, &[T, K], Output),
+    ];
+    launch(device, "rms_norm", &norm_args, &[eps]);
+    device.synchronize().unwrap();
+
+    let mut read = |buffers: [(BufferId, u64); 6]| {
+        buffers
+            .map(|(b, n)| download_f32(device, b, n as usize))
+            .to_vec()
+    };
+    let fused = read([
+        (q1, T * Q),
+        (k1, T * R),
+        (v1, T * R),
+        (act1, T * I),
+        (res1, T * K),
+        (out1, T * K),
+    ]);
+    let sequences = read([
+        (q2, T * Q),
+        (k2, T * R),
+        (v2, T * R),
+        (act2, T * I),
+        (res2, T * K),
+        (out2, T * K),
+    ]);
+    (fused, sequences)
+}
+
+#[test]
+fn fused_callables_equal_the_sequences_they_replace() {
+    let (fused, sequences) = run_fused_and_sequences(&mut open_mock(""));
+    assert_eq!(fused, sequences);
+    // The inputs reached every output: no output is left as allocated.
+    for values in &fused {
+        assert!(values.iter().any(|v| *v != 0.0), "{values:?}");
+        assert!(values.iter().all(|v| v.is_finite()), "{values:?}");
+    }
+}
+
 #[test]
 fn a_whole_decoder_step_runs_every_callable_deterministically() {
     let mut first_device = open_mock("");
     let first = run_decoder_step(&mut first_device);
+    // The fused callables, which the step above does not use.
+    run_fused_and_sequences(&mut first_device);
     let second = run_decoder_step(&mut open_mock(""));
     assert_eq!(first, second, "the mock device is not deterministic");
     let logits: Vec<f32> = first

@@ -156,8 +156,6 @@ fn scratch(c: &TransformerConfig) -> Vec<Scratch> {
         f32_rows("v", Extent::Tokens, kv),
         f32_rows("attn", Extent::Tokens, q),
         f32_rows("proj", Extent::Tokens, h),
-        f32_rows("gate", Extent::Tokens, i),
-        f32_rows("up", Extent::Tokens, i),
         f32_rows("act", Extent::Tokens, i),
         f32_rows("last", Extent::Emitting, h),
     ]
@@ -216,6 +214,14 @@ impl Tasks {
             vec![Param::Float(eps)],
         );
     }
+    /// The residual add of `y` into `hidden`, then `normed = rms_norm(hidden)`.
+    fn add_rms_norm(&mut self, y: &str, w: impl Into<String>, eps: f32) {
+        self.push(
+            "add_rms_norm",
+            vec![inout("hidden"), read(y), weight(w), write("normed")],
+            vec![Param::Float(eps)],
+        );
+    }
 }
 
 pub fn build(c: &TransformerConfig) -> StepProgram {
@@ -257,12 +263,30 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
         vec![],
     );
     let head_dim = c.head_dim as i64;
+    // Every later norm follows a residual add and runs in the same launch as it.
+    let input_norm = |l: u32| {
+        if l < c.layers {
+            layer_weight(l, "input_layernorm.weight")
+        } else {
+            FINAL_NORM.to_string()
+        }
+    };
+    t.rms_norm("hidden", input_norm(0), "normed", c.eps);
     for l in 0..c.layers {
         let w = |n: &str| layer_weight(l, n);
-        t.rms_norm("hidden", w("input_layernorm.weight"), "normed", c.eps);
-        t.linear("normed", w("self_attn.q_proj.weight"), "q");
-        t.linear("normed", w("self_attn.k_proj.weight"), "k");
-        t.linear("normed", w("self_attn.v_proj.weight"), "v");
+        t.push(
+            "qkv_linear",
+            vec![
+                read("normed"),
+                weight(w("self_attn.q_proj.weight")),
+                weight(w("self_attn.k_proj.weight")),
+                weight(w("self_attn.v_proj.weight")),
+                write("q"),
+                write("k"),
+                write("v"),
+            ],
+            vec![],
+        );
         if c.family == Family::Qwen3 {
             for (x, norm) in [
                 ("q", "self_attn.q_norm.weight"),
@@ -323,24 +347,20 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
             ],
         );
         t.linear("attn", w("self_attn.o_proj.weight"), "proj");
-        t.push("add", vec![inout("hidden"), read("proj")], vec![]);
-        t.rms_norm(
-            "hidden",
-            w("post_attention_layernorm.weight"),
-            "normed",
-            c.eps,
-        );
-        t.linear("normed", w("mlp.gate_proj.weight"), "gate");
-        t.linear("normed", w("mlp.up_proj.weight"), "up");
+        t.add_rms_norm("proj", w("post_attention_layernorm.weight"), c.eps);
         t.push(
-            "silu_mul",
-            vec![read("gate"), read("up"), write("act")],
+            "silu_gate_linear",
+            vec![
+                read("normed"),
+                weight(w("mlp.gate_proj.weight")),
+                weight(w("mlp.up_proj.weight")),
+                write("act"),
+            ],
             vec![],
         );
         t.linear("act", w("mlp.down_proj.weight"), "proj");
-        t.push("add", vec![inout("hidden"), read("proj")], vec![]);
+        t.add_rms_norm("proj", input_norm(l + 1), c.eps);
     }
-    t.rms_norm("hidden", FINAL_NORM, "normed", c.eps);
     t.push(
         "gather_rows",
         vec![

@@ -45,6 +45,14 @@
  * 12 derive_slot_mapping(block_table i32[S,M], seq_lens i32[S],
  *                        query_start i32[S+1], slot_mapping i32[T] out;
  *                        block_size)
+ * 13 qkv_linear(x f32[T,K], wq W[Q,K], wk W[R,K], wv W[R,K],
+ *               q f32[T,Q] out, k f32[T,R] out, v f32[T,R] out)
+ *               three linears over one x; wq, wk and wv share a dtype
+ * 14 silu_gate_linear(x f32[T,K], w_gate W[I,K], w_up W[I,K],
+ *                     out f32[T,I])   out = silu(x . w_gate^T) * (x . w_up^T)
+ *                     w_gate and w_up share a dtype
+ * 15 add_rms_norm(x f32[T,H] inout, y f32[T,H], weight W[H],
+ *                 out f32[T,H]; eps)   x += y, then out = rms_norm(x)
  * Arguments a callable writes accept tags OUTPUT, OUTPUT_EXISTING, INOUT and
  * NO_DEP; arguments it reads accept INPUT, INOUT and NO_DEP; arguments it
  * reads and writes accept INOUT and NO_DEP.

@@ -2,7 +2,8 @@
 //!
 //! A callable's index in the C ABI is its position in [`ALL`]. Shape symbols: `T` flattened
 //! tokens of the step, `S` sequences, `E` emitting rows, `H` hidden, `V` vocab, `D` head_dim,
-//! `B` KV blocks, `bs` block size, `M` blocks per sequence in the block table.
+//! `B` KV blocks, `bs` block size, `M` blocks per sequence in the block table, `Q` and `R` the
+//! widths of the query and of the key/value projections.
 
 use crate::abi::{ArgTag, DType};
 
@@ -22,6 +23,9 @@ pub enum CallableId {
     AdvanceSeqLens,
     DerivePositions,
     DeriveSlotMapping,
+    QkvLinear,
+    SiluGateLinear,
+    AddRmsNorm,
 }
 
 /// The signature of one callable.
@@ -323,6 +327,51 @@ pub const ALL: &[CallableSpec] = &[
             arg("slot_mapping", I32, &[Sym("T")], Write),
         ],
         params: &[dim_param("block_size", "bs")],
+        constraints: &[],
+    },
+    // The fused callables below each do what a sequence of the ones above does, in one launch
+    // and with one pass over the shared input: they cut per-launch overhead out of decode,
+    // where a step is hundreds of small launches.
+    CallableSpec {
+        id: CallableId::QkvLinear,
+        name: "qkv_linear",
+        args: &[
+            arg("x", F32, &[Sym("T"), Sym("K")], Read),
+            arg("wq", WEIGHT, &[Sym("Q"), Sym("K")], Read),
+            arg("wk", WEIGHT, &[Sym("R"), Sym("K")], Read),
+            arg("wv", WEIGHT, &[Sym("R"), Sym("K")], Read),
+            arg("q", F32, &[Sym("T"), Sym("Q")], Write),
+            arg("k", F32, &[Sym("T"), Sym("R")], Write),
+            arg("v", F32, &[Sym("T"), Sym("R")], Write),
+        ],
+        params: &[],
+        constraints: &[
+            Constraint::SameDtype("wq", "wk"),
+            Constraint::SameDtype("wk", "wv"),
+        ],
+    },
+    CallableSpec {
+        id: CallableId::SiluGateLinear,
+        name: "silu_gate_linear",
+        args: &[
+            arg("x", F32, &[Sym("T"), Sym("K")], Read),
+            arg("w_gate", WEIGHT, &[Sym("I"), Sym("K")], Read),
+            arg("w_up", WEIGHT, &[Sym("I"), Sym("K")], Read),
+            arg("out", F32, &[Sym("T"), Sym("I")], Write),
+        ],
+        params: &[],
+        constraints: &[Constraint::SameDtype("w_gate", "w_up")],
+    },
+    CallableSpec {
+        id: CallableId::AddRmsNorm,
+        name: "add_rms_norm",
+        args: &[
+            arg("x", F32, &[Sym("T"), Sym("H")], ReadWrite),
+            arg("y", F32, &[Sym("T"), Sym("H")], Read),
+            arg("weight", WEIGHT, &[Sym("H")], Read),
+            arg("out", F32, &[Sym("T"), Sym("H")], Write),
+        ],
+        params: &[f32_bits("eps")],
         constraints: &[],
     },
 ];

@@ -10,19 +10,25 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
     let chunk_len = workers.rows_per_task(out.len(), 1);
     workers.for_each_chunk(out, chunk_len, |task, out| {
         let first = task * chunk_len;
-        let (gate, up) = (
+        silu_mul_span(
             &gate[first..first + out.len()],
             &up[first..first + out.len()],
+            out,
         );
-        #[cfg(target_arch = "x86_64")]
-        if crate::vector::avx512::supported() {
-            // SAFETY: supported (checked just above).
-            return unsafe { silu_mul_avx512(gate, up, out) };
-        }
-        for (out, (&g, &u)) in out.iter_mut().zip(gate.iter().zip(up)) {
-            *out = g / (1.0 + (-g).exp()) * u;
-        }
     });
+}
+
+/// [`silu_mul`] of equally long slices on the calling thread: the same instructions for each
+/// element, so `silu_gate_linear`, which calls it on a tile at a time, matches it bit for bit.
+pub(crate) fn silu_mul_span(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::vector::avx512::supported() {
+        // SAFETY: supported (checked just above).
+        return unsafe { silu_mul_avx512(gate, up, out) };
+    }
+    for (out, (&g, &u)) in out.iter_mut().zip(gate.iter().zip(up)) {
+        *out = g / (1.0 + (-g).exp()) * u;
+    }
 }
 
 /// The same formula sixteen lanes at a time with the vectorized `exp`; every element, the

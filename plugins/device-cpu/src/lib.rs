@@ -5,7 +5,7 @@
 //! device time `synchronize` reports is the time spent inside launches.
 //!
 //! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
-//! (RMSNorm over rows and per head), [`linear`] (batch-invariant: a token's output does not
+//! (RMSNorm over rows, after a residual add, and per head), [`linear`] (plain, q/k/v in one launch, and the gated MLP's gate and up with SiLU; batch-invariant: a token's output does not
 //! depend on the rest of its batch), [`rotary`], [`kv_cache`] (writing the paged
 //! cache), [`attention`] (paged attention), [`elementwise`] (SiLU-and-mul, residual add),
 //! [`step_inputs`] (device-maintained seq lens, positions and slot mappings). Shared pieces:
@@ -88,6 +88,9 @@ impl DeviceBackend for CpuDevice {
             CallableId::AdvanceSeqLens => step_inputs::run_advance_seq_lens(launch),
             CallableId::DerivePositions => step_inputs::run_derive_positions(launch),
             CallableId::DeriveSlotMapping => step_inputs::run_derive_slot_mapping(launch),
+            CallableId::QkvLinear => linear::run_qkv(launch, context),
+            CallableId::SiluGateLinear => linear::run_silu_gate(launch, context),
+            CallableId::AddRmsNorm => norm::run_add_rows(launch, context),
         }
     }
 }

@@ -1,10 +1,14 @@
-//! `linear`: `out[T,N] = x[T,K] · w[N,K]ᵀ` in f32 over f32, f16 or bf16 weights, with results that do not depend on the batch.
+//! `linear` (`out[T,N] = x[T,K] · w[N,K]ᵀ`), `qkv_linear` and `silu_gate_linear` in f32 over f32, f16 or bf16 weights, with results that do not depend on the batch.
 //!
 //! Every output is a dot product of a token row and a weight row, both contiguous in `k`: the
 //! weights are read where they lie, in their stored precision, with no packed or widened copy.
 //! Threads take panels of [`NR`] weight rows; a panel meets the tokens `MR` at a time (`MR`
 //! per instruction set), so one pass over a weight row serves several tokens, and with one
 //! token (decode) the `NR` rows stream from memory side by side.
+//!
+//! The fused forms share the activations and the threads of one launch: `qkv_linear` lays the
+//! panels of its three matrices end to end, and `silu_gate_linear` reads a run of gate panels,
+//! then the same run of up panels, and stores `silu(gate) * up` straight from the tiles.
 //!
 //! On AVX-512 with BF16 (`vdpbf16ps`), bf16 weights meet the activations rounded to bf16, the
 //! precision llama.cpp's BF16 path uses; f32 and f16 weights, and every weight on AVX2, meet
@@ -29,6 +33,7 @@ use std::ops::Range;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
+use crate::elementwise::silu_mul_span;
 use crate::widen::widen_into;
 use crate::workers::{Workers, with_scratch};
 
@@ -127,10 +132,9 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     };
     let mut views = launch.views()?;
     let (x, w) = (views.f32("x"), views.float("w"));
-    let isa = Isa::detect();
     let out = views.f32_mut("out");
     linear_on(
-        isa,
+        Isa::detect(),
         context.bf16_products,
         x,
         w,
@@ -139,6 +143,48 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         &context.workers,
     );
     Ok(())
+}
+
+pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
+    let widths = [launch.dim("Q"), launch.dim("R"), launch.dim("R")];
+    let mut views = launch.views()?;
+    let x = views.f32("x");
+    let weights = [views.float("wq"), views.float("wk"), views.float("wv")];
+    let outs = [views.f32_mut("q"), views.f32_mut("k"), views.f32_mut("v")];
+    qkv_linear(
+        Isa::detect(),
+        context.bf16_products,
+        x,
+        weights,
+        outs,
+        (tokens, inner, widths),
+        &context.workers,
+    )
+}
+
+pub(crate) fn run_silu_gate(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let shape = LinearShape {
+        tokens: launch.dim("T"),
+        inner: launch.dim("K"),
+        outputs: launch.dim("I"),
+    };
+    let mut views = launch.views()?;
+    let x = views.f32("x");
+    let weights = [views.float("w_gate"), views.float("w_up")];
+    let out = views.f32_mut("out");
+    silu_gate_linear(
+        Isa::detect(),
+        context.bf16_products,
+        x,
+        weights,
+        out,
+        shape,
+        &context.workers,
+    )
 }
 
 /// Slices hold exactly `T*K`, `N*K` and `T*N` elements (the export layer checked the shapes).
@@ -150,6 +196,77 @@ pub fn linear(
     workers: &Workers,
 ) {
     linear_on(Isa::detect(), bf16_products, x, w, out, shape, workers)
+}
+
+/// `q`, `k` and `v` from one `x`: three linears in one launch, so the activations are rounded
+/// once and the small key and value projections share the threads with the query's.
+/// `(T, K, [Q, R, R])` gives the shapes.
+pub fn qkv_linear(
+    isa: Isa,
+    bf16_products: Bf16Products,
+    x: &[f32],
+    weights: [FloatSlice<'_>; 3],
+    [q, k, v]: [&mut [f32]; 3],
+    (tokens, inner, widths): (usize, usize, [usize; 3]),
+    workers: &Workers,
+) -> Result<(), DeviceFailure> {
+    let outs = [
+        SharedOut::new(q, widths[0]),
+        SharedOut::new(k, widths[1]),
+        SharedOut::new(v, widths[2]),
+    ];
+    let plan = Plan {
+        tokens,
+        inner,
+        widths: &widths,
+        matrices_per_panel: 1,
+        tile_tokens: isa.tile_tokens(),
+    };
+    matmul(
+        isa,
+        bf16_products,
+        x,
+        &weights,
+        &Sink::Each(&outs),
+        &plan,
+        workers,
+    )
+}
+
+/// `out = silu(x · w_gateᵀ) * (x · w_upᵀ)`: a task computes a panel of both projections and
+/// applies the activation to it while it is in registers' reach, so neither projection is
+/// written out and read back. Bit for bit what two `linear`s and `silu_mul` give.
+pub fn silu_gate_linear(
+    isa: Isa,
+    bf16_products: Bf16Products,
+    x: &[f32],
+    weights: [FloatSlice<'_>; 2],
+    out: &mut [f32],
+    shape: LinearShape,
+    workers: &Workers,
+) -> Result<(), DeviceFailure> {
+    let LinearShape {
+        tokens,
+        inner,
+        outputs,
+    } = shape;
+    let out = SharedOut::new(out, outputs);
+    let plan = Plan {
+        tokens,
+        inner,
+        widths: &[outputs],
+        matrices_per_panel: 2,
+        tile_tokens: isa.tile_tokens(),
+    };
+    matmul(
+        isa,
+        bf16_products,
+        x,
+        &weights,
+        &Sink::SiluGate(out),
+        &plan,
+        workers,
+    )
 }
 
 thread_local! {
@@ -172,36 +289,130 @@ fn linear_on(
         inner,
         outputs,
     } = shape;
-    // The raw-pointer paths below rely on these lengths.
-    assert!(
-        Some(x.len()) == tokens.checked_mul(inner)
-            && Some(w.len()) == outputs.checked_mul(inner)
-            && Some(out.len()) == tokens.checked_mul(outputs),
-        "linear: slices of {}, {} and {} elements do not match {shape:?}",
-        x.len(),
-        w.len(),
-        out.len()
-    );
-    if inner == 0 {
-        out.fill(0.0);
-        return;
-    }
-    if tokens == 0 || outputs == 0 {
-        return;
-    }
-    let out = SharedOut::new(out, outputs);
+    let outs = [SharedOut::new(out, outputs)];
     let plan = Plan {
-        shape,
+        tokens,
+        inner,
+        widths: &[outputs],
+        matrices_per_panel: 1,
         tile_tokens: isa.tile_tokens(),
     };
-    match (isa, w) {
+    // One weight matrix has one dtype, so this cannot fail.
+    let _ = matmul(
+        isa,
+        bf16_products,
+        x,
+        &[w],
+        &Sink::Each(&outs),
+        &plan,
+        workers,
+    );
+}
+
+/// Where the tiles of a launch go.
+enum Sink<'s, 'a> {
+    /// Weight matrix `p` into output `p`.
+    Each(&'s [SharedOut<'a>]),
+    /// Two weight matrices (gate, up) meet in `silu(gate) * up`.
+    SiluGate(SharedOut<'a>),
+}
+
+impl Sink<'_, '_> {
+    /// Checks the slices against the plan; the raw-pointer paths rely on these lengths.
+    fn check(&self, plan: &Plan, x: &[f32], weights: &[FloatSlice<'_>]) -> bool {
+        let (tokens, inner) = (plan.tokens, plan.inner);
+        let fits = |out: &SharedOut, width: usize| {
+            out.width == width && Some(out.len) == tokens.checked_mul(width)
+        };
+        let weight_fits = |w: &FloatSlice, rows: usize| Some(w.len()) == rows.checked_mul(inner);
+        let sink_fits = match self {
+            Sink::Each(outs) => {
+                outs.len() == plan.widths.len()
+                    && weights.len() == outs.len()
+                    && outs.iter().zip(plan.widths).all(|(o, &w)| fits(o, w))
+                    && weights
+                        .iter()
+                        .zip(plan.widths)
+                        .all(|(w, &n)| weight_fits(w, n))
+            }
+            Sink::SiluGate(out) => {
+                plan.widths == [out.width]
+                    && fits(out, out.width)
+                    && weights.len() == 2
+                    && weights.iter().all(|w| weight_fits(w, out.width))
+            }
+        };
+        Some(x.len()) == tokens.checked_mul(inner) && sink_fits
+    }
+
+    /// Every output element set to what an empty inner dimension gives: zero (and
+    /// `silu(0) * 0` is zero too).
+    fn fill_zero(&self) {
+        let fill = |o: &SharedOut| {
+            // SAFETY: `o` stands for an exclusive borrow of `len` elements, and no task runs.
+            unsafe { std::slice::from_raw_parts_mut(o.start, o.len) }.fill(0.0)
+        };
+        match self {
+            Sink::Each(outs) => outs.iter().for_each(fill),
+            Sink::SiluGate(out) => fill(out),
+        }
+    }
+}
+
+/// Tokens per tile at most, over every instruction set: the gated epilogue's buffers hold a
+/// tile of each projection.
+const MAX_TILE_TOKENS: usize = 4;
+
+/// Panels of the gate (then of the up projection) one gated tile reads in a row.
+const GATE_RUN_PANELS: usize = 8;
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(avx512::MR <= MAX_TILE_TOKENS && avx2::MR <= MAX_TILE_TOKENS);
+const _: () = assert!(portable::MR <= MAX_TILE_TOKENS);
+
+/// `x` times each of `weights` (one dtype) into `sink`, on the instruction set's tiles.
+fn matmul(
+    isa: Isa,
+    bf16_products: Bf16Products,
+    x: &[f32],
+    weights: &[FloatSlice<'_>],
+    sink: &Sink<'_, '_>,
+    plan: &Plan,
+    workers: &Workers,
+) -> Result<(), DeviceFailure> {
+    assert!(
+        sink.check(plan, x, weights),
+        "linear: slices of {} and {:?} elements do not match T={} K={} N={:?}",
+        x.len(),
+        weights.iter().map(|w| w.len()).collect::<Vec<_>>(),
+        plan.tokens,
+        plan.inner,
+        plan.widths
+    );
+    let Some(&first) = weights.first() else {
+        return Ok(());
+    };
+    if weights.iter().any(|w| dtype_of(*w) != dtype_of(first)) {
+        return Err(DeviceFailure::invalid_argument(
+            "the weights of one launch must share a dtype",
+        ));
+    }
+    let inner = plan.inner;
+    if inner == 0 {
+        sink.fill_zero();
+        return Ok(());
+    }
+    if plan.tokens == 0 || plan.widths.iter().all(|&w| w == 0) {
+        return Ok(());
+    }
+    match (isa, first) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::BF16(bits)) if bf16_products == Bf16Products::Bf16 => X_BF16
-            .with(|cell| {
+        (Isa::Avx512, FloatSlice::BF16(_)) if bf16_products == Bf16Products::Bf16 => {
+            let bits = typed(weights, bf16_bits);
+            X_BF16.with(|cell| {
                 let mut rounded = cell.borrow_mut();
                 rounded.resize(x.len(), 0);
                 // A prefill's activations are megabytes: both threads round them.
-                let rows_per_task = workers.rows_per_task(tokens, inner);
+                let rows_per_task = workers.rows_per_task(plan.tokens, inner);
                 workers.for_each_chunk(&mut rounded, rows_per_task * inner, |task, bits| {
                     let rows = &x[task * rows_per_task * inner..];
                     for (row, row_bits) in rows.chunks(inner).zip(bits.chunks_mut(inner)) {
@@ -210,60 +421,185 @@ fn linear_on(
                     }
                 });
                 let rounded: &[u16] = &rounded;
-                plan.run(workers, &|tokens, n0, columns| {
-                    let tile = avx512::Tile {
-                        x: rounded[tokens.start * inner..].as_ptr(),
-                        x_stride: inner,
-                        w: panel_rows(bits, n0, columns, inner),
-                        inner,
-                        out: out.block(tokens.start, n0, tokens.len(), columns),
-                        out_stride: outputs,
-                        columns,
-                        prefetch_next_panel: plan.reads_panels_once(),
-                    };
-                    // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
-                    // row in bounds; the task owns the panel's columns of `out`.
-                    unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::bf16::<M>(&tile)) }
-                })
-            }),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::F32(values)) => avx512_wide(&plan, workers, x, values, out),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::BF16(bits)) => {
-            avx512_wide(&plan, workers, x, as_wide::<Bf16Bits>(bits), out)
-        }
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::F16(bits)) => {
-            avx512_wide(&plan, workers, x, as_wide::<F16Bits>(bits), out)
-        }
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::F32(values)) => avx2_wide(&plan, workers, x, values, out),
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::BF16(bits)) => {
-            avx2_wide(&plan, workers, x, as_wide::<Bf16Bits>(bits), out)
-        }
-        #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::F16(bits)) => {
-            avx2_wide(&plan, workers, x, as_wide::<F16Bits>(bits), out)
-        }
-        (Isa::Portable, w) => plan.run(workers, &|tokens, n0, columns| {
-            with_scratch(NR * inner, |rows| {
-                for j in 0..NR {
-                    // Past the last row, repeat it: those outputs are not stored.
-                    let row = n0 + j.min(columns - 1);
-                    widen_into(w, row * inner, &mut rows[j * inner..(j + 1) * inner]);
-                }
-                let tile = portable::Tile {
-                    x: &x[tokens.start * inner..tokens.end * inner],
-                    tokens: tokens.len(),
-                    w: std::array::from_fn(|j| &rows[j * inner..(j + 1) * inner]),
-                    out: out.block(tokens.start, n0, tokens.len(), columns),
-                    out_stride: outputs,
-                    columns,
-                };
-                // SAFETY: the task owns the panel's columns of `out`.
-                unsafe { portable::run(&tile) }
+                drive(
+                    plan,
+                    workers,
+                    sink,
+                    &|part, tokens, n0, columns, out, out_stride| {
+                        let tile = avx512::Tile {
+                            x: rounded[tokens.start * inner..].as_ptr(),
+                            x_stride: inner,
+                            w: panel_rows(bits[part], n0, columns, inner),
+                            inner,
+                            out,
+                            out_stride,
+                            columns,
+                            prefetch_next_panel: plan.reads_panels_once(),
+                        };
+                        // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
+                        // row in bounds; the task owns the output block.
+                        unsafe {
+                            by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::bf16::<M>(&tile))
+                        }
+                    },
+                )
             })
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::F32(_)) => {
+            avx512_wide(plan, workers, x, typed(weights, f32_values), sink)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::BF16(_)) => avx512_wide(
+            plan,
+            workers,
+            x,
+            typed(weights, bf16_bits).map(as_wide::<Bf16Bits>),
+            sink,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx512, FloatSlice::F16(_)) => avx512_wide(
+            plan,
+            workers,
+            x,
+            typed(weights, f16_bits).map(as_wide::<F16Bits>),
+            sink,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::F32(_)) => {
+            avx2_wide(plan, workers, x, typed(weights, f32_values), sink)
+        }
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::BF16(_)) => avx2_wide(
+            plan,
+            workers,
+            x,
+            typed(weights, bf16_bits).map(as_wide::<Bf16Bits>),
+            sink,
+        ),
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::F16(_)) => avx2_wide(
+            plan,
+            workers,
+            x,
+            typed(weights, f16_bits).map(as_wide::<F16Bits>),
+            sink,
+        ),
+        (Isa::Portable, _) => drive(
+            plan,
+            workers,
+            sink,
+            &|part, tokens, n0, columns, out, out_stride| {
+                with_scratch(NR * inner, |rows| {
+                    for j in 0..NR {
+                        // Past the last row, repeat it: those outputs are not stored.
+                        let row = n0 + j.min(columns - 1);
+                        widen_into(
+                            weights[part],
+                            row * inner,
+                            &mut rows[j * inner..(j + 1) * inner],
+                        );
+                    }
+                    let tile = portable::Tile {
+                        x: &x[tokens.start * inner..tokens.end * inner],
+                        tokens: tokens.len(),
+                        w: std::array::from_fn(|j| &rows[j * inner..(j + 1) * inner]),
+                        out,
+                        out_stride,
+                        columns,
+                    };
+                    // SAFETY: the task owns the output block.
+                    unsafe { portable::run(&tile) }
+                })
+            },
+        ),
+    }
+    Ok(())
+}
+
+/// The most weight matrices one launch multiplies (`qkv_linear`'s three).
+const MAX_MATRICES: usize = 3;
+
+/// The weights of a launch as one element type, unused entries empty.
+type Typed<'a, T> = [&'a [T]; MAX_MATRICES];
+
+fn dtype_of(w: FloatSlice<'_>) -> u8 {
+    match w {
+        FloatSlice::F32(_) => 0,
+        FloatSlice::F16(_) => 1,
+        FloatSlice::BF16(_) => 2,
+    }
+}
+
+fn f32_values(w: FloatSlice<'_>) -> &[f32] {
+    match w {
+        FloatSlice::F32(values) => values,
+        _ => &[],
+    }
+}
+
+fn bf16_bits(w: FloatSlice<'_>) -> &[u16] {
+    match w {
+        FloatSlice::BF16(bits) => bits,
+        _ => &[],
+    }
+}
+
+fn f16_bits(w: FloatSlice<'_>) -> &[u16] {
+    match w {
+        FloatSlice::F16(bits) => bits,
+        _ => &[],
+    }
+}
+
+/// `weights` (which share a dtype, checked by [`matmul`]) as that dtype's elements.
+fn typed<'a, T>(weights: &[FloatSlice<'a>], pick: fn(FloatSlice<'a>) -> &'a [T]) -> Typed<'a, T> {
+    std::array::from_fn(|p| weights.get(p).map_or(&[][..], |w| pick(*w)))
+}
+
+/// Runs `kernel(part, tokens, n0, columns, out, out_stride)` over every tile of the plan,
+/// sending its outputs where `sink` says.
+fn drive(
+    plan: &Plan,
+    workers: &Workers,
+    sink: &Sink<'_, '_>,
+    kernel: &(impl Fn(usize, Range<usize>, usize, usize, *mut f32, usize) + Sync),
+) {
+    match sink {
+        Sink::Each(outs) => plan.run(workers, 1, |part, tokens, n0, columns| {
+            let out = &outs[part];
+            let block = out.block(tokens.start, n0, tokens.len(), columns);
+            kernel(part, tokens, n0, columns, block, out.width);
+        }),
+        Sink::SiluGate(out) => plan.run(workers, GATE_RUN_PANELS, |_, tokens, n0, columns| {
+            // A run of gate panels, then the same run of up panels: each matrix is read in
+            // long contiguous stretches, which streams faster than alternating panel by panel.
+            let mut gate = [0.0f32; MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
+            let mut up = [0.0f32; MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
+            for (matrix, values) in [(0, &mut gate), (1, &mut up)] {
+                for first in (0..columns).step_by(NR) {
+                    let panel_columns = NR.min(columns - first);
+                    let at = values.as_mut_ptr().wrapping_add(first);
+                    kernel(
+                        matrix,
+                        tokens.clone(),
+                        n0 + first,
+                        panel_columns,
+                        at,
+                        columns,
+                    );
+                }
+            }
+            let block = out.block(tokens.start, n0, tokens.len(), columns);
+            for m in 0..tokens.len() {
+                // SAFETY: `block` checked that the block's rows lie inside `out`; the task owns
+                // these `columns` elements of each row, so no one else touches them.
+                let row = unsafe {
+                    std::slice::from_raw_parts_mut(block.wrapping_add(m * out.width), columns)
+                };
+                let span = m * columns..(m + 1) * columns;
+                silu_mul_span(&gate[span.clone()], &up[span], row);
+            }
         }),
     }
 }
@@ -346,25 +682,30 @@ fn avx512_wide<W: avx512::Wide + Sync>(
     plan: &Plan,
     workers: &Workers,
     x: &[f32],
-    w: &[W],
-    out: SharedOut<'_>,
+    w: Typed<'_, W>,
+    sink: &Sink<'_, '_>,
 ) {
-    let LinearShape { inner, outputs, .. } = plan.shape;
-    plan.run(workers, &|tokens, n0, columns| {
-        let tile = avx512::Tile {
-            x: x[tokens.start * inner..].as_ptr(),
-            x_stride: inner,
-            w: panel_rows(w, n0, columns, inner),
-            inner,
-            out: out.block(tokens.start, n0, tokens.len(), columns),
-            out_stride: outputs,
-            columns,
-            prefetch_next_panel: plan.reads_panels_once(),
-        };
-        // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
-        // range keep every row in bounds; the task owns the panel's columns of `out`.
-        unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::wide::<W, M>(&tile)) }
-    })
+    let inner = plan.inner;
+    drive(
+        plan,
+        workers,
+        sink,
+        &|part, tokens, n0, columns, out, out_stride| {
+            let tile = avx512::Tile {
+                x: x[tokens.start * inner..].as_ptr(),
+                x_stride: inner,
+                w: panel_rows(w[part], n0, columns, inner),
+                inner,
+                out,
+                out_stride,
+                columns,
+                prefetch_next_panel: plan.reads_panels_once(),
+            };
+            // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
+            // range keep every row in bounds; the task owns the output block.
+            unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::wide::<W, M>(&tile)) }
+        },
+    )
 }
 
 /// The AVX2 path: f32 activations times weights widened to f32.
@@ -373,49 +714,66 @@ fn avx2_wide<W: avx2::Wide + Sync>(
     plan: &Plan,
     workers: &Workers,
     x: &[f32],
-    w: &[W],
-    out: SharedOut<'_>,
+    w: Typed<'_, W>,
+    sink: &Sink<'_, '_>,
 ) {
-    let LinearShape { inner, outputs, .. } = plan.shape;
-    plan.run(workers, &|tokens, n0, columns| {
-        let tile = avx2::Tile {
-            x: x[tokens.start * inner..].as_ptr(),
-            x_stride: inner,
-            w: panel_rows(w, n0, columns, inner),
-            inner,
-            out: out.block(tokens.start, n0, tokens.len(), columns),
-            out_stride: outputs,
-            columns,
-        };
-        // SAFETY: as in `avx512_wide`, with `avx2::supported`.
-        unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::wide::<W, M>(&tile)) }
-    })
+    let inner = plan.inner;
+    drive(
+        plan,
+        workers,
+        sink,
+        &|part, tokens, n0, columns, out, out_stride| {
+            let tile = avx2::Tile {
+                x: x[tokens.start * inner..].as_ptr(),
+                x_stride: inner,
+                w: panel_rows(w[part], n0, columns, inner),
+                inner,
+                out,
+                out_stride,
+                columns,
+            };
+            // SAFETY: as in `avx512_wide`, with `avx2::supported`.
+            unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::wide::<W, M>(&tile)) }
+        },
+    )
 }
 
 /// How one launch is cut into tasks, panels and token groups.
-struct Plan {
-    shape: LinearShape,
+struct Plan<'w> {
+    tokens: usize,
+    inner: usize,
+    /// Outputs of each panel space: one per output matrix (`qkv_linear` has three), one for
+    /// a gate and up pair.
+    widths: &'w [usize],
+    /// Weight matrices a panel reads: two for a gate and up pair.
+    matrices_per_panel: usize,
     tile_tokens: usize,
 }
 
-impl Plan {
+impl Plan<'_> {
     /// Whether every panel meets all the tokens in one pass (one token block), so its weights
     /// are read once, from memory, rather than again from cache for later blocks.
     fn reads_panels_once(&self) -> bool {
-        self.shape.tokens <= MC
+        self.tokens <= MC
     }
 
-    /// Calls `tile(tokens, n0, columns)` for every token group and panel, spread over the
-    /// workers by panels: each task owns the columns of its panels.
-    fn run(&self, workers: &Workers, tile: &(impl Fn(Range<usize>, usize, usize) + Sync)) {
-        let LinearShape {
-            tokens,
-            inner,
-            outputs,
-        } = self.shape;
-        let num_panels = outputs.div_ceil(NR);
+    /// Calls `tile(part, tokens, n0, columns)` for every token group and run of up to
+    /// `run_panels` panels of every panel space, spread over the workers by panels: each task
+    /// owns the columns of its panels. The panel spaces are laid end to end, so one task may
+    /// finish one and start the next.
+    fn run(
+        &self,
+        workers: &Workers,
+        run_panels: usize,
+        tile: impl Fn(usize, Range<usize>, usize, usize) + Sync,
+    ) {
+        let tokens = self.tokens;
+        let panel_counts = self.widths.iter().map(|w| w.div_ceil(NR));
+        let num_panels: usize = panel_counts.clone().sum();
+        let work =
+            tokens * self.inner * self.widths.iter().sum::<usize>() * self.matrices_per_panel;
         // The split decides only which thread computes a panel, never how (see the module docs).
-        let panels_per_task = if tokens * inner * outputs < MIN_PARALLEL_WORK {
+        let panels_per_task = if work < MIN_PARALLEL_WORK {
             num_panels
         } else {
             num_panels.div_ceil(TASKS_PER_THREAD * workers.threads())
@@ -426,12 +784,19 @@ impl Plan {
             for block in token_blocks(tokens, self.tile_tokens) {
                 // Cut once per block: the panel loop below is the hot path of decode.
                 let groups = token_groups(block, self.tile_tokens);
-                for panel in panels.clone() {
-                    let n0 = panel * NR;
-                    let columns = NR.min(outputs - n0);
-                    for group in groups.clone() {
-                        tile(group, n0, columns);
+                let mut space_start = 0;
+                for (part, count) in panel_counts.clone().enumerate() {
+                    let width = self.widths[part];
+                    let own = panels.start.max(space_start)..panels.end.min(space_start + count);
+                    for panel in own.clone().step_by(run_panels.max(1)) {
+                        let n0 = (panel - space_start) * NR;
+                        let panels = run_panels.max(1).min(own.end - panel);
+                        let columns = (panels * NR).min(width - n0);
+                        for group in groups.clone() {
+                            tile(part, group, n0, columns);
+                        }
                     }
+                    space_start += count;
                 }
             }
         });
@@ -642,6 +1007,99 @@ mod tests {
     }
 
     /// `x · wᵀ` for the token rows of `x` in one launch, as f32 bits.
+    #[test]
+    fn fused_launches_give_the_bits_of_the_launches_they_replace() {
+        let inner = 300;
+        // Widths that leave partial panels: 40 = 6·6 + 4, 13 = 2·6 + 1; 103 = 17·6 + 1 makes
+        // gated runs of 8, 8 and 2 panels on one thread.
+        let (q_width, kv_width, i_width) = (40, 13, 103);
+        let weights: Vec<Weights> = [q_width, kv_width, kv_width, i_width, i_width]
+            .iter()
+            .map(|n| Weights::new(n * inner))
+            .collect();
+        for kernel in kernels() {
+            for threads in [1, 2] {
+                let workers = Workers::new(threads).unwrap();
+                for tokens in [1, 5, 70] {
+                    let x: Vec<f32> = (0..tokens * inner).map(|i| noise(17, i)).collect();
+                    for dtype in ["f32", "f16", "bf16"] {
+                        let w: Vec<FloatSlice<'_>> =
+                            weights.iter().map(|w| w.slice(dtype)).collect();
+                        let alone = |w: FloatSlice<'_>| launch_bits(kernel, &x, w, inner, &workers);
+                        let bits =
+                            |v: &[f32]| -> Vec<u32> { v.iter().map(|v| v.to_bits()).collect() };
+                        let case = format!("{kernel:?} {threads} threads T={tokens} {dtype}");
+
+                        let mut q = vec![f32::NAN; tokens * q_width];
+                        let mut k = vec![f32::NAN; tokens * kv_width];
+                        let mut v = vec![f32::NAN; tokens * kv_width];
+                        qkv_linear(
+                            kernel.0,
+                            kernel.1,
+                            &x,
+                            [w[0], w[1], w[2]],
+                            [&mut q, &mut k, &mut v],
+                            (tokens, inner, [q_width, kv_width, kv_width]),
+                            &workers,
+                        )
+                        .unwrap();
+                        assert_eq!(bits(&q), alone(w[0]), "q, {case}");
+                        assert_eq!(bits(&k), alone(w[1]), "k, {case}");
+                        assert_eq!(bits(&v), alone(w[2]), "v, {case}");
+
+                        let shape = LinearShape {
+                            tokens,
+                            inner,
+                            outputs: i_width,
+                        };
+                        let mut fused = vec![f32::NAN; tokens * i_width];
+                        silu_gate_linear(
+                            kernel.0,
+                            kernel.1,
+                            &x,
+                            [w[3], w[4]],
+                            &mut fused,
+                            shape,
+                            &workers,
+                        )
+                        .unwrap();
+                        let as_f32 = |b: Vec<u32>| -> Vec<f32> {
+                            b.into_iter().map(f32::from_bits).collect()
+                        };
+                        let (gate, up) = (as_f32(alone(w[3])), as_f32(alone(w[4])));
+                        let mut expected = vec![f32::NAN; tokens * i_width];
+                        crate::elementwise::silu_mul(&gate, &up, &mut expected, &workers);
+                        assert_eq!(bits(&fused), bits(&expected), "silu gate, {case}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn weights_of_one_launch_in_different_dtypes_are_refused() {
+        let inner = 8;
+        let (a, b) = (Weights::new(6 * inner), Weights::new(6 * inner));
+        let x = vec![1.0; inner];
+        let mut out = vec![0.0; 6];
+        let shape = LinearShape {
+            tokens: 1,
+            inner,
+            outputs: 6,
+        };
+        let workers = Workers::new(1).unwrap();
+        let result = silu_gate_linear(
+            Isa::detect(),
+            Bf16Products::Bf16,
+            &x,
+            [a.slice("f32"), b.slice("bf16")],
+            &mut out,
+            shape,
+            &workers,
+        );
+        assert!(result.is_err());
+    }
+
     fn launch_bits(
         (isa, products): (Isa, Bf16Products),
         x: &[f32],

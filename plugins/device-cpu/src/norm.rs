@@ -1,4 +1,4 @@
-//! RMSNorm: `rms_norm` over rows of hidden states, `rms_norm_heads` in place over each head of a row (Qwen3's q/k norm).
+//! RMSNorm: `rms_norm` over rows of hidden states, `add_rms_norm` after a residual add, `rms_norm_heads` in place over each head of a row (Qwen3's q/k norm).
 //!
 //! As Hugging Face's `LlamaRMSNorm` in f32: `weight * (x * rsqrt(mean(x²) + eps))`, the
 //! products in that order (float products are not associative).
@@ -24,10 +24,46 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], workers: &
             .chunks_exact(width)
             .zip(out_rows.chunks_exact_mut(width))
         {
-            let inverse_rms = inverse_rms(x_row, eps);
-            for ((out, &x), &w) in out_row.iter_mut().zip(x_row).zip(weight) {
-                *out = w * (x * inverse_rms);
+            normalize_row(x_row, weight, eps, out_row);
+        }
+    });
+}
+
+/// One row of [`rms_norm`].
+fn normalize_row(x_row: &[f32], weight: &[f32], eps: f32, out_row: &mut [f32]) {
+    let inverse_rms = inverse_rms(x_row, eps);
+    for ((out, &x), &w) in out_row.iter_mut().zip(x_row).zip(weight) {
+        *out = w * (x * inverse_rms);
+    }
+}
+
+/// `x += y`, then each row of `x` normalized into `out`: the residual add and the norm that
+/// follows it in one launch and one pass over the rows, with the arithmetic of `add` followed
+/// by [`rms_norm`].
+pub fn add_rms_norm(
+    (x, y): (&mut [f32], &[f32]),
+    weight: &[f32],
+    eps: f32,
+    out: &mut [f32],
+    workers: &Workers,
+) {
+    let width = weight.len();
+    if width == 0 {
+        return;
+    }
+    let rows_per_task = workers.rows_per_task(x.len() / width, width);
+    workers.for_each_chunk_pair((x, out), rows_per_task * width, |task, x_rows, out_rows| {
+        let first = task * rows_per_task * width;
+        let y_rows = &y[first..first + x_rows.len()];
+        for ((x_row, y_row), out_row) in x_rows
+            .chunks_exact_mut(width)
+            .zip(y_rows.chunks_exact(width))
+            .zip(out_rows.chunks_exact_mut(width))
+        {
+            for (x, &y) in x_row.iter_mut().zip(y_row) {
+                *x += y;
             }
+            normalize_row(x_row, weight, eps, out_row);
         }
     });
 }
@@ -63,6 +99,19 @@ pub(crate) fn run_rows(
     let weight = widened(views.float("weight"), &mut context.scratch);
     let (x, out) = (views.f32("x"), views.f32_mut("out"));
     rms_norm(x, weight, eps, out, &context.workers);
+    Ok(())
+}
+
+pub(crate) fn run_add_rows(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let eps = launch.param_f32("eps");
+    let mut views = launch.views()?;
+    let weight = widened(views.float("weight"), &mut context.scratch);
+    let y = views.f32("y");
+    let (x, out) = (views.f32_mut("x"), views.f32_mut("out"));
+    add_rms_norm((x, y), weight, eps, out, &context.workers);
     Ok(())
 }
 
@@ -118,6 +167,32 @@ mod tests {
                 let mut in_place = x.clone();
                 rms_norm_in_place(&mut in_place, &weight, 1e-6, &workers);
                 assert_close(&in_place, &expected, 1e-6, &what);
+            }
+        }
+    }
+
+    #[test]
+    fn add_then_norm_in_one_launch_gives_the_bits_of_two() {
+        for threads in [1, 2] {
+            let workers = Workers::new(threads).unwrap();
+            for (rows, width) in [(1, 64), (200, 128)] {
+                let x: Vec<f32> = (0..rows * width).map(|i| 3.0 * noise(3, i)).collect();
+                let y: Vec<f32> = (0..rows * width).map(|i| noise(4, i)).collect();
+                let weight: Vec<f32> = (0..width).map(|i| 1.0 + noise(5, i)).collect();
+
+                let mut fused_x = x.clone();
+                let mut fused_out = vec![f32::NAN; x.len()];
+                add_rms_norm((&mut fused_x, &y), &weight, 1e-6, &mut fused_out, &workers);
+
+                let mut added = x.clone();
+                crate::elementwise::add(&mut added, &y, &workers);
+                let mut out = vec![f32::NAN; x.len()];
+                rms_norm(&added, &weight, 1e-6, &mut out, &workers);
+
+                let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused_x), bits(&added), "{rows}x{width}");
+                assert_eq!(bits(&fused_out), bits(&out), "{rows}x{width}");
+                assert_ne!(fused_x, x);
             }
         }
     }

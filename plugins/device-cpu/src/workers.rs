@@ -283,6 +283,32 @@ impl Workers {
         });
     }
 
+    /// As [`Workers::for_each_chunk`] over two equally long slices cut at the same places:
+    /// `task(index, a_chunk, b_chunk)`.
+    pub fn for_each_chunk_pair<T: Send, U: Send>(
+        &self,
+        (a, b): (&mut [T], &mut [U]),
+        chunk_len: usize,
+        task: impl Fn(usize, &mut [T], &mut [U]) + Sync + Send,
+    ) {
+        assert_eq!(a.len(), b.len(), "paired slices differ in length");
+        let chunk_len = chunk_len.max(1);
+        let len = a.len();
+        let (a, b) = (SharedSlice(a.as_mut_ptr()), SharedSlice(b.as_mut_ptr()));
+        self.for_each(len.div_ceil(chunk_len), |index| {
+            let first = index * chunk_len;
+            let chunk_len = chunk_len.min(len - first);
+            // SAFETY: as in `for_each_chunk`, for each of the two slices.
+            let (a, b) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(a.at(first), chunk_len),
+                    std::slice::from_raw_parts_mut(b.at(first), chunk_len),
+                )
+            };
+            task(index, a, b)
+        });
+    }
+
     /// How many `row_len`-wide rows one task takes so that a launch of `num_rows` rows splits
     /// into a few tasks per thread, none smaller than [`MIN_ELEMENTS_PER_TASK`] elements.
     pub fn rows_per_task(&self, num_rows: usize, row_len: usize) -> usize {

@@ -27,6 +27,9 @@ pub fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         CallableId::AdvanceSeqLens => advance_seq_lens(launch),
         CallableId::DerivePositions => derive_positions(launch),
         CallableId::DeriveSlotMapping => derive_slot_mapping(launch),
+        CallableId::QkvLinear => qkv_linear(launch),
+        CallableId::SiluGateLinear => silu_gate_linear(launch),
+        CallableId::AddRmsNorm => add_rms_norm(launch),
     }
 }
 
@@ -100,9 +103,18 @@ fn rms_norm_heads(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
 }
 
 fn linear(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
-    let (num_tokens, inner, num_outputs) = (launch.dim("T"), launch.dim("K"), launch.dim("N"));
-    let x = launch.read_f32("x");
-    let w = launch.read_f32("w");
+    let shape = (launch.dim("T"), launch.dim("K"), launch.dim("N"));
+    let out = linear_stand_in(&launch.read_f32("x"), &launch.read_f32("w"), shape);
+    launch.write_f32("out", &out);
+    Ok(())
+}
+
+/// The `linear` stand-in over `x[T,K]` and `w[N,K]`, returning `out[T,N]`.
+fn linear_stand_in(
+    x: &[f32],
+    w: &[f32],
+    (num_tokens, inner, num_outputs): (usize, usize, usize),
+) -> Vec<f32> {
     let mut out = vec![0.0; num_tokens * num_outputs];
     if inner > 0 {
         let x_rows: Vec<&[f32]> = x.chunks_exact(inner).collect();
@@ -116,8 +128,7 @@ fn linear(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
             }
         }
     }
-    launch.write_f32("out", &out);
-    Ok(())
+    out
 }
 
 /// Rotate-half (NeoX) rotary embedding of every `head_dim`-wide head of `row`, in place.
@@ -249,15 +260,16 @@ fn paged_attention(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
 }
 
 fn silu_mul(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
-    let gate = launch.read_f32("gate");
-    let up = launch.read_f32("up");
-    let out: Vec<f32> = gate
-        .iter()
-        .zip(&up)
-        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-        .collect();
+    let out = silu_times(&launch.read_f32("gate"), &launch.read_f32("up"));
     launch.write_f32("out", &out);
     Ok(())
+}
+
+fn silu_times(gate: &[f32], up: &[f32]) -> Vec<f32> {
+    gate.iter()
+        .zip(up)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
 }
 
 fn add(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
@@ -267,6 +279,39 @@ fn add(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         *x += y;
     }
     launch.write_f32("x", &x);
+    Ok(())
+}
+
+/// The fused callables are exactly the sequences they replace, so a program may use either.
+fn qkv_linear(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+    let (num_tokens, inner) = (launch.dim("T"), launch.dim("K"));
+    let x = launch.read_f32("x");
+    for (w, out, width) in [("wq", "q", "Q"), ("wk", "k", "R"), ("wv", "v", "R")] {
+        let shape = (num_tokens, inner, launch.dim(width));
+        let values = linear_stand_in(&x, &launch.read_f32(w), shape);
+        launch.write_f32(out, &values);
+    }
+    Ok(())
+}
+
+fn silu_gate_linear(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+    let shape = (launch.dim("T"), launch.dim("K"), launch.dim("I"));
+    let x = launch.read_f32("x");
+    let gate = linear_stand_in(&x, &launch.read_f32("w_gate"), shape);
+    let up = linear_stand_in(&x, &launch.read_f32("w_up"), shape);
+    launch.write_f32("out", &silu_times(&gate, &up));
+    Ok(())
+}
+
+fn add_rms_norm(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+    let y = launch.read_f32("y");
+    let mut x = launch.read_f32("x");
+    for (x, y) in x.iter_mut().zip(&y) {
+        *x += y;
+    }
+    launch.write_f32("x", &x);
+    rms_normalize_chunks(&mut x, &launch.read_f32("weight"), launch.param_f32("eps"));
+    launch.write_f32("out", &x);
     Ok(())
 }
 
