@@ -28,6 +28,7 @@ mod portable;
 
 use std::cell::RefCell;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
@@ -48,9 +49,6 @@ const MC: usize = 64;
 /// task on the calling thread: handing half of it to a worker would save less than it costs.
 /// Above it, even a decode's small projections stream their weights faster on every core.
 const MIN_PARALLEL_WORK: usize = 32 * 1024;
-
-/// Tasks per thread: enough to even out panels that finish at different speeds.
-const TASKS_PER_THREAD: usize = 4;
 
 /// The instruction set the kernels run on, chosen once per machine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -574,12 +572,13 @@ fn drive(
         Sink::SiluGate(out) => plan.run(workers, GATE_RUN_PANELS, |_, tokens, n0, columns| {
             // A run of gate panels, then the same run of up panels: each matrix is read in
             // long contiguous stretches, which streams faster than alternating panel by panel.
-            let mut gate = [0.0f32; MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
-            let mut up = [0.0f32; MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
+            // Not zeroed: the kernels write every element that is read below.
+            let mut gate = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
+            let mut up = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
             for (matrix, values) in [(0, &mut gate), (1, &mut up)] {
                 for first in (0..columns).step_by(NR) {
                     let panel_columns = NR.min(columns - first);
-                    let at = values.as_mut_ptr().wrapping_add(first);
+                    let at = values.as_mut_ptr().wrapping_add(first).cast::<f32>();
                     kernel(
                         matrix,
                         tokens.clone(),
@@ -590,6 +589,15 @@ fn drive(
                     );
                 }
             }
+            let filled = tokens.len() * columns;
+            // SAFETY: the tiles above wrote `columns` outputs of each of the `tokens` rows, rows
+            // `columns` apart: exactly the first `filled` elements.
+            let (gate, up) = unsafe {
+                (
+                    std::slice::from_raw_parts(gate.as_ptr().cast::<f32>(), filled),
+                    std::slice::from_raw_parts(up.as_ptr().cast::<f32>(), filled),
+                )
+            };
             let block = out.block(tokens.start, n0, tokens.len(), columns);
             for m in 0..tokens.len() {
                 // SAFETY: `block` checked that the block's rows lie inside `out`; the task owns
@@ -772,15 +780,7 @@ impl Plan<'_> {
         let num_panels: usize = panel_counts.clone().sum();
         let work =
             tokens * self.inner * self.widths.iter().sum::<usize>() * self.matrices_per_panel;
-        // The split decides only which thread computes a panel, never how (see the module docs).
-        let panels_per_task = if work < MIN_PARALLEL_WORK {
-            num_panels
-        } else {
-            num_panels.div_ceil(TASKS_PER_THREAD * workers.threads())
-        };
-        workers.for_each(num_panels.div_ceil(panels_per_task), |task| {
-            let first = task * panels_per_task;
-            let panels = first..(first + panels_per_task).min(num_panels);
+        let body = |panels: Range<usize>| {
             for block in token_blocks(tokens, self.tile_tokens) {
                 // Cut once per block: the panel loop below is the hot path of decode.
                 let groups = token_groups(block, self.tile_tokens);
@@ -799,7 +799,13 @@ impl Plan<'_> {
                     space_start += count;
                 }
             }
-        });
+        };
+        // The split decides only which thread computes a panel, never how (see the module docs).
+        if work < MIN_PARALLEL_WORK {
+            body(0..num_panels);
+        } else {
+            workers.for_each_range(num_panels, body);
+        }
     }
 }
 

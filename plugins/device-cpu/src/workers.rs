@@ -10,6 +10,7 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell, UnsafeCell};
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -19,6 +20,9 @@ use std::time::{Duration, Instant};
 /// The fewest elements a task of [`Workers::rows_per_task`] gets, so launches smaller than
 /// two tasks run on the calling thread.
 const MIN_ELEMENTS_PER_TASK: usize = 16 * 1024;
+
+/// Shares per thread that [`Workers::for_each_range`] cuts what is left of a launch into.
+const GUIDED_SHARES: usize = 2;
 
 /// Busy-wait iterations before a waiting worker starts yielding its core: covers the gap
 /// between two launches of a step.
@@ -283,6 +287,34 @@ impl Workers {
         });
     }
 
+    /// Runs `task(range)` over `0..num_items` cut into ranges the threads claim as they go,
+    /// each a `1 / (GUIDED_SHARES * threads)` share of what is left: the first claims are
+    /// large, so a launch makes few of them, and the last are single items, so the threads
+    /// finish within one item of each other instead of one waiting out the other's last task.
+    pub fn for_each_range(&self, num_items: usize, task: impl Fn(Range<usize>) + Sync + Send) {
+        if num_items == 0 {
+            return;
+        }
+        if self.threads == 1 {
+            return task(0..num_items);
+        }
+        let next = AtomicUsize::new(0);
+        let divisor = GUIDED_SHARES * self.threads;
+        self.for_each(self.threads, |_| {
+            let mut start = next.load(Ordering::Relaxed);
+            while start < num_items {
+                let end = start + ((num_items - start) / divisor).max(1);
+                match next.compare_exchange_weak(start, end, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => {
+                        task(start..end);
+                        start = next.load(Ordering::Relaxed);
+                    }
+                    Err(current) => start = current,
+                }
+            }
+        });
+    }
+
     /// As [`Workers::for_each_chunk`] over two equally long slices cut at the same places:
     /// `task(index, a_chunk, b_chunk)`.
     pub fn for_each_chunk_pair<T: Send, U: Send>(
@@ -377,6 +409,34 @@ pub fn with_scratch<R>(len: usize, body: impl FnOnce(&mut [f32]) -> R) -> R {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_cover_every_item_once_and_shrink_to_single_items() {
+        for threads in [1, 2, 3] {
+            let workers = Workers::new(threads).unwrap();
+            for num_items in [0, 1, 2, 7, 100, 1000] {
+                let seen: Vec<AtomicUsize> = (0..num_items).map(|_| AtomicUsize::new(0)).collect();
+                let ranges = Mutex::new(Vec::new());
+                workers.for_each_range(num_items, |range| {
+                    for item in range.clone() {
+                        seen[item].fetch_add(1, Ordering::Relaxed);
+                    }
+                    ranges.lock().unwrap().push(range);
+                });
+                assert!(
+                    seen.iter().all(|c| c.load(Ordering::Relaxed) == 1),
+                    "{threads} threads, {num_items} items"
+                );
+                let mut ranges = ranges.into_inner().unwrap();
+                ranges.sort_by_key(|r| r.start);
+                if threads > 1 && num_items >= 100 {
+                    // Large claims first, single items last.
+                    assert!(ranges[0].len() > 1 && ranges.last().unwrap().len() == 1);
+                    assert!(ranges.len() < num_items / 4, "{} claims", ranges.len());
+                }
+            }
+        }
+    }
 
     #[test]
     fn every_task_and_chunk_runs_once() {
