@@ -480,11 +480,16 @@ fn nucleus_cut(
         prefix_bits += width;
         let under_prefix = |bits: u32| bits >> (32 - prefix_bits) == prefix;
         if level == 0 {
-            subset.clear();
-            subset.extend(heavy.iter().filter_map(|&i| {
+            // Every token is written and the count advanced only for those under the prefix:
+            // no branch to mispredict on a flat distribution, where many are.
+            subset.resize(heavy.len(), (0, 0.0));
+            let mut kept = 0;
+            for &i in heavy {
                 let bits = ordered_bits(row[i as usize]);
-                under_prefix(bits).then(|| (bits, weights[i as usize]))
-            }));
+                subset[kept] = (bits, weights[i as usize]);
+                kept += usize::from(under_prefix(bits));
+            }
+            subset.truncate(kept);
         } else {
             subset.retain(|&(bits, _)| under_prefix(bits));
         }

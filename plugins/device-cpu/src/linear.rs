@@ -407,18 +407,23 @@ fn matmul(
         (Isa::Avx512, FloatSlice::BF16(_)) if bf16_products == Bf16Products::Bf16 => {
             let bits = typed(weights, bf16_bits);
             X_BF16.with(|cell| {
-                let mut rounded = cell.borrow_mut();
-                rounded.resize(x.len(), 0);
+                let mut buffer = cell.borrow_mut();
+                // Grown, never shrunk: every launch overwrites the part it uses, so a launch
+                // after a larger one clears nothing.
+                if buffer.len() < x.len() {
+                    buffer.resize(x.len(), 0);
+                }
+                let rounded = &mut buffer[..x.len()];
                 // A prefill's activations are megabytes: both threads round them.
                 let rows_per_task = workers.rows_per_task(plan.tokens, inner);
-                workers.for_each_chunk(&mut rounded, rows_per_task * inner, |task, bits| {
+                workers.for_each_chunk(rounded, rows_per_task * inner, |task, bits| {
                     let rows = &x[task * rows_per_task * inner..];
                     for (row, row_bits) in rows.chunks(inner).zip(bits.chunks_mut(inner)) {
                         // SAFETY: `Isa::Avx512` comes from `avx512::supported`.
                         unsafe { avx512::round_row_to_bf16(row, row_bits) };
                     }
                 });
-                let rounded: &[u16] = &rounded;
+                let rounded: &[u16] = rounded;
                 drive(
                     plan,
                     workers,
