@@ -170,7 +170,7 @@ pub fn targets(r: &Report) -> Vec<Target> {
     let x = ratio(st, pt);
     out.push(Target {
         name: "Sampling vs greedy output tok/s (plughost, batched)",
-        measured: format!("{st:.1} vs {pt:.1} tok/s ({:.0}%)", x * 100.0),
+        measured: format!("{st:.1} vs {pt:.1} tok/s ({:.1}%)", x * 100.0),
         goal: "≥ 90%",
         pass: clean(&[psm, pg]) && x >= 0.9,
     });
@@ -179,7 +179,7 @@ pub fn targets(r: &Report) -> Vec<Target> {
     let x = ratio(pd, bound);
     out.push(Target {
         name: "Single-stream decode vs the bandwidth bound (plughost)",
-        measured: format!("{pd:.1} of {bound:.1} tok/s ({:.0}%)", x * 100.0),
+        measured: format!("{pd:.1} of {bound:.1} tok/s ({:.1}%)", x * 100.0),
         goal: "≥ 70%",
         pass: clean(&[ps]) && x >= 0.7,
     });
