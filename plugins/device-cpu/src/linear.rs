@@ -131,15 +131,7 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     let mut views = launch.views()?;
     let (x, w) = (views.f32("x"), views.float("w"));
     let out = views.f32_mut("out");
-    linear_on(
-        Isa::detect(),
-        context.bf16_products,
-        x,
-        w,
-        out,
-        shape,
-        &context.workers,
-    );
+    linear((x, w), out, shape, context.bf16_products, &context.workers);
     Ok(())
 }
 
@@ -231,9 +223,9 @@ pub fn qkv_linear(
     )
 }
 
-/// `out = silu(x · w_gateᵀ) * (x · w_upᵀ)`: a task computes a panel of both projections and
-/// applies the activation to it while it is in registers' reach, so neither projection is
-/// written out and read back. Bit for bit what two `linear`s and `silu_mul` give.
+/// `out = silu(x · w_gateᵀ) * (x · w_upᵀ)`: a task computes a run of panels of both
+/// projections into stack buffers and applies the activation to them there, so neither
+/// projection is written out and read back. Bit for bit what two `linear`s and `silu_mul` give.
 pub fn silu_gate_linear(
     isa: Isa,
     bf16_products: Bf16Products,
@@ -360,12 +352,12 @@ impl Sink<'_, '_> {
 /// Tokens per tile at most, over every instruction set: the gated epilogue's buffers hold a
 /// tile of each projection.
 const MAX_TILE_TOKENS: usize = 4;
-
-/// Panels of the gate (then of the up projection) one gated tile reads in a row.
-const GATE_RUN_PANELS: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const _: () = assert!(avx512::MR <= MAX_TILE_TOKENS && avx2::MR <= MAX_TILE_TOKENS);
 const _: () = assert!(portable::MR <= MAX_TILE_TOKENS);
+
+/// Panels of the gate (then of the up projection) one gated tile reads in a row.
+const GATE_RUN_PANELS: usize = 8;
 
 /// `x` times each of `weights` (one dtype) into `sink`, on the instruction set's tiles.
 fn matmul(
@@ -389,7 +381,8 @@ fn matmul(
     let Some(&first) = weights.first() else {
         return Ok(());
     };
-    if weights.iter().any(|w| dtype_of(*w) != dtype_of(first)) {
+    let dtype = std::mem::discriminant(&first);
+    if weights.iter().any(|w| std::mem::discriminant(w) != dtype) {
         return Err(DeviceFailure::invalid_argument(
             "the weights of one launch must share a dtype",
         ));
@@ -525,14 +518,6 @@ const MAX_MATRICES: usize = 3;
 
 /// The weights of a launch as one element type, unused entries empty.
 type Typed<'a, T> = [&'a [T]; MAX_MATRICES];
-
-fn dtype_of(w: FloatSlice<'_>) -> u8 {
-    match w {
-        FloatSlice::F32(_) => 0,
-        FloatSlice::F16(_) => 1,
-        FloatSlice::BF16(_) => 2,
-    }
-}
 
 fn f32_values(w: FloatSlice<'_>) -> &[f32] {
     match w {
