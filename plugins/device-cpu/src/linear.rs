@@ -3,8 +3,9 @@
 //! Every output is a dot product of a token row and a weight row, both contiguous in `k`: the
 //! weights are read where they lie, in their stored precision, with no packed or widened copy.
 //! Threads take panels of [`NR`] weight rows; a panel meets the tokens `MR` at a time (`MR`
-//! per instruction set), so one pass over a weight row serves several tokens, and with one
-//! token (decode) the `NR` rows stream from memory side by side.
+//! per instruction set), so one pass over a weight row serves several tokens. With one token
+//! (decode) the AVX-512 tiles stream the `NR` rows side by side; the AVX2 tiles read them one
+//! after the other, as one stream (see `avx2`).
 //!
 //! The fused forms share the activations and the threads of one launch: `qkv_linear` lays the
 //! panels of its three matrices end to end, and `silu_gate_linear` reads a run of gate panels,
@@ -1226,7 +1227,8 @@ mod tests {
         assert_eq!(out, vec![0.0; 6]);
     }
 
-    /// Weight bandwidth (T=1) and arithmetic rate (T=128) of `linear`, single- and two-thread.
+    /// Weight bandwidth (T=1), a 16-stream decode step (T=16) and arithmetic rate (T=128) of an
+    /// MLP-sized `linear` (SmolLM2's 576 → 1536), single- and two-thread.
     /// `cargo test --release -p plughost-device-cpu -- --ignored --nocapture`
     ///
     /// "hot" runs one weight matrix over and over (it stays in the 32 MiB L3 of the test
@@ -1236,7 +1238,7 @@ mod tests {
     #[ignore = "timing, not a test"]
     fn linear_timing() {
         use std::time::Instant;
-        let (inner, outputs) = (1024, 3072);
+        let (inner, outputs) = (576, 1536);
         let weights = Weights::new(outputs * inner);
         for threads in [1, 2] {
             let workers = Workers::new(threads).unwrap();
@@ -1256,7 +1258,7 @@ mod tests {
                         bf16_bits: weights.bf16_bits.clone(),
                     })
                     .collect();
-                for (tokens, temperature) in [(1, "hot"), (1, "cold"), (128, "hot")] {
+                for (tokens, temperature) in [(1, "hot"), (1, "cold"), (16, "cold"), (128, "hot")] {
                     let shape = LinearShape {
                         tokens,
                         inner,

@@ -99,6 +99,28 @@ fn reduce(v: __m256) -> f32 {
 /// the output block is valid and touched by no other thread.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
+    if M == 1 {
+        // One row after the other: the panel's rows lie end to end, so decode reads the panel
+        // front to back as one stream, which the hardware prefetcher follows far better than
+        // six short streams side by side.
+        for j in 0..tile.columns {
+            // SAFETY: the contract, for row `j`.
+            unsafe { rows::<W, M, 1>(tile, j) };
+        }
+    } else {
+        // SAFETY: the contract.
+        unsafe { rows::<W, M, NR>(tile, 0) };
+    }
+}
+
+/// Outputs `j0..j0 + R` of the tile (those below `tile.columns` stored), by the same
+/// instructions for every `M` and `R`.
+///
+/// # Safety
+/// As [`wide`], and `j0 + R <= NR`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows<W: Wide, const M: usize, const R: usize>(tile: &Tile<W>, j0: usize) {
     let Tile {
         x,
         x_stride,
@@ -106,14 +128,15 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
         inner,
         ..
     } = *tile;
-    let mut acc = [[_mm256_setzero_ps(); NR]; M];
+    let w: [*const W; R] = std::array::from_fn(|j| w[j0 + j]);
+    let mut acc = [[_mm256_setzero_ps(); R]; M];
     let whole = inner / 8 * 8;
     let mut k = 0;
     // SAFETY (all blocks): full steps stay below `whole`; the tail reads only the row's rest.
     while k < whole {
         let xv: [__m256; M] =
             std::array::from_fn(|m| unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + k)) });
-        for j in 0..NR {
+        for j in 0..R {
             let wv = unsafe { W::load(w[j].wrapping_add(k)) };
             for m in 0..M {
                 acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
@@ -132,7 +155,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
         };
         let xv: [__m256; M] =
             std::array::from_fn(|m| padded(&|i| unsafe { *x.add(m * x_stride + whole + i) }));
-        for j in 0..NR {
+        for j in 0..R {
             let wv = padded(&|i| unsafe { (*w[j].add(whole + i)).to_f32() });
             for m in 0..M {
                 acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
@@ -140,9 +163,11 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
         }
     }
     for (m, row) in acc.iter().enumerate() {
-        for (j, &sum) in row.iter().enumerate().take(tile.columns) {
-            // SAFETY: the output block of the contract.
-            unsafe { *tile.out.add(m * tile.out_stride + j) = reduce(sum) };
+        for (j, &sum) in row.iter().enumerate() {
+            if j0 + j < tile.columns {
+                // SAFETY: the output block of the contract.
+                unsafe { *tile.out.add(m * tile.out_stride + j0 + j) = reduce(sum) };
+            }
         }
     }
 }
