@@ -58,9 +58,18 @@ fn random_logits(rows: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// Limits for the tests of what a plugin returns, not of how fast: sampling 16 rows of a
+/// 151,936-token vocabulary can outlast the serving default of 500 ms on a busy machine.
+fn unhurried() -> InstanceLimits {
+    InstanceLimits {
+        call_timeout: Duration::from_secs(30),
+        ..InstanceLimits::default()
+    }
+}
+
 fn sampler() -> SamplerPlugin {
     let path = common::plugin_path("plughost_sampler_standard.wasm");
-    SamplerPlugin::load(&runtime(), &path, "", InstanceLimits::default()).expect("sampler loads")
+    SamplerPlugin::load(&runtime(), &path, "", unhurried()).expect("sampler loads")
 }
 
 #[test]
@@ -70,7 +79,7 @@ fn fcfs_plan_for_a_synthetic_queue() {
         &runtime(),
         &path,
         r#"{"long_prefill_token_threshold": 8}"#,
-        InstanceLimits::default(),
+        unhurried(),
     )
     .expect("fcfs loads");
     let resources = Resources {

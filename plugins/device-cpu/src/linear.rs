@@ -264,6 +264,8 @@ thread_local! {
     /// The activations rounded to bf16 for the `vdpbf16ps` path; grows to the largest launch
     /// and is reused.
     static X_BF16: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    /// The activations in the column order of the AVX2 bf16 tiles; grows likewise.
+    static X_ORDERED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 fn linear_on(
@@ -467,13 +469,39 @@ fn matmul(
             avx2_wide(plan, workers, x, typed(weights, f32_values), sink)
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::BF16(_)) => avx2_wide(
-            plan,
-            workers,
-            x,
-            typed(weights, bf16_bits).map(as_wide::<Bf16Bits>),
-            sink,
-        ),
+        (Isa::Avx2, FloatSlice::BF16(_)) => {
+            let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
+            X_ORDERED.with(|cell| {
+                let mut buffer = cell.borrow_mut();
+                // Grown, never shrunk, as `X_BF16`.
+                if buffer.len() < x.len() {
+                    buffer.resize(x.len(), 0.0);
+                }
+                let ordered = &mut buffer[..x.len()];
+                for (row, out) in x.chunks(inner).zip(ordered.chunks_mut(inner)) {
+                    avx2::order_for_bf16(row, out);
+                }
+                let ordered: &[f32] = ordered;
+                drive(
+                    plan,
+                    workers,
+                    sink,
+                    &|part, tokens, n0, columns, out, out_stride| {
+                        let tile = avx2::Tile {
+                            x: ordered[tokens.start * inner..].as_ptr(),
+                            x_stride: inner,
+                            w: panel_rows(w[part], n0, columns, inner),
+                            inner,
+                            out,
+                            out_stride,
+                            columns,
+                        };
+                        // SAFETY: as in `avx2_wide`.
+                        unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::bf16::<M>(&tile)) }
+                    },
+                )
+            })
+        }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, FloatSlice::F16(_)) => avx2_wide(
             plan,

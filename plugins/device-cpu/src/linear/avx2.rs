@@ -8,7 +8,8 @@
 use std::arch::x86_64::{
     __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
     _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
-    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_setzero_ps, _mm256_slli_epi32,
+    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_slli_epi32, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
 };
 
 use super::{Bf16Bits, F16Bits, NR};
@@ -121,17 +122,29 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows<W: Wide, const M: usize, const R: usize>(tile: &Tile<W>, j0: usize) {
+    let w: [*const W; R] = std::array::from_fn(|j| tile.w[j0 + j]);
+    // SAFETY: the contract.
+    unsafe { finish::<W, M, R>(tile, j0, w, 0, [[_mm256_setzero_ps(); R]; M]) }
+}
+
+/// Takes `acc` (rows `j0..j0 + R`, columns before `k`) through the remaining 8-column steps and
+/// the zero-padded tail, then stores the sums.
+///
+/// # Safety
+/// As [`rows`]; `w` are the tile's rows from `j0`, and `k` is a multiple of 8.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finish<W: Wide, const M: usize, const R: usize>(
+    tile: &Tile<W>,
+    j0: usize,
+    w: [*const W; R],
+    mut k: usize,
+    mut acc: [[__m256; R]; M],
+) {
     let Tile {
-        x,
-        x_stride,
-        w,
-        inner,
-        ..
+        x, x_stride, inner, ..
     } = *tile;
-    let w: [*const W; R] = std::array::from_fn(|j| w[j0 + j]);
-    let mut acc = [[_mm256_setzero_ps(); R]; M];
     let whole = inner / 8 * 8;
-    let mut k = 0;
     // SAFETY (all blocks): full steps stay below `whole`; the tail reads only the row's rest.
     while k < whole {
         let xv: [__m256; M] =
@@ -170,4 +183,91 @@ unsafe fn rows<W: Wide, const M: usize, const R: usize>(tile: &Tile<W>, j0: usiz
             }
         }
     }
+}
+
+/// Where [`bf16`] wants the activations of each 16-column block: the order in which unpacking
+/// a 32-byte load of bf16 weights against zeros widens them (columns 0–3 and 8–11 from the low
+/// halves of the two 128-bit lanes, then 4–7 and 12–15). The last `K mod 16` columns keep
+/// their place.
+pub fn order_for_bf16(row: &[f32], ordered: &mut [f32]) {
+    let mut blocks = row.chunks_exact(16);
+    let mut out = ordered.chunks_exact_mut(16);
+    for (block, out) in (&mut blocks).zip(&mut out) {
+        out[..4].copy_from_slice(&block[..4]);
+        out[4..8].copy_from_slice(&block[8..12]);
+        out[8..12].copy_from_slice(&block[4..8]);
+        out[12..].copy_from_slice(&block[12..]);
+    }
+    out.into_remainder().copy_from_slice(blocks.remainder());
+}
+
+/// bf16 weights widened by unpacking against zeros (bf16 is the top half of an f32): one
+/// shuffle per eight weights, where [`Wide`] spends a zero-extension and a shift. `tile.x`
+/// holds the activations in the order of [`order_for_bf16`]. Rows are read one after the
+/// other for one token, as in [`wide`], and three at a time for two: with six, the unpacked
+/// weights and the zero vector no longer fit in the registers beside the accumulators.
+///
+/// # Safety
+/// As [`wide`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn bf16<const M: usize>(tile: &Tile<Bf16Bits>) {
+    if M == 1 {
+        for j in 0..tile.columns {
+            // SAFETY: the contract, for row `j`.
+            unsafe { bf16_rows::<M, 1>(tile, j) };
+        }
+    } else {
+        for j0 in (0..NR).step_by(NR / 2) {
+            // SAFETY: the contract, for rows `j0..j0 + NR / 2`.
+            unsafe { bf16_rows::<M, { NR / 2 }>(tile, j0) };
+        }
+    }
+}
+
+/// Outputs `j0..j0 + R` of a [`bf16`] tile, by the same instructions for every `M` and `R`:
+/// lane `l` of an output's accumulator takes, per 16-column block, the columns its lane holds
+/// in the low then the high unpacked half; the last `K mod 16` columns go as in [`wide`].
+///
+/// # Safety
+/// As [`wide`], and `j0 + R <= NR`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bf16_rows<const M: usize, const R: usize>(tile: &Tile<Bf16Bits>, j0: usize) {
+    let Tile {
+        x,
+        x_stride,
+        w,
+        inner,
+        ..
+    } = *tile;
+    let w: [*const Bf16Bits; R] = std::array::from_fn(|j| w[j0 + j]);
+    let zero = _mm256_setzero_si256();
+    let mut acc = [[_mm256_setzero_ps(); R]; M];
+    let blocks = inner / 16 * 16;
+    let mut k = 0;
+    // SAFETY: full blocks stay below `blocks`.
+    while k < blocks {
+        // The low halves, then the high ones: the weights are loaded again for the second
+        // pass (from L1) so six rows' widened halves need not all be held in registers.
+        for high in [false, true] {
+            let at = k + if high { 8 } else { 0 };
+            let xv: [__m256; M] = std::array::from_fn(|m| unsafe {
+                _mm256_loadu_ps(x.wrapping_add(m * x_stride + at))
+            });
+            for j in 0..R {
+                let v = unsafe { _mm256_loadu_si256(w[j].wrapping_add(k).cast()) };
+                let wv = _mm256_castsi256_ps(if high {
+                    _mm256_unpackhi_epi16(zero, v)
+                } else {
+                    _mm256_unpacklo_epi16(zero, v)
+                });
+                for m in 0..M {
+                    acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
+                }
+            }
+        }
+        k += 16;
+    }
+    // SAFETY: the contract; `k` is a multiple of 16.
+    unsafe { finish::<Bf16Bits, M, R>(tile, j0, w, k, acc) }
 }
