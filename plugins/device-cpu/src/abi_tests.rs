@@ -556,7 +556,10 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
         seq_lens: seq_lens.to_vec(),
         slots: slots.to_vec(),
         gathered,
-        key_cache: key_cache.iter().map(|e| e.to_f32().to_bits()).collect(),
+        key_cache: key_cache
+            .iter()
+            .map(|&e| CacheElement::to_f32(e).to_bits())
+            .collect(),
     }
 }
 

@@ -13,6 +13,8 @@
 //! for all of them.
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
@@ -139,13 +141,21 @@ enum Kernel {
     /// Heads of 64 or 128 in the AVX-512 kernel, other sizes portable.
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// Heads of 64 or 128 in the AVX2 kernel, other sizes portable.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
 }
 
 impl Kernel {
     fn detect() -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if crate::vector::avx512::supported() {
-            return Kernel::Avx512;
+        {
+            if crate::vector::avx512::supported() {
+                return Kernel::Avx512;
+            }
+            if avx2::supported() {
+                return Kernel::Avx2;
+            }
         }
         Kernel::Portable
     }
@@ -288,7 +298,7 @@ fn attend_group<E: CacheElement>(
     // The scores of every head, then one widened key or value row.
     with_scratch(num_heads * context_len + head_dim, |scratch| {
         #[cfg(target_arch = "x86_64")]
-        if kernel == Kernel::Avx512 {
+        if kernel != Kernel::Portable {
             let rows = avx512::Rows {
                 block_row: head.block_row,
                 layout: head.shape.cache_layout(),
@@ -298,23 +308,30 @@ fn attend_group<E: CacheElement>(
             };
             let caches = (head.cache.keys, head.cache.values);
             macro_rules! attend {
-                ($c:literal, $g:literal) => {{
-                    // SAFETY: `Kernel::Avx512` comes from `avx512::supported`; `check_blocks`
-                    // checked the blocks; the group holds `$g` heads of `16 * $c`.
+                ($kernel:ident, $c:literal, $g:literal) => {{
+                    // SAFETY: the kernel was chosen by its module's `supported`; `check_blocks`
+                    // checked the blocks; the group holds `$g` heads of `head_dim`, which is
+                    // `$c` vectors of the kernel's width.
                     unsafe {
-                        avx512::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
+                        $kernel::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
                     };
                     true
                 }};
             }
-            // Heads of 64 or 128 in groups whose query and output rows fit the registers.
-            let done = match (head_dim, num_heads) {
-                (64, 1) => attend!(4, 1),
-                (64, 2) => attend!(4, 2),
-                (64, 3) => attend!(4, 3),
-                (64, 4) => attend!(4, 4),
-                (128, 1) => attend!(8, 1),
-                (128, 2) => attend!(8, 2),
+            // Heads of 64 or 128 in groups whose rows fit the registers.
+            let done = match (kernel, head_dim, num_heads) {
+                (Kernel::Avx512, 64, 1) => attend!(avx512, 4, 1),
+                (Kernel::Avx512, 64, 2) => attend!(avx512, 4, 2),
+                (Kernel::Avx512, 64, 3) => attend!(avx512, 4, 3),
+                (Kernel::Avx512, 64, 4) => attend!(avx512, 4, 4),
+                (Kernel::Avx512, 128, 1) => attend!(avx512, 8, 1),
+                (Kernel::Avx512, 128, 2) => attend!(avx512, 8, 2),
+                (Kernel::Avx2, 64, 1) => attend!(avx2, 8, 1),
+                (Kernel::Avx2, 64, 2) => attend!(avx2, 8, 2),
+                (Kernel::Avx2, 64, 3) => attend!(avx2, 8, 3),
+                (Kernel::Avx2, 64, 4) => attend!(avx2, 8, 4),
+                (Kernel::Avx2, 128, 1) => attend!(avx2, 16, 1),
+                (Kernel::Avx2, 128, 2) => attend!(avx2, 16, 2),
                 _ => false,
             };
             if done {
@@ -325,7 +342,7 @@ fn attend_group<E: CacheElement>(
         let widened = |cache: &[E], p: usize, row: &mut [f32]| {
             let offset = head.offset(p);
             for (x, &e) in row.iter_mut().zip(&cache[offset..offset + head_dim]) {
-                *x = e.to_f32();
+                *x = CacheElement::to_f32(e);
             }
         };
         for p in 0..context_len {
@@ -603,7 +620,12 @@ mod tests {
             let kv_len = num_blocks * block_size * num_kv_heads * head_dim;
             let keys: Vec<E> = (0..kv_len).map(|i| E::from_f32(noise(7, i))).collect();
             let values: Vec<E> = (0..kv_len).map(|i| E::from_f32(noise(8, i))).collect();
-            let widened = |cache: &[E]| cache.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+            let widened = |cache: &[E]| {
+                cache
+                    .iter()
+                    .map(|&e| CacheElement::to_f32(e))
+                    .collect::<Vec<f32>>()
+            };
             let (keys_f32, values_f32) = (widened(&keys), widened(&values));
             // A 20-token chunk after 9 cached tokens, and two decodes at 33 and 50 tokens.
             let block_table = [3, 7, 1, -1, 0, 5, 9, 2, 11, 4, 6, 8];

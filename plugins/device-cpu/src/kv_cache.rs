@@ -13,7 +13,9 @@ use crate::linear::{Bf16Bits, F16Bits, as_wide_mut};
 
 /// What a KV cache may hold; the AVX-512 attention kernel loads sixteen at a time.
 #[cfg(target_arch = "x86_64")]
-pub trait CacheElement: Copy + Send + Sync + crate::linear::avx512::Wide {
+pub trait CacheElement:
+    Copy + Send + Sync + crate::linear::avx512::Wide + crate::linear::avx2::Wide
+{
     fn from_f32(value: f32) -> Self;
     fn to_f32(self) -> f32;
 }
@@ -293,7 +295,7 @@ mod tests {
                 }
             }
         }
-        assert!(E::from_f32(f32::from_bits(0x7f80_0001)).to_f32().is_nan());
+        assert!(CacheElement::to_f32(E::from_f32(f32::from_bits(0x7f80_0001))).is_nan());
     }
 
     #[test]

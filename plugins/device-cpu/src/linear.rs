@@ -22,7 +22,7 @@
 //! gets the same bits. One machine always runs one instruction set, chosen by [`Isa::detect`].
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 mod portable;

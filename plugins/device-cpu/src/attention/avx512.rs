@@ -112,7 +112,7 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
 
 /// Calls `f` with the element offset of the row of every position `0..context_len` in either
 /// cache.
-fn with_offsets<R>(rows: &Rows<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
+pub(super) fn with_offsets<R>(rows: &Rows<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
     let layout = rows.layout;
     OFFSETS.with(|cell| {
         let mut offsets = cell.borrow_mut();
@@ -157,7 +157,7 @@ fn load(row: &[f32], c: usize) -> __m512 {
 fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m512 {
     let chunk = &row[16 * c..16 * c + 16];
     // SAFETY: `chunk` holds 16 elements.
-    unsafe { E::load(chunk.as_ptr()) }
+    unsafe { <E as crate::linear::avx512::Wide>::load(chunk.as_ptr()) }
 }
 
 /// The first `min(16, out.len())` lanes of `v` into `out`.

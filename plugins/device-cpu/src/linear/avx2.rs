@@ -89,7 +89,7 @@ impl Wide for F16Bits {
 /// The 8 lanes of `v` added halves first, then pairs: always the same tree.
 #[inline]
 #[target_feature(enable = "avx")]
-fn reduce(v: __m256) -> f32 {
+pub(crate) fn reduce(v: __m256) -> f32 {
     let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
