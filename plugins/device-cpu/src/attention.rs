@@ -17,6 +17,9 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 
+#[cfg(target_arch = "x86_64")]
+use std::cell::RefCell;
+
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
@@ -299,7 +302,7 @@ fn attend_group<E: CacheElement>(
     with_scratch(num_heads * context_len + head_dim, |scratch| {
         #[cfg(target_arch = "x86_64")]
         if kernel != Kernel::Portable {
-            let rows = avx512::Rows {
+            let rows = Rows {
                 block_row: head.block_row,
                 layout: head.shape.cache_layout(),
                 kv_head: head.kv_head,
@@ -364,6 +367,44 @@ fn attend_group<E: CacheElement>(
             }
         }
     });
+}
+
+/// Where one KV head's rows for positions `0..context_len` live in the paged caches.
+#[cfg(target_arch = "x86_64")]
+struct Rows<'a> {
+    block_row: &'a [i32],
+    layout: CacheLayout,
+    kv_head: usize,
+    context_len: usize,
+    /// Hint rows into L1 ahead of use (the AVX-512 kernel): for rows read from memory, which
+    /// the hardware prefetchers do not follow from one block to the next.
+    prefetch: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The cache offsets of one call's positions; grows to the longest context and is reused.
+    static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with the element offset of the row of every position `0..context_len` in either
+/// cache.
+#[cfg(target_arch = "x86_64")]
+fn with_offsets<R>(rows: &Rows<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
+    let layout = rows.layout;
+    OFFSETS.with(|cell| {
+        let mut offsets = cell.borrow_mut();
+        offsets.clear();
+        for &block in rows.block_row {
+            let first = layout.row(block as usize * layout.block_size, rows.kv_head);
+            let count = layout.block_size.min(rows.context_len - offsets.len());
+            offsets.extend((0..count).map(|i| first + i * layout.head_dim));
+            if offsets.len() == rows.context_len {
+                break;
+            }
+        }
+        f(&offsets)
+    })
 }
 
 /// `exp(s - max) / Σ exp(s - max)`; the sum is accumulated in f64, which costs nothing next

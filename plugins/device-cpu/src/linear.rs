@@ -481,24 +481,12 @@ fn matmul(
                 for (row, out) in x.chunks(inner).zip(ordered.chunks_mut(inner)) {
                     avx2::order_for_bf16(row, out);
                 }
-                let ordered: &[f32] = ordered;
-                drive(
+                avx2_tiles(
                     plan,
                     workers,
+                    (ordered, w),
                     sink,
-                    &|part, tokens, n0, columns, out, out_stride| {
-                        let tile = avx2::Tile {
-                            x: ordered[tokens.start * inner..].as_ptr(),
-                            x_stride: inner,
-                            w: panel_rows(w[part], n0, columns, inner),
-                            inner,
-                            out,
-                            out_stride,
-                            columns,
-                        };
-                        // SAFETY: as in `avx2_wide`.
-                        unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::bf16::<M>(&tile)) }
-                    },
+                    [avx2::bf16::<1>, avx2::bf16::<2>],
                 )
             })
         }
@@ -744,6 +732,24 @@ fn avx2_wide<W: avx2::Wide + Sync>(
     w: Typed<'_, W>,
     sink: &Sink<'_, '_>,
 ) {
+    avx2_tiles(
+        plan,
+        workers,
+        (x, w),
+        sink,
+        [avx2::wide::<W, 1>, avx2::wide::<W, 2>],
+    )
+}
+
+/// The AVX2 tiles of one launch: `kernels[M - 1]` runs a tile of `M` tokens.
+#[cfg(target_arch = "x86_64")]
+fn avx2_tiles<W: Sync>(
+    plan: &Plan,
+    workers: &Workers,
+    (x, w): (&[f32], Typed<'_, W>),
+    sink: &Sink<'_, '_>,
+    kernels: [unsafe fn(&avx2::Tile<W>); avx2::MR],
+) {
     let inner = plan.inner;
     drive(
         plan,
@@ -759,8 +765,8 @@ fn avx2_wide<W: avx2::Wide + Sync>(
                 out_stride,
                 columns,
             };
-            // SAFETY: as in `avx512_wide`, with `avx2::supported`.
-            unsafe { by_tokens!(tokens.len(), [1, 2], |M| avx2::wide::<W, M>(&tile)) }
+            // SAFETY: as in `avx512_wide`, with `avx2::supported`; token groups hold 1 to `MR`.
+            unsafe { kernels[tokens.len() - 1](&tile) }
         },
     )
 }

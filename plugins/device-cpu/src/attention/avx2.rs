@@ -12,7 +12,7 @@ use std::arch::x86_64::{
     _mm256_storeu_ps, _mm256_sub_ps,
 };
 
-use super::avx512::{Rows, with_offsets};
+use super::{Rows, with_offsets};
 use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
 

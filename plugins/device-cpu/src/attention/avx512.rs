@@ -12,26 +12,10 @@ use std::arch::x86_64::{
     _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps,
     _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
 };
-use std::cell::RefCell;
 
-use crate::kv_cache::{CacheElement, CacheLayout};
+use super::{Rows, with_offsets};
+use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
-
-/// Where one KV head's rows for positions `0..context_len` live in the paged caches.
-pub struct Rows<'a> {
-    pub block_row: &'a [i32],
-    pub layout: CacheLayout,
-    pub kv_head: usize,
-    pub context_len: usize,
-    /// Hint rows into L1 ahead of use: for rows read from memory, which the hardware
-    /// prefetchers do not follow from one block to the next.
-    pub prefetch: bool,
-}
-
-thread_local! {
-    /// The cache offsets of one call's positions; grows to the longest context and is reused.
-    static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
-}
 
 /// Attention of the `G` query heads in `query` (`16 * C` wide each) over the positions of
 /// `rows`, into `out` (same layout); `scores` holds `G * context_len` f32s. Every key and
@@ -107,25 +91,6 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
                 unsafe { _mm512_storeu_ps(chunk.as_mut_ptr(), sum) };
             }
         }
-    })
-}
-
-/// Calls `f` with the element offset of the row of every position `0..context_len` in either
-/// cache.
-pub(super) fn with_offsets<R>(rows: &Rows<'_>, f: impl FnOnce(&[usize]) -> R) -> R {
-    let layout = rows.layout;
-    OFFSETS.with(|cell| {
-        let mut offsets = cell.borrow_mut();
-        offsets.clear();
-        for &block in rows.block_row {
-            let first = layout.row(block as usize * layout.block_size, rows.kv_head);
-            let count = layout.block_size.min(rows.context_len - offsets.len());
-            offsets.extend((0..count).map(|i| first + i * layout.head_dim));
-            if offsets.len() == rows.context_len {
-                break;
-            }
-        }
-        f(&offsets)
     })
 }
 
