@@ -36,7 +36,20 @@ pub trait DeviceBackend: Send + Sized + 'static {
 
     /// Runs one launch. Every argument already matches the callable's spec and fits its buffer.
     fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure>;
+
+    /// Puts a buffer that a launch left in an arrangement of the backend's own (see
+    /// [`Launch::rearrange`]) back in the order the host wrote it; called before the host reads
+    /// or writes any of its bytes. Backends that never rearrange are never asked.
+    fn restore(&mut self, arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
+        let _ = bytes;
+        Err(DeviceFailure::internal(format!(
+            "the device cannot restore its arrangement {arrangement}"
+        )))
+    }
 }
+
+/// The arrangement of a buffer as the host wrote it.
+pub const AS_WRITTEN: u64 = 0;
 
 /// A status code with its message; what crosses the ABI instead of a Rust error or panic.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -209,6 +222,30 @@ impl Launch<'_> {
             self.spec.name
         );
         self.buffers.storage_mut(buffer)[start..end].copy_from_slice(&bytes);
+    }
+
+    /// The arrangement of the whole buffer under `arg`: [`AS_WRITTEN`], or what a launch set
+    /// with [`Launch::rearrange`].
+    pub fn arrangement(&self, arg: &str) -> u64 {
+        self.buffers.arrangement(self.arg(arg).buffer)
+    }
+
+    /// Whether `arg` spans its whole buffer, so rearranging the buffer moves no other
+    /// argument's bytes.
+    pub fn spans_buffer(&self, arg: &str) -> bool {
+        let resolved = self.arg(arg);
+        resolved.bytes == (0..self.buffers.storage(resolved.buffer).len())
+    }
+
+    /// Lets `change` move the bytes of the whole buffer under `arg` in place, and records that
+    /// they are now in `arrangement` (a code of the backend's own; [`AS_WRITTEN`] when
+    /// `change` restores the host's order). A device whose kernels read a tensor faster in
+    /// another order (weights in panels) arranges it once and keeps it so: until the host
+    /// reads or writes the buffer, when [`DeviceBackend::restore`] puts it back.
+    pub fn rearrange(&mut self, arg: &str, arrangement: u64, change: impl FnOnce(&mut [u8])) {
+        let buffer = self.arg(arg).buffer;
+        change(self.buffers.storage_mut(buffer));
+        self.buffers.set_arrangement(buffer, arrangement);
     }
 
     fn write_bytes(&mut self, arg: &str, bytes: &[u8]) {
@@ -553,6 +590,8 @@ impl DerefMut for AlignedBytes {
 struct BufferTable {
     last_id: u64,
     buffers: HashMap<u64, AlignedBytes>,
+    /// The buffers a launch rearranged, with their arrangement; the rest are as written.
+    arrangements: HashMap<u64, u64>,
 }
 
 impl BufferTable {
@@ -563,7 +602,20 @@ impl BufferTable {
     }
 
     fn remove(&mut self, id: u64) -> Result<AlignedBytes, DeviceFailure> {
+        self.arrangements.remove(&id);
         self.buffers.remove(&id).ok_or_else(|| unknown_buffer(id))
+    }
+
+    fn arrangement(&self, id: u64) -> u64 {
+        self.arrangements.get(&id).copied().unwrap_or(AS_WRITTEN)
+    }
+
+    fn set_arrangement(&mut self, id: u64, arrangement: u64) {
+        if arrangement == AS_WRITTEN {
+            self.arrangements.remove(&id);
+        } else {
+            self.arrangements.insert(id, arrangement);
+        }
     }
 
     fn get(&self, id: u64) -> Result<&AlignedBytes, DeviceFailure> {
@@ -682,7 +734,19 @@ impl<B: DeviceBackend> DeviceState<B> {
         Ok(())
     }
 
+    /// Puts a buffer the backend rearranged back in the order the host wrote it.
+    fn restore(&mut self, buffer: u64) -> Result<(), DeviceFailure> {
+        let arrangement = self.buffers.arrangement(buffer);
+        if arrangement != AS_WRITTEN {
+            let storage = self.buffers.get_mut(buffer)?;
+            self.backend.restore(arrangement, storage)?;
+            self.buffers.set_arrangement(buffer, AS_WRITTEN);
+        }
+        Ok(())
+    }
+
     fn write(&mut self, buffer: u64, offset: u64, src: &[u8]) -> Result<(), DeviceFailure> {
+        self.restore(buffer).map_err(|f| f.context("write"))?;
         let storage = self
             .buffers
             .get_mut(buffer)
@@ -696,6 +760,7 @@ impl<B: DeviceBackend> DeviceState<B> {
     }
 
     fn read(&mut self, buffer: u64, offset: u64, dst: &mut [u8]) -> Result<(), DeviceFailure> {
+        self.restore(buffer).map_err(|f| f.context("read"))?;
         let storage = self.buffers.get(buffer).map_err(|f| f.context("read"))?;
         let range = checked_range(buffer, storage.len(), offset, dst.len() as u64)
             .map_err(|f| f.context("read"))?;
@@ -1340,6 +1405,86 @@ mod tests {
         device.write_f32(x, &[1.0]).unwrap();
         device.launch_add(x, x, 1).unwrap();
         assert_eq!(device.read_f32(x, 1).unwrap(), vec![3.0]);
+    }
+
+    /// `add` that keeps `y` (when it spans its buffer) with its elements reversed, as a device
+    /// keeps weights in an order of its own.
+    struct ReversesY;
+
+    const REVERSED: u64 = 7;
+
+    fn reverse_f32(bytes: &mut [u8]) {
+        let mut values = elements::decode_float(DType::F32, bytes).unwrap();
+        values.reverse();
+        bytes.copy_from_slice(&elements::encode_f32(&values));
+    }
+
+    impl DeviceBackend for ReversesY {
+        fn open(_config: &str) -> Result<Self, DeviceFailure> {
+            Ok(ReversesY)
+        }
+
+        fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+            if launch.spans_buffer("y") && launch.arrangement("y") == AS_WRITTEN {
+                launch.rearrange("y", REVERSED, reverse_f32);
+            }
+            let mut y = launch.read_f32("y");
+            if launch.arrangement("y") == REVERSED {
+                y.reverse();
+            }
+            let x: Vec<f32> = launch
+                .read_f32("x")
+                .iter()
+                .zip(&y)
+                .map(|(a, b)| a + b)
+                .collect();
+            launch.write_f32("x", &x);
+            Ok(())
+        }
+
+        fn restore(&mut self, arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
+            assert_eq!(arrangement, REVERSED);
+            reverse_f32(bytes);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_rearranged_buffer_is_restored_before_the_host_touches_it() {
+        let mut state = DeviceState::new(ReversesY);
+        let x = state.alloc(12).unwrap();
+        let y = state.alloc(12).unwrap();
+        state.write(x, 0, &elements::encode_f32(&[0.0; 3])).unwrap();
+        state
+            .write(y, 0, &elements::encode_f32(&[1.0, 2.0, 3.0]))
+            .unwrap();
+        let add = |state: &mut DeviceState<ReversesY>| {
+            let (index, _) = callables::by_name("add").unwrap();
+            let args = [
+                TensorArg::new(x, 0, DType::F32, &[1, 3], ArgTag::Inout).unwrap(),
+                TensorArg::new(y, 0, DType::F32, &[1, 3], ArgTag::Input).unwrap(),
+            ];
+            state.launch(index as u32, &args, &[]).unwrap();
+        };
+        let read = |state: &mut DeviceState<ReversesY>, buffer| {
+            let mut bytes = vec![0; 12];
+            state.read(buffer, 0, &mut bytes).unwrap();
+            elements::decode_float(DType::F32, &bytes).unwrap()
+        };
+        add(&mut state);
+        assert_eq!(state.buffers.arrangement(y), REVERSED);
+        add(&mut state);
+        assert_eq!(read(&mut state, x), [2.0, 4.0, 6.0]);
+        assert_eq!(read(&mut state, y), [1.0, 2.0, 3.0]);
+        assert_eq!(state.buffers.arrangement(y), AS_WRITTEN);
+        // A write into part of a rearranged buffer lands where the host meant it.
+        add(&mut state);
+        state.write(y, 4, &elements::encode_f32(&[5.0])).unwrap();
+        assert_eq!(read(&mut state, y), [1.0, 5.0, 3.0]);
+        add(&mut state);
+        assert_eq!(read(&mut state, x), [4.0, 11.0, 12.0]);
+        state.free(y).unwrap();
+        assert!(state.buffers.arrangements.is_empty());
     }
 
     /// `add` through [`Launch::views`]; `rotary` borrows `q` and `k` and leaves them as they are.

@@ -1,6 +1,6 @@
 //! Row gathers: `embedding_gather` (token ids to hidden states, widening the table) and `gather_rows` (the rows whose logits are computed).
 
-use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
+use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
 use crate::widen::widen_into;
@@ -15,14 +15,7 @@ pub fn gather(
     out: &mut [f32],
     (what, workers): (&str, &Workers),
 ) -> Result<(), String> {
-    let num_rows = table.len().checked_div(width).unwrap_or(0);
-    for (position, &index) in indices.iter().enumerate() {
-        if usize::try_from(index).map_or(true, |index| index >= num_rows) {
-            return Err(format!(
-                "{what}[{position}] = {index} is outside 0..{num_rows}"
-            ));
-        }
-    }
+    check_indices(table.len(), width, indices, what)?;
     if width == 0 {
         return Ok(());
     }
@@ -36,11 +29,73 @@ pub fn gather(
     Ok(())
 }
 
+/// As [`gather`], from a bf16 table the linear kernels keep in panels (a tied embedding that
+/// is also the output projection): a row's elements lie one panel column apart.
+#[cfg(target_arch = "x86_64")]
+pub fn gather_from_panels(
+    table: &[u16],
+    width: usize,
+    indices: &[i32],
+    out: &mut [f32],
+    (what, workers): (&str, &Workers),
+) -> Result<(), String> {
+    use crate::linear::panels;
+    check_indices(table.len(), width, indices, what)?;
+    if width == 0 {
+        return Ok(());
+    }
+    let rows_per_task = workers.rows_per_task(indices.len(), width);
+    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
+        let first = task * rows_per_task;
+        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
+            let start = panels::index(index as usize, 0, width);
+            let column = &table[start..];
+            for (k, value) in out_row.iter_mut().enumerate() {
+                *value = crate::widen::bf16_to_f32(column[k * panels::ROWS]);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Every index names one of the table's rows.
+fn check_indices(len: usize, width: usize, indices: &[i32], what: &str) -> Result<(), String> {
+    let num_rows = len.checked_div(width).unwrap_or(0);
+    for (position, &index) in indices.iter().enumerate() {
+        if usize::try_from(index).map_or(true, |index| index >= num_rows) {
+            return Err(format!(
+                "{what}[{position}] = {index} is outside 0..{num_rows}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn run_embedding(
     launch: &mut Launch<'_>,
     context: &mut Context,
 ) -> Result<(), DeviceFailure> {
     let width = launch.dim("H");
+    let arrangement = launch.arrangement("table");
+    #[cfg(target_arch = "x86_64")]
+    if crate::linear::panels::inner_of(arrangement) == Some(width) {
+        let mut views = launch.views()?;
+        let (ids, table) = (views.i32("ids"), views.float("table"));
+        let FloatSlice::BF16(table) = table else {
+            return Err(DeviceFailure::internal("a table in panels is not bf16"));
+        };
+        return gather_from_panels(
+            table,
+            width,
+            ids,
+            views.f32_mut("out"),
+            ("ids", &context.workers),
+        )
+        .map_err(DeviceFailure::launch_failed);
+    }
+    if arrangement != AS_WRITTEN {
+        crate::linear::restore_arrangement(launch, "table")?;
+    }
     let mut views = launch.views()?;
     let (ids, table) = (views.i32("ids"), views.float("table"));
     gather(

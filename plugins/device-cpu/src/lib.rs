@@ -74,7 +74,22 @@ impl DeviceBackend for CpuDevice {
 
     fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         let context = &mut self.context;
-        match launch.spec().id {
+        let id = launch.spec().id;
+        let reads_arranged = matches!(
+            id,
+            CallableId::Linear
+                | CallableId::QkvLinear
+                | CallableId::SiluGateLinear
+                | CallableId::EmbeddingGather
+        );
+        if !reads_arranged {
+            // Only the linears and the embedding read weights the linears arranged; any
+            // other kernel handed such a buffer gets it back in the host's order.
+            for arg in launch.spec().args {
+                linear::restore_arrangement(launch, arg.name)?;
+            }
+        }
+        match id {
             CallableId::EmbeddingGather => gather::run_embedding(launch, context),
             CallableId::RmsNorm => norm::run_rows(launch, context),
             CallableId::RmsNormHeads => norm::run_heads(launch, context),
@@ -92,6 +107,10 @@ impl DeviceBackend for CpuDevice {
             CallableId::SiluGateLinear => linear::run_silu_gate(launch, context),
             CallableId::AddRmsNorm => norm::run_add_rows(launch, context),
         }
+    }
+
+    fn restore(&mut self, arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
+        linear::restore(arrangement, bytes)
     }
 }
 

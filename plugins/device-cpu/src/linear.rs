@@ -1,11 +1,16 @@
 //! `linear` (`out[T,N] = x[T,K] · w[N,K]ᵀ`), `qkv_linear` and `silu_gate_linear` in f32 over f32, f16 or bf16 weights, with results that do not depend on the batch.
 //!
 //! Every output is a dot product of a token row and a weight row, both contiguous in `k`: the
-//! weights are read where they lie, in their stored precision, with no packed or widened copy.
+//! weights are read where they lie, in their stored precision, with no widened copy.
 //! Threads take panels of [`NR`] weight rows; a panel meets the tokens `MR` at a time (`MR`
 //! per instruction set), so one pass over a weight row serves several tokens. With one token
 //! (decode) the AVX-512 tiles stream the `NR` rows side by side; the AVX2 tiles read them one
 //! after the other, as one stream (see `avx2`).
+//!
+//! On AVX2, bf16 weights whose launches allow it are kept in an arrangement of their own
+//! instead (see `panels`): the launch that first reads a weight buffer turns it, in place, into
+//! panels of 32 rows stored column by column, which one token reads as one stream and a tile
+//! multiplies by broadcasting activations, every output one FMA chain in `k` order.
 //!
 //! The fused forms share the activations and the threads of one launch: `qkv_linear` lays the
 //! panels of its three matrices end to end, and `silu_gate_linear` reads a run of gate panels,
@@ -25,6 +30,8 @@
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub mod panels;
 mod portable;
 
 use std::cell::RefCell;
@@ -32,7 +39,8 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
-use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
+use plughost_device_abi::abi::DType;
+use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
 use crate::elementwise::silu_mul_span;
@@ -113,6 +121,25 @@ impl std::str::FromStr for Bf16Products {
     }
 }
 
+/// How the weight matrices of a launch lie in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightOrder {
+    /// Row-major `[N, K]`, as the host wrote them.
+    #[default]
+    Rows,
+    /// bf16 in the panels of `panels`, read by the AVX2 tiles; every `N` a multiple of 32.
+    Panels,
+}
+
+/// Tokens and weight rows of one tile.
+fn tile_shape(isa: Isa, order: WeightOrder) -> (usize, usize) {
+    match order {
+        #[cfg(target_arch = "x86_64")]
+        WeightOrder::Panels => (panels::MR, panels::ROWS),
+        _ => (isa.tile_tokens(), NR),
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LinearShape {
     /// `T`: rows of `x` and `out`.
@@ -129,23 +156,27 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         inner: launch.dim("K"),
         outputs: launch.dim("N"),
     };
+    let isa = Isa::detect();
+    let order = arrange_weights(launch, isa, &[("w", shape.outputs)], shape.inner, context)?;
     let mut views = launch.views()?;
     let (x, w) = (views.f32("x"), views.float("w"));
     let out = views.f32_mut("out");
-    linear((x, w), out, shape, context.bf16_products, &context.workers);
-    Ok(())
+    let kernel = (isa, context.bf16_products, order);
+    linear_on(kernel, x, w, out, shape, &context.workers)
 }
 
 pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
     let widths = [launch.dim("Q"), launch.dim("R"), launch.dim("R")];
+    let isa = Isa::detect();
+    let named = [("wq", widths[0]), ("wk", widths[1]), ("wv", widths[2])];
+    let order = arrange_weights(launch, isa, &named, inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [views.float("wq"), views.float("wk"), views.float("wv")];
     let outs = [views.f32_mut("q"), views.f32_mut("k"), views.f32_mut("v")];
     qkv_linear(
-        Isa::detect(),
-        context.bf16_products,
+        (isa, context.bf16_products, order),
         x,
         weights,
         outs,
@@ -163,19 +194,102 @@ pub(crate) fn run_silu_gate(
         inner: launch.dim("K"),
         outputs: launch.dim("I"),
     };
+    let isa = Isa::detect();
+    let named = [("w_gate", shape.outputs), ("w_up", shape.outputs)];
+    let order = arrange_weights(launch, isa, &named, shape.inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [views.float("w_gate"), views.float("w_up")];
     let out = views.f32_mut("out");
     silu_gate_linear(
-        Isa::detect(),
-        context.bf16_products,
+        (isa, context.bf16_products, order),
         x,
         weights,
         out,
         shape,
         &context.workers,
     )
+}
+
+/// Puts the weight arguments `(name, N)` of a launch in the order its tiles read: panels when
+/// the AVX2 bf16 tiles run and every weight can be arranged so (bf16, spanning its own buffer,
+/// `N` a multiple of 32), the host's order otherwise. A buffer stays arranged across launches,
+/// so only the first launch that reads it pays for the arrangement.
+fn arrange_weights(
+    launch: &mut Launch<'_>,
+    isa: Isa,
+    weights: &[(&str, usize)],
+    inner: usize,
+    context: &Context,
+) -> Result<WeightOrder, DeviceFailure> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let target = |name: &str, outputs: usize| {
+            let fits =
+                isa == Isa::Avx2 && launch.dtype(name) == DType::BF16 && launch.spans_buffer(name);
+            panels::arrangement(outputs, inner).filter(|_| fits)
+        };
+        let targets: Vec<Option<u64>> = weights.iter().map(|&(n, o)| target(n, o)).collect();
+        let all = targets.iter().all(Option::is_some);
+        for (&(name, _), target) in weights.iter().zip(&targets) {
+            let target = target.filter(|_| all).unwrap_or(AS_WRITTEN);
+            let current = launch.arrangement(name);
+            if current == target {
+                continue;
+            }
+            if current != AS_WRITTEN {
+                restore_arrangement(launch, name)?;
+            }
+            if target != AS_WRITTEN {
+                launch.rearrange(name, target, |bytes| {
+                    let bits = half_bits_mut(bytes);
+                    let panel = panels::ROWS * inner;
+                    let per_task = bits.len().div_ceil(panel).div_ceil(4 * 4).max(1) * panel;
+                    context.workers.for_each_chunk(bits, per_task, |_, chunk| {
+                        panels::arrange(chunk, inner, &mut Vec::new())
+                    });
+                });
+            }
+        }
+        if all {
+            return Ok(WeightOrder::Panels);
+        }
+    }
+    let _ = (isa, weights, inner, context);
+    Ok(WeightOrder::Rows)
+}
+
+/// Puts the buffer under `arg` back in the host's order if a launch arranged it.
+pub(crate) fn restore_arrangement(launch: &mut Launch<'_>, arg: &str) -> Result<(), DeviceFailure> {
+    let current = launch.arrangement(arg);
+    if current == AS_WRITTEN {
+        return Ok(());
+    }
+    let mut outcome = Ok(());
+    launch.rearrange(arg, AS_WRITTEN, |bytes| outcome = restore(current, bytes));
+    outcome
+}
+
+/// Undoes an arrangement of this module's on a buffer's bytes.
+pub(crate) fn restore(arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(inner) = panels::inner_of(arrangement) {
+        panels::restore(half_bits_mut(bytes), inner, &mut Vec::new());
+        return Ok(());
+    }
+    let _ = bytes;
+    Err(DeviceFailure::internal(format!(
+        "the CPU device has no arrangement {arrangement}"
+    )))
+}
+
+/// A buffer's bytes as 16-bit elements: buffers are 64-byte aligned and hold whole elements.
+fn half_bits_mut(bytes: &mut [u8]) -> &mut [u16] {
+    // SAFETY: every bit pattern is a valid u16; `align_to_mut` puts only whole, aligned
+    // elements in the middle part.
+    let (head, bits, _) = unsafe { bytes.align_to_mut::<u16>() };
+    debug_assert!(head.is_empty(), "device buffers are aligned");
+    bits
 }
 
 /// Slices hold exactly `T*K`, `N*K` and `T*N` elements (the export layer checked the shapes).
@@ -186,15 +300,20 @@ pub fn linear(
     bf16_products: Bf16Products,
     workers: &Workers,
 ) {
-    linear_on(Isa::detect(), bf16_products, x, w, out, shape, workers)
+    let kernel = (Isa::detect(), bf16_products, WeightOrder::Rows);
+    // One weight matrix in the host's order has one dtype and fits every tile: this cannot fail.
+    let _ = linear_on(kernel, x, w, out, shape, workers);
 }
+
+/// Which tiles run a launch: the instruction set, what bf16 weights meet, and the order the
+/// weights lie in.
+pub type Kernel = (Isa, Bf16Products, WeightOrder);
 
 /// `q`, `k` and `v` from one `x`: three linears in one launch, so the activations are rounded
 /// once and the small key and value projections share the threads with the query's.
 /// `(T, K, [Q, R, R])` gives the shapes.
 pub fn qkv_linear(
-    isa: Isa,
-    bf16_products: Bf16Products,
+    kernel: Kernel,
     x: &[f32],
     weights: [FloatSlice<'_>; 3],
     [q, k, v]: [&mut [f32]; 3],
@@ -206,30 +325,15 @@ pub fn qkv_linear(
         SharedOut::new(k, widths[1]),
         SharedOut::new(v, widths[2]),
     ];
-    let plan = Plan {
-        tokens,
-        inner,
-        widths: &widths,
-        matrices_per_panel: 1,
-        tile_tokens: isa.tile_tokens(),
-    };
-    matmul(
-        isa,
-        bf16_products,
-        x,
-        &weights,
-        &Sink::Each(&outs),
-        &plan,
-        workers,
-    )
+    let plan = Plan::new(kernel, tokens, inner, &widths, 1);
+    matmul(kernel, x, &weights, &Sink::Each(&outs), &plan, workers)
 }
 
 /// `out = silu(x · w_gateᵀ) * (x · w_upᵀ)`: a task computes a run of panels of both
 /// projections into stack buffers and applies the activation to them there, so neither
 /// projection is written out and read back. Bit for bit what two `linear`s and `silu_mul` give.
 pub fn silu_gate_linear(
-    isa: Isa,
-    bf16_products: Bf16Products,
+    kernel: Kernel,
     x: &[f32],
     weights: [FloatSlice<'_>; 2],
     out: &mut [f32],
@@ -242,22 +346,9 @@ pub fn silu_gate_linear(
         outputs,
     } = shape;
     let out = SharedOut::new(out, outputs);
-    let plan = Plan {
-        tokens,
-        inner,
-        widths: &[outputs],
-        matrices_per_panel: 2,
-        tile_tokens: isa.tile_tokens(),
-    };
-    matmul(
-        isa,
-        bf16_products,
-        x,
-        &weights,
-        &Sink::SiluGate(out),
-        &plan,
-        workers,
-    )
+    let widths = [outputs];
+    let plan = Plan::new(kernel, tokens, inner, &widths, 2);
+    matmul(kernel, x, &weights, &Sink::SiluGate(out), &plan, workers)
 }
 
 thread_local! {
@@ -269,37 +360,22 @@ thread_local! {
 }
 
 fn linear_on(
-    isa: Isa,
-    bf16_products: Bf16Products,
+    kernel: Kernel,
     x: &[f32],
     w: FloatSlice<'_>,
     out: &mut [f32],
     shape: LinearShape,
     workers: &Workers,
-) {
+) -> Result<(), DeviceFailure> {
     let LinearShape {
         tokens,
         inner,
         outputs,
     } = shape;
     let outs = [SharedOut::new(out, outputs)];
-    let plan = Plan {
-        tokens,
-        inner,
-        widths: &[outputs],
-        matrices_per_panel: 1,
-        tile_tokens: isa.tile_tokens(),
-    };
-    // One weight matrix has one dtype, so this cannot fail.
-    let _ = matmul(
-        isa,
-        bf16_products,
-        x,
-        &[w],
-        &Sink::Each(&outs),
-        &plan,
-        workers,
-    );
+    let widths = [outputs];
+    let plan = Plan::new(kernel, tokens, inner, &widths, 1);
+    matmul(kernel, x, &[w], &Sink::Each(&outs), &plan, workers)
 }
 
 /// Where the tiles of a launch go.
@@ -359,13 +435,16 @@ const MAX_TILE_TOKENS: usize = 4;
 const _: () = assert!(avx512::MR <= MAX_TILE_TOKENS && avx2::MR <= MAX_TILE_TOKENS);
 const _: () = assert!(portable::MR <= MAX_TILE_TOKENS);
 
-/// Panels of the gate (then of the up projection) one gated tile reads in a row.
-const GATE_RUN_PANELS: usize = 8;
+/// Weight rows of the gate (then of the up projection) one gated tile reads in a row: whole
+/// panels, as many as fit.
+const GATE_RUN_ROWS: usize = 64;
+const _: () = assert!(GATE_RUN_ROWS >= NR);
+#[cfg(target_arch = "x86_64")]
+const _: () = assert!(GATE_RUN_ROWS >= panels::ROWS && panels::MR <= MAX_TILE_TOKENS);
 
 /// `x` times each of `weights` (one dtype) into `sink`, on the instruction set's tiles.
 fn matmul(
-    isa: Isa,
-    bf16_products: Bf16Products,
+    (isa, bf16_products, order): Kernel,
     x: &[f32],
     weights: &[FloatSlice<'_>],
     sink: &Sink<'_, '_>,
@@ -398,7 +477,45 @@ fn matmul(
     if plan.tokens == 0 || plan.widths.iter().all(|&w| w == 0) {
         return Ok(());
     }
+    if order == WeightOrder::Panels {
+        #[cfg(target_arch = "x86_64")]
+        let runs = isa == Isa::Avx2;
+        #[cfg(not(target_arch = "x86_64"))]
+        let runs = false;
+        let fits = plan.widths.iter().all(|w| w % plan.panel_rows == 0);
+        if !(runs && matches!(first, FloatSlice::BF16(_)) && fits) {
+            return Err(DeviceFailure::invalid_argument(format!(
+                "weights in panels need the AVX2 tiles, bf16 and widths that are multiples of \
+                 {} (widths {:?})",
+                plan.panel_rows, plan.widths
+            )));
+        }
+    }
     match (isa, first) {
+        #[cfg(target_arch = "x86_64")]
+        (Isa::Avx2, FloatSlice::BF16(_)) if order == WeightOrder::Panels => {
+            let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
+            drive(
+                plan,
+                workers,
+                sink,
+                &|part, tokens, n0, _, out, out_stride| {
+                    let tile = panels::Tile {
+                        x: x[tokens.start * inner..].as_ptr(),
+                        x_stride: inner,
+                        // Panel `n0 / 32` starts at row `n0`.
+                        w: w[part][n0 * inner..].as_ptr(),
+                        inner,
+                        out,
+                        out_stride,
+                    };
+                    // SAFETY: `Isa::Avx2` comes from `avx2::supported`; every width is a
+                    // multiple of the panel, so the panel and its outputs are whole; the task
+                    // owns the output block.
+                    unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| panels::tile::<M>(&tile)) }
+                },
+            )
+        }
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx512, FloatSlice::BF16(_)) if bf16_products == Bf16Products::Bf16 => {
             let bits = typed(weights, bf16_bits);
@@ -576,46 +693,50 @@ fn drive(
             let block = out.block(tokens.start, n0, tokens.len(), columns);
             kernel(part, tokens, n0, columns, block, out.width);
         }),
-        Sink::SiluGate(out) => plan.run(workers, GATE_RUN_PANELS, |_, tokens, n0, columns| {
-            // A run of gate panels, then the same run of up panels: each matrix is read in
-            // long contiguous stretches, which streams faster than alternating panel by panel.
-            // Not zeroed: the kernels write every element that is read below.
-            let mut gate = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
-            let mut up = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_PANELS * NR];
-            for (matrix, values) in [(0, &mut gate), (1, &mut up)] {
-                for first in (0..columns).step_by(NR) {
-                    let panel_columns = NR.min(columns - first);
-                    let at = values.as_mut_ptr().wrapping_add(first).cast::<f32>();
-                    kernel(
-                        matrix,
-                        tokens.clone(),
-                        n0 + first,
-                        panel_columns,
-                        at,
-                        columns,
-                    );
+        Sink::SiluGate(out) => plan.run(
+            workers,
+            GATE_RUN_ROWS / plan.panel_rows,
+            |_, tokens, n0, columns| {
+                // A run of gate panels, then the same run of up panels: each matrix is read in
+                // long contiguous stretches, which streams faster than alternating panel by panel.
+                // Not zeroed: the kernels write every element that is read below.
+                let mut gate = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_ROWS];
+                let mut up = [MaybeUninit::<f32>::uninit(); MAX_TILE_TOKENS * GATE_RUN_ROWS];
+                for (matrix, values) in [(0, &mut gate), (1, &mut up)] {
+                    for first in (0..columns).step_by(plan.panel_rows) {
+                        let panel_columns = plan.panel_rows.min(columns - first);
+                        let at = values.as_mut_ptr().wrapping_add(first).cast::<f32>();
+                        kernel(
+                            matrix,
+                            tokens.clone(),
+                            n0 + first,
+                            panel_columns,
+                            at,
+                            columns,
+                        );
+                    }
                 }
-            }
-            let filled = tokens.len() * columns;
-            // SAFETY: the tiles above wrote `columns` outputs of each of the `tokens` rows, rows
-            // `columns` apart: exactly the first `filled` elements.
-            let (gate, up) = unsafe {
-                (
-                    std::slice::from_raw_parts(gate.as_ptr().cast::<f32>(), filled),
-                    std::slice::from_raw_parts(up.as_ptr().cast::<f32>(), filled),
-                )
-            };
-            let block = out.block(tokens.start, n0, tokens.len(), columns);
-            for m in 0..tokens.len() {
-                // SAFETY: `block` checked that the block's rows lie inside `out`; the task owns
-                // these `columns` elements of each row, so no one else touches them.
-                let row = unsafe {
-                    std::slice::from_raw_parts_mut(block.wrapping_add(m * out.width), columns)
+                let filled = tokens.len() * columns;
+                // SAFETY: the tiles above wrote `columns` outputs of each of the `tokens` rows, rows
+                // `columns` apart: exactly the first `filled` elements.
+                let (gate, up) = unsafe {
+                    (
+                        std::slice::from_raw_parts(gate.as_ptr().cast::<f32>(), filled),
+                        std::slice::from_raw_parts(up.as_ptr().cast::<f32>(), filled),
+                    )
                 };
-                let span = m * columns..(m + 1) * columns;
-                silu_mul_span(&gate[span.clone()], &up[span], row);
-            }
-        }),
+                let block = out.block(tokens.start, n0, tokens.len(), columns);
+                for m in 0..tokens.len() {
+                    // SAFETY: `block` checked that the block's rows lie inside `out`; the task owns
+                    // these `columns` elements of each row, so no one else touches them.
+                    let row = unsafe {
+                        std::slice::from_raw_parts_mut(block.wrapping_add(m * out.width), columns)
+                    };
+                    let span = m * columns..(m + 1) * columns;
+                    silu_mul_span(&gate[span.clone()], &up[span], row);
+                }
+            },
+        ),
     }
 }
 
@@ -781,9 +902,29 @@ struct Plan<'w> {
     /// Weight matrices a panel reads: two for a gate and up pair.
     matrices_per_panel: usize,
     tile_tokens: usize,
+    /// Weight rows per panel: [`NR`], or 32 for weights in panels.
+    panel_rows: usize,
 }
 
-impl Plan<'_> {
+impl<'w> Plan<'w> {
+    fn new(
+        (isa, _, order): Kernel,
+        tokens: usize,
+        inner: usize,
+        widths: &'w [usize],
+        matrices_per_panel: usize,
+    ) -> Plan<'w> {
+        let (tile_tokens, panel_rows) = tile_shape(isa, order);
+        Plan {
+            tokens,
+            inner,
+            widths,
+            matrices_per_panel,
+            tile_tokens,
+            panel_rows,
+        }
+    }
+
     /// Whether every panel meets all the tokens in one pass (one token block), so its weights
     /// are read once, from memory, rather than again from cache for later blocks.
     fn reads_panels_once(&self) -> bool {
@@ -801,7 +942,8 @@ impl Plan<'_> {
         tile: impl Fn(usize, Range<usize>, usize, usize) + Sync,
     ) {
         let tokens = self.tokens;
-        let panel_counts = self.widths.iter().map(|w| w.div_ceil(NR));
+        let rows = self.panel_rows;
+        let panel_counts = self.widths.iter().map(|w| w.div_ceil(rows));
         let num_panels: usize = panel_counts.clone().sum();
         let work =
             tokens * self.inner * self.widths.iter().sum::<usize>() * self.matrices_per_panel;
@@ -814,9 +956,9 @@ impl Plan<'_> {
                     let width = self.widths[part];
                     let own = panels.start.max(space_start)..panels.end.min(space_start + count);
                     for panel in own.clone().step_by(run_panels.max(1)) {
-                        let n0 = (panel - space_start) * NR;
+                        let n0 = (panel - space_start) * rows;
                         let panels = run_panels.max(1).min(own.end - panel);
-                        let columns = (panels * NR).min(width - n0);
+                        let columns = (panels * rows).min(width - n0);
                         for group in groups.clone() {
                             tile(part, group, n0, columns);
                         }
@@ -938,6 +1080,21 @@ mod tests {
             }
         }
 
+        /// The `dtype` weights as `order` stores them, for `K = inner`: panels hold bf16 only.
+        fn stored(&self, order: WeightOrder, dtype: &str, inner: usize) -> Option<Stored<'_>> {
+            match order {
+                WeightOrder::Rows => Some(Stored::Rows(self.slice(dtype))),
+                #[cfg(target_arch = "x86_64")]
+                WeightOrder::Panels => {
+                    let mut bits = self.bf16_bits.clone();
+                    panels::arrange(&mut bits, inner, &mut Vec::new());
+                    (dtype == "bf16").then_some(Stored::Panels(bits))
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                WeightOrder::Panels => None,
+            }
+        }
+
         /// The exact f32 values the `dtype` weights hold.
         fn exact(&self, dtype: &str) -> Vec<f32> {
             let mut values = vec![0.0; self.f32s.len()];
@@ -946,37 +1103,66 @@ mod tests {
         }
     }
 
-    /// Plain triple loop with f64 accumulation.
-    fn reference(x: &[f32], w: &[f32], shape: LinearShape) -> Vec<f64> {
+    /// Weights as a kernel reads them.
+    enum Stored<'a> {
+        Rows(FloatSlice<'a>),
+        Panels(Vec<u16>),
+    }
+
+    impl Stored<'_> {
+        fn slice(&self) -> FloatSlice<'_> {
+            match self {
+                Stored::Rows(slice) => *slice,
+                Stored::Panels(bits) => FloatSlice::BF16(bits),
+            }
+        }
+    }
+
+    /// Widths for a kernel's tests: the panels need multiples of 32, the rest get widths
+    /// that leave partial panels.
+    fn width(kernel: Kernel, rows: usize) -> usize {
+        match kernel.2 {
+            WeightOrder::Rows => rows,
+            WeightOrder::Panels => rows.div_ceil(32) * 32,
+        }
+    }
+
+    /// Plain triple loop with f64 accumulation: each output, and the sum of its products'
+    /// magnitudes.
+    fn reference(x: &[f32], w: &[f32], shape: LinearShape) -> Vec<(f64, f64)> {
         let LinearShape {
             tokens,
             inner,
             outputs,
         } = shape;
-        let mut out = vec![0.0; tokens * outputs];
+        let mut out = vec![(0.0, 0.0); tokens * outputs];
         for t in 0..tokens {
             for n in 0..outputs {
-                let mut sum = 0.0f64;
+                let (mut sum, mut magnitude) = (0.0f64, 0.0f64);
                 for k in 0..inner {
-                    sum += f64::from(x[t * inner + k]) * f64::from(w[n * inner + k]);
+                    let product = f64::from(x[t * inner + k]) * f64::from(w[n * inner + k]);
+                    sum += product;
+                    magnitude += product.abs();
                 }
-                out[t * outputs + n] = sum;
+                out[t * outputs + n] = (sum, magnitude);
             }
         }
         out
     }
 
-    /// Every kernel family this machine can run: instruction set and bf16 products.
-    fn kernels() -> Vec<(Isa, Bf16Products)> {
-        let mut kernels = vec![(Isa::Portable, Bf16Products::F32)];
+    /// Every kernel family this machine can run: instruction set, bf16 products and weight
+    /// order.
+    fn kernels() -> Vec<Kernel> {
+        let mut kernels = vec![(Isa::Portable, Bf16Products::F32, WeightOrder::Rows)];
         #[cfg(target_arch = "x86_64")]
         {
             if avx2::supported() {
-                kernels.push((Isa::Avx2, Bf16Products::F32));
+                kernels.push((Isa::Avx2, Bf16Products::F32, WeightOrder::Rows));
+                kernels.push((Isa::Avx2, Bf16Products::F32, WeightOrder::Panels));
             }
             if avx512::supported() {
-                kernels.push((Isa::Avx512, Bf16Products::F32));
-                kernels.push((Isa::Avx512, Bf16Products::Bf16));
+                kernels.push((Isa::Avx512, Bf16Products::F32, WeightOrder::Rows));
+                kernels.push((Isa::Avx512, Bf16Products::Bf16, WeightOrder::Rows));
             }
         }
         kernels
@@ -984,9 +1170,9 @@ mod tests {
 
     /// The activations a kernel multiplies `dtype` weights with: rounded to bf16 on the
     /// `vdpbf16ps` path, as they are otherwise.
-    fn activations_seen(kernel: (Isa, Bf16Products), dtype: &str, x: &[f32]) -> Vec<f32> {
+    fn activations_seen(kernel: Kernel, dtype: &str, x: &[f32]) -> Vec<f32> {
         #[cfg(target_arch = "x86_64")]
-        if kernel == (Isa::Avx512, Bf16Products::Bf16) && dtype == "bf16" {
+        if (kernel.0, kernel.1) == (Isa::Avx512, Bf16Products::Bf16) && dtype == "bf16" {
             return x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
         }
         let _ = (kernel, dtype);
@@ -997,7 +1183,8 @@ mod tests {
     fn matches_the_reference_for_every_path_and_dtype() {
         // One token, token groups with a rest of 5, 3 and 5 tokens, a launch small enough to
         // stay on one thread, and 250 tokens (two token blocks). N is never a multiple of the
-        // 16-row panels and K (up to eight K blocks) never one of 256, so every tail runs.
+        // 6-row panels (but rounded up to 32 for weights in panels) and K never one of 8 or 16,
+        // so every tail runs.
         let shapes = [
             (1, 1100, 300),
             (5, 300, 250),
@@ -1006,10 +1193,11 @@ mod tests {
             (64, 2000, 161),
             (250, 37, 40),
         ];
-        for (isa, products) in kernels() {
+        for kernel in kernels() {
             for threads in [1, 2] {
                 let workers = Workers::new(threads).unwrap();
                 for (tokens, inner, outputs) in shapes {
+                    let outputs = width(kernel, outputs);
                     let shape = LinearShape {
                         tokens,
                         inner,
@@ -1018,16 +1206,28 @@ mod tests {
                     let x: Vec<f32> = (0..tokens * inner).map(|i| noise(3, i)).collect();
                     let weights = Weights::new(outputs * inner);
                     for dtype in ["f32", "f16", "bf16"] {
-                        let (w, w_exact) = (weights.slice(dtype), weights.exact(dtype));
+                        let Some(w) = weights.stored(kernel.2, dtype, inner) else {
+                            continue;
+                        };
+                        let w_exact = weights.exact(dtype);
                         let mut out = vec![f32::NAN; tokens * outputs];
-                        linear_on(isa, products, &x, w, &mut out, shape, &workers);
-                        let x_seen = activations_seen((isa, products), dtype, &x);
+                        linear_on(kernel, &x, w.slice(), &mut out, shape, &workers).unwrap();
+                        let x_seen = activations_seen(kernel, dtype, &x);
                         let expected = reference(&x_seen, &w_exact, shape);
-                        for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {
-                            // Sums of K products of values below 1 in f32: error ~ sqrt(K) ulp.
+                        for (i, (&got, &(want, magnitude))) in out.iter().zip(&expected).enumerate()
+                        {
+                            // Sums of K products in f32: error ~ sqrt(K) ulp of the partial sums.
+                            // The 8-lane dot products keep partial sums an eighth of the total
+                            // of values below 1; weights in panels add an output in one chain,
+                            // whose partial sums grow to the size of all its products.
+                            let root = (inner as f64).sqrt();
+                            let tolerance = match kernel.2 {
+                                WeightOrder::Rows => 2e-6 * root,
+                                WeightOrder::Panels => f64::from(f32::EPSILON) * root * magnitude,
+                            };
                             assert!(
-                                (f64::from(got) - want).abs() < 2e-6 * (inner as f64).sqrt(),
-                                "{isa:?} {products:?} {shape:?} {dtype} {threads} threads: \
+                                (f64::from(got) - want).abs() < tolerance,
+                                "{kernel:?} {shape:?} {dtype} {threads} threads: \
                                  out[{i}] = {got}, expected {want}"
                             );
                         }
@@ -1041,21 +1241,28 @@ mod tests {
     #[test]
     fn fused_launches_give_the_bits_of_the_launches_they_replace() {
         let inner = 300;
-        // Widths that leave partial panels: 40 = 6·6 + 4, 13 = 2·6 + 1; 103 = 17·6 + 1 makes
-        // gated runs of 8, 8 and 2 panels on one thread.
-        let (q_width, kv_width, i_width) = (40, 13, 103);
-        let weights: Vec<Weights> = [q_width, kv_width, kv_width, i_width, i_width]
-            .iter()
-            .map(|n| Weights::new(n * inner))
-            .collect();
         for kernel in kernels() {
+            // Widths that leave partial panels of 6 rows: 40 = 6·6 + 4, 13 = 2·6 + 1; 103 =
+            // 17·6 + 1 makes gated runs of 10 and 7 panels on one thread. In panels of 32: 64,
+            // 32 and 128 (gated runs of 2, 2).
+            let [q_width, kv_width, i_width] = [40, 13, 103].map(|rows| width(kernel, rows));
+            let weights: Vec<Weights> = [q_width, kv_width, kv_width, i_width, i_width]
+                .iter()
+                .map(|n| Weights::new(n * inner))
+                .collect();
             for threads in [1, 2] {
                 let workers = Workers::new(threads).unwrap();
                 for tokens in [1, 5, 70] {
                     let x: Vec<f32> = (0..tokens * inner).map(|i| noise(17, i)).collect();
                     for dtype in ["f32", "f16", "bf16"] {
-                        let w: Vec<FloatSlice<'_>> =
-                            weights.iter().map(|w| w.slice(dtype)).collect();
+                        let Some(stored) = weights
+                            .iter()
+                            .map(|w| w.stored(kernel.2, dtype, inner))
+                            .collect::<Option<Vec<_>>>()
+                        else {
+                            continue;
+                        };
+                        let w: Vec<FloatSlice<'_>> = stored.iter().map(Stored::slice).collect();
                         let alone = |w: FloatSlice<'_>| launch_bits(kernel, &x, w, inner, &workers);
                         let bits =
                             |v: &[f32]| -> Vec<u32> { v.iter().map(|v| v.to_bits()).collect() };
@@ -1065,8 +1272,7 @@ mod tests {
                         let mut k = vec![f32::NAN; tokens * kv_width];
                         let mut v = vec![f32::NAN; tokens * kv_width];
                         qkv_linear(
-                            kernel.0,
-                            kernel.1,
+                            kernel,
                             &x,
                             [w[0], w[1], w[2]],
                             [&mut q, &mut k, &mut v],
@@ -1084,16 +1290,8 @@ mod tests {
                             outputs: i_width,
                         };
                         let mut fused = vec![f32::NAN; tokens * i_width];
-                        silu_gate_linear(
-                            kernel.0,
-                            kernel.1,
-                            &x,
-                            [w[3], w[4]],
-                            &mut fused,
-                            shape,
-                            &workers,
-                        )
-                        .unwrap();
+                        silu_gate_linear(kernel, &x, [w[3], w[4]], &mut fused, shape, &workers)
+                            .unwrap();
                         let as_f32 = |b: Vec<u32>| -> Vec<f32> {
                             b.into_iter().map(f32::from_bits).collect()
                         };
@@ -1120,8 +1318,7 @@ mod tests {
         };
         let workers = Workers::new(1).unwrap();
         let result = silu_gate_linear(
-            Isa::detect(),
-            Bf16Products::Bf16,
+            (Isa::detect(), Bf16Products::Bf16, WeightOrder::Rows),
             &x,
             [a.slice("f32"), b.slice("bf16")],
             &mut out,
@@ -1132,7 +1329,7 @@ mod tests {
     }
 
     fn launch_bits(
-        (isa, products): (Isa, Bf16Products),
+        kernel: Kernel,
         x: &[f32],
         w: FloatSlice<'_>,
         inner: usize,
@@ -1144,7 +1341,7 @@ mod tests {
             outputs: w.len() / inner,
         };
         let mut out = vec![f32::NAN; shape.tokens * shape.outputs];
-        linear_on(isa, products, x, w, &mut out, shape, workers);
+        linear_on(kernel, x, w, &mut out, shape, workers).unwrap();
         out.iter().map(|v| v.to_bits()).collect()
     }
 
@@ -1154,15 +1351,20 @@ mod tests {
         // K blocks of 256, 256 and 91 (not a multiple of 8) and N of 20 full panels and one of
         // 5 rows, big enough that even one token is split over two threads; then 250 tokens
         // (two token blocks), K blocks of 256 and 44, N of two full panels and one of 8 rows.
-        for (tokens, inner, outputs) in [(70, 603, 325), (250, 300, 40)] {
+        // In panels, N is 11 and 2 panels of 32.
+        for (tokens, inner, rows) in [(70, 603, 325), (250, 300, 40)] {
             let x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i)).collect();
-            let weights = Weights::new(outputs * inner);
             let detected = Isa::detect();
-            let kernels = kernels().into_iter().filter(|(isa, _)| *isa == detected);
+            let kernels = kernels().into_iter().filter(|kernel| kernel.0 == detected);
             for (kernel, threads) in kernels.flat_map(|kernel| [(kernel, 1), (kernel, 2)]) {
                 let workers = Workers::new(threads).unwrap();
+                let outputs = width(kernel, rows);
+                let weights = Weights::new(outputs * inner);
                 for dtype in ["f32", "f16", "bf16"] {
-                    let w = weights.slice(dtype);
+                    let Some(stored) = weights.stored(kernel.2, dtype, inner) else {
+                        continue;
+                    };
+                    let w = stored.slice();
                     let launch = |rows: &[f32]| launch_bits(kernel, rows, w, inner, &workers);
                     let in_chunks_of =
                         |n: usize| -> Vec<u32> { x.chunks(n * inner).flat_map(launch).collect() };
@@ -1276,22 +1478,35 @@ mod tests {
         let weights = Weights::new(outputs * inner);
         for threads in [1, 2] {
             let workers = Workers::new(threads).unwrap();
+            let rows = WeightOrder::Rows;
             let cases = [
-                ("f32", Bf16Products::F32),
-                ("bf16", Bf16Products::F32),
-                ("bf16", Bf16Products::Bf16),
-                ("f16", Bf16Products::F32),
+                ("f32", Bf16Products::F32, rows),
+                ("bf16", Bf16Products::F32, rows),
+                ("bf16", Bf16Products::F32, WeightOrder::Panels),
+                ("bf16", Bf16Products::Bf16, rows),
+                ("f16", Bf16Products::F32, rows),
             ];
-            for (dtype, products) in cases {
+            for (dtype, products, order) in cases {
+                let kernel = (Isa::detect(), products, order);
+                if !kernels().contains(&kernel) {
+                    continue;
+                }
                 let element_bytes = if dtype == "f32" { 4 } else { 2 };
                 let weight_bytes = (outputs * inner * element_bytes) as f64;
-                let copies: Vec<Weights> = (0..(256 << 20) / (outputs * inner * element_bytes))
+                let sources: Vec<Weights> = (0..(256 << 20) / (outputs * inner * element_bytes))
                     .map(|_| Weights {
                         f32s: weights.f32s.clone(),
                         f16_bits: weights.f16_bits.clone(),
                         bf16_bits: weights.bf16_bits.clone(),
                     })
                     .collect();
+                let copies: Vec<Stored> = sources
+                    .iter()
+                    .filter_map(|w| w.stored(order, dtype, inner))
+                    .collect();
+                let Some(hot) = weights.stored(order, dtype, inner) else {
+                    continue;
+                };
                 for (tokens, temperature) in [(1, "hot"), (1, "cold"), (16, "cold"), (128, "hot")] {
                     let shape = LinearShape {
                         tokens,
@@ -1301,19 +1516,22 @@ mod tests {
                     let x: Vec<f32> = (0..tokens * inner).map(|i| noise(3, i)).collect();
                     let mut out = vec![0.0; tokens * outputs];
                     let pick = |i: usize| match temperature {
-                        "hot" => weights.slice(dtype),
-                        _ => copies[i % copies.len()].slice(dtype),
+                        "hot" => hot.slice(),
+                        _ => copies[i % copies.len()].slice(),
                     };
-                    linear((&x, pick(0)), &mut out, shape, products, &workers);
+                    let run = |w, out: &mut [f32]| {
+                        linear_on(kernel, &x, w, out, shape, &workers).unwrap();
+                    };
+                    run(pick(0), &mut out);
                     let repeats = if tokens == 1 { 400 } else { 10 };
                     let started = Instant::now();
                     for i in 0..repeats {
-                        linear((&x, pick(i + 1)), &mut out, shape, products, &workers);
+                        run(pick(i + 1), &mut out);
                     }
                     let seconds = started.elapsed().as_secs_f64() / repeats as f64;
                     let flops = 2.0 * (tokens * inner * outputs) as f64;
                     println!(
-                        "linear T={tokens:<3} K={inner} N={outputs} {dtype:<4} {products:?} \
+                        "linear T={tokens:<3} K={inner} N={outputs} {dtype:<4} {products:?} {order:?} \
                          {temperature:<4} threads={threads}: {:8.1} us {:6.1} GB/s of weights {:6.1} GFLOP/s",
                         seconds * 1e6,
                         weight_bytes / seconds / 1e9,
