@@ -685,3 +685,93 @@ fn failures_come_back_as_codes_and_messages() {
     assert_eq!(device.read_widened_bits(&key_cache), [0; 8]);
     assert_eq!(device.stats().launches, 0);
 }
+
+/// A tied embedding: the output projection (a `linear` over the table) may keep the table in
+/// the device's own arrangement; gathers from it, later projections and the host's reads and
+/// writes see the table as written.
+#[test]
+fn a_table_the_linears_rearrange_reads_and_gathers_as_written() {
+    let device = Device::open("threads=2").unwrap();
+    // 64 rows fill two panels of 32; 40 columns are no multiple of any vector width.
+    let (rows, width, tokens) = (64usize, 40usize, 3usize);
+    let values = random(31, rows * width, 1.0);
+    let bits: Vec<u16> = values
+        .iter()
+        .map(|&v| bf16::from_f32(v).to_bits())
+        .collect();
+    let table_bytes = to_bytes(&bits, u16::to_le_bytes);
+    let embedding = device.upload(DType::BF16, &[rows as u64, width as u64], &table_bytes);
+    let x_values = random(32, tokens * width, 1.0);
+    let x = device.f32s(&[tokens as u64, width as u64], &x_values);
+    let ids = device.i32s(&[tokens as u64], &[63, 0, 33]);
+    let hidden = device.zeros(&[tokens as u64, width as u64]);
+    let logits = device.zeros(&[tokens as u64, rows as u64]);
+    let gather = || {
+        device
+            .launch(
+                "embedding_gather",
+                &[ids.arg(IN), embedding.arg(IN), hidden.arg(OUT)],
+                &[],
+            )
+            .unwrap();
+        device.read_f32(&hidden)
+    };
+    let project = || {
+        device
+            .launch(
+                "linear",
+                &[x.arg(IN), embedding.arg(IN), logits.arg(OUT)],
+                &[],
+            )
+            .unwrap();
+        device.read_f32(&logits)
+    };
+    let exact: Vec<f32> = bits.iter().map(|&b| bf16::from_bits(b).to_f32()).collect();
+    let expected_rows: Vec<f32> = [63, 0, 33]
+        .iter()
+        .flat_map(|&r| exact[r * width..(r + 1) * width].to_vec())
+        .collect();
+
+    assert_eq!(gather(), expected_rows);
+    let first = project();
+    for (i, &got) in first.iter().enumerate() {
+        let (t, n) = (i / rows, i % rows);
+        let want: f64 = (0..width)
+            .map(|k| f64::from(x_values[t * width + k]) * f64::from(exact[n * width + k]))
+            .sum();
+        assert!(
+            (f64::from(got) - want).abs() < 1e-4,
+            "logit {i}: {got} vs {want}"
+        );
+    }
+    assert_eq!(gather(), expected_rows, "gathered after the projection");
+    assert_eq!(project(), first, "a second projection");
+    assert_eq!(
+        device.read_bytes(&embedding, 2),
+        table_bytes,
+        "the host's read"
+    );
+    assert_eq!(project(), first, "a projection after the host's read");
+
+    // A host write into part of the table lands on the row it names.
+    let row_five: Vec<u16> = vec![bf16::from_f32(0.5).to_bits(); width];
+    // SAFETY: a live handle; the bytes are readable for their length.
+    unsafe {
+        let bytes = to_bytes(&row_five, u16::to_le_bytes);
+        device
+            .check((table().write.unwrap())(
+                device.handle,
+                embedding.buffer,
+                (5 * width * 2) as u64,
+                bytes.as_ptr(),
+                bytes.len() as u64,
+            ))
+            .unwrap();
+    }
+    let after = project();
+    for t in 0..tokens {
+        let row_sum: f32 = x_values[t * width..(t + 1) * width].iter().sum();
+        assert!((after[t * rows + 5] - 0.5 * row_sum).abs() < 1e-4);
+        assert_eq!(after[t * rows + 6], first[t * rows + 6]);
+    }
+}

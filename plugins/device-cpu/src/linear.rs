@@ -495,11 +495,15 @@ fn matmul(
         #[cfg(target_arch = "x86_64")]
         (Isa::Avx2, FloatSlice::BF16(_)) if order == WeightOrder::Panels => {
             let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
+            let block = token_block_len(plan.tokens, plan.tile_tokens);
             drive(
                 plan,
                 workers,
                 sink,
                 &|part, tokens, n0, _, out, out_stride| {
+                    // The first group of a block reads the panel from memory; the others
+                    // find it in cache. While the first computes, the next panel streams in.
+                    let first_group = tokens.start % block == 0;
                     let tile = panels::Tile {
                         x: x[tokens.start * inner..].as_ptr(),
                         x_stride: inner,
@@ -508,6 +512,7 @@ fn matmul(
                         inner,
                         out,
                         out_stride,
+                        prefetch_next: first_group,
                     };
                     // SAFETY: `Isa::Avx2` comes from `avx2::supported`; every width is a
                     // multiple of the panel, so the panel and its outputs are whole; the task
@@ -979,11 +984,20 @@ impl<'w> Plan<'w> {
 /// `0..T` cut into at most [`MC`]-token blocks of nearly equal size (multiples of
 /// `tile_tokens` but the last).
 fn token_blocks(tokens: usize, tile_tokens: usize) -> impl Iterator<Item = Range<usize>> {
-    let num_blocks = tokens.div_ceil(MC);
-    let block = tokens.div_ceil(num_blocks).div_ceil(tile_tokens) * tile_tokens;
+    let block = token_block_len(tokens, tile_tokens);
     (0..tokens)
         .step_by(block)
         .map(move |start| start..(start + block).min(tokens))
+}
+
+/// The length of every block of [`token_blocks`] but the last.
+fn token_block_len(tokens: usize, tile_tokens: usize) -> usize {
+    let num_blocks = tokens.div_ceil(MC);
+    tokens
+        .div_ceil(num_blocks.max(1))
+        .div_ceil(tile_tokens)
+        .max(1)
+        * tile_tokens
 }
 
 /// `tokens` cut into the fewest groups of at most `tile_tokens`, of sizes differing by at most

@@ -1,4 +1,4 @@
-//! Row and vector primitives the kernels' inner loops run: the f32 dot product, `y += a·x`, and (in `avx512`) lane sums and `exp`.
+//! Row and vector primitives the kernels' inner loops run: the f32 dot product, `y += a·x`, and (in `avx512` and `avx2`) lane sums and `exp`.
 //!
 //! Each has a portable body that LLVM vectorizes for the baseline target (SSE2 on x86-64) and,
 //! on x86-64 CPUs with AVX2, an AVX2 version picked at run time, so a library built for any
@@ -82,6 +82,8 @@ fn axpy_portable(y: &mut [f32], alpha: f32, x: &[f32]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 

@@ -1,20 +1,19 @@
 //! AVX2 attention of one token's query heads over one KV head, for heads of 64 or 128: each key row is widened once for all the heads, then the values stream past one head's output row held in registers.
 //!
 //! A score is one dot product in two 8-lane accumulators (alternate chunks), added and
-//! reduced in a fixed tree; the softmax is vectorized ([`exp`]); the output lanes are FMA
+//! reduced in a fixed tree; the softmax is vectorized (`vector::avx2::exp`); the output lanes are FMA
 //! chains over positions in order. None of it depends on the rest of the batch.
 
 use std::arch::x86_64::{
-    __m256, _MM_FROUND_NO_EXC, _MM_FROUND_TO_NEAREST_INT, _mm256_add_epi32, _mm256_add_ps,
-    _mm256_and_ps, _mm256_castsi256_ps, _mm256_cmpgt_epi32, _mm256_cvtps_epi32, _mm256_div_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps, _mm256_mul_ps, _mm256_round_ps,
-    _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_slli_epi32,
-    _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps, _mm256_cmpgt_epi32, _mm256_div_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
+    _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
 };
 
 use super::{Rows, with_offsets};
 use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
+use crate::vector::avx2::exp;
 
 /// Whether this CPU runs this kernel.
 pub fn supported() -> bool {
@@ -131,59 +130,5 @@ fn softmax(scores: &mut [f32]) {
             _mm256_storeu_ps(lanes.as_mut_ptr(), _mm256_div_ps(e, total));
         }
         chunk.copy_from_slice(&lanes[..chunk.len()]);
-    }
-}
-
-/// `exp(x)` for 8 lanes with `x ≤ 0` (scores minus their maximum), within 2 ulp down to -87
-/// and the value at -87 below: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn exp(x: __m256) -> __m256 {
-    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-        x,
-        _mm256_set1_ps(std::f32::consts::LOG2_E),
-    ));
-    // ln 2 in two parts, so `n · ln2_hi` is exact.
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693_359_4), x);
-    let r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.121_944_4e-4), r);
-    // Taylor coefficients 1/k! up to k = 6.
-    let mut p = _mm256_set1_ps(1.0 / 720.0);
-    for coefficient in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
-    }
-    // 2^n for -126 ≤ n ≤ 0: n + 127 in the exponent field.
-    let biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-    _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(biased)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exp_is_close_down_to_its_floor() {
-        if !supported() {
-            return;
-        }
-        let xs: [f32; 8] = [
-            0.0,
-            -0.3,
-            -1.0,
-            -5.5,
-            -20.25,
-            -60.0,
-            -86.9,
-            -std::f32::consts::LN_2,
-        ];
-        // SAFETY: supported (checked above).
-        let got: [f32; 8] = unsafe { std::mem::transmute(exp(_mm256_loadu_ps(xs.as_ptr()))) };
-        for (x, got) in xs.iter().zip(got) {
-            let want = f64::from(*x).exp();
-            assert!(
-                (f64::from(got) - want).abs() <= 4.0 * f64::from(f32::EPSILON) * want,
-                "exp({x}) = {got}, expected {want}"
-            );
-        }
     }
 }

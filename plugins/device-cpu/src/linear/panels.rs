@@ -12,9 +12,9 @@
 //! the buffer (see [`arrangement`]), and undone before the host reads or writes it again.
 
 use std::arch::x86_64::{
-    _mm256_broadcast_ss, _mm256_castsi256_ps, _mm256_fmadd_ps, _mm256_loadu_si256,
-    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_storeu_ps, _mm256_unpackhi_epi16,
-    _mm256_unpacklo_epi16,
+    _MM_HINT_T0, _mm_prefetch, _mm256_broadcast_ss, _mm256_castsi256_ps, _mm256_fmadd_ps,
+    _mm256_loadu_si256, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_storeu_ps,
+    _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
 };
 
 use super::Bf16Bits;
@@ -99,6 +99,11 @@ pub struct Tile {
     pub inner: usize,
     pub out: *mut f32,
     pub out_stride: usize,
+    /// Whether to fetch the next panel in memory into cache, a line per column: a tile of
+    /// several tokens spends longer computing than streaming its panel, so the next panel's
+    /// reads hide behind this one's arithmetic. (A lone token streams at memory speed; the
+    /// hardware prefetcher follows it.)
+    pub prefetch_next: bool,
 }
 
 /// # Safety
@@ -109,13 +114,17 @@ pub unsafe fn tile<const M: usize>(tile: &Tile) {
     if M == 1 {
         // Both halves of the panel at once: four FMA chains and one stream of whole lines.
         // SAFETY: the contract.
-        unsafe { halves::<M, 2>(tile, 0) }
+        unsafe { halves::<M, 2, false>(tile, 0) }
     } else {
         // Eight accumulators, a broadcast and the widened weights fit the 16 registers.
         // SAFETY: the contract.
         unsafe {
-            halves::<M, 1>(tile, 0);
-            halves::<M, 1>(tile, 1);
+            if tile.prefetch_next {
+                halves::<M, 1, true>(tile, 0);
+            } else {
+                halves::<M, 1, false>(tile, 0);
+            }
+            halves::<M, 1, false>(tile, 1);
         }
     }
 }
@@ -127,7 +136,7 @@ pub unsafe fn tile<const M: usize>(tile: &Tile) {
 /// As [`tile`], and `h0 + H <= 2`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn halves<const M: usize, const H: usize>(tile: &Tile, h0: usize) {
+unsafe fn halves<const M: usize, const H: usize, const PREFETCH: bool>(tile: &Tile, h0: usize) {
     let Tile {
         x,
         x_stride,
@@ -135,7 +144,9 @@ unsafe fn halves<const M: usize, const H: usize>(tile: &Tile, h0: usize) {
         inner,
         out,
         out_stride,
+        ..
     } = *tile;
+    let next = w.wrapping_add(ROWS * inner);
     let zero = _mm256_setzero_si256();
     // `acc[h][m]`: the low and high eight outputs of half `h0 + h` for token `m`.
     let mut acc = [[[_mm256_setzero_ps(); 2]; M]; H];
@@ -152,6 +163,10 @@ unsafe fn halves<const M: usize, const H: usize>(tile: &Tile, h0: usize) {
                 *low_acc = _mm256_fmadd_ps(low, xv, *low_acc);
                 *high_acc = _mm256_fmadd_ps(high, xv, *high_acc);
             }
+        }
+        if PREFETCH {
+            // Never faults, even past the last panel.
+            _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * ROWS).cast());
         }
         column = column.wrapping_add(ROWS);
     }
