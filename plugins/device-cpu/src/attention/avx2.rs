@@ -5,9 +5,9 @@
 //! chains over positions in order. None of it depends on the rest of the batch.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps, _mm256_cmpgt_epi32, _mm256_div_ps,
-    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
-    _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps,
+    _mm256_cmpgt_epi32, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
 };
 
 use super::{Rows, with_offsets};
@@ -39,6 +39,9 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
     let context_len = rows.context_len;
     with_offsets(rows, |offsets| {
         for (position, &offset) in offsets.iter().enumerate() {
+            if let Some(&ahead) = offsets.get(position + PREFETCH_POSITIONS) {
+                prefetch_row(keys, ahead, head_dim);
+            }
             let key = &keys[offset..offset + head_dim];
             let k: [__m256; C] = std::array::from_fn(|c| load_cached(key, c));
             for h in 0..G {
@@ -58,7 +61,14 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             // Eight chunks at a time: their accumulators and one value vector fit the registers.
             for c0 in (0..C).step_by(8) {
                 let mut acc = [_mm256_setzero_ps(); 8];
-                for (&offset, &weight) in offsets.iter().zip(weights) {
+                // The first pass over the values brings them in; later ones find them cached.
+                let first_pass = h == 0 && c0 == 0;
+                for (position, (&offset, &weight)) in offsets.iter().zip(weights).enumerate() {
+                    if let Some(&ahead) = offsets.get(position + PREFETCH_POSITIONS)
+                        && first_pass
+                    {
+                        prefetch_row(values, ahead, head_dim);
+                    }
                     let value = &values[offset..offset + head_dim];
                     let weight = _mm256_set1_ps(weight);
                     for (i, acc) in acc.iter_mut().enumerate() {
@@ -73,6 +83,22 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             }
         }
     })
+}
+
+/// Positions ahead of the one being read whose cache rows are fetched: rows of a sequence lie
+/// in blocks scattered over the cache, which the hardware prefetcher cannot follow from one
+/// block to the next, and a lone decode waits on every such jump.
+const PREFETCH_POSITIONS: usize = 16;
+
+/// Asks for the cache lines of the `head_dim` elements at `offset` of `rows`.
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch_row<E>(rows: &[E], offset: usize, head_dim: usize) {
+    let start = rows.as_ptr().wrapping_add(offset).cast::<u8>();
+    for line in (0..head_dim * size_of::<E>()).step_by(64) {
+        // Prefetching never faults, and `offset` names a row inside `rows` anyway.
+        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).cast());
+    }
 }
 
 /// Eight f32s from element `8 * c` of `row`.
