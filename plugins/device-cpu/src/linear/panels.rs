@@ -22,6 +22,9 @@ use super::Bf16Bits;
 /// Weight rows per panel: one 64-byte line per column.
 pub const ROWS: usize = 32;
 
+/// Columns (64-byte lines) ahead of the one being read that a one-token tile asks for.
+const STREAM_AHEAD: usize = 8;
+
 /// Tokens per tile.
 pub const MR: usize = 4;
 
@@ -101,8 +104,8 @@ pub struct Tile {
     pub out_stride: usize,
     /// Whether to fetch the next panel in memory into cache, a line per column: a tile of
     /// several tokens spends longer computing than streaming its panel, so the next panel's
-    /// reads hide behind this one's arithmetic. (A lone token streams at memory speed; the
-    /// hardware prefetcher follows it.)
+    /// reads hide behind this one's arithmetic. (A lone token streams at memory speed and
+    /// asks a few lines ahead instead.)
     pub prefetch_next: bool,
 }
 
@@ -167,6 +170,12 @@ unsafe fn halves<const M: usize, const H: usize, const PREFETCH: bool>(tile: &Ti
         if PREFETCH {
             // Never faults, even past the last panel.
             _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k * ROWS).cast());
+        }
+        if M == 1 {
+            // A lone token streams the panel at memory speed: asking a few lines ahead keeps
+            // more reads in flight than the hardware prefetcher alone, across page
+            // boundaries too (it stops at each).
+            _mm_prefetch::<_MM_HINT_T0>(column.wrapping_add(STREAM_AHEAD * ROWS).cast());
         }
         column = column.wrapping_add(ROWS);
     }
