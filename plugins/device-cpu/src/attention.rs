@@ -376,8 +376,8 @@ struct Rows<'a> {
     layout: CacheLayout,
     kv_head: usize,
     context_len: usize,
-    /// Hint rows into L1 ahead of use (the AVX-512 kernel): for rows read from memory, which
-    /// the hardware prefetchers do not follow from one block to the next.
+    /// Hint rows into L1 ahead of use ([`prefetch_row`]): for a lone decode, whose rows come
+    /// from memory.
     prefetch: bool,
 }
 
@@ -385,6 +385,24 @@ struct Rows<'a> {
 thread_local! {
     /// The cache offsets of one call's positions; grows to the longest context and is reused.
     static OFFSETS: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Positions between a row's prefetch hint and its use: enough to cover a memory access.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_DISTANCE: usize = 16;
+
+/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L1: rows of a
+/// sequence lie in blocks scattered over the cache, which the hardware prefetchers do not
+/// follow from one block to the next.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn prefetch_row<E>(cache: &[E], offset: usize, head_dim: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let start = cache.as_ptr().wrapping_add(offset).cast::<i8>();
+    for line in (0..head_dim * size_of::<E>()).step_by(64) {
+        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
+    }
 }
 
 /// Calls `f` with the element offset of the row of every position `0..context_len` in either
@@ -434,6 +452,7 @@ mod tests {
     const NUM_BLOCKS: usize = 64;
 
     /// One sequence of a test step: tokens cached before the step, tokens computed in it.
+    #[derive(Clone, Copy)]
     struct Sequence {
         cached: usize,
         computed: usize,
@@ -494,8 +513,9 @@ mod tests {
     }
 
     /// Lays the sequences out in a paged cache (blocks handed out in a scattered order, unused
-    /// table entries -1), adds one padding row, and compares with dense attention.
-    fn check_batch(what: &str, sequences: &[Sequence], head_dim: usize) {
+    /// table entries -1), adds one padding row, and compares with dense attention. Returns the
+    /// output of every kernel and thread count.
+    fn check_batch(what: &str, sequences: &[Sequence], head_dim: usize) -> Vec<(String, Vec<f32>)> {
         let scale = 1.0 / (head_dim as f32).sqrt();
         let (q_width, kv_width) = (NUM_HEADS * head_dim, NUM_KV_HEADS * head_dim);
         let blocks_per_seq = sequences
@@ -556,6 +576,7 @@ mod tests {
             keys: &key_cache,
             values: &value_cache,
         };
+        let mut outputs = Vec::new();
         for (kernel, threads) in kernels().into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
             let workers = Workers::new(threads).unwrap();
             let mut out = vec![f32::NAN; q.len()];
@@ -563,7 +584,9 @@ mod tests {
             paged_attention_on(kernel, &q, &cache, &layout, &mut out, params, &workers).unwrap();
             let what = format!("{what}, {kernel:?}, {threads} threads");
             assert_close(&out, &expected, 1e-5, &what);
+            outputs.push((what, out));
         }
+        outputs
     }
 
     /// The portable kernels, and the vector ones where this CPU has them.
@@ -573,6 +596,26 @@ mod tests {
             kernels.push(Kernel::detect());
         }
         kernels
+    }
+
+    #[test]
+    fn a_decode_gives_the_same_bits_alone_and_in_a_batch() {
+        // What else a step computes changes nothing of a decode's output.
+        let decode = Sequence {
+            cached: 90,
+            computed: 1,
+        };
+        let prefill = Sequence {
+            cached: 0,
+            computed: 40,
+        };
+        let alone = check_batch("a decode alone", &[decode], HEAD_DIM);
+        let batched = check_batch("a decode and a prefill", &[decode, prefill], HEAD_DIM);
+        let row = NUM_HEADS * HEAD_DIM;
+        for ((what, alone), (_, batched)) in alone.iter().zip(&batched) {
+            let bits = |v: &[f32]| -> Vec<u32> { v[..row].iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(bits(alone), bits(batched), "{what}");
+        }
     }
 
     #[test]

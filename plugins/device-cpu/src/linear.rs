@@ -22,8 +22,9 @@
 //!
 //! Batch invariance: an output element is one vector accumulator whose lanes take the
 //! products of their residue class of `k` in `k` order, then one fixed reduction tree (see
-//! `avx512` and `avx2`); which tile, which token group and which thread computes it changes
-//! no instruction of that sequence. So a prompt prefilled alone, in chunks or inside a batch
+//! `avx512` and `avx2`), or, for weights in panels, one lane's FMA chain over `k` in order;
+//! which tile, which token group and which thread computes it changes no instruction of that
+//! sequence. So a prompt prefilled alone, in chunks or inside a batch
 //! gets the same bits. One machine always runs one instruction set, chosen by [`Isa::detect`].
 
 #[cfg(target_arch = "x86_64")]

@@ -5,12 +5,12 @@
 //! chains over positions in order. None of it depends on the rest of the batch.
 
 use std::arch::x86_64::{
-    __m256, _MM_HINT_T0, _mm_prefetch, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps,
-    _mm256_cmpgt_epi32, _mm256_div_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps, _mm256_cmpgt_epi32, _mm256_div_ps,
+    _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
+    _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
 };
 
-use super::{Rows, with_offsets};
+use super::{PREFETCH_DISTANCE, Rows, prefetch_row, with_offsets};
 use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
 use crate::vector::avx2::exp;
@@ -39,7 +39,9 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
     let context_len = rows.context_len;
     with_offsets(rows, |offsets| {
         for (position, &offset) in offsets.iter().enumerate() {
-            if let Some(&ahead) = offsets.get(position + PREFETCH_POSITIONS) {
+            if let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE)
+                && rows.prefetch
+            {
                 prefetch_row(keys, ahead, head_dim);
             }
             let key = &keys[offset..offset + head_dim];
@@ -62,9 +64,9 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             for c0 in (0..C).step_by(8) {
                 let mut acc = [_mm256_setzero_ps(); 8];
                 // The first pass over the values brings them in; later ones find them cached.
-                let first_pass = h == 0 && c0 == 0;
+                let first_pass = h == 0 && c0 == 0 && rows.prefetch;
                 for (position, (&offset, &weight)) in offsets.iter().zip(weights).enumerate() {
-                    if let Some(&ahead) = offsets.get(position + PREFETCH_POSITIONS)
+                    if let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE)
                         && first_pass
                     {
                         prefetch_row(values, ahead, head_dim);
@@ -83,22 +85,6 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             }
         }
     })
-}
-
-/// Positions ahead of the one being read whose cache rows are fetched: rows of a sequence lie
-/// in blocks scattered over the cache, which the hardware prefetcher cannot follow from one
-/// block to the next, and a lone decode waits on every such jump.
-const PREFETCH_POSITIONS: usize = 16;
-
-/// Asks for the cache lines of the `head_dim` elements at `offset` of `rows`.
-#[inline]
-#[target_feature(enable = "sse")]
-fn prefetch_row<E>(rows: &[E], offset: usize, head_dim: usize) {
-    let start = rows.as_ptr().wrapping_add(offset).cast::<u8>();
-    for line in (0..head_dim * size_of::<E>()).step_by(64) {
-        // Prefetching never faults, and `offset` names a row inside `rows` anyway.
-        _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).cast());
-    }
 }
 
 /// Eight f32s from element `8 * c` of `row`.

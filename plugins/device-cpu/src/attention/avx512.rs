@@ -8,12 +8,12 @@
 //! half the bytes of an f32 cache and computes the same way.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _MM_HINT_T0, _mm_prefetch, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps,
-    _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps,
-    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
+    __m512, __mmask16, _mm512_add_ps, _mm512_div_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
+    _mm512_mask_storeu_ps, _mm512_maskz_loadu_ps, _mm512_maskz_mov_ps, _mm512_mul_ps,
+    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
 };
 
-use super::{Rows, with_offsets};
+use super::{PREFETCH_DISTANCE, Rows, prefetch_row, with_offsets};
 use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
@@ -92,19 +92,6 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
             }
         }
     })
-}
-
-/// Positions between a row's prefetch hint and its use: enough to cover a memory access.
-const PREFETCH_DISTANCE: usize = 16;
-
-/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L1.
-#[inline]
-fn prefetch_row<E>(cache: &[E], offset: usize, head_dim: usize) {
-    let start = cache.as_ptr().wrapping_add(offset).cast::<i8>();
-    for line in (0..head_dim * size_of::<E>()).step_by(64) {
-        // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
-    }
 }
 
 /// Sixteen f32s from element `16 * c` of `row`.
