@@ -245,10 +245,14 @@ fn arrange_weights(
                 launch.rearrange(name, target, |bytes| {
                     let bits = half_bits_mut(bytes);
                     let panel = panels::ROWS * inner;
-                    let per_task = bits.len().div_ceil(panel).div_ceil(4 * 4).max(1) * panel;
-                    context.workers.for_each_chunk(bits, per_task, |_, chunk| {
-                        panels::arrange(chunk, inner, &mut Vec::new())
-                    });
+                    // Some sixteen tasks: every thread gets a share, and none waits long on
+                    // the last.
+                    let panels_per_task = (bits.len() / panel).div_ceil(16).max(1);
+                    context
+                        .workers
+                        .for_each_chunk(bits, panels_per_task * panel, |_, chunk| {
+                            panels::arrange(chunk, inner, &mut Vec::new())
+                        });
                 });
             }
         }
