@@ -15,18 +15,13 @@ pub fn gather(
     out: &mut [f32],
     (what, workers): (&str, &Workers),
 ) -> Result<(), String> {
-    check_indices(table.len(), width, indices, what)?;
-    if width == 0 {
-        return Ok(());
-    }
-    let rows_per_task = workers.rows_per_task(indices.len(), width);
-    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
-        let first = task * rows_per_task;
-        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
-            widen_into(table, index as usize * width, out_row);
-        }
-    });
-    Ok(())
+    gather_each(
+        (table.len(), width),
+        indices,
+        out,
+        (what, workers),
+        |index, out_row| widen_into(table, index * width, out_row),
+    )
 }
 
 /// As [`gather`], from a bf16 table the linear kernels keep in panels (a tied embedding that
@@ -40,26 +35,29 @@ pub fn gather_from_panels(
     (what, workers): (&str, &Workers),
 ) -> Result<(), String> {
     use crate::linear::panels;
-    check_indices(table.len(), width, indices, what)?;
-    if width == 0 {
-        return Ok(());
-    }
-    let rows_per_task = workers.rows_per_task(indices.len(), width);
-    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
-        let first = task * rows_per_task;
-        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
-            let start = panels::index(index as usize, 0, width);
-            let column = &table[start..];
+    gather_each(
+        (table.len(), width),
+        indices,
+        out,
+        (what, workers),
+        |index, out_row| {
+            let column = &table[panels::index(index, 0, width)..];
             for (k, value) in out_row.iter_mut().enumerate() {
                 *value = crate::widen::bf16_to_f32(column[k * panels::ROWS]);
             }
-        }
-    });
-    Ok(())
+        },
+    )
 }
 
-/// Every index names one of the table's rows.
-fn check_indices(len: usize, width: usize, indices: &[i32], what: &str) -> Result<(), String> {
+/// Checks that every index names one of the `len / width` rows of a table, then has
+/// `row_into(index, out_row)` fill each output row, spread over the workers.
+fn gather_each(
+    (len, width): (usize, usize),
+    indices: &[i32],
+    out: &mut [f32],
+    (what, workers): (&str, &Workers),
+    row_into: impl Fn(usize, &mut [f32]) + Sync + Send,
+) -> Result<(), String> {
     let num_rows = len.checked_div(width).unwrap_or(0);
     for (position, &index) in indices.iter().enumerate() {
         if usize::try_from(index).map_or(true, |index| index >= num_rows) {
@@ -68,6 +66,16 @@ fn check_indices(len: usize, width: usize, indices: &[i32], what: &str) -> Resul
             ));
         }
     }
+    if width == 0 {
+        return Ok(());
+    }
+    let rows_per_task = workers.rows_per_task(indices.len(), width);
+    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
+        let first = task * rows_per_task;
+        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
+            row_into(index as usize, out_row);
+        }
+    });
     Ok(())
 }
 

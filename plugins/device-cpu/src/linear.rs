@@ -230,9 +230,14 @@ fn arrange_weights(
                 isa == Isa::Avx2 && launch.dtype(name) == DType::BF16 && launch.spans_buffer(name);
             panels::arrangement(outputs, inner).filter(|_| fits)
         };
-        let targets: Vec<Option<u64>> = weights.iter().map(|&(n, o)| target(n, o)).collect();
-        let all = targets.iter().all(Option::is_some);
-        for (&(name, _), target) in weights.iter().zip(&targets) {
+        // One per weight of the launch: at most `MAX_MATRICES`, so no allocation per launch.
+        let mut targets = [None; MAX_MATRICES];
+        for (target_of, &(name, outputs)) in targets.iter_mut().zip(weights) {
+            *target_of = target(name, outputs);
+        }
+        let targets = &targets[..weights.len().min(MAX_MATRICES)];
+        let all = weights.len() <= MAX_MATRICES && targets.iter().all(Option::is_some);
+        for (&(name, _), target) in weights.iter().zip(targets) {
             let target = target.filter(|_| all).unwrap_or(AS_WRITTEN);
             let current = launch.arrangement(name);
             if current == target {

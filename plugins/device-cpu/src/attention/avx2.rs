@@ -39,8 +39,8 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
     let context_len = rows.context_len;
     with_offsets(rows, |offsets| {
         for (position, &offset) in offsets.iter().enumerate() {
-            if let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE)
-                && rows.prefetch
+            if rows.prefetch
+                && let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE)
             {
                 prefetch_row(keys, ahead, head_dim);
             }
@@ -66,9 +66,7 @@ pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
                 // The first pass over the values brings them in; later ones find them cached.
                 let first_pass = h == 0 && c0 == 0 && rows.prefetch;
                 for (position, (&offset, &weight)) in offsets.iter().zip(weights).enumerate() {
-                    if let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE)
-                        && first_pass
-                    {
+                    if first_pass && let Some(&ahead) = offsets.get(position + PREFETCH_DISTANCE) {
                         prefetch_row(values, ahead, head_dim);
                     }
                     let value = &values[offset..offset + head_dim];
