@@ -1,6 +1,26 @@
 //! The fields of a Hugging Face config.json that the decoder program depends on, with the checks that refuse what it cannot run.
+//!
+//! The rotary embedding is read in both forms configs carry:
+//! - as `transformers` 4 writes it: a top-level `rope_theta`, and `rope_scaling` (null, or a
+//!   dict naming a scaling);
+//! - as `transformers` 5 writes it: `rope_parameters: {"rope_type": ..., "rope_theta": ...}`,
+//!   which configs with several attention types key by type (`{"full_attention": {...}}`).
+//!
+//! Fields that state the same quantity must agree. A field that changes the maths and that
+//! this glue does not compute is refused with its name, never replaced by a default; fields
+//! that `transformers` itself ignores for these two architectures are ignored here too.
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The rotary base when no field states one: `default_theta` of both `Qwen3Config` and
+/// `LlamaConfig` in `transformers`, which it applies in the same case. Configs in the wild
+/// rely on it, so its absence is not an error.
+const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+
+/// `Qwen3Config`'s `head_dim` when the key is absent: unlike Llama, `transformers` does not
+/// derive it from the hidden size for Qwen3.
+const QWEN3_DEFAULT_HEAD_DIM: u32 = 128;
 
 /// Which variant of the decoder layer to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +37,8 @@ enum OneOrMany {
     Many(Vec<u32>),
 }
 
+// `pretraining_tp` (Llama) is deliberately not read: it only split the projections into
+// slices whose products sum to the same result, and `transformers` no longer reads it either.
 #[derive(Debug, Deserialize)]
 struct RawConfig {
     #[serde(default)]
@@ -30,8 +52,10 @@ struct RawConfig {
     vocab_size: u32,
     #[serde(default = "default_eps")]
     rms_norm_eps: f64,
-    #[serde(default = "default_theta")]
-    rope_theta: f64,
+    rope_theta: Option<f64>,
+    rope_parameters: Option<Value>,
+    rope_scaling: Option<Value>,
+    partial_rotary_factor: Option<Value>,
     #[serde(default = "default_max_position")]
     max_position_embeddings: u32,
     #[serde(default)]
@@ -42,14 +66,15 @@ struct RawConfig {
     #[serde(default)]
     mlp_bias: bool,
     hidden_act: Option<String>,
-    rope_scaling: Option<serde_json::Value>,
+    use_sliding_window: Option<bool>,
+    sliding_window: Option<u64>,
+    max_window_layers: Option<u32>,
+    layer_types: Option<Vec<String>>,
+    quantization_config: Option<Value>,
 }
 
 fn default_eps() -> f64 {
     1e-6
-}
-fn default_theta() -> f64 {
-    10_000.0
 }
 fn default_max_position() -> u32 {
     2048
@@ -76,8 +101,12 @@ pub struct TransformerConfig {
 
 impl TransformerConfig {
     pub fn parse(config_json: &str) -> Result<Self, String> {
-        let raw: RawConfig =
-            serde_json::from_str(config_json).map_err(|e| format!("config.json: {e}"))?;
+        let mut deserializer = serde_json::Deserializer::from_str(config_json);
+        let raw: RawConfig = serde_path_to_error::deserialize(&mut deserializer)
+            .map_err(|e| format!("config.json: {e}"))?;
+        deserializer
+            .end()
+            .map_err(|e| format!("config.json: {e}"))?;
         let architecture = raw
             .architectures
             .first()
@@ -103,19 +132,32 @@ impl TransformerConfig {
                 "config.json: hidden_act {act:?} is not supported (only silu)"
             ));
         }
-        if let Some(scaling) = raw.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-            let kind = scaling.get("rope_type").or_else(|| scaling.get("type"));
-            if kind.and_then(|k| k.as_str()) != Some("default") {
-                return Err(format!(
-                    "config.json: rope_scaling {scaling} is not supported"
-                ));
-            }
+        if raw.quantization_config.is_some() {
+            return Err(
+                "config.json: quantization_config is not supported: weights must be plain f32, f16 or bf16"
+                    .into(),
+            );
         }
+        check_attention_layers(&raw)?;
+        let rope_theta = rope_theta(&raw)?;
         let kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        let head_dim = raw
-            .head_dim
-            .or_else(|| raw.hidden_size.checked_div(raw.num_attention_heads))
-            .unwrap_or(0);
+        let head_dim = match (raw.head_dim, family) {
+            (Some(head_dim), _) => head_dim,
+            (None, Family::Qwen3) => QWEN3_DEFAULT_HEAD_DIM,
+            (None, Family::Llama) => {
+                if raw.num_attention_heads > 0
+                    && !raw.hidden_size.is_multiple_of(raw.num_attention_heads)
+                {
+                    return Err(format!(
+                        "config.json: head_dim is not given and hidden_size {} is not a multiple of num_attention_heads {}",
+                        raw.hidden_size, raw.num_attention_heads
+                    ));
+                }
+                raw.hidden_size
+                    .checked_div(raw.num_attention_heads)
+                    .unwrap_or(0)
+            }
+        };
         let positive = [
             ("hidden_size", raw.hidden_size),
             ("intermediate_size", raw.intermediate_size),
@@ -155,7 +197,7 @@ impl TransformerConfig {
             head_dim,
             vocab: raw.vocab_size,
             eps: raw.rms_norm_eps as f32,
-            rope_theta: raw.rope_theta as f32,
+            rope_theta,
             max_position: raw.max_position_embeddings,
             tied_embeddings: raw.tie_word_embeddings,
             eos_token_ids,
@@ -163,23 +205,268 @@ impl TransformerConfig {
     }
 }
 
+/// Refuses a config in which any layer would attend within a sliding window: every layer of
+/// the program attends to the whole sequence.
+fn check_attention_layers(raw: &RawConfig) -> Result<(), String> {
+    if let Some(types) = &raw.layer_types {
+        if types.len() != raw.num_hidden_layers as usize {
+            return Err(format!(
+                "config.json: layer_types lists {} layers, num_hidden_layers is {}",
+                types.len(),
+                raw.num_hidden_layers
+            ));
+        }
+        if let Some((i, kind)) = types
+            .iter()
+            .enumerate()
+            .find(|(_, kind)| *kind != "full_attention")
+        {
+            return Err(format!(
+                "config.json: layer_types[{i}] is {kind:?}: only full_attention is supported (sliding-window attention is not implemented)"
+            ));
+        }
+    }
+    // Qwen's convention, which `transformers` follows when `layer_types` is absent: with
+    // use_sliding_window, layers from index max_window_layers on attend within sliding_window.
+    // Without the flag, or without a window, sliding_window is ignored, as there.
+    if raw.use_sliding_window == Some(true)
+        && let Some(window) = raw.sliding_window
+    {
+        let all_layers_full = raw
+            .max_window_layers
+            .is_some_and(|full| full >= raw.num_hidden_layers);
+        if !all_layers_full {
+            let from = raw
+                .max_window_layers
+                .map_or("max_window_layers is not set".to_string(), |full| {
+                    format!("max_window_layers is {full}")
+                });
+            return Err(format!(
+                "config.json: use_sliding_window = true with sliding_window = {window} is not supported: \
+                 {from}, so some of the {} layers would attend within a sliding window, which is not implemented",
+                raw.num_hidden_layers
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The rotary base, from whichever fields state it; all of them must agree.
+fn rope_theta(raw: &RawConfig) -> Result<f32, String> {
+    if let Some(factor) = &raw.partial_rotary_factor {
+        check_partial_rotary_factor("partial_rotary_factor", factor)?;
+    }
+    let mut stated: Vec<(String, f64)> = Vec::new();
+    if let Some(theta) = raw.rope_theta {
+        stated.push(("rope_theta".to_string(), theta));
+    }
+    let dicts = [
+        ("rope_parameters", &raw.rope_parameters),
+        ("rope_scaling", &raw.rope_scaling),
+    ];
+    for (field, value) in dicts {
+        let Some(value) = value else { continue };
+        let (name, entry) = rope_entry(field, value)?;
+        if let Some(theta) = check_rope_entry(&name, entry)? {
+            stated.push((format!("{name}.rope_theta"), theta));
+        }
+    }
+    if let Some((name, theta)) = stated
+        .iter()
+        .find(|(_, theta)| !(theta.is_finite() && *theta > 0.0))
+    {
+        return Err(format!(
+            "config.json: {name} must be a positive number, got {theta}"
+        ));
+    }
+    let Some((first, theta)) = stated.first() else {
+        return Ok(DEFAULT_ROPE_THETA as f32);
+    };
+    if let Some((other, different)) = stated.iter().find(|(_, t)| t != theta) {
+        return Err(format!(
+            "config.json: {first} = {theta} and {other} = {different} disagree"
+        ));
+    }
+    Ok(*theta as f32)
+}
+
+/// The dict of rotary parameters that full-attention layers use, and the name to report it by.
+fn rope_entry<'a>(
+    field: &str,
+    value: &'a Value,
+) -> Result<(String, &'a Map<String, Value>), String> {
+    let dict = value
+        .as_object()
+        .ok_or_else(|| format!("config.json: {field} must be an object, got {value}"))?;
+    let nested = dict.values().filter(|v| v.is_object()).count();
+    if nested == 0 {
+        return Ok((field.to_string(), dict));
+    }
+    if nested < dict.len() {
+        return Err(format!(
+            "config.json: {field} mixes entries keyed by attention type with plain parameters"
+        ));
+    }
+    // Keyed by attention type. Every layer here is full attention (check_attention_layers
+    // refuses the others), so the other entries are never used.
+    let entry = dict
+        .get("full_attention")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            format!(
+                "config.json: {field} is keyed by attention type but has no full_attention entry"
+            )
+        })?;
+    Ok((format!("{field}.full_attention"), entry))
+}
+
+/// Refuses a rotary dict this glue does not compute; returns the theta it states, if any.
+/// `name` is where the dict sits in config.json.
+fn check_rope_entry(name: &str, entry: &Map<String, Value>) -> Result<Option<f64>, String> {
+    let kind = match (entry.get("rope_type"), entry.get("type")) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(format!(
+                "config.json: {name}.rope_type {a} and {name}.type {b} disagree"
+            ));
+        }
+        (Some(kind), _) => Some(("rope_type", kind)),
+        (None, Some(kind)) => Some(("type", kind)),
+        // `transformers` computes the default rotary embedding for a dict without a type.
+        (None, None) => None,
+    };
+    if let Some((key, kind)) = kind
+        && kind.as_str() != Some("default")
+    {
+        return Err(format!(
+            "config.json: {name}.{key} {kind} is not supported: this glue computes the default \
+             rotary embedding only (llama3, yarn, linear, dynamic and longrope scaling are not implemented)"
+        ));
+    }
+    if let Some(factor) = entry.get("partial_rotary_factor") {
+        check_partial_rotary_factor(&format!("{name}.partial_rotary_factor"), factor)?;
+    }
+    match entry.get("rope_theta") {
+        None | Some(Value::Null) => Ok(None),
+        Some(theta) => theta
+            .as_f64()
+            .map(Some)
+            .ok_or_else(|| format!("config.json: {name}.rope_theta must be a number, got {theta}")),
+    }
+}
+
+fn check_partial_rotary_factor(name: &str, factor: &Value) -> Result<(), String> {
+    if factor.is_null() || factor.as_f64() == Some(1.0) {
+        Ok(())
+    } else {
+        Err(format!(
+            "config.json: {name} {factor} is not supported: this glue rotates every dimension of a head (1.0)"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Qwen3-0.6B's config.json as `transformers` 4 writes it.
     const QWEN3: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024,
         "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
         "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
         "rope_theta": 1000000, "max_position_embeddings": 40960, "tie_word_embeddings": true,
-        "eos_token_id": 151645, "attention_bias": false, "hidden_act": "silu", "rope_scaling": null}"#;
+        "eos_token_id": 151645, "attention_bias": false, "hidden_act": "silu", "rope_scaling": null,
+        "torch_dtype": "bfloat16",
+        "use_sliding_window": false, "sliding_window": null, "max_window_layers": 28}"#;
+
+    /// The same config as `transformers` 5 writes it.
+    const QWEN3_V5: &str = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024,
+        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+        "rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+        "max_position_embeddings": 40960, "tie_word_embeddings": true,
+        "eos_token_id": 151645, "attention_bias": false, "hidden_act": "silu",
+        "dtype": "bfloat16", "use_sliding_window": false, "sliding_window": null,
+        "max_window_layers": 28, "layer_types": [LAYER_TYPES]}"#;
+
+    fn qwen3_v5() -> String {
+        let layer_types = vec![r#""full_attention""#; 28].join(", ");
+        QWEN3_V5.replace("LAYER_TYPES", &layer_types)
+    }
+
+    /// A small Llama config (`transformers` 5) whose rotary fields the tests swap out.
+    const LLAMA: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+        "intermediate_size": 160, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 448, "pretraining_tp": 1, "mlp_bias": false,
+        ROPE}"#;
+
+    fn llama(rope: &str) -> String {
+        LLAMA.replace("ROPE", rope)
+    }
+
+    fn theta(config: &str) -> f32 {
+        TransformerConfig::parse(config)
+            .unwrap_or_else(|e| panic!("{config}: {e}"))
+            .rope_theta
+    }
 
     #[test]
-    fn reads_a_qwen3_config() {
-        let c = TransformerConfig::parse(QWEN3).expect("valid");
-        assert_eq!(c.family, Family::Qwen3);
-        assert_eq!((c.heads, c.kv_heads, c.head_dim), (16, 8, 128));
-        assert_eq!(c.eos_token_ids, vec![151645]);
-        assert!(c.tied_embeddings);
+    fn reads_a_qwen3_config_in_both_forms() {
+        for text in [QWEN3.to_string(), qwen3_v5()] {
+            let c = TransformerConfig::parse(&text).expect("valid");
+            assert_eq!(c.family, Family::Qwen3);
+            assert_eq!((c.heads, c.kv_heads, c.head_dim), (16, 8, 128));
+            assert_eq!(c.eos_token_ids, vec![151645]);
+            assert!(c.tied_embeddings);
+            assert_eq!(c.rope_theta, 1_000_000.0);
+        }
+    }
+
+    #[test]
+    fn reads_the_rope_theta_from_every_field_that_states_it() {
+        let cases = [
+            (r#""rope_theta": 500000"#, 500_000.0),
+            (r#""rope_theta": 500000, "rope_scaling": null"#, 500_000.0),
+            (
+                r#""rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}"#,
+                500_000.0,
+            ),
+            // Older spelling of the type key.
+            (
+                r#""rope_parameters": {"rope_theta": 500000.0, "type": "default"}"#,
+                500_000.0,
+            ),
+            // Keyed by attention type: full-attention layers use their own entry.
+            (
+                r#""rope_parameters": {"full_attention": {"rope_theta": 500000, "rope_type": "default"},
+                    "sliding_attention": {"rope_theta": 10000, "rope_type": "default"}}"#,
+                500_000.0,
+            ),
+            // A dict without a theta takes it from the top level, as transformers does.
+            (
+                r#""rope_theta": 500000, "rope_parameters": {"rope_type": "default"}"#,
+                500_000.0,
+            ),
+            // A legacy rope_scaling dict of the default type changes nothing.
+            (
+                r#""rope_theta": 500000, "rope_scaling": {"rope_type": "default"}"#,
+                500_000.0,
+            ),
+            // Both forms at once, agreeing.
+            (
+                r#""rope_theta": 500000,
+                    "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}"#,
+                500_000.0,
+            ),
+            (
+                r#""partial_rotary_factor": 1.0, "rope_theta": 500000"#,
+                500_000.0,
+            ),
+            // No theta anywhere: the architecture's default, as transformers applies it.
+            (r#""rope_scaling": null"#, 10_000.0),
+            (r#""rope_parameters": {"rope_type": "default"}"#, 10_000.0),
+        ];
+        for (rope, want) in cases {
+            assert_eq!(theta(&llama(rope)), want, "{rope}");
+        }
     }
 
     #[test]
@@ -203,7 +490,22 @@ mod tests {
             (
                 r#""rope_scaling": null"#,
                 r#""rope_scaling": {"rope_type": "yarn", "factor": 4}"#,
-                "rope_scaling",
+                r#"rope_scaling.rope_type "yarn" is not supported"#,
+            ),
+            (
+                r#""rope_scaling": null"#,
+                r#""rope_scaling": {"type": "linear", "factor": 2.0}"#,
+                r#"rope_scaling.type "linear" is not supported"#,
+            ),
+            (
+                r#""rope_scaling": null"#,
+                r#""quantization_config": {"quant_method": "fp8"}"#,
+                "quantization_config",
+            ),
+            (
+                r#""use_sliding_window": false, "sliding_window": null, "max_window_layers": 28"#,
+                r#""use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 20"#,
+                "use_sliding_window = true with sliding_window = 4096 is not supported: max_window_layers is 20",
             ),
             (
                 r#""num_key_value_heads": 8"#,
@@ -215,13 +517,152 @@ mod tests {
                 r#""head_dim": 0"#,
                 "head_dim must be positive",
             ),
+            (r#""head_dim": 128"#, r#""head_dim": "wide""#, "head_dim"),
+            (
+                r#""rope_theta": 1000000"#,
+                r#""rope_theta": -1"#,
+                "rope_theta must be a positive number",
+            ),
         ];
         for (from, to, message) in cases {
             let text = QWEN3.replace(from, to);
+            assert_ne!(text, QWEN3, "{from} is not in the config");
             let err = TransformerConfig::parse(&text).expect_err(to);
             assert!(err.contains(message), "{to}: {err}");
         }
         assert!(TransformerConfig::parse("not json").is_err());
         assert!(TransformerConfig::parse("{}").is_err());
+        assert!(TransformerConfig::parse(&format!("{QWEN3} trailing")).is_err());
+    }
+
+    #[test]
+    fn refuses_rotary_fields_it_cannot_compute_or_that_disagree() {
+        let cases = [
+            (
+                r#""rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192}"#,
+                r#"rope_parameters.rope_type "llama3" is not supported"#,
+            ),
+            (
+                r#""rope_parameters": {"type": "dynamic", "factor": 2.0}"#,
+                r#"rope_parameters.type "dynamic" is not supported"#,
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "mystery"}"#,
+                r#"rope_parameters.rope_type "mystery""#,
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "default", "type": "linear"}"#,
+                "rope_parameters.rope_type \"default\" and rope_parameters.type \"linear\" disagree",
+            ),
+            (
+                r#""rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0}}"#,
+                r#"rope_parameters.full_attention.rope_type "yarn""#,
+            ),
+            (
+                r#""rope_parameters": {"sliding_attention": {"rope_type": "default"}}"#,
+                "no full_attention entry",
+            ),
+            (
+                r#""rope_parameters": {"full_attention": {"rope_type": "default"}, "rope_theta": 1.0}"#,
+                "rope_parameters mixes",
+            ),
+            (
+                r#""rope_parameters": "default""#,
+                "rope_parameters must be an object",
+            ),
+            (
+                r#""rope_theta": 1000000,
+                    "rope_parameters": {"rope_theta": 10000, "rope_type": "default"}"#,
+                "rope_theta = 1000000 and rope_parameters.rope_theta = 10000 disagree",
+            ),
+            (
+                r#""rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+                    "rope_scaling": {"rope_theta": 500000, "rope_type": "default"}"#,
+                "rope_parameters.rope_theta = 1000000 and rope_scaling.rope_theta = 500000 disagree",
+            ),
+            (
+                r#""rope_parameters": {"rope_theta": "big", "rope_type": "default"}"#,
+                "rope_parameters.rope_theta must be a number",
+            ),
+            (
+                r#""rope_parameters": {"rope_theta": 0, "rope_type": "default"}"#,
+                "rope_parameters.rope_theta must be a positive number",
+            ),
+            (
+                r#""rope_parameters": {"rope_theta": 10000, "rope_type": "default",
+                    "partial_rotary_factor": 0.5}"#,
+                "rope_parameters.partial_rotary_factor 0.5 is not supported",
+            ),
+            (
+                r#""partial_rotary_factor": 0.25"#,
+                "partial_rotary_factor 0.25 is not supported",
+            ),
+        ];
+        for (rope, message) in cases {
+            let err = TransformerConfig::parse(&llama(rope)).expect_err(rope);
+            assert!(err.contains(message), "{rope}: {err}");
+        }
+    }
+
+    #[test]
+    fn refuses_sliding_window_layers_and_accepts_windows_no_layer_uses() {
+        let v5 = qwen3_v5();
+        let mut types = vec!["\"full_attention\""; 28];
+        types[27] = "\"sliding_attention\"";
+        let sliding = QWEN3_V5.replace("LAYER_TYPES", &types.join(", "));
+        let err = TransformerConfig::parse(&sliding).expect_err("a sliding layer");
+        assert!(
+            err.contains(r#"layer_types[27] is "sliding_attention""#),
+            "{err}"
+        );
+        let short = QWEN3_V5.replace("LAYER_TYPES", r#""full_attention""#);
+        let err = TransformerConfig::parse(&short).expect_err("one layer type for 28 layers");
+        assert!(err.contains("layer_types lists 1 layers"), "{err}");
+
+        let accepted = [
+            // Qwen2.5-style: a window, but the flag is off.
+            v5.replace(r#""sliding_window": null"#, r#""sliding_window": 32768"#),
+            // The flag on, but every layer below max_window_layers: none slides.
+            v5.replace(
+                r#""use_sliding_window": false"#,
+                r#""use_sliding_window": true"#,
+            )
+            .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#),
+            // The flag on without a window.
+            v5.replace(
+                r#""use_sliding_window": false"#,
+                r#""use_sliding_window": true"#,
+            ),
+        ];
+        for text in accepted {
+            TransformerConfig::parse(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        }
+        let unset = QWEN3
+            .replace(r#", "max_window_layers": 28"#, "")
+            .replace(
+                r#""use_sliding_window": false"#,
+                r#""use_sliding_window": true"#,
+            )
+            .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
+        let err = TransformerConfig::parse(&unset).expect_err("max_window_layers unset");
+        assert!(err.contains("max_window_layers is not set"), "{err}");
+    }
+
+    #[test]
+    fn head_dim_defaults_as_in_transformers() {
+        let qwen3 = QWEN3.replace(r#""head_dim": 128, "#, "");
+        assert_eq!(
+            TransformerConfig::parse(&qwen3).expect("valid").head_dim,
+            128,
+            "Qwen3Config's default, not hidden_size / heads (64)"
+        );
+        let c = TransformerConfig::parse(&llama(r#""rope_theta": 10000"#)).expect("valid");
+        assert_eq!(c.head_dim, 16, "hidden_size / num_attention_heads");
+        let odd =
+            llama(r#""rope_theta": 10000"#).replace(r#""hidden_size": 64"#, r#""hidden_size": 66"#);
+        let err = TransformerConfig::parse(&odd).expect_err("66 / 4");
+        assert!(err.contains("head_dim is not given"), "{err}");
     }
 }

@@ -436,6 +436,39 @@ mod tests {
     }
 
     #[test]
+    fn every_rotary_task_uses_the_theta_config_json_states_in_either_form() {
+        let base = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500, ROPE}"#;
+        let cases = [
+            (r#""rope_theta": 1000000, "torch_dtype": "float32""#, 1e6),
+            (
+                r#""rope_parameters": {"rope_theta": 1000000, "rope_type": "default"},
+                    "dtype": "float32""#,
+                1e6,
+            ),
+            (
+                r#""rope_parameters": {"full_attention": {"rope_theta": 1000000, "rope_type": "default"}}"#,
+                1e6,
+            ),
+            (r#""rope_scaling": null"#, 10_000.0),
+        ];
+        for (rope, want) in cases {
+            let config = TransformerConfig::parse(&base.replace("ROPE", rope)).expect(rope);
+            let thetas: Vec<f32> = build(&config)
+                .tasks
+                .iter()
+                .filter(|t| t.callable == "rotary")
+                .map(|t| match t.params.as_slice() {
+                    [Param::Int(32), Param::Float(theta)] => *theta,
+                    other => panic!("rotary params {other:?}"),
+                })
+                .collect();
+            assert_eq!(thetas, [want, want], "{rope}");
+        }
+    }
+
+    #[test]
     fn every_scratch_and_input_a_task_names_is_declared() {
         let program = build(&config("Qwen3ForCausalLM", false));
         let scratch: Vec<&str> = program.scratch.iter().map(|s| s.name.as_str()).collect();
