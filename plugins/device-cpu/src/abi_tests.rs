@@ -10,6 +10,7 @@ use plughost_device_abi::{
 };
 
 use crate::attention::{self, AttentionShape, KvCache, StepLayout};
+use crate::isa::{Isa, IsaLevel};
 use crate::kv_cache::CacheElement;
 use crate::linear::{self, Bf16Bits, Bf16Products, F16Bits, LinearShape};
 use crate::test_support::noise;
@@ -444,8 +445,12 @@ fn step_through_abi(device: &Device, weights: &Weights, cache_dtype: DType) -> S
     }
 }
 
-/// The same step with the kernels called directly, with KV caches of `E`.
-fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
+/// The same step with the kernels called directly, with KV caches of `E`, at `isa` with
+/// `products` for bf16 weights.
+fn step_in_process<E: CacheElement>(
+    weights: &Weights,
+    (isa, products): (Isa, Bf16Products),
+) -> StepOutputs {
     let workers = Workers::new(1).unwrap();
     let tokens = IDS.len();
     let (q_width, kv_width) = (NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM);
@@ -478,7 +483,7 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
         .map(|&b| f16::from_bits(b).to_f32())
         .collect();
     let mut normed = vec![0.0; tokens * HIDDEN];
-    norm::rms_norm(&hidden, &norm, EPS, &mut normed, &workers);
+    norm::rms_norm(isa, &hidden, &norm, EPS, &mut normed, &workers);
     let project = |w: FloatSlice<'_>, outputs: usize| {
         let mut out = vec![0.0; tokens * outputs];
         let shape = LinearShape {
@@ -486,19 +491,13 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
             inner: HIDDEN,
             outputs,
         };
-        linear::linear(
-            (&normed, w),
-            &mut out,
-            shape,
-            Bf16Products::default(),
-            &workers,
-        );
+        linear::linear((&normed, w), &mut out, shape, (isa, products), &workers);
         out
     };
     let mut q = project(FloatSlice::F32(&weights.wq), q_width);
     let mut k = project(FloatSlice::BF16(&weights.wk), kv_width);
     let v = project(FloatSlice::F32(&weights.wv), kv_width);
-    norm::rms_norm_in_place(&mut q, &weights.head_norm, EPS, &workers);
+    norm::rms_norm_in_place(isa, &mut q, &weights.head_norm, EPS, &workers);
     let inv_freq = rotary::inverse_frequencies(HEAD_DIM, THETA);
     rotary::rotate_rows(&mut q, &positions, &inv_freq, &workers);
     rotary::rotate_rows(&mut k, &positions, &inv_freq, &workers);
@@ -530,6 +529,7 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
     };
     let mut attention_out = vec![0.0; tokens * q_width];
     attention::paged_attention(
+        isa,
         &q,
         &cache,
         &layout,
@@ -540,7 +540,7 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
     .unwrap();
 
     elementwise::add(&mut hidden, &attention_out, &workers);
-    elementwise::silu_mul(&hidden, &hidden, &mut normed, &workers);
+    elementwise::silu_mul(isa, &hidden, &hidden, &mut normed, &workers);
     let copy = normed.clone();
     elementwise::add(&mut normed, &copy, &workers);
     let mut gathered = vec![0.0; 2 * HIDDEN];
@@ -563,46 +563,89 @@ fn step_in_process<E: CacheElement>(weights: &Weights) -> StepOutputs {
     }
 }
 
+/// Every level this CPU has, with each of its bf16 products, as the kernels take them and as
+/// the device's config names them.
+fn levels_and_products() -> Vec<((Isa, Bf16Products), String)> {
+    let mut cases = Vec::new();
+    for isa in Isa::every() {
+        let mut products = vec![(Bf16Products::F32, "f32")];
+        if isa.has(IsaLevel::Avx512Bf16) {
+            products.push((Bf16Products::Bf16, "bf16"));
+        }
+        for (product, name) in products {
+            let config = format!("isa={},bf16_products={name}", isa.level());
+            cases.push(((isa, product), config));
+        }
+    }
+    cases
+}
+
 #[test]
 fn a_step_through_the_abi_matches_the_kernels() {
     let weights = Weights::new();
-    let expected = step_in_process::<f32>(&weights);
-    assert_eq!(expected.seq_lens, [2, 4]);
-    assert_eq!(expected.slots, [2, 3, 1]);
+    for (kernels, level_config) in levels_and_products() {
+        let expected = step_in_process::<f32>(&weights, kernels);
+        assert_eq!(expected.seq_lens, [2, 4]);
+        assert_eq!(expected.slots, [2, 3, 1]);
+        for threads in ["threads=1", "threads=2"] {
+            let config = format!("{level_config},{threads}");
+            let device = Device::open(&config).unwrap();
+            let outputs = step_through_abi(&device, &weights, DType::F32);
+            assert_eq!(outputs, expected, "{config}");
+
+            let stats = device.stats();
+            assert_eq!(stats.launches, 16, "{config}");
+            assert!(device.synchronize() > 0, "launches take time");
+            assert_eq!(
+                device.synchronize(),
+                0,
+                "nothing ran since the last synchronize"
+            );
+        }
+    }
+}
+
+/// What the device runs with an empty config: the highest level, and bf16 products where it
+/// has them.
+#[test]
+fn the_default_config_runs_the_highest_level() {
+    let weights = Weights::new();
+    let isa = Isa::detect();
+    let products = if isa.has(IsaLevel::Avx512Bf16) {
+        Bf16Products::Bf16
+    } else {
+        Bf16Products::F32
+    };
+    let expected = step_in_process::<f32>(&weights, (isa, products));
     for config in ["threads=1", "threads=2"] {
         let device = Device::open(config).unwrap();
         let outputs = step_through_abi(&device, &weights, DType::F32);
         assert_eq!(outputs, expected, "{config}");
-
-        let stats = device.stats();
-        assert_eq!(stats.launches, 16, "{config}");
-        assert!(device.synchronize() > 0, "launches take time");
-        assert_eq!(
-            device.synchronize(),
-            0,
-            "nothing ran since the last synchronize"
-        );
     }
 }
 
 #[test]
 fn a_step_with_half_width_caches_matches_the_kernels() {
     let weights = Weights::new();
-    let full = step_in_process::<f32>(&weights);
-    let cases = [
-        (DType::BF16, step_in_process::<Bf16Bits>(&weights)),
-        (DType::F16, step_in_process::<F16Bits>(&weights)),
-    ];
-    for (dtype, expected) in cases {
-        // The cache really holds rounded values, so the launches really took the dtype's path.
-        assert_ne!(expected.key_cache, full.key_cache, "{dtype}");
-        if dtype == DType::BF16 {
-            assert!(expected.key_cache.iter().all(|bits| bits & 0xffff == 0));
-        }
-        for config in ["threads=1", "threads=2"] {
-            let device = Device::open(config).unwrap();
-            let outputs = step_through_abi(&device, &weights, dtype);
-            assert_eq!(outputs, expected, "{dtype}, {config}");
+    for (kernels, level_config) in levels_and_products() {
+        let full = step_in_process::<f32>(&weights, kernels);
+        let cases = [
+            (DType::BF16, step_in_process::<Bf16Bits>(&weights, kernels)),
+            (DType::F16, step_in_process::<F16Bits>(&weights, kernels)),
+        ];
+        for (dtype, expected) in cases {
+            // The cache really holds rounded values, so the launches really took the dtype's
+            // path.
+            assert_ne!(expected.key_cache, full.key_cache, "{dtype}");
+            if dtype == DType::BF16 {
+                assert!(expected.key_cache.iter().all(|bits| bits & 0xffff == 0));
+            }
+            for threads in ["threads=1", "threads=2"] {
+                let config = format!("{level_config},{threads}");
+                let device = Device::open(&config).unwrap();
+                let outputs = step_through_abi(&device, &weights, dtype);
+                assert_eq!(outputs, expected, "{dtype}, {config}");
+            }
         }
     }
 }
@@ -688,10 +731,23 @@ fn failures_come_back_as_codes_and_messages() {
 
 /// A tied embedding: the output projection (a `linear` over the table) may keep the table in
 /// the device's own arrangement; gathers from it, later projections and the host's reads and
-/// writes see the table as written.
+/// writes see the table as written. At every level and with each bf16 product: the panels of
+/// `avx2` and up, and the rows of `vdpbf16ps`, which meets the activations rounded to bf16.
 #[test]
 fn a_table_the_linears_rearrange_reads_and_gathers_as_written() {
-    let device = Device::open("threads=2").unwrap();
+    for ((_, products), level_config) in levels_and_products() {
+        let device = Device::open(&format!("{level_config},threads=2")).unwrap();
+        let seen = |x: f32| match products {
+            Bf16Products::Bf16 => bf16::from_f32(x).to_f32(),
+            Bf16Products::F32 => x,
+        };
+        check_tied_table(&device, seen, &level_config);
+    }
+}
+
+/// The checks of the test above on one device, whose linears multiply the bf16 table by the
+/// activations as `seen` rounds them.
+fn check_tied_table(device: &Device, seen: impl Fn(f32) -> f32, what: &str) {
     // 64 rows fill two panels of 32; 40 columns are no multiple of any vector width.
     let (rows, width, tokens) = (64usize, 40usize, 3usize);
     let values = random(31, rows * width, 1.0);
@@ -702,6 +758,7 @@ fn a_table_the_linears_rearrange_reads_and_gathers_as_written() {
     let table_bytes = to_bytes(&bits, u16::to_le_bytes);
     let embedding = device.upload(DType::BF16, &[rows as u64, width as u64], &table_bytes);
     let x_values = random(32, tokens * width, 1.0);
+    let x_seen: Vec<f64> = x_values.iter().map(|&x| f64::from(seen(x))).collect();
     let x = device.f32s(&[tokens as u64, width as u64], &x_values);
     let ids = device.i32s(&[tokens as u64], &[63, 0, 33]);
     let hidden = device.zeros(&[tokens as u64, width as u64]);
@@ -731,27 +788,45 @@ fn a_table_the_linears_rearrange_reads_and_gathers_as_written() {
         .iter()
         .flat_map(|&r| exact[r * width..(r + 1) * width].to_vec())
         .collect();
+    // Each product rounds at most once in f32, and `width` f32 additions in any order are off
+    // by at most `width · ε` of the sum of the magnitudes.
+    let check_row = |got: f32, t: usize, weights: &[f32], case: &str| {
+        let terms = (0..width).map(|k| x_seen[t * width + k] * f64::from(weights[k]));
+        let (want, magnitude) = terms.fold((0.0, 0.0), |(s, m), p| (s + p, m + p.abs()));
+        let bound = width as f64 * f64::from(f32::EPSILON) * magnitude;
+        assert!(
+            (f64::from(got) - want).abs() <= bound,
+            "{what}: {case}: {got} vs {want} (bound {bound:e})"
+        );
+    };
 
-    assert_eq!(gather(), expected_rows);
+    assert_eq!(gather(), expected_rows, "{what}");
     let first = project();
     for (i, &got) in first.iter().enumerate() {
         let (t, n) = (i / rows, i % rows);
-        let want: f64 = (0..width)
-            .map(|k| f64::from(x_values[t * width + k]) * f64::from(exact[n * width + k]))
-            .sum();
-        assert!(
-            (f64::from(got) - want).abs() < 1e-4,
-            "logit {i}: {got} vs {want}"
+        check_row(
+            got,
+            t,
+            &exact[n * width..(n + 1) * width],
+            &format!("logit {i}"),
         );
     }
-    assert_eq!(gather(), expected_rows, "gathered after the projection");
-    assert_eq!(project(), first, "a second projection");
+    assert_eq!(
+        gather(),
+        expected_rows,
+        "{what}: gathered after the projection"
+    );
+    assert_eq!(project(), first, "{what}: a second projection");
     assert_eq!(
         device.read_bytes(&embedding, 2),
         table_bytes,
-        "the host's read"
+        "{what}: the host's read"
     );
-    assert_eq!(project(), first, "a projection after the host's read");
+    assert_eq!(
+        project(),
+        first,
+        "{what}: a projection after the host's read"
+    );
 
     // A host write into part of the table lands on the row it names.
     let row_five: Vec<u16> = vec![bf16::from_f32(0.5).to_bits(); width];
@@ -770,8 +845,12 @@ fn a_table_the_linears_rearrange_reads_and_gathers_as_written() {
     }
     let after = project();
     for t in 0..tokens {
-        let row_sum: f32 = x_values[t * width..(t + 1) * width].iter().sum();
-        assert!((after[t * rows + 5] - 0.5 * row_sum).abs() < 1e-4);
-        assert_eq!(after[t * rows + 6], first[t * rows + 6]);
+        check_row(
+            after[t * rows + 5],
+            t,
+            &vec![0.5; width],
+            "row 5 after the write",
+        );
+        assert_eq!(after[t * rows + 6], first[t * rows + 6], "{what}");
     }
 }

@@ -23,6 +23,7 @@ use std::cell::RefCell;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
+use crate::isa::{Isa, IsaLevel};
 use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
@@ -102,21 +103,21 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     let done = match (views.float("key_cache"), views.float("value_cache")) {
         (FloatSlice::F32(keys), FloatSlice::F32(values)) => {
             let cache = KvCache { keys, values };
-            paged_attention(q, &cache, &layout, out, params, workers)
+            paged_attention(context.isa, q, &cache, &layout, out, params, workers)
         }
         (FloatSlice::BF16(keys), FloatSlice::BF16(values)) => {
             let cache = KvCache::<Bf16Bits> {
                 keys: as_wide(keys),
                 values: as_wide(values),
             };
-            paged_attention(q, &cache, &layout, out, params, workers)
+            paged_attention(context.isa, q, &cache, &layout, out, params, workers)
         }
         (FloatSlice::F16(keys), FloatSlice::F16(values)) => {
             let cache = KvCache::<F16Bits> {
                 keys: as_wide(keys),
                 values: as_wide(values),
             };
-            paged_attention(q, &cache, &layout, out, params, workers)
+            paged_attention(context.isa, q, &cache, &layout, out, params, workers)
         }
         // The ABI checks refuse this before a launch reaches the device.
         _ => Err("the key and value caches have different dtypes".to_string()),
@@ -124,20 +125,8 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     done.map_err(DeviceFailure::launch_failed)
 }
 
-/// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
-pub fn paged_attention<E: CacheElement>(
-    q: &[f32],
-    cache: &KvCache<'_, E>,
-    layout: &StepLayout<'_>,
-    out: &mut [f32],
-    params: (AttentionShape, f32),
-    workers: &Workers,
-) -> Result<(), String> {
-    paged_attention_on(Kernel::detect(), q, cache, layout, out, params, workers)
-}
-
-/// The kernels a machine runs attention with. Chosen once per launch, so every group of a
-/// step computes the same way; tests pick the portable one to cover it on any CPU.
+/// The kernels a level runs attention with. Chosen once per launch, so every group of a step
+/// computes the same way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {
     Portable,
@@ -150,22 +139,24 @@ enum Kernel {
 }
 
 impl Kernel {
-    fn detect() -> Kernel {
+    fn of(isa: Isa) -> Kernel {
         #[cfg(target_arch = "x86_64")]
         {
-            if crate::vector::avx512::supported() {
+            if isa.has(IsaLevel::Avx512) {
                 return Kernel::Avx512;
             }
-            if avx2::supported() {
+            if isa.has(IsaLevel::Avx2) {
                 return Kernel::Avx2;
             }
         }
+        let _ = isa;
         Kernel::Portable
     }
 }
 
-fn paged_attention_on<E: CacheElement>(
-    kernel: Kernel,
+/// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
+pub fn paged_attention<E: CacheElement>(
+    isa: Isa,
     q: &[f32],
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
@@ -173,6 +164,7 @@ fn paged_attention_on<E: CacheElement>(
     (shape, scale): (AttentionShape, f32),
     workers: &Workers,
 ) -> Result<(), String> {
+    let kernel = Kernel::of(isa);
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let owners = row_owners(layout, shape, num_tokens)?;
@@ -207,7 +199,13 @@ fn paged_attention_on<E: CacheElement>(
                 shape,
                 cold: owner.alone,
             };
-            attend_group(kernel, query, &head, (owner.position, scale), out_group);
+            attend_group(
+                (isa, kernel),
+                query,
+                &head,
+                (owner.position, scale),
+                out_group,
+            );
         }
     });
     Ok(())
@@ -289,7 +287,7 @@ impl<E> Head<'_, E> {
 /// Attention of the query heads in `query` (adjacent `head_dim`-wide heads sharing one KV
 /// head) over positions `0..=position`, into `out` (same layout).
 fn attend_group<E: CacheElement>(
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))] kernel: Kernel,
+    (isa, kernel): (Isa, Kernel),
     query: &[f32],
     head: &Head<'_, E>,
     (position, scale): (usize, f32),
@@ -312,8 +310,8 @@ fn attend_group<E: CacheElement>(
             let caches = (head.cache.keys, head.cache.values);
             macro_rules! attend {
                 ($kernel:ident, $c:literal, $g:literal) => {{
-                    // SAFETY: the kernel was chosen by its module's `supported`; `check_blocks`
-                    // checked the blocks; the group holds `$g` heads of `head_dim`, which is
+                    // SAFETY: `Kernel::of` chose the kernel from a level that has its
+                    // instructions; `check_blocks` checked the blocks; the group holds `$g` heads of `head_dim`, which is
                     // `$c` vectors of the kernel's width.
                     unsafe {
                         $kernel::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
@@ -352,7 +350,7 @@ fn attend_group<E: CacheElement>(
             widened(head.cache.keys, p, row);
             let key = &*row;
             for (h, q_head) in query.chunks_exact(head_dim).enumerate() {
-                scores[h * context_len + p] = dot(q_head, key) * scale;
+                scores[h * context_len + p] = dot(isa, q_head, key) * scale;
             }
         }
         for head_scores in scores.chunks_exact_mut(context_len) {
@@ -363,7 +361,7 @@ fn attend_group<E: CacheElement>(
             widened(head.cache.values, p, row);
             let value = &*row;
             for (h, out_head) in out.chunks_exact_mut(head_dim).enumerate() {
-                axpy(out_head, scores[h * context_len + p], value);
+                axpy(isa, out_head, scores[h * context_len + p], value);
             }
         }
     });
@@ -577,25 +575,16 @@ mod tests {
             values: &value_cache,
         };
         let mut outputs = Vec::new();
-        for (kernel, threads) in kernels().into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
+        for (isa, threads) in Isa::every().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
             let workers = Workers::new(threads).unwrap();
             let mut out = vec![f32::NAN; q.len()];
             let params = (shape, scale);
-            paged_attention_on(kernel, &q, &cache, &layout, &mut out, params, &workers).unwrap();
-            let what = format!("{what}, {kernel:?}, {threads} threads");
+            paged_attention(isa, &q, &cache, &layout, &mut out, params, &workers).unwrap();
+            let what = format!("{what}, {isa:?}, {threads} threads");
             assert_close(&out, &expected, 1e-5, &what);
             outputs.push((what, out));
         }
         outputs
-    }
-
-    /// The portable kernels, and the vector ones where this CPU has them.
-    fn kernels() -> Vec<Kernel> {
-        let mut kernels = vec![Kernel::Portable];
-        if Kernel::detect() != Kernel::Portable {
-            kernels.push(Kernel::detect());
-        }
-        kernels
     }
 
     #[test]
@@ -740,38 +729,22 @@ mod tests {
                 keys: &keys_f32[..],
                 values: &values_f32[..],
             };
-            for kernel in kernels() {
+            for isa in Isa::every() {
                 let mut half = vec![f32::NAN; q.len()];
-                paged_attention_on(
-                    kernel,
-                    &q,
-                    &half_cache,
-                    &layout,
-                    &mut half,
-                    params,
-                    &workers,
-                )
-                .unwrap();
+                paged_attention(isa, &q, &half_cache, &layout, &mut half, params, &workers)
+                    .unwrap();
                 let mut full = vec![f32::NAN; q.len()];
-                paged_attention_on(
-                    kernel,
-                    &q,
-                    &full_cache,
-                    &layout,
-                    &mut full,
-                    params,
-                    &workers,
-                )
-                .unwrap();
+                paged_attention(isa, &q, &full_cache, &layout, &mut full, params, &workers)
+                    .unwrap();
                 let same = half
                     .iter()
                     .zip(&full)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(
                     same,
-                    "{what}, {kernel:?}, heads {num_heads}/{num_kv_heads} of {head_dim}"
+                    "{what}, {isa:?}, heads {num_heads}/{num_kv_heads} of {head_dim}"
                 );
-                assert!(half.iter().all(|x| x.is_finite()), "{what}, {kernel:?}");
+                assert!(half.iter().all(|x| x.is_finite()), "{what}, {isa:?}");
             }
         }
     }
@@ -817,10 +790,13 @@ mod tests {
                 query_start: &[0, 1],
             };
             let mut out = [0.0; 4];
-            let message =
-                paged_attention(&[1.0; 4], &cache, &layout, &mut out, (shape, 1.0), &workers)
-                    .unwrap_err();
-            assert!(message.contains(expected), "{message}");
+            for isa in Isa::every() {
+                let params = (shape, 1.0);
+                let message =
+                    paged_attention(isa, &[1.0; 4], &cache, &layout, &mut out, params, &workers)
+                        .unwrap_err();
+                assert!(message.contains(expected), "{message}");
+            }
         }
     }
 

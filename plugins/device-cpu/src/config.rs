@@ -5,42 +5,78 @@ use std::thread;
 
 use plughost_device_abi::config::{ConfigError, ConfigSpec};
 
+use crate::isa::{Isa, IsaLevel};
 use crate::linear::Bf16Products;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuConfig {
     /// Worker threads for one launch; 1 runs every kernel on the calling thread.
     pub threads: NonZeroUsize,
-    /// `bf16_products=f32|bf16`: what bf16 weights are multiplied with (see [`Bf16Products`]).
+    /// `isa=portable|avx2|avx512|avx512_vnni|avx512_bf16`: the highest instruction-set level the
+    /// kernels use; by default the highest this CPU has.
+    pub isa: Isa,
+    /// `bf16_products=f32|bf16`: what bf16 weights are multiplied with (see [`Bf16Products`]);
+    /// by default bf16 where `isa` has AVX-512 BF16, f32 elsewhere.
     pub bf16_products: Bf16Products,
 }
 
 impl Default for CpuConfig {
     fn default() -> CpuConfig {
+        let isa = Isa::detect();
         CpuConfig {
             threads: thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
-            bf16_products: Bf16Products::default(),
+            isa,
+            bf16_products: default_products(isa),
         }
+    }
+}
+
+fn default_products(isa: Isa) -> Bf16Products {
+    if isa.has(IsaLevel::Avx512Bf16) {
+        Bf16Products::Bf16
+    } else {
+        Bf16Products::F32
     }
 }
 
 /// The options `CpuConfig::parse` understands.
 const SPEC: ConfigSpec = ConfigSpec {
     device: "cpu",
-    known_keys: &["threads", "bf16_products"],
+    known_keys: &["threads", "isa", "bf16_products"],
 };
 
 impl CpuConfig {
-    /// Parses e.g. `threads=2`; the empty string keeps the defaults.
+    /// Parses e.g. `threads=2,isa=avx2`; the empty string keeps the defaults. A level this CPU
+    /// lacks, or bf16 products below `avx512_bf16`, is refused rather than quietly lowered.
     pub fn parse(text: &str) -> Result<CpuConfig, ConfigError> {
         let mut config = CpuConfig::default();
+        let mut products = None;
         for option in SPEC.parse(text)? {
             match option.key {
                 "threads" => config.threads = option.parse("a positive integer")?,
-                "bf16_products" => config.bf16_products = option.parse("`f32` or `bf16`")?,
+                "isa" => {
+                    let names: Vec<&str> = IsaLevel::ALL.iter().map(|l| l.name()).collect();
+                    let level: IsaLevel = option.parse(&format!("one of {}", names.join(", ")))?;
+                    config.isa = Isa::at(level).map_err(|missing| {
+                        option.invalid(format!("asks for {level}, but {missing}"))
+                    })?;
+                }
+                "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
+        // Resolved after the loop: `isa` may come after `bf16_products`.
+        config.bf16_products = match products {
+            Some((Bf16Products::Bf16, option)) if !config.isa.has(IsaLevel::Avx512Bf16) => {
+                return Err(option.invalid(format!(
+                    "is `bf16`, which needs isa {}; the device runs at {}",
+                    IsaLevel::Avx512Bf16,
+                    config.isa.level()
+                )));
+            }
+            Some((products, _)) => products,
+            None => default_products(config.isa),
+        };
         Ok(config)
     }
 }
@@ -72,7 +108,7 @@ mod tests {
             ),
             (
                 "thread=2",
-                Err("unknown cpu device option `thread` (known: threads, bf16_products)"),
+                Err("unknown cpu device option `thread` (known: threads, isa, bf16_products)"),
             ),
             (
                 "threads=1,threads=2",
@@ -83,5 +119,41 @@ mod tests {
             let parsed = CpuConfig::parse(text).map_err(|error| error.to_string());
             assert_eq!(parsed, expected.map_err(str::to_string), "{text}");
         }
+    }
+
+    #[test]
+    fn isa_caps_the_detected_level_and_refuses_what_the_cpu_lacks() {
+        let detected = Isa::detect().level();
+        for level in IsaLevel::ALL {
+            let parsed = CpuConfig::parse(&format!("isa={level}"));
+            if level <= detected {
+                let config = parsed.unwrap();
+                assert_eq!(config.isa.level(), level);
+                // Products follow the level unless asked for.
+                let bf16 = level == IsaLevel::Avx512Bf16;
+                assert_eq!(config.bf16_products == Bf16Products::Bf16, bf16, "{level}");
+                let explicit = CpuConfig::parse(&format!("bf16_products=bf16,isa={level}"));
+                match explicit {
+                    Ok(config) => assert!(bf16 && config.bf16_products == Bf16Products::Bf16),
+                    Err(error) => assert_eq!(
+                        error.to_string(),
+                        format!(
+                            "cpu device option `bf16_products` is `bf16`, which needs isa \
+                             avx512_bf16; the device runs at {level}"
+                        )
+                    ),
+                }
+            } else {
+                let message = parsed.unwrap_err().to_string();
+                let prefix = format!("cpu device option `isa` asks for {level}, but this CPU");
+                assert!(message.starts_with(&prefix), "{message}");
+                assert!(message.ends_with(detected.name()), "{message}");
+            }
+        }
+        assert_eq!(
+            CpuConfig::parse("isa=sse4").unwrap_err().to_string(),
+            "cpu device option `isa` must be one of portable, avx2, avx512, avx512_vnni, \
+             avx512_bf16, got `sse4`"
+        );
     }
 }

@@ -3,14 +3,16 @@
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
+use crate::isa::{Isa, IsaLevel};
 use crate::workers::Workers;
 
 /// `out = silu(gate) * up` with `silu(g) = g / (1 + exp(-g))`, PyTorch's f32 formula.
-pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
+pub fn silu_mul(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
     let chunk_len = workers.rows_per_task(out.len(), 1);
     workers.for_each_chunk(out, chunk_len, |task, out| {
         let first = task * chunk_len;
         silu_mul_span(
+            isa,
             &gate[first..first + out.len()],
             &up[first..first + out.len()],
             out,
@@ -20,17 +22,18 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32], workers: &Workers) {
 
 /// [`silu_mul`] of equally long slices on the calling thread: the same instructions for each
 /// element, so `silu_gate_linear`, which calls it on a tile at a time, matches it bit for bit.
-pub(crate) fn silu_mul_span(gate: &[f32], up: &[f32], out: &mut [f32]) {
+pub(crate) fn silu_mul_span(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::vector::avx512::supported() {
-        // SAFETY: supported (checked just above).
+    if isa.has(IsaLevel::Avx512) {
+        // SAFETY: the level has AVX-512 F and DQ (checked just above).
         return unsafe { silu_mul_avx512(gate, up, out) };
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::linear::avx2::supported() {
-        // SAFETY: supported (checked just above).
+    if isa.has(IsaLevel::Avx2) {
+        // SAFETY: the level has AVX2 and FMA (checked just above).
         return unsafe { silu_mul_avx2(gate, up, out) };
     }
+    let _ = isa;
     for (out, (&g, &u)) in out.iter_mut().zip(gate.iter().zip(up)) {
         *out = g / (1.0 + (-g).exp()) * u;
     }
@@ -120,7 +123,13 @@ pub(crate) fn run_silu_mul(
 ) -> Result<(), DeviceFailure> {
     let mut views = launch.views()?;
     let (gate, up) = (views.f32("gate"), views.f32("up"));
-    silu_mul(gate, up, views.f32_mut("out"), &context.workers);
+    silu_mul(
+        context.isa,
+        gate,
+        up,
+        views.f32_mut("out"),
+        &context.workers,
+    );
     Ok(())
 }
 
@@ -150,9 +159,11 @@ mod tests {
                     g / (1.0 + (-g).exp()) * f64::from(u)
                 })
                 .collect();
-            let mut out = vec![f32::NAN; len];
-            silu_mul(&gate, &up, &mut out, &workers);
-            assert_close(&out, &expected, 1e-6, "silu_mul");
+            for isa in Isa::every() {
+                let mut out = vec![f32::NAN; len];
+                silu_mul(isa, &gate, &up, &mut out, &workers);
+                assert_close(&out, &expected, 1e-6, &format!("silu_mul {isa:?}"));
+            }
 
             let mut x = gate.clone();
             add(&mut x, &up, &workers);

@@ -11,6 +11,7 @@ use plughost_device_abi::export::FloatSlice;
 use serde_json::Value;
 
 use crate::attention::{self, AttentionShape, KvCache, StepLayout};
+use crate::isa::Isa;
 use crate::linear::{self, Bf16Products, LinearShape};
 use crate::workers::Workers;
 use crate::{elementwise, gather, kv_cache, norm, rotary, step_inputs};
@@ -167,6 +168,8 @@ struct Engine {
     /// Blocks handed out in a scattered order, so tables are never contiguous.
     free_blocks: Vec<i32>,
     workers: Workers,
+    /// The level every kernel runs at.
+    isa: Isa,
 }
 
 /// The inputs of one step, as the device-maintained step inputs derive them.
@@ -181,7 +184,7 @@ struct Step {
 }
 
 impl Engine {
-    fn new(dir: &Path, threads: usize) -> Engine {
+    fn new(dir: &Path, isa: Isa, threads: usize) -> Engine {
         let config = Config::load(dir);
         let cache_len = NUM_BLOCKS * BLOCK_SIZE * config.kv_heads * config.head_dim;
         Engine {
@@ -192,6 +195,7 @@ impl Engine {
                 .collect(),
             weights: Safetensors::load(&dir.join("model.safetensors")),
             workers: Workers::new(threads).unwrap(),
+            isa,
             config,
         }
     }
@@ -259,21 +263,21 @@ impl Engine {
         for layer in 0..c.layers {
             let name = |suffix: &str| format!("model.layers.{layer}.{suffix}");
             let weight = self.widened(&name("input_layernorm.weight"));
-            norm::rms_norm(&x, &weight, c.eps, &mut normed, &self.workers);
+            norm::rms_norm(self.isa, &x, &weight, c.eps, &mut normed, &self.workers);
             let attention = self.attention(layer, &normed, step);
             elementwise::add(&mut x, &attention, &self.workers);
 
             let weight = self.widened(&name("post_attention_layernorm.weight"));
-            norm::rms_norm(&x, &weight, c.eps, &mut normed, &self.workers);
+            norm::rms_norm(self.isa, &x, &weight, c.eps, &mut normed, &self.workers);
             let gate = self.linear(&normed, hidden, &name("mlp.gate_proj.weight"));
             let up = self.linear(&normed, hidden, &name("mlp.up_proj.weight"));
             let mut activation = vec![f32::NAN; gate.len()];
-            elementwise::silu_mul(&gate, &up, &mut activation, &self.workers);
+            elementwise::silu_mul(self.isa, &gate, &up, &mut activation, &self.workers);
             let down = self.linear(&activation, c.intermediate, &name("mlp.down_proj.weight"));
             elementwise::add(&mut x, &down, &self.workers);
         }
         let weight = self.widened("model.norm.weight");
-        norm::rms_norm(&x, &weight, c.eps, &mut normed, &self.workers);
+        norm::rms_norm(self.isa, &x, &weight, c.eps, &mut normed, &self.workers);
         self.linear(&normed, hidden, self.config.lm_head)
     }
 
@@ -293,7 +297,7 @@ impl Engine {
             (x, self.weights.float(weight)),
             &mut out,
             shape,
-            Bf16Products::F32,
+            (self.isa, Bf16Products::F32),
             &self.workers,
         );
         out
@@ -308,9 +312,9 @@ impl Engine {
         let v = self.linear(normed, c.hidden, &name("v_proj.weight"));
         if c.qk_norm {
             let q_norm = self.widened(&name("q_norm.weight"));
-            norm::rms_norm_in_place(&mut q, &q_norm, c.eps, &self.workers);
+            norm::rms_norm_in_place(self.isa, &mut q, &q_norm, c.eps, &self.workers);
             let k_norm = self.widened(&name("k_norm.weight"));
-            norm::rms_norm_in_place(&mut k, &k_norm, c.eps, &self.workers);
+            norm::rms_norm_in_place(self.isa, &mut k, &k_norm, c.eps, &self.workers);
         }
         let inv_freq = rotary::inverse_frequencies(c.head_dim, c.theta);
         rotary::rotate_rows(&mut q, &step.positions, &inv_freq, &self.workers);
@@ -345,8 +349,17 @@ impl Engine {
         // HF: `head_dim ** -0.5`, applied as an f32 scalar.
         let scale = (c.head_dim as f64).powf(-0.5) as f32;
         let mut out = vec![f32::NAN; q.len()];
-        attention::paged_attention(&q, &cache, &layout, &mut out, (shape, scale), &self.workers)
-            .unwrap();
+        let params = (shape, scale);
+        attention::paged_attention(
+            self.isa,
+            &q,
+            &cache,
+            &layout,
+            &mut out,
+            params,
+            &self.workers,
+        )
+        .unwrap();
         self.linear(&out, q_width, &name("o_proj.weight"))
     }
 }
@@ -401,9 +414,9 @@ fn sequences(dir: &Path) -> Vec<Sequence> {
 }
 
 /// Runs every sequence to the end and returns the largest scaled difference from HF.
-fn run_fixture(name: &str, threads: usize) -> f64 {
+fn run_fixture(name: &str, isa: Isa, threads: usize) -> f64 {
     let dir = fixture_dir(name);
-    let mut engine = Engine::new(&dir, threads);
+    let mut engine = Engine::new(&dir, isa, threads);
     let mut sequences = sequences(&dir);
     let vocab = engine.config.vocab;
     let mut worst = 0.0f64;
@@ -433,7 +446,7 @@ fn run_fixture(name: &str, threads: usize) -> f64 {
                         (f64::from(got) - f64::from(want)).abs() / f64::from(want).abs().max(1.0);
                     assert!(
                         difference <= TOLERANCE,
-                        "{name}, {threads} threads: sequence {seq}, token {index}, logit {token}: {got} vs HF {want}"
+                        "{name}, {isa:?}, {threads} threads: sequence {seq}, token {index}, logit {token}: {got} vs HF {want}"
                     );
                     worst = worst.max(difference);
                 }
@@ -451,9 +464,9 @@ fn run_fixture(name: &str, threads: usize) -> f64 {
 #[test]
 fn logits_match_hugging_face() {
     for name in ["tiny-qwen3", "tiny-qwen3-bf16", "tiny-llama"] {
-        for threads in [1, 2] {
-            let worst = run_fixture(name, threads);
-            println!("{name}, {threads} threads: largest difference from HF {worst:.2e}");
+        for (isa, threads) in Isa::every().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
+            let worst = run_fixture(name, isa, threads);
+            println!("{name}, {isa:?}, {threads} threads: largest difference from HF {worst:.2e}");
         }
     }
 }

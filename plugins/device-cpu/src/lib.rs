@@ -1,7 +1,8 @@
 //! The CPU device: the math of a decoder-only transformer (Llama/Qwen3) in f32 over f32, f16 or bf16 weights, exported through the plughost device C ABI.
 //!
 //! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
-//! available parallelism), see [`config`]. Launches run synchronously on those threads, so the
+//! available parallelism), `isa=` the instruction-set level (default: the highest the CPU
+//! has, see [`isa`]) and `bf16_products=`, see [`config`]. Launches run synchronously on those threads, so the
 //! device time `synchronize` reports is the time spent inside launches.
 //!
 //! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
@@ -21,6 +22,7 @@ pub mod attention;
 pub mod config;
 pub mod elementwise;
 pub mod gather;
+pub mod isa;
 pub mod kv_cache;
 pub mod linear;
 pub mod norm;
@@ -55,11 +57,14 @@ pub(crate) struct Context {
     pub workers: Workers,
     /// Small per-launch conversions (a norm weight widened to f32) reuse this buffer.
     pub scratch: Vec<f32>,
+    /// The instruction-set level every kernel runs at.
+    pub isa: isa::Isa,
     pub bf16_products: linear::Bf16Products,
 }
 
 impl DeviceBackend for CpuDevice {
     fn open(config: &str) -> Result<CpuDevice, DeviceFailure> {
+        isa::environment_cap().map_err(DeviceFailure::invalid_argument)?;
         let config = CpuConfig::parse(config)
             .map_err(|error| DeviceFailure::invalid_argument(error.to_string()))?;
         let workers = Workers::new(config.threads.get()).map_err(DeviceFailure::internal)?;
@@ -67,6 +72,7 @@ impl DeviceBackend for CpuDevice {
             context: Context {
                 workers,
                 scratch: Vec::new(),
+                isa: config.isa,
                 bf16_products: config.bf16_products,
             },
         })

@@ -16,16 +16,17 @@
 //! panels of its three matrices end to end, and `silu_gate_linear` reads a run of gate panels,
 //! then the same run of up panels, and stores `silu(gate) * up` straight from the tiles.
 //!
-//! On AVX-512 with BF16 (`vdpbf16ps`), bf16 weights meet the activations rounded to bf16, the
-//! precision llama.cpp's BF16 path uses; f32 and f16 weights, and every weight on AVX2, meet
-//! f32 activations in f32 FMAs.
+//! At `avx512_bf16` with bf16 products (`vdpbf16ps`), bf16 weights meet the activations
+//! rounded to bf16, the precision llama.cpp's BF16 path uses; every other weight, at every
+//! level, meets f32 activations in f32 FMAs. bf16 weights multiplied in f32 go into panels at
+//! every level from `avx2` up.
 //!
 //! Batch invariance: an output element is one vector accumulator whose lanes take the
 //! products of their residue class of `k` in `k` order, then one fixed reduction tree (see
 //! `avx512` and `avx2`), or, for weights in panels, one lane's FMA chain over `k` in order;
 //! which tile, which token group and which thread computes it changes no instruction of that
 //! sequence. So a prompt prefilled alone, in chunks or inside a batch
-//! gets the same bits. One machine always runs one instruction set, chosen by [`Isa::detect`].
+//! gets the same bits. One device always runs one instruction-set level, its [`Isa`].
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
@@ -45,6 +46,7 @@ use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch}
 
 use crate::Context;
 use crate::elementwise::silu_mul_span;
+use crate::isa::{Isa, IsaLevel};
 use crate::widen::widen_into;
 use crate::workers::{Workers, with_scratch};
 
@@ -60,45 +62,45 @@ const MC: usize = 64;
 /// Above it, even a decode's small projections stream their weights faster on every core.
 const MIN_PARALLEL_WORK: usize = 32 * 1024;
 
-/// The instruction set the kernels run on, chosen once per machine.
+/// The tiles a level runs: AVX-512 tiles from `avx512` up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    /// AVX-512 F/BW/DQ/VL with BF16.
+enum Tiles {
     #[cfg(target_arch = "x86_64")]
     Avx512,
-    /// AVX2 and FMA, with F16C for widening f16.
     #[cfg(target_arch = "x86_64")]
     Avx2,
     Portable,
 }
 
-impl Isa {
-    pub fn detect() -> Isa {
+impl Tiles {
+    fn of(isa: Isa) -> Tiles {
         #[cfg(target_arch = "x86_64")]
         {
-            if avx512::supported() {
-                return Isa::Avx512;
+            if isa.has(IsaLevel::Avx512) {
+                return Tiles::Avx512;
             }
-            if avx2::supported() {
-                return Isa::Avx2;
+            if isa.has(IsaLevel::Avx2) {
+                return Tiles::Avx2;
             }
         }
-        Isa::Portable
+        let _ = isa;
+        Tiles::Portable
     }
 
     /// Tokens per tile.
     fn tile_tokens(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512::MR,
+            Tiles::Avx512 => avx512::MR,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2::MR,
-            Isa::Portable => portable::MR,
+            Tiles::Avx2 => avx2::MR,
+            Tiles::Portable => portable::MR,
         }
     }
 }
 
-/// What bf16 weights are multiplied with where the CPU has AVX-512 BF16 (elsewhere: f32).
+/// What bf16 weights are multiplied with at `avx512_bf16` (below it, and for weights in
+/// panels: f32).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Bf16Products {
     /// f32 activations times the widened weights in f32 FMAs, as for f32 and f16 weights.
@@ -128,7 +130,8 @@ pub enum WeightOrder {
     /// Row-major `[N, K]`, as the host wrote them.
     #[default]
     Rows,
-    /// bf16 in the panels of `panels`, read by the AVX2 tiles; every `N` a multiple of 32.
+    /// bf16 in the panels of `panels`, read by the AVX2 panel tiles in f32; every `N` a
+    /// multiple of 32.
     Panels,
 }
 
@@ -137,7 +140,7 @@ fn tile_shape(isa: Isa, order: WeightOrder) -> (usize, usize) {
     match order {
         #[cfg(target_arch = "x86_64")]
         WeightOrder::Panels => (panels::MR, panels::ROWS),
-        _ => (isa.tile_tokens(), NR),
+        _ => (Tiles::of(isa).tile_tokens(), NR),
     }
 }
 
@@ -157,27 +160,25 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         inner: launch.dim("K"),
         outputs: launch.dim("N"),
     };
-    let isa = Isa::detect();
-    let order = arrange_weights(launch, isa, &[("w", shape.outputs)], shape.inner, context)?;
+    let order = arrange_weights(launch, &[("w", shape.outputs)], shape.inner, context)?;
     let mut views = launch.views()?;
     let (x, w) = (views.f32("x"), views.float("w"));
     let out = views.f32_mut("out");
-    let kernel = (isa, context.bf16_products, order);
+    let kernel = (context.isa, context.bf16_products, order);
     linear_on(kernel, x, w, out, shape, &context.workers)
 }
 
 pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
     let widths = [launch.dim("Q"), launch.dim("R"), launch.dim("R")];
-    let isa = Isa::detect();
     let named = [("wq", widths[0]), ("wk", widths[1]), ("wv", widths[2])];
-    let order = arrange_weights(launch, isa, &named, inner, context)?;
+    let order = arrange_weights(launch, &named, inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [views.float("wq"), views.float("wk"), views.float("wv")];
     let outs = [views.f32_mut("q"), views.f32_mut("k"), views.f32_mut("v")];
     qkv_linear(
-        (isa, context.bf16_products, order),
+        (context.isa, context.bf16_products, order),
         x,
         weights,
         outs,
@@ -195,15 +196,14 @@ pub(crate) fn run_silu_gate(
         inner: launch.dim("K"),
         outputs: launch.dim("I"),
     };
-    let isa = Isa::detect();
     let named = [("w_gate", shape.outputs), ("w_up", shape.outputs)];
-    let order = arrange_weights(launch, isa, &named, shape.inner, context)?;
+    let order = arrange_weights(launch, &named, shape.inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [views.float("w_gate"), views.float("w_up")];
     let out = views.f32_mut("out");
     silu_gate_linear(
-        (isa, context.bf16_products, order),
+        (context.isa, context.bf16_products, order),
         x,
         weights,
         out,
@@ -213,21 +213,24 @@ pub(crate) fn run_silu_gate(
 }
 
 /// Puts the weight arguments `(name, N)` of a launch in the order its tiles read: panels when
-/// the AVX2 bf16 tiles run and every weight can be arranged so (bf16, spanning its own buffer,
-/// `N` a multiple of 32), the host's order otherwise. A buffer stays arranged across launches,
+/// bf16 weights are multiplied in f32 at a level from `avx2` up and every weight can be
+/// arranged so (bf16, spanning its own buffer, `N` a multiple of 32), the host's order
+/// otherwise. A buffer stays arranged across launches,
 /// so only the first launch that reads it pays for the arrangement.
 fn arrange_weights(
     launch: &mut Launch<'_>,
-    isa: Isa,
     weights: &[(&str, usize)],
     inner: usize,
     context: &Context,
 ) -> Result<WeightOrder, DeviceFailure> {
     #[cfg(target_arch = "x86_64")]
     {
+        let in_f32 = !bf16_dot_products(context.isa, context.bf16_products);
         let target = |name: &str, outputs: usize| {
-            let fits =
-                isa == Isa::Avx2 && launch.dtype(name) == DType::BF16 && launch.spans_buffer(name);
+            let fits = context.isa.has(IsaLevel::Avx2)
+                && in_f32
+                && launch.dtype(name) == DType::BF16
+                && launch.spans_buffer(name);
             panels::arrangement(outputs, inner).filter(|_| fits)
         };
         // One per weight of the launch: at most `MAX_MATRICES`, so no allocation per launch.
@@ -265,8 +268,13 @@ fn arrange_weights(
             return Ok(WeightOrder::Panels);
         }
     }
-    let _ = (isa, weights, inner, context);
+    let _ = (weights, inner, context);
     Ok(WeightOrder::Rows)
+}
+
+/// Whether bf16 weights in the host's order meet bf16 activations in `vdpbf16ps`.
+fn bf16_dot_products(isa: Isa, products: Bf16Products) -> bool {
+    products == Bf16Products::Bf16 && isa.has(IsaLevel::Avx512Bf16)
 }
 
 /// Puts the buffer under `arg` back in the host's order if a launch arranged it.
@@ -307,16 +315,16 @@ pub fn linear(
     (x, w): (&[f32], FloatSlice<'_>),
     out: &mut [f32],
     shape: LinearShape,
-    bf16_products: Bf16Products,
+    (isa, bf16_products): (Isa, Bf16Products),
     workers: &Workers,
 ) {
-    let kernel = (Isa::detect(), bf16_products, WeightOrder::Rows);
+    let kernel = (isa, bf16_products, WeightOrder::Rows);
     // One weight matrix in the host's order has one dtype and fits every tile: this cannot fail.
     let _ = linear_on(kernel, x, w, out, shape, workers);
 }
 
-/// Which tiles run a launch: the instruction set, what bf16 weights meet, and the order the
-/// weights lie in.
+/// Which tiles run a launch: the instruction-set level, what bf16 weights meet (bf16 products
+/// below `avx512_bf16` are f32 products), and the order the weights lie in.
 pub type Kernel = (Isa, Bf16Products, WeightOrder);
 
 /// `q`, `k` and `v` from one `x`: three linears in one launch, so the activations are rounded
@@ -488,22 +496,19 @@ fn matmul(
         return Ok(());
     }
     if order == WeightOrder::Panels {
-        #[cfg(target_arch = "x86_64")]
-        let runs = isa == Isa::Avx2;
-        #[cfg(not(target_arch = "x86_64"))]
-        let runs = false;
+        let runs = cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2);
         let fits = plan.widths.iter().all(|w| w % plan.panel_rows == 0);
         if !(runs && matches!(first, FloatSlice::BF16(_)) && fits) {
             return Err(DeviceFailure::invalid_argument(format!(
-                "weights in panels need the AVX2 tiles, bf16 and widths that are multiples of \
-                 {} (widths {:?})",
+                "weights in panels need isa avx2 or higher, bf16 and widths that are multiples \
+                 of {} (widths {:?})",
                 plan.panel_rows, plan.widths
             )));
         }
     }
-    match (isa, first) {
+    match (Tiles::of(isa), first) {
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::BF16(_)) if order == WeightOrder::Panels => {
+        (_, FloatSlice::BF16(_)) if order == WeightOrder::Panels => {
             let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
             let block = token_block_len(plan.tokens, plan.tile_tokens);
             drive(
@@ -524,15 +529,15 @@ fn matmul(
                         out_stride,
                         prefetch_next: first_group,
                     };
-                    // SAFETY: `Isa::Avx2` comes from `avx2::supported`; every width is a
-                    // multiple of the panel, so the panel and its outputs are whole; the task
-                    // owns the output block.
+                    // SAFETY: `isa` has AVX2 (checked above); every width is a multiple of the
+                    // panel, so the panel and its outputs are whole; the task owns the output
+                    // block.
                     unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| panels::tile::<M>(&tile)) }
                 },
             )
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::BF16(_)) if bf16_products == Bf16Products::Bf16 => {
+        (Tiles::Avx512, FloatSlice::BF16(_)) if bf16_dot_products(isa, bf16_products) => {
             let bits = typed(weights, bf16_bits);
             X_BF16.with(|cell| {
                 let mut buffer = cell.borrow_mut();
@@ -547,7 +552,7 @@ fn matmul(
                 workers.for_each_chunk(rounded, rows_per_task * inner, |task, bits| {
                     let rows = &x[task * rows_per_task * inner..];
                     for (row, row_bits) in rows.chunks(inner).zip(bits.chunks_mut(inner)) {
-                        // SAFETY: `Isa::Avx512` comes from `avx512::supported`.
+                        // SAFETY: `isa` has AVX-512 BF16 (the arm's guard).
                         unsafe { avx512::round_row_to_bf16(row, row_bits) };
                     }
                 });
@@ -567,8 +572,8 @@ fn matmul(
                             columns,
                             prefetch_next_panel: plan.reads_panels_once(),
                         };
-                        // SAFETY: the CPU is supported; `panel_rows` and the token range keep every
-                        // row in bounds; the task owns the output block.
+                        // SAFETY: `isa` has AVX-512 BF16 (the arm's guard); `panel_rows` and the
+                        // token range keep every row in bounds; the task owns the output block.
                         unsafe {
                             by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::bf16::<M>(&tile))
                         }
@@ -577,11 +582,11 @@ fn matmul(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::F32(_)) => {
+        (Tiles::Avx512, FloatSlice::F32(_)) => {
             avx512_wide(plan, workers, x, typed(weights, f32_values), sink)
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::BF16(_)) => avx512_wide(
+        (Tiles::Avx512, FloatSlice::BF16(_)) => avx512_wide(
             plan,
             workers,
             x,
@@ -589,7 +594,7 @@ fn matmul(
             sink,
         ),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx512, FloatSlice::F16(_)) => avx512_wide(
+        (Tiles::Avx512, FloatSlice::F16(_)) => avx512_wide(
             plan,
             workers,
             x,
@@ -597,11 +602,11 @@ fn matmul(
             sink,
         ),
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::F32(_)) => {
+        (Tiles::Avx2, FloatSlice::F32(_)) => {
             avx2_wide(plan, workers, x, typed(weights, f32_values), sink)
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::BF16(_)) => {
+        (Tiles::Avx2, FloatSlice::BF16(_)) => {
             let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
             X_ORDERED.with(|cell| {
                 let mut buffer = cell.borrow_mut();
@@ -623,14 +628,14 @@ fn matmul(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        (Isa::Avx2, FloatSlice::F16(_)) => avx2_wide(
+        (Tiles::Avx2, FloatSlice::F16(_)) => avx2_wide(
             plan,
             workers,
             x,
             typed(weights, f16_bits).map(as_wide::<F16Bits>),
             sink,
         ),
-        (Isa::Portable, _) => drive(
+        (Tiles::Portable, _) => drive(
             plan,
             workers,
             sink,
@@ -748,7 +753,7 @@ fn drive(
                         std::slice::from_raw_parts_mut(block.wrapping_add(m * out.width), columns)
                     };
                     let span = m * columns..(m + 1) * columns;
-                    silu_mul_span(&gate[span.clone()], &up[span], row);
+                    silu_mul_span(plan.isa, &gate[span.clone()], &up[span], row);
                 }
             },
         ),
@@ -852,7 +857,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
                 columns,
                 prefetch_next_panel: plan.reads_panels_once(),
             };
-            // SAFETY: `Isa::Avx512` comes from `avx512::supported`; `panel_rows` and the token
+            // SAFETY: `Tiles::Avx512` comes from an `Isa` with AVX-512; `panel_rows` and the token
             // range keep every row in bounds; the task owns the output block.
             unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::wide::<W, M>(&tile)) }
         },
@@ -901,7 +906,7 @@ fn avx2_tiles<W: Sync>(
                 out_stride,
                 columns,
             };
-            // SAFETY: as in `avx512_wide`, with `avx2::supported`; token groups hold 1 to `MR`.
+            // SAFETY: as in `avx512_wide`, with AVX2; token groups hold 1 to `MR`.
             unsafe { kernels[tokens.len() - 1](&tile) }
         },
     )
@@ -919,6 +924,8 @@ struct Plan<'w> {
     tile_tokens: usize,
     /// Weight rows per panel: [`NR`], or 32 for weights in panels.
     panel_rows: usize,
+    /// The level the gated epilogue runs at.
+    isa: Isa,
 }
 
 impl<'w> Plan<'w> {
@@ -937,6 +944,7 @@ impl<'w> Plan<'w> {
             matrices_per_panel,
             tile_tokens,
             panel_rows,
+            isa,
         }
     }
 
@@ -1174,19 +1182,18 @@ mod tests {
         out
     }
 
-    /// Every kernel family this machine can run: instruction set, bf16 products and weight
-    /// order.
+    /// Every kernel this machine can run: at each of its levels, f32 products on weights in
+    /// the host's order and (from `avx2` up) in panels, and bf16 products where the level has
+    /// them.
     fn kernels() -> Vec<Kernel> {
-        let mut kernels = vec![(Isa::Portable, Bf16Products::F32, WeightOrder::Rows)];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if avx2::supported() {
-                kernels.push((Isa::Avx2, Bf16Products::F32, WeightOrder::Rows));
-                kernels.push((Isa::Avx2, Bf16Products::F32, WeightOrder::Panels));
+        let mut kernels = Vec::new();
+        for isa in Isa::every() {
+            kernels.push((isa, Bf16Products::F32, WeightOrder::Rows));
+            if cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2) {
+                kernels.push((isa, Bf16Products::F32, WeightOrder::Panels));
             }
-            if avx512::supported() {
-                kernels.push((Isa::Avx512, Bf16Products::F32, WeightOrder::Rows));
-                kernels.push((Isa::Avx512, Bf16Products::Bf16, WeightOrder::Rows));
+            if isa.has(IsaLevel::Avx512Bf16) {
+                kernels.push((isa, Bf16Products::Bf16, WeightOrder::Rows));
             }
         }
         kernels
@@ -1195,11 +1202,10 @@ mod tests {
     /// The activations a kernel multiplies `dtype` weights with: rounded to bf16 on the
     /// `vdpbf16ps` path, as they are otherwise.
     fn activations_seen(kernel: Kernel, dtype: &str, x: &[f32]) -> Vec<f32> {
-        #[cfg(target_arch = "x86_64")]
-        if (kernel.0, kernel.1) == (Isa::Avx512, Bf16Products::Bf16) && dtype == "bf16" {
+        if bf16_dot_products(kernel.0, kernel.1) && kernel.2 == WeightOrder::Rows && dtype == "bf16"
+        {
             return x.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
         }
-        let _ = (kernel, dtype);
         x.to_vec()
     }
 
@@ -1321,7 +1327,8 @@ mod tests {
                         };
                         let (gate, up) = (as_f32(alone(w[3])), as_f32(alone(w[4])));
                         let mut expected = vec![f32::NAN; tokens * i_width];
-                        crate::elementwise::silu_mul(&gate, &up, &mut expected, &workers);
+                        let isa = kernel.0;
+                        crate::elementwise::silu_mul(isa, &gate, &up, &mut expected, &workers);
                         assert_eq!(bits(&fused), bits(&expected), "silu gate, {case}");
                     }
                 }
@@ -1342,7 +1349,7 @@ mod tests {
         };
         let workers = Workers::new(1).unwrap();
         let result = silu_gate_linear(
-            (Isa::detect(), Bf16Products::Bf16, WeightOrder::Rows),
+            (Isa::detect(), Bf16Products::default(), WeightOrder::Rows),
             &x,
             [a.slice("f32"), b.slice("bf16")],
             &mut out,
@@ -1378,9 +1385,7 @@ mod tests {
         // In panels, N is 11 and 2 panels of 32.
         for (tokens, inner, rows) in [(70, 603, 325), (250, 300, 40)] {
             let x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i)).collect();
-            let detected = Isa::detect();
-            let kernels = kernels().into_iter().filter(|kernel| kernel.0 == detected);
-            for (kernel, threads) in kernels.flat_map(|kernel| [(kernel, 1), (kernel, 2)]) {
+            for (kernel, threads) in kernels().into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
                 let workers = Workers::new(threads).unwrap();
                 let outputs = width(kernel, rows);
                 let weights = Weights::new(outputs * inner);
@@ -1431,7 +1436,7 @@ mod tests {
     #[test]
     fn rounding_to_bf16_matches_round_to_nearest_even() {
         #[cfg(target_arch = "x86_64")]
-        if avx512::supported() {
+        if Isa::detect().has(IsaLevel::Avx512Bf16) {
             // 37 values: two full vectors and a masked tail; ties, signs and tiny values.
             let x: Vec<f32> = (0..37)
                 .map(|i| match i {
@@ -1481,7 +1486,7 @@ mod tests {
             (&[], FloatSlice::F32(&[])),
             &mut out,
             shape,
-            Bf16Products::default(),
+            (Isa::detect(), Bf16Products::default()),
             &Workers::new(1).unwrap(),
         );
         assert_eq!(out, vec![0.0; 6]);

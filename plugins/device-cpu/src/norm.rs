@@ -6,12 +6,13 @@
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
+use crate::isa::Isa;
 use crate::vector::dot;
 use crate::widen::widened;
 use crate::workers::Workers;
 
 /// Normalizes each `weight.len()`-wide row of `x` into the same row of `out`.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], workers: &Workers) {
+pub fn rms_norm(isa: Isa, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], workers: &Workers) {
     let width = weight.len();
     if width == 0 {
         return;
@@ -24,14 +25,14 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32], workers: &
             .chunks_exact(width)
             .zip(out_rows.chunks_exact_mut(width))
         {
-            normalize_row(x_row, weight, eps, out_row);
+            normalize_row(isa, x_row, weight, eps, out_row);
         }
     });
 }
 
 /// One row of [`rms_norm`].
-fn normalize_row(x_row: &[f32], weight: &[f32], eps: f32, out_row: &mut [f32]) {
-    let inverse_rms = inverse_rms(x_row, eps);
+fn normalize_row(isa: Isa, x_row: &[f32], weight: &[f32], eps: f32, out_row: &mut [f32]) {
+    let inverse_rms = inverse_rms(isa, x_row, eps);
     for ((out, &x), &w) in out_row.iter_mut().zip(x_row).zip(weight) {
         *out = w * (x * inverse_rms);
     }
@@ -41,6 +42,7 @@ fn normalize_row(x_row: &[f32], weight: &[f32], eps: f32, out_row: &mut [f32]) {
 /// follows it in one launch and one pass over the rows, with the arithmetic of `add` followed
 /// by [`rms_norm`].
 pub fn add_rms_norm(
+    isa: Isa,
     (x, y): (&mut [f32], &[f32]),
     weight: &[f32],
     eps: f32,
@@ -63,13 +65,13 @@ pub fn add_rms_norm(
             for (x, &y) in x_row.iter_mut().zip(y_row) {
                 *x += y;
             }
-            normalize_row(x_row, weight, eps, out_row);
+            normalize_row(isa, x_row, weight, eps, out_row);
         }
     });
 }
 
 /// Normalizes each `weight.len()`-wide chunk of `x` (one head) in place.
-pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, workers: &Workers) {
+pub fn rms_norm_in_place(isa: Isa, x: &mut [f32], weight: &[f32], eps: f32, workers: &Workers) {
     let width = weight.len();
     if width == 0 {
         return;
@@ -77,7 +79,7 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, workers: &Work
     let chunks_per_task = workers.rows_per_task(x.len() / width, width);
     workers.for_each_chunk(x, chunks_per_task * width, |_, rows| {
         for row in rows.chunks_exact_mut(width) {
-            let inverse_rms = inverse_rms(row, eps);
+            let inverse_rms = inverse_rms(isa, row, eps);
             for (x, &w) in row.iter_mut().zip(weight) {
                 *x = w * (*x * inverse_rms);
             }
@@ -85,8 +87,8 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32, workers: &Work
     });
 }
 
-fn inverse_rms(row: &[f32], eps: f32) -> f32 {
-    let mean_square = dot(row, row) / row.len() as f32;
+fn inverse_rms(isa: Isa, row: &[f32], eps: f32) -> f32 {
+    let mean_square = dot(isa, row, row) / row.len() as f32;
     1.0 / (mean_square + eps).sqrt()
 }
 
@@ -98,7 +100,7 @@ pub(crate) fn run_rows(
     let mut views = launch.views()?;
     let weight = widened(views.float("weight"), &mut context.scratch);
     let (x, out) = (views.f32("x"), views.f32_mut("out"));
-    rms_norm(x, weight, eps, out, &context.workers);
+    rms_norm(context.isa, x, weight, eps, out, &context.workers);
     Ok(())
 }
 
@@ -111,7 +113,7 @@ pub(crate) fn run_add_rows(
     let weight = widened(views.float("weight"), &mut context.scratch);
     let y = views.f32("y");
     let (x, out) = (views.f32_mut("x"), views.f32_mut("out"));
-    add_rms_norm((x, y), weight, eps, out, &context.workers);
+    add_rms_norm(context.isa, (x, y), weight, eps, out, &context.workers);
     Ok(())
 }
 
@@ -122,7 +124,13 @@ pub(crate) fn run_heads(
     let eps = launch.param_f32("eps");
     let mut views = launch.views()?;
     let weight = widened(views.float("weight"), &mut context.scratch);
-    rms_norm_in_place(views.f32_mut("x"), weight, eps, &context.workers);
+    rms_norm_in_place(
+        context.isa,
+        views.f32_mut("x"),
+        weight,
+        eps,
+        &context.workers,
+    );
     Ok(())
 }
 
@@ -151,21 +159,21 @@ mod tests {
     fn rows_and_heads_match_the_definition() {
         // (rows, width): a decode row, a few rows, and enough rows to split over threads.
         let cases = [(1, 64), (3, 200), (200, 128)];
-        for threads in [1, 2] {
+        for (isa, threads) in Isa::every().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
             let workers = Workers::new(threads).unwrap();
             for (rows, width) in cases {
-                let what = format!("{rows}x{width}, {threads} threads");
+                let what = format!("{rows}x{width}, {isa:?}, {threads} threads");
                 let x: Vec<f32> = (0..rows * width).map(|i| 3.0 * noise(1, i)).collect();
                 let weight: Vec<f32> = (0..width).map(|i| 1.0 + noise(2, i)).collect();
                 let expected = reference(&x, &weight, 1e-6);
 
                 let mut out = vec![f32::NAN; x.len()];
-                rms_norm(&x, &weight, 1e-6, &mut out, &workers);
+                rms_norm(isa, &x, &weight, 1e-6, &mut out, &workers);
                 assert_close(&out, &expected, 1e-6, &what);
 
                 // The same data seen as rows of `rows` heads each `width` wide.
                 let mut in_place = x.clone();
-                rms_norm_in_place(&mut in_place, &weight, 1e-6, &workers);
+                rms_norm_in_place(isa, &mut in_place, &weight, 1e-6, &workers);
                 assert_close(&in_place, &expected, 1e-6, &what);
             }
         }
@@ -173,7 +181,7 @@ mod tests {
 
     #[test]
     fn add_then_norm_in_one_launch_gives_the_bits_of_two() {
-        for threads in [1, 2] {
+        for (isa, threads) in Isa::every().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
             let workers = Workers::new(threads).unwrap();
             for (rows, width) in [(1, 64), (200, 128)] {
                 let x: Vec<f32> = (0..rows * width).map(|i| 3.0 * noise(3, i)).collect();
@@ -182,12 +190,13 @@ mod tests {
 
                 let mut fused_x = x.clone();
                 let mut fused_out = vec![f32::NAN; x.len()];
-                add_rms_norm((&mut fused_x, &y), &weight, 1e-6, &mut fused_out, &workers);
+                let (x_y, eps) = ((&mut fused_x[..], &y[..]), 1e-6);
+                add_rms_norm(isa, x_y, &weight, eps, &mut fused_out, &workers);
 
                 let mut added = x.clone();
                 crate::elementwise::add(&mut added, &y, &workers);
                 let mut out = vec![f32::NAN; x.len()];
-                rms_norm(&added, &weight, 1e-6, &mut out, &workers);
+                rms_norm(isa, &added, &weight, 1e-6, &mut out, &workers);
 
                 let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&fused_x), bits(&added), "{rows}x{width}");
@@ -201,6 +210,7 @@ mod tests {
     fn eps_keeps_a_zero_row_finite() {
         let mut out = [f32::NAN; 4];
         rms_norm(
+            Isa::detect(),
             &[0.0; 4],
             &[1.0; 4],
             1e-6,

@@ -7,37 +7,34 @@
 //! keeps the portable body's 16 partial sums, in the same order and without fused
 //! multiply-add, so results do not depend on the CPU.
 
+use crate::isa::{Isa, IsaLevel};
+
 /// Independent partial sums per dot product: enough to keep the vector units busy and to
 /// vectorize at all (a single running sum must be evaluated in order).
 const LANES: usize = 16;
 
 /// `Σ a[i]·b[i]` over the common length.
 #[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked just above).
+    if isa.has(IsaLevel::Avx2) {
+        // SAFETY: the level has AVX2 (checked just above).
         return unsafe { x86::dot_avx2(a, b) };
     }
+    let _ = isa;
     dot_portable(a, b)
 }
 
 /// `y[i] += alpha · x[i]` over the common length.
 #[inline]
-pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+pub fn axpy(isa: Isa, y: &mut [f32], alpha: f32, x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 (checked just above).
+    if isa.has(IsaLevel::Avx2) {
+        // SAFETY: the level has AVX2 (checked just above).
         return unsafe { x86::axpy_avx2(y, alpha, x) };
     }
+    let _ = isa;
     axpy_portable(y, alpha, x)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[inline]
-fn has_avx2() -> bool {
-    // Cached by std after the first call: one relaxed load.
-    std::arch::is_x86_feature_detected!("avx2")
 }
 
 /// The shared body: `LANES` partial sums, then a pairwise reduction.
@@ -140,27 +137,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dispatched_and_portable_results_are_identical() {
-        for len in [0, 1, 15, 16, 17, 100, 1027] {
-            let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
-            let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
-            assert_eq!(dot(&a, &b), dot_portable(&a, &b), "{len}");
-            let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x * y)).sum();
-            assert!((f64::from(dot(&a, &b)) - exact).abs() < 1e-4, "{len}");
+    fn every_level_gives_the_portable_results() {
+        for isa in Isa::every() {
+            for len in [0, 1, 15, 16, 17, 100, 1027] {
+                let a: Vec<f32> = (0..len).map(|i| (i as f32 * 0.37).sin()).collect();
+                let b: Vec<f32> = (0..len).map(|i| (i as f32 * 0.11).cos()).collect();
+                assert_eq!(dot(isa, &a, &b), dot_portable(&a, &b), "{isa:?} {len}");
+                let exact: f64 = a.iter().zip(&b).map(|(&x, &y)| f64::from(x * y)).sum();
+                assert!((f64::from(dot(isa, &a, &b)) - exact).abs() < 1e-4, "{len}");
 
-            let (mut y, mut y_portable) = (b.clone(), b.clone());
-            axpy(&mut y, 0.5, &a);
-            axpy_portable(&mut y_portable, 0.5, &a);
-            assert_eq!(y, y_portable);
+                let (mut y, mut y_portable) = (b.clone(), b.clone());
+                axpy(isa, &mut y, 0.5, &a);
+                axpy_portable(&mut y_portable, 0.5, &a);
+                assert_eq!(y, y_portable, "{isa:?} {len}");
+            }
         }
     }
 
     #[test]
     fn integer_sums_are_exact() {
-        for len in [0usize, 1, 15, 16, 17, 100] {
-            let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
-            let expected = (len * len.saturating_sub(1)) as f32;
-            assert_eq!(dot(&a, &vec![2.0; len]), expected, "{len}");
+        for isa in Isa::every() {
+            for len in [0usize, 1, 15, 16, 17, 100] {
+                let a: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                let expected = (len * len.saturating_sub(1)) as f32;
+                assert_eq!(dot(isa, &a, &vec![2.0; len]), expected, "{isa:?} {len}");
+            }
         }
     }
 }

@@ -15,16 +15,11 @@ use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
 use crate::vector::avx2::exp;
 
-/// Whether this CPU runs this kernel.
-pub fn supported() -> bool {
-    crate::linear::avx2::supported()
-}
-
 /// Attention of the `G` query heads in `query` (`8 * C` wide each) over the positions of
 /// `rows`, into `out` (same layout); `scores` holds `G * context_len` f32s.
 ///
 /// # Safety
-/// The CPU is [`supported`]; every block `rows` names exists in the caches (checked by
+/// The CPU has isa level `avx2`; every block `rows` names exists in the caches (checked by
 /// `check_blocks`); `query` and `out` hold `G * 8 * C` f32s; `C` is a multiple of 8.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(
@@ -99,7 +94,7 @@ fn load(row: &[f32], c: usize) -> __m256 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m256 {
     let chunk = &row[8 * c..8 * c + 8];
-    // SAFETY: `chunk` holds 8 elements; the CPU is `supported`.
+    // SAFETY: `chunk` holds 8 elements; the CPU has level `avx2`.
     unsafe { <E as Wide>::load(chunk.as_ptr()) }
 }
 

@@ -23,7 +23,7 @@ use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 /// independent FMA chains.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and DQ (`vector::avx512::supported`); every block `rows` names exists in the caches (checked by
+/// The CPU has AVX-512 F and DQ (isa level `avx512`); every block `rows` names exists in the caches (checked by
 /// `check_blocks`); `query` and `out` hold `G * 16 * C` f32s.
 #[target_feature(enable = "avx512f,avx512dq")]
 pub unsafe fn attend<E: CacheElement, const C: usize, const G: usize>(

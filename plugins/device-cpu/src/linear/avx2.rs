@@ -18,13 +18,6 @@ use super::{Bf16Bits, F16Bits, NR};
 /// the 16 ymm registers.
 pub const MR: usize = 2;
 
-/// Whether this CPU runs these tiles.
-pub fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx2")
-        && std::arch::is_x86_feature_detected!("fma")
-        && std::arch::is_x86_feature_detected!("f16c")
-}
-
 /// One tile, as in the AVX-512 module: `M` token rows of `x` (`x_stride` apart) against the
 /// weight rows `w[0..NR]`, into `columns` outputs per token.
 #[derive(Clone, Copy)]
@@ -41,7 +34,7 @@ pub struct Tile<W> {
 /// Weights that widen to f32 eight at a time.
 pub trait Wide: Copy {
     /// # Safety
-    /// `p` starts 8 readable elements; the CPU is [`supported`].
+    /// `p` starts 8 readable elements; the CPU has isa level `avx2`.
     unsafe fn load(p: *const Self) -> __m256;
     fn to_f32(self) -> f32;
 }
@@ -96,7 +89,7 @@ pub(crate) fn reduce(v: __m256) -> f32 {
 }
 
 /// # Safety
-/// The CPU is [`supported`]; every pointer of `tile` covers `inner` elements (`M` token rows);
+/// The CPU has isa level `avx2`; every pointer of `tile` covers `inner` elements (`M` token rows);
 /// the output block is valid and touched by no other thread.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {

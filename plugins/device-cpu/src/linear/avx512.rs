@@ -25,15 +25,6 @@ const PREFETCH_PANELS: usize = 4;
 /// vector fill 29 of the 32 zmm registers.
 pub const MR: usize = 4;
 
-/// Whether this CPU runs these tiles.
-pub fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512bw")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-        && std::arch::is_x86_feature_detected!("avx512vl")
-        && std::arch::is_x86_feature_detected!("avx512bf16")
-}
-
 /// One tile: token rows `x`, `x + x_stride`, … against weight rows `w[0..NR]`, each `inner`
 /// long; `out[m * out_stride + j]` for `j < columns` receives output `j` of token `m`.
 #[derive(Clone, Copy)]
@@ -52,7 +43,7 @@ pub struct Tile<X, W> {
 }
 
 /// # Safety
-/// The CPU is [`supported`]; every pointer of `tile` covers `inner` elements (`M` token rows);
+/// The CPU has isa level `avx512_bf16`; every pointer of `tile` covers `inner` elements (`M` token rows);
 /// the output block is valid and touched by no other thread.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
@@ -241,7 +232,7 @@ unsafe fn store<const M: usize>(
 /// every element whatever the row's length, so a token's rounding does not depend on its batch.
 ///
 /// # Safety
-/// The CPU is [`supported`].
+/// The CPU has isa level `avx512_bf16`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
 pub unsafe fn round_row_to_bf16(x: &[f32], bits: &mut [u16]) {
     assert_eq!(x.len(), bits.len());

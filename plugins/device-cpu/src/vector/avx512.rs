@@ -11,17 +11,11 @@ use std::arch::x86_64::{
     _mm512_unpacklo_ps,
 };
 
-/// Whether this CPU runs these functions and the kernels built on them (F and DQ).
-pub fn supported() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-        && std::arch::is_x86_feature_detected!("avx512dq")
-}
-
 /// The 16 lanes of `v` added as `((l + l⊕8) + (l + l⊕4)) …`: halves, then quarters, then
 /// pairs, always the same tree.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and DQ ([`supported`]).
+/// The CPU has AVX-512 F and DQ (isa level `avx512`).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 pub fn reduce(v: __m512) -> f32 {
@@ -39,7 +33,7 @@ pub fn reduce(v: __m512) -> f32 {
 /// q3)`. Sixteen sums for the cost of about three full reductions (attention's scores).
 ///
 /// # Safety
-/// The CPU has AVX-512 F and DQ ([`supported`]).
+/// The CPU has AVX-512 F and DQ (isa level `avx512`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
@@ -74,7 +68,7 @@ pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
 /// SiLU's `-g`), the value at -87 below and infinity above: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and DQ ([`supported`]).
+/// The CPU has AVX-512 F and DQ (isa level `avx512`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 pub fn exp(x: __m512) -> __m512 {
@@ -94,18 +88,19 @@ pub fn exp(x: __m512) -> __m512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::isa::{Isa, IsaLevel};
     use crate::test_support::noise;
     use std::arch::x86_64::_mm512_loadu_ps;
 
     #[test]
     fn lanes_are_summed_in_order_and_exp_is_close() {
-        if !supported() {
+        if !Isa::detect().has(IsaLevel::Avx512) {
             return;
         }
         let values: Vec<[f32; 16]> = (0..16)
             .map(|v| std::array::from_fn(|l| noise(5 + v as u64, l)))
             .collect();
-        // SAFETY: supported (checked above).
+        // SAFETY: the CPU has AVX-512 (checked above).
         let sums: [f32; 16] = unsafe {
             let vectors: [__m512; 16] =
                 std::array::from_fn(|v| _mm512_loadu_ps(values[v].as_ptr()));
@@ -120,7 +115,7 @@ mod tests {
             assert_eq!(sums[v].to_bits(), expected.to_bits(), "vector {v}");
         }
         let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 5.7 - noise(9, i).abs());
-        // SAFETY: supported (checked above).
+        // SAFETY: the CPU has AVX-512 (checked above).
         let got: [f32; 16] = unsafe { std::mem::transmute(exp(_mm512_loadu_ps(xs.as_ptr()))) };
         for (x, got) in xs.iter().zip(got) {
             let want = f64::from(*x).exp();
