@@ -18,7 +18,8 @@ mod server;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
+use plughost_device_cpu::isa::{Isa, IsaLevel};
 use serde_json::json;
 
 use crate::bandwidth::{self, Bandwidth};
@@ -46,6 +47,10 @@ pub struct CompareArgs {
     /// CPU threads of each server (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// The instruction-set level of plughost's CPU device, its `isa=` option (default: the
+    /// highest this CPU has).
+    #[arg(long)]
+    pub isa: Option<IsaLevel>,
     /// Concurrent streams of the batched loads; also llama-server's -np and plughost's
     /// --max-num-seqs.
     #[arg(long, default_value_t = 16)]
@@ -231,6 +236,11 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
     ensure!(threads > 0, "--threads must be at least 1");
+    let isa = match args.isa {
+        Some(level) => Isa::at(level).map_err(|missing| anyhow!("--isa {level}: {missing}"))?,
+        None => Isa::detect(),
+    }
+    .level();
     // Checked again when each server starts; checking now fails before minutes of building.
     server::ensure_port_free(args.plughost_port, "plughost")?;
     server::ensure_port_free(args.llama_port, "llama-server")?;
@@ -266,10 +276,10 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
         bandwidth: &probe,
     };
     let kv = PlughostKv::new(&setup.facts, args.context);
-    let plughost_spec = setup.plughost_spec(args, threads, &kv, &raw_dir);
+    let plughost_spec = setup.plughost_spec(args, (threads, isa), &kv, &raw_dir);
     let llama_spec = setup.llama_spec(args, threads, &raw_dir);
     let ([p, l], bandwidths) = bench.both([&plughost_spec, &llama_spec], [true, false])?;
-    let machine = Machine::new(cpu_model(), bandwidths)?;
+    let machine = Machine::new(cpu_model(), isa, bandwidths)?;
 
     let counters = p.counters.clone();
     let plughost_result = setup.plughost_result(&plughost_spec, p, &kv, root);
@@ -373,7 +383,7 @@ impl Setup {
     fn plughost_spec(
         &self,
         args: &CompareArgs,
-        threads: usize,
+        (threads, isa): (usize, IsaLevel),
         kv: &PlughostKv,
         raw_dir: &Path,
     ) -> ServerSpec {
@@ -397,7 +407,7 @@ impl Setup {
                 "--kv-cache-dtype".into(),
                 PLUGHOST_KV_DTYPE.into(),
                 "--device-config".into(),
-                format!("threads={threads}").into(),
+                format!("threads={threads},isa={isa}").into(),
             ],
             port: args.plughost_port,
             log: raw_dir.join("plughost.log"),

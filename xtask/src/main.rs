@@ -11,10 +11,14 @@ mod gguf_tokenizer;
 mod model_fetch;
 mod plugins;
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+
+/// A target without x86-64's kernels, which `test` checks the CPU device against.
+const PORTABILITY_TARGET: &str = "aarch64-unknown-linux-gnu";
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "plughost project tasks")]
@@ -84,6 +88,20 @@ fn main() -> Result<()> {
             )?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
+                // The CPU device builds for any target: its x86-64 kernels are the only ones
+                // behind `cfg`, so a build for another architecture must stay free of warnings.
+                plugins::ensure_target(PORTABILITY_TARGET)?;
+                workspace.cargo(
+                    &[
+                        "check",
+                        "-p",
+                        "plughost-device-cpu",
+                        "--all-targets",
+                        "--target",
+                        PORTABILITY_TARGET,
+                    ],
+                    &[("RUSTFLAGS", OsStr::new("-D warnings"))],
+                )?;
                 workspace.cargo(
                     &[
                         "clippy",

@@ -118,7 +118,7 @@ impl Workspace {
 
     /// Builds every plugin in release and copies the artifacts into `target/plugins`.
     pub fn build_plugins(&self) -> Result<PathBuf> {
-        ensure_wasm_target()?;
+        ensure_target(WASM_TARGET)?;
         let out = self.target_dir.join("plugins");
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         let total = self.plugins.len();
@@ -184,25 +184,25 @@ fn copy(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Installs the component target with rustup when the toolchain lacks it.
-fn ensure_wasm_target() -> Result<()> {
+/// Installs a compilation target's standard library with rustup when the toolchain lacks it.
+pub fn ensure_target(target: &str) -> Result<()> {
     let installed = Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
-        .context("running rustup: the wasm32-wasip2 target is installed through rustup")?;
+        .with_context(|| format!("running rustup: the {target} target is installed through it"))?;
     if String::from_utf8_lossy(&installed.stdout)
         .lines()
-        .any(|l| l.trim() == WASM_TARGET)
+        .any(|l| l.trim() == target)
     {
         return Ok(());
     }
-    eprintln!("installing the {WASM_TARGET} target with rustup");
+    eprintln!("installing the {target} target with rustup");
     let status = Command::new("rustup")
-        .args(["target", "add", WASM_TARGET])
+        .args(["target", "add", target])
         .status()
         .context("running rustup target add")?;
     if !status.success() {
-        bail!("rustup target add {WASM_TARGET} failed ({status})");
+        bail!("rustup target add {target} failed ({status})");
     }
     Ok(())
 }

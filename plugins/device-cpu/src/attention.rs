@@ -23,7 +23,9 @@ use std::cell::RefCell;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
-use crate::isa::{Isa, IsaLevel};
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
 use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
@@ -269,7 +271,9 @@ struct Head<'a, E> {
     block_row: &'a [i32],
     kv_head: usize,
     shape: AttentionShape,
-    /// Whether the rows are likely in memory rather than cache (see `RowOwner::alone`).
+    /// Whether the rows are likely in memory rather than cache (see `RowOwner::alone`); only
+    /// the x86-64 kernels prefetch.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     cold: bool,
 }
 
@@ -293,6 +297,9 @@ fn attend_group<E: CacheElement>(
     (position, scale): (usize, f32),
     out: &mut [f32],
 ) {
+    // Without x86-64 every kernel is the portable one.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = kernel;
     let head_dim = head.shape.head_dim;
     let num_heads = query.len() / head_dim;
     let context_len = position + 1;

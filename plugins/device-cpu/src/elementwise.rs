@@ -3,7 +3,9 @@
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
-use crate::isa::{Isa, IsaLevel};
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
 use crate::workers::Workers;
 
 /// `out = silu(gate) * up` with `silu(g) = g / (1 + exp(-g))`, PyTorch's f32 formula.

@@ -41,6 +41,7 @@ use std::marker::PhantomData;
 use std::mem::MaybeUninit;
 use std::ops::Range;
 
+#[cfg(target_arch = "x86_64")]
 use plughost_device_abi::abi::DType;
 use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch};
 
@@ -268,11 +269,12 @@ fn arrange_weights(
             return Ok(WeightOrder::Panels);
         }
     }
-    let _ = (weights, inner, context);
+    let _ = (launch, weights, inner, context);
     Ok(WeightOrder::Rows)
 }
 
 /// Whether bf16 weights in the host's order meet bf16 activations in `vdpbf16ps`.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn bf16_dot_products(isa: Isa, products: Bf16Products) -> bool {
     products == Bf16Products::Bf16 && isa.has(IsaLevel::Avx512Bf16)
 }
@@ -302,6 +304,7 @@ pub(crate) fn restore(arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFa
 }
 
 /// A buffer's bytes as 16-bit elements: buffers are 64-byte aligned and hold whole elements.
+#[cfg(target_arch = "x86_64")]
 fn half_bits_mut(bytes: &mut [u8]) -> &mut [u16] {
     // SAFETY: every bit pattern is a valid u16; `align_to_mut` puts only whole, aligned
     // elements in the middle part.
@@ -469,6 +472,9 @@ fn matmul(
     plan: &Plan,
     workers: &Workers,
 ) -> Result<(), DeviceFailure> {
+    // Only the x86-64 tiles tell bf16 products apart.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bf16_products;
     assert!(
         sink.check(plan, x, weights),
         "linear: slices of {} and {:?} elements do not match T={} K={} N={:?}",
@@ -668,11 +674,14 @@ fn matmul(
 }
 
 /// The most weight matrices one launch multiplies (`qkv_linear`'s three).
+#[cfg(target_arch = "x86_64")]
 const MAX_MATRICES: usize = 3;
 
 /// The weights of a launch as one element type, unused entries empty.
+#[cfg(target_arch = "x86_64")]
 type Typed<'a, T> = [&'a [T]; MAX_MATRICES];
 
+#[cfg(target_arch = "x86_64")]
 fn f32_values(w: FloatSlice<'_>) -> &[f32] {
     match w {
         FloatSlice::F32(values) => values,
@@ -680,6 +689,7 @@ fn f32_values(w: FloatSlice<'_>) -> &[f32] {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 fn bf16_bits(w: FloatSlice<'_>) -> &[u16] {
     match w {
         FloatSlice::BF16(bits) => bits,
@@ -687,6 +697,7 @@ fn bf16_bits(w: FloatSlice<'_>) -> &[u16] {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 fn f16_bits(w: FloatSlice<'_>) -> &[u16] {
     match w {
         FloatSlice::F16(bits) => bits,
@@ -695,6 +706,7 @@ fn f16_bits(w: FloatSlice<'_>) -> &[u16] {
 }
 
 /// `weights` (which share a dtype, checked by [`matmul`]) as that dtype's elements.
+#[cfg(target_arch = "x86_64")]
 fn typed<'a, T>(weights: &[FloatSlice<'a>], pick: fn(FloatSlice<'a>) -> &'a [T]) -> Typed<'a, T> {
     std::array::from_fn(|p| weights.get(p).map_or(&[][..], |w| pick(*w)))
 }
@@ -761,6 +773,7 @@ fn drive(
 }
 
 /// Evaluates `$call` with the const `$m` set to `$tokens`, one of the listed tile sizes.
+#[cfg(target_arch = "x86_64")]
 macro_rules! by_tokens {
     ($tokens:expr, [$($n:literal),+], |$m:ident| $call:expr) => {
         match $tokens {
@@ -772,10 +785,12 @@ macro_rules! by_tokens {
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
 use by_tokens;
 
 /// The first element of each of the panel's `NR` weight rows; past the last of `columns`
 /// rows it repeats that row (those outputs are computed but not stored).
+#[cfg(target_arch = "x86_64")]
 fn panel_rows<W>(w: &[W], n0: usize, columns: usize, inner: usize) -> [*const W; NR] {
     std::array::from_fn(|j| w[(n0 + j.min(columns - 1)) * inner..].as_ptr())
 }
@@ -950,6 +965,7 @@ impl<'w> Plan<'w> {
 
     /// Whether every panel meets all the tokens in one pass (one token block), so its weights
     /// are read once, from memory, rather than again from cache for later blocks.
+    #[cfg(target_arch = "x86_64")]
     fn reads_panels_once(&self) -> bool {
         self.tokens <= MC
     }
@@ -1123,7 +1139,10 @@ mod tests {
                     (dtype == "bf16").then_some(Stored::Panels(bits))
                 }
                 #[cfg(not(target_arch = "x86_64"))]
-                WeightOrder::Panels => None,
+                WeightOrder::Panels => {
+                    let _ = inner;
+                    None
+                }
             }
         }
 
@@ -1138,6 +1157,7 @@ mod tests {
     /// Weights as a kernel reads them.
     enum Stored<'a> {
         Rows(FloatSlice<'a>),
+        #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
         Panels(Vec<u16>),
     }
 

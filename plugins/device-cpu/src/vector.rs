@@ -7,7 +7,9 @@
 //! keeps the portable body's 16 partial sums, in the same order and without fused
 //! multiply-add, so results do not depend on the CPU.
 
-use crate::isa::{Isa, IsaLevel};
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
 
 /// Independent partial sums per dot product: enough to keep the vector units busy and to
 /// vectorize at all (a single running sum must be evaluated in order).

@@ -5,6 +5,8 @@ use std::fmt::Write;
 
 use super::loads::{Load, Shape, Summary};
 use super::model::ModelFacts;
+use plughost_device_cpu::isa::IsaLevel;
+
 use crate::bandwidth::Bandwidth;
 
 /// Keys of the loads the targets are defined on.
@@ -16,6 +18,8 @@ pub const SAMPLED: &str = "batched-sampling";
 pub struct Machine {
     pub cores: usize,
     pub cpu: String,
+    /// The level plughost's CPU device ran at.
+    pub isa: IsaLevel,
     /// The median of `rounds`: the bandwidth the bound is computed from.
     pub bandwidth: Bandwidth,
     /// One measurement before each round's single-stream load.
@@ -23,12 +27,13 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn new(cpu: String, rounds: Vec<Bandwidth>) -> anyhow::Result<Self> {
+    pub fn new(cpu: String, isa: IsaLevel, rounds: Vec<Bandwidth>) -> anyhow::Result<Self> {
         let bandwidth = crate::bandwidth::median(&rounds)
             .ok_or_else(|| anyhow::anyhow!("no read bandwidth was measured"))?;
         Ok(Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
+            isa,
             bandwidth,
             rounds,
         })
@@ -276,11 +281,17 @@ pub fn markdown(r: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "**Machine:** {} cores, {}; measured read bandwidth {:.1} GB/s, the median of {} \
-         measurements taken right before each round's single-stream load ({} GB/s; {} MiB \
-         buffer, {} threads, best of {} passes each).\n",
+        "**Machine:** {} cores, {}; plughost's CPU device at `isa={}` ({}); measured read \
+         bandwidth {:.1} GB/s, the median of {} measurements taken right before each round's \
+         single-stream load ({} GB/s; {} MiB buffer, {} threads, best of {} passes each).\n",
         m.cores,
         m.cpu,
+        m.isa,
+        if m.isa >= IsaLevel::Avx512Bf16 {
+            "bf16 weights times activations rounded to bf16"
+        } else {
+            "bf16 weights times f32 activations"
+        },
         m.bandwidth.gb_per_second(),
         m.rounds.len(),
         m.rounds
@@ -536,8 +547,12 @@ mod tests {
             passes: 5,
         };
         // A median of 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
-        let machine =
-            Machine::new("cpu".into(), vec![at(90_000.0), at(50_000.0), at(20_000.0)]).unwrap();
+        let machine = Machine::new(
+            "cpu".into(),
+            IsaLevel::Avx2,
+            vec![at(90_000.0), at(50_000.0), at(20_000.0)],
+        )
+        .unwrap();
         let model = facts();
         let shape = Shape {
             input_len: 256,
