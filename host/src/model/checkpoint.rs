@@ -139,13 +139,22 @@ impl From<RawModelConfig> for ModelConfig {
 impl ModelConfig {
     /// Parses `config.json` text; `path` only names the file in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ModelError> {
-        serde_json::from_str::<RawModelConfig>(text)
-            .map(ModelConfig::from)
-            .map_err(|source| ModelError::Json {
+        let raw =
+            serde_json::from_str::<RawModelConfig>(text).map_err(|source| ModelError::Json {
                 path: path.to_path_buf(),
                 what: "model config",
                 source,
-            })
+            })?;
+        if let (Some(torch_dtype), Some(dtype)) = (&raw.torch_dtype, &raw.dtype)
+            && torch_dtype != dtype
+        {
+            return Err(ModelError::ConfigConflict {
+                path: path.to_path_buf(),
+                first: format!("torch_dtype {torch_dtype:?}"),
+                second: format!("dtype {dtype:?}"),
+            });
+        }
+        Ok(ModelConfig::from(raw))
     }
 }
 
@@ -458,6 +467,26 @@ mod tests {
             assert_eq!(&config.bos_token_id, bos, "{text}");
             assert_eq!(config.torch_dtype.as_deref(), *dtype, "{text}");
         }
+    }
+
+    #[test]
+    fn dtype_and_torch_dtype_may_both_be_given_but_must_agree() {
+        let path = Path::new("/m/config.json");
+        let both = |torch_dtype: &str, dtype: &str| {
+            format!(
+                r#"{{"architectures":[],"max_position_embeddings":8,
+                    "torch_dtype":"{torch_dtype}","dtype":"{dtype}"}}"#
+            )
+        };
+        let config = ModelConfig::parse(&both("bfloat16", "bfloat16"), path).expect("agree");
+        assert_eq!(config.torch_dtype.as_deref(), Some("bfloat16"));
+        let message = ModelConfig::parse(&both("bfloat16", "float32"), path)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            r#"/m/config.json: torch_dtype "bfloat16" and dtype "float32" disagree"#
+        );
     }
 
     #[test]

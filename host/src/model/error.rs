@@ -20,6 +20,14 @@ pub enum ModelError {
         source: serde_json::Error,
     },
 
+    /// Two fields of `config.json` that state the same thing say different things.
+    #[error("{}: {first} and {second} disagree", path.display())]
+    ConfigConflict {
+        path: PathBuf,
+        first: String,
+        second: String,
+    },
+
     #[error(
         "no weights in {}: expected model.safetensors or model.safetensors.index.json",
         dir.display()
