@@ -228,11 +228,49 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
         tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
-        let served = plughost::api::serve(listener, engine.clone(), plughost::api::ApiConfig::default(), shutdown_signal()).await;
+        // A model that failed to load never will: stop serving and exit with its error rather
+        // than answer 503 forever.
+        let failure = Arc::new(std::sync::Mutex::new(None));
+        let shutdown = {
+            let (engine, failure) = (engine.clone(), failure.clone());
+            async move {
+                tokio::select! {
+                    _ = shutdown_signal() => {}
+                    message = load_failure(engine) => {
+                        if let Ok(mut slot) = failure.lock() {
+                            *slot = Some(message);
+                        }
+                    }
+                }
+            }
+        };
+        let served = plughost::api::serve(listener, engine.clone(), plughost::api::ApiConfig::default(), shutdown).await;
         tracing::info!("shutting down: closing the engine, the runtime and the device");
         engine.shutdown();
+        if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
+            return Err(message);
+        }
         served.map_err(|e| format!("server error: {e}"))
     })
+}
+
+/// Resolves with the error if the model fails to load; once it has loaded, never resolves.
+async fn load_failure(engine: Arc<EngineHandle>) -> String {
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    // A thread of its own, because `wait_ready` blocks: a task on the runtime's blocking pool
+    // would hold up the runtime's shutdown until the model finished loading. If the thread
+    // cannot start, the sender is dropped with it and the server runs on as without the watch.
+    let _ = std::thread::Builder::new()
+        .name("load-watch".into())
+        .spawn(move || {
+            if let Err(e) = engine.wait_ready() {
+                let _ = sender.send(e.to_string());
+            }
+        });
+    match receiver.await {
+        Ok(message) => message,
+        Err(_) => std::future::pending().await,
+    }
 }
 
 fn main() -> ExitCode {
