@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use plughost::model::{Checkpoint, DType, ModelError};
+use plughost::model::{Checkpoint, DType, ModelConfig, ModelError};
 use safetensors::{Dtype, SafeTensors};
 
 fn fixture(name: &str) -> PathBuf {
@@ -127,6 +127,25 @@ fn tiny_fixtures_open_with_the_expected_dtype_and_config() {
             assert_eq!(view.data().len(), num_bytes, "{name}: {tensor_name}");
         }
         checkpoint.check(&expected_tensors(name)).expect(name);
+    }
+}
+
+#[test]
+fn both_config_styles_of_each_fixture_give_the_host_the_same_fields() {
+    let cases = [
+        ("tiny-qwen3", "float32"),
+        ("tiny-qwen3-bf16", "bfloat16"),
+        ("tiny-llama", "float32"),
+    ];
+    for (name, dtype) in cases {
+        // `dtype` in config.json (transformers 5), `torch_dtype` in its transformers 4 twin.
+        let [current, classic] = ["config.json", "config.transformers4.json"].map(|file| {
+            let path = fixture(name).join(file);
+            let text = std::fs::read_to_string(&path).expect(name);
+            ModelConfig::parse(&text, &path).expect(name)
+        });
+        assert_eq!(current.torch_dtype.as_deref(), Some(dtype), "{name}");
+        assert_eq!(current, classic, "{name}");
     }
 }
 

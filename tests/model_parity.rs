@@ -1,12 +1,16 @@
 //! Parity with Hugging Face: the tiny Qwen3 and Llama checkpoints on the CPU device against `transformers` references.
 //!
-//! References come from `tests/reference/make_fixtures.py`. Besides matching
-//! them, four ways of running the same prompts (one at a time, one batch,
-//! 3-token prefill chunks, a shared prefix already cached) must agree.
+//! References come from `tests/reference/make_fixtures.py`. Every fixture runs
+//! with its config in both styles checkpoints come in: `transformers` 5's
+//! (`rope_parameters`, `dtype`: config.json) and `transformers` 4's (top-level
+//! `rope_theta`, `torch_dtype`: config.transformers4.json). Besides matching
+//! the references, four ways of running the same prompts (one at a time, one
+//! batch, 3-token prefill chunks, a shared prefix already cached) must agree.
 
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use plughost::device::DType;
 use plughost::device::{Device, DeviceLibrary};
@@ -38,30 +42,106 @@ struct SharedPrefix {
     num_tokens: usize,
 }
 
+/// The two styles of config.json (see `tests/reference/fixture_configs.py`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ConfigStyle {
+    /// `rope_parameters` and `dtype`, as `transformers` 5 writes them: the fixture's config.json.
+    Transformers5,
+    /// Top-level `rope_theta`, `rope_scaling` and `torch_dtype`: config.transformers4.json.
+    Transformers4,
+}
+
+const STYLES: [ConfigStyle; 2] = [ConfigStyle::Transformers5, ConfigStyle::Transformers4];
+
+impl ConfigStyle {
+    fn file(self) -> &'static str {
+        match self {
+            ConfigStyle::Transformers5 => "config.json",
+            ConfigStyle::Transformers4 => "config.transformers4.json",
+        }
+    }
+}
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
+
+/// A scratch checkpoint folder: a fixture's weights with one style of its config, edited,
+/// as config.json. Removed on drop.
+struct ModelDir(PathBuf);
+
+impl ModelDir {
+    fn new(name: &str, style: ConfigStyle, edit: impl Fn(&mut serde_json::Value)) -> ModelDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let from = fixture_dir(name);
+        let to = std::env::temp_dir().join(format!(
+            "plughost-parity-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&to).expect("temp folder");
+        std::fs::copy(from.join("model.safetensors"), to.join("model.safetensors"))
+            .expect("copy the weights");
+        let path = from.join(style.file());
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        let mut config: serde_json::Value = serde_json::from_str(&text).expect("config parses");
+        edit(&mut config);
+        std::fs::write(to.join("config.json"), config.to_string()).expect("write config.json");
+        ModelDir(to)
+    }
+}
+
+impl Drop for ModelDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 struct Fixture {
+    /// The fixture and the config style, for messages.
     name: String,
-    dir: PathBuf,
+    model: ModelDir,
     tolerance: f32,
     reference: Reference,
     logits: Vec<u8>,
 }
 
 impl Fixture {
-    fn open(name: &str, tolerance: f32) -> Fixture {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("fixtures")
-            .join(name);
+    fn open(name: &str, tolerance: f32, style: ConfigStyle) -> Fixture {
+        Fixture::edited(name, tolerance, style, |_| {})
+    }
+
+    /// The fixture with its config edited by `edit`; the references stay those of the original.
+    fn edited(
+        name: &str,
+        tolerance: f32,
+        style: ConfigStyle,
+        edit: impl Fn(&mut serde_json::Value),
+    ) -> Fixture {
+        let dir = fixture_dir(name);
         let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
         let reference = serde_json::from_str(&text).expect("reference.json parses");
         let logits =
             std::fs::read(dir.join("reference.safetensors")).expect("reference.safetensors");
         Fixture {
-            name: name.to_string(),
-            dir,
+            name: format!("{name} ({style:?} config)"),
+            model: ModelDir::new(name, style, edit),
             tolerance,
             reference,
             logits,
         }
+    }
+
+    /// Every fixture in every config style.
+    fn all() -> impl Iterator<Item = Fixture> {
+        CHECKPOINTS.into_iter().flat_map(|(name, tolerance)| {
+            STYLES
+                .into_iter()
+                .map(move |style| Fixture::open(name, tolerance, style))
+        })
     }
 
     /// Rows of a reference logits tensor.
@@ -131,9 +211,9 @@ fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime
         max_model_len: 128,
         kv_cache_dtype: precision
             .kv_cache_dtype
-            .resolve(checkpoint_dtype(&fixture.dir).as_deref()),
+            .resolve(checkpoint_dtype(&fixture.model.0).as_deref()),
     };
-    load_model(device, &mut glue, &fixture.dir, config).expect("model loads")
+    load_model(device, &mut glue, &fixture.model.0, config).expect("model loads")
 }
 
 /// One sequence as the test drives it: its tokens, what the cache holds, and its blocks.
@@ -257,8 +337,8 @@ const CHECKPOINTS: [(&str, f32); 3] = [
 
 #[test]
 fn logits_at_every_prompt_position_match_the_reference() {
-    for (name, tolerance) in CHECKPOINTS {
-        let fixture = Fixture::open(name, tolerance);
+    for fixture in Fixture::all() {
+        let name = &fixture.name;
         let mut driver = Driver {
             runtime: load(&fixture, 256, &REFERENCE),
             next_block: 0,
@@ -293,24 +373,18 @@ fn logits_at_every_prompt_position_match_the_reference() {
 
 #[test]
 fn greedy_continuations_match_the_reference() {
-    for (name, tolerance) in CHECKPOINTS {
-        let fixture = Fixture::open(name, tolerance);
-        let mut driver = Driver {
-            runtime: load(&fixture, 256, &REFERENCE),
-            next_block: 0,
-        };
-        for prompt in &fixture.reference.prompts {
-            let mut seq = Sequence::new(&prompt.token_ids);
-            driver.generate(&mut [&mut seq], usize::MAX);
-            let generated = &seq.tokens[prompt.token_ids.len()..];
+    for fixture in Fixture::all() {
+        let name = &fixture.name;
+        for (prompt, (generated, emitted)) in fixture.reference.prompts.iter().zip(greedy(&fixture))
+        {
             assert_eq!(
-                generated,
-                prompt.generated_token_ids.as_slice(),
+                generated, prompt.generated_token_ids,
                 "{name} {}",
                 prompt.name
             );
             let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
-            for (k, (got, want)) in seq.emitted.iter().zip(&want).enumerate() {
+            assert_eq!(emitted.len(), want.len(), "{name} {}", prompt.name);
+            for (k, (got, want)) in emitted.iter().zip(&want).enumerate() {
                 let diff = max_abs_diff(got, want);
                 assert!(
                     diff <= fixture.tolerance,
@@ -318,6 +392,61 @@ fn greedy_continuations_match_the_reference() {
                     prompt.name
                 );
             }
+        }
+    }
+}
+
+/// Each prompt's greedy continuation and the logits of every generated step.
+fn greedy(fixture: &Fixture) -> Vec<(Vec<u32>, Vec<Vec<f32>>)> {
+    let mut driver = Driver {
+        runtime: load(fixture, 256, &REFERENCE),
+        next_block: 0,
+    };
+    fixture
+        .reference
+        .prompts
+        .iter()
+        .map(|prompt| {
+            let mut seq = Sequence::new(&prompt.token_ids);
+            driver.generate(&mut [&mut seq], usize::MAX);
+            (seq.tokens[prompt.token_ids.len()..].to_vec(), seq.emitted)
+        })
+        .collect()
+}
+
+/// The parity above holds because the theta the config states is the one computed with: the
+/// fixtures' theta is also the architectures' default, so a reader that missed the field
+/// would match the references just as well. With the field changed, in either style, the
+/// output must move away from them.
+#[test]
+fn the_rope_theta_is_read_from_the_field_each_style_states_it_in() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(ConfigStyle, Edit); 2] = [
+        (ConfigStyle::Transformers5, |c| {
+            c["rope_parameters"]["rope_theta"] = serde_json::json!(1_000_000.0)
+        }),
+        (ConfigStyle::Transformers4, |c| {
+            c["rope_theta"] = serde_json::json!(1_000_000.0)
+        }),
+    ];
+    for (name, tolerance) in CHECKPOINTS {
+        for (style, edit) in edits {
+            let fixture = Fixture::edited(name, tolerance, style, edit);
+            let mut moved = 0.0f32;
+            let mut tokens_differ = false;
+            for (prompt, (generated, emitted)) in
+                fixture.reference.prompts.iter().zip(greedy(&fixture))
+            {
+                let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+                moved = moved.max(max_abs_diff(&emitted[0], &want[0]));
+                tokens_differ |= generated != prompt.generated_token_ids;
+            }
+            // Measured: the first generated logits move by whole units and continuations differ.
+            assert!(
+                moved > 0.1 && tokens_differ,
+                "{}: theta 1e6 moved the logits by only {moved}",
+                fixture.name
+            );
         }
     }
 }
@@ -372,8 +501,8 @@ fn run_way(fixture: &Fixture, way: &str, precision: &Precision) -> Vec<(Vec<u32>
 
 #[test]
 fn four_ways_of_running_agree() {
-    for (name, tolerance) in CHECKPOINTS {
-        let fixture = Fixture::open(name, tolerance);
+    for fixture in Fixture::all() {
+        let name = &fixture.name;
         let baseline = run_way(&fixture, "one at a time", &REFERENCE);
         for (prompt, (tokens, _)) in fixture.reference.prompts.iter().zip(&baseline) {
             assert_eq!(
@@ -413,61 +542,106 @@ fn assert_ways_agree(
 
 #[test]
 fn bf16_serving_defaults_are_batch_invariant_and_close() {
-    let fixture = Fixture::open("tiny-qwen3-bf16", 2e-2);
-    // Activations rounded to bf16 where the CPU multiplies in bf16, keys and values cached in
-    // bf16.
-    let baseline = run_way(&fixture, "one at a time", &SERVING_DEFAULT);
-    assert_ways_agree(&fixture, &baseline, &SERVING_DEFAULT);
-    // The rounding moves the first generated logits by a few hundredths here (measured 0.03
-    // with bf16 activations); a real error (a wrong row, a dropped block) moves them by whole
-    // units.
-    for (prompt, (_, logits)) in fixture.reference.prompts.iter().zip(&baseline) {
-        let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
-        let diff = max_abs_diff(&logits[0], &want[0]);
-        assert!(diff <= 0.1, "{}: max abs diff {diff}", prompt.name);
+    for style in STYLES {
+        // The KV cache's dtype follows the config's `dtype` or `torch_dtype`: bf16 here.
+        let fixture = Fixture::open("tiny-qwen3-bf16", 2e-2, style);
+        assert_eq!(
+            SERVING_DEFAULT
+                .kv_cache_dtype
+                .resolve(checkpoint_dtype(&fixture.model.0).as_deref()),
+            DType::BF16,
+            "{}",
+            fixture.name
+        );
+        // Activations rounded to bf16 where the CPU multiplies in bf16, keys and values cached
+        // in bf16.
+        let baseline = run_way(&fixture, "one at a time", &SERVING_DEFAULT);
+        assert_ways_agree(&fixture, &baseline, &SERVING_DEFAULT);
+        // The rounding moves the first generated logits by a few hundredths here (measured
+        // 0.03 with bf16 activations); a real error (a wrong row, a dropped block) moves them
+        // by whole units.
+        for (prompt, (_, logits)) in fixture.reference.prompts.iter().zip(&baseline) {
+            let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+            let diff = max_abs_diff(&logits[0], &want[0]);
+            assert!(
+                diff <= 0.1,
+                "{} {}: max abs diff {diff}",
+                fixture.name,
+                prompt.name
+            );
+        }
     }
-}
-
-/// Copies a fixture checkpoint into a temp folder with its config.json edited by `edit`.
-fn edited_copy(name: &str, case: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures")
-        .join(name);
-    let to = std::env::temp_dir().join(format!("plughost-bad-{case}-{}", std::process::id()));
-    std::fs::create_dir_all(&to).expect("temp folder");
-    for file in [
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(from.join(file), to.join(file)).expect("copy");
-    }
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(from.join("config.json")).expect("config"))
-            .expect("JSON");
-    edit(&mut config);
-    std::fs::write(to.join("config.json"), config.to_string()).expect("write config");
-    to
 }
 
 #[test]
 fn loading_a_bad_checkpoint_names_the_problem() {
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, Edit, &str); 3] = [
+    let cases: [(&str, ConfigStyle, Edit, &str); 8] = [
         (
             "architecture",
+            ConfigStyle::Transformers5,
             |c| c["architectures"] = serde_json::json!(["MixtralForCausalLM"]),
             "unsupported architecture MixtralForCausalLM",
         ),
         (
             "shape",
+            ConfigStyle::Transformers5,
             |c| c["intermediate_size"] = serde_json::json!(96),
             "model.layers.0.mlp.gate_proj.weight",
         ),
         (
             "bias",
+            ConfigStyle::Transformers5,
             |c| c["attention_bias"] = serde_json::json!(true),
             "attention_bias",
+        ),
+        (
+            "llama3 rope",
+            ConfigStyle::Transformers5,
+            |c| {
+                c["rope_parameters"] = serde_json::json!({
+                    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 8192
+                })
+            },
+            r#"rope_parameters.rope_type "llama3" is not supported"#,
+        ),
+        (
+            "yarn rope",
+            ConfigStyle::Transformers4,
+            |c| c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+            r#"rope_scaling.rope_type "yarn" is not supported"#,
+        ),
+        (
+            "two thetas",
+            ConfigStyle::Transformers5,
+            |c| c["rope_theta"] = serde_json::json!(1_000_000.0),
+            "rope_theta = 1000000 and rope_parameters.rope_theta = 10000 disagree",
+        ),
+        (
+            "sliding layers",
+            ConfigStyle::Transformers5,
+            |c| {
+                c["use_sliding_window"] = serde_json::json!(true);
+                c["sliding_window"] = serde_json::json!(8);
+                c["max_window_layers"] = serde_json::json!(1);
+                c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+            },
+            r#"layer_types[1] is "sliding_attention""#,
+        ),
+        (
+            "sliding window",
+            ConfigStyle::Transformers4,
+            |c| {
+                c["use_sliding_window"] = serde_json::json!(true);
+                c["sliding_window"] = serde_json::json!(8);
+                c["max_window_layers"] = serde_json::json!(1);
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("layer_types");
+                }
+            },
+            "use_sliding_window = true with sliding_window = 8 is not supported",
         ),
     ];
     let plugins = PluginRuntime::new(RuntimeOptions {
@@ -476,8 +650,8 @@ fn loading_a_bad_checkpoint_names_the_problem() {
     .expect("plugin runtime");
     let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
         .expect("cpu device loads");
-    for (case, edit, message) in cases {
-        let dir = edited_copy("tiny-qwen3", case, edit);
+    for (case, style, edit, message) in cases {
+        let dir = ModelDir::new("tiny-qwen3", style, edit);
         let mut glue = GluePlugin::load(
             &plugins,
             &common::plugin_path("plughost_model_qwen3.wasm"),
@@ -494,11 +668,10 @@ fn loading_a_bad_checkpoint_names_the_problem() {
             max_model_len: 32,
             kv_cache_dtype: DType::F32,
         };
-        let error = match load_model(device, &mut glue, &dir, config) {
+        let error = match load_model(device, &mut glue, &dir.0, config) {
             Ok(_) => panic!("{case}: a bad checkpoint loaded"),
             Err(e) => e.to_string(),
         };
         assert!(error.contains(message), "{case}: {error}");
-        let _ = std::fs::remove_dir_all(dir);
     }
 }

