@@ -134,7 +134,9 @@ impl LlamaParams {
         })
     }
 
-    /// `config.json` for `LlamaForCausalLM`, in the shape `transformers` 5 saves it.
+    /// `config.json` for `LlamaForCausalLM`, in the shape `transformers` 5 saves it plus the
+    /// keys `transformers` 4 wrote (`torch_dtype`, top-level `rope_theta`, `rope_scaling`), so
+    /// readers of either style find them. Readers refuse the two styles disagreeing.
     pub fn config_json(&self, dtype: WeightDtype) -> Value {
         // The GGUF stores f32; its shortest decimal (1e-05, not 9.99999974e-06) reads back to the
         // same f32 and is what the model's own config.json says.
@@ -535,5 +537,12 @@ mod tests {
             assert_eq!(config[key], value, "{key}");
         }
         assert_eq!(config["architectures"], json!(["LlamaForCausalLM"]));
+        // The transformers 5 keys say the same.
+        assert_eq!(config["dtype"], config["torch_dtype"]);
+        assert_eq!(
+            config["rope_parameters"],
+            json!({"rope_theta": 100000.0, "rope_type": "default"})
+        );
+        assert_eq!(config["rope_scaling"], Value::Null);
     }
 }

@@ -1,9 +1,11 @@
 //! Model glue for Qwen3 and Llama: checks config.json, lists the weights, and builds the step program.
 //!
 //! Both families share one decoder layer; Qwen3 adds a per-head RMSNorm on
-//! queries and keys and sets `head_dim` explicitly. Anything this glue does
-//! not compute exactly (attention or MLP biases, RoPE scaling, other
-//! activations) is refused with a message naming the config key.
+//! queries and keys and sets `head_dim` explicitly. config.json is read in
+//! both `transformers` 4 and 5 styles. Anything this glue does not compute
+//! exactly (attention or MLP biases, RoPE scaling or partial rotation,
+//! sliding-window layers, quantized weights, other activations) is refused
+//! with a message naming the config key.
 
 mod config;
 mod program;
