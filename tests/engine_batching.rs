@@ -27,6 +27,8 @@ fn start(options: EngineOptions) -> EngineHandle {
         model_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/tiny-qwen3"),
         model_name: "tiny-qwen3".into(),
         device_library: common::plugin_path("libplughost_device_cpu.so"),
+        // The device's defaults, whatever level this CPU has: every level is batch-invariant,
+        // which is all these tests compare.
         device_config: String::new(),
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),

@@ -33,6 +33,8 @@ fn start_engine() -> Arc<EngineHandle> {
         model_dir: smollm2_support::model_dir(),
         model_name: "smollm2-135m-instruct".into(),
         device_library: common::plugin_path("libplughost_device_cpu.so"),
+        // The device's defaults: the highest level this CPU has. The weights are f32, so bf16
+        // products never apply, and the 1e-3 bound on log-probabilities holds at every level.
         device_config: String::new(),
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),

@@ -591,6 +591,17 @@ mod tests {
             assert_close(&out, &expected, 1e-5, &what);
             outputs.push((what, out));
         }
+        // Work splits by (token, KV head), never by thread: two threads give one's bits.
+        for pair in outputs.chunks_exact(2) {
+            let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
+            assert_eq!(
+                bits(&pair[0].1),
+                bits(&pair[1].1),
+                "{} and {}",
+                pair[0].0,
+                pair[1].0
+            );
+        }
         outputs
     }
 

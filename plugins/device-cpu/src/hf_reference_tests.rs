@@ -124,7 +124,8 @@ impl Config {
             intermediate: size("intermediate_size"),
             vocab: size("vocab_size"),
             eps: json["rms_norm_eps"].as_f64().unwrap() as f32,
-            theta: json["rope_theta"].as_f64().unwrap() as f32,
+            // config.json in transformers 5's form: the theta under `rope_parameters`.
+            theta: json["rope_parameters"]["rope_theta"].as_f64().unwrap() as f32,
             qk_norm: json["model_type"] == "qwen3",
             lm_head: if tied {
                 "model.embed_tokens.weight"

@@ -1398,22 +1398,26 @@ mod tests {
 
     #[test]
     fn a_tokens_output_does_not_depend_on_its_batch() {
-        const BATCH: usize = 9;
+        const BATCH: usize = 16;
         // K blocks of 256, 256 and 91 (not a multiple of 8) and N of 20 full panels and one of
         // 5 rows, big enough that even one token is split over two threads; then 250 tokens
         // (two token blocks), K blocks of 256 and 44, N of two full panels and one of 8 rows.
         // In panels, N is 11 and 2 panels of 32.
         for (tokens, inner, rows) in [(70, 603, 325), (250, 300, 40)] {
             let x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i)).collect();
-            for (kernel, threads) in kernels().into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
-                let workers = Workers::new(threads).unwrap();
+            for (kernel, dtype) in kernels()
+                .into_iter()
+                .flat_map(|k| ["f32", "f16", "bf16"].map(|dtype| (k, dtype)))
+            {
                 let outputs = width(kernel, rows);
                 let weights = Weights::new(outputs * inner);
-                for dtype in ["f32", "f16", "bf16"] {
-                    let Some(stored) = weights.stored(kernel.2, dtype, inner) else {
-                        continue;
-                    };
-                    let w = stored.slice();
+                let Some(stored) = weights.stored(kernel.2, dtype, inner) else {
+                    continue;
+                };
+                let w = stored.slice();
+                let mut on_one_thread = None;
+                for threads in [1, 2] {
+                    let workers = Workers::new(threads).unwrap();
                     let launch = |rows: &[f32]| launch_bits(kernel, rows, w, inner, &workers);
                     let in_chunks_of =
                         |n: usize| -> Vec<u32> { x.chunks(n * inner).flat_map(launch).collect() };
@@ -1430,12 +1434,15 @@ mod tests {
                         })
                         .collect();
                     let whole = launch(&x);
-                    let ways = [
+                    let mut ways = vec![
                         ("one at a time", in_chunks_of(1)),
                         ("in pairs", in_chunks_of(2)),
                         ("in chunks of 3", in_chunks_of(3)),
-                        ("inside batches of 9", inside_batches),
+                        ("inside batches of 16", inside_batches),
                     ];
+                    if let Some(bits) = on_one_thread.take() {
+                        ways.push(("on one thread", bits));
+                    }
                     for (way, bits) in ways {
                         if let Some(i) = (0..whole.len()).find(|&i| bits[i] != whole[i]) {
                             panic!(
@@ -1448,6 +1455,7 @@ mod tests {
                             );
                         }
                     }
+                    on_one_thread = Some(whole);
                 }
             }
         }
