@@ -23,9 +23,7 @@ use std::cell::RefCell;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
-use crate::isa::Isa;
-#[cfg(target_arch = "x86_64")]
-use crate::isa::IsaLevel;
+use crate::isa::{Isa, Vectors};
 use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
@@ -127,35 +125,6 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     done.map_err(DeviceFailure::launch_failed)
 }
 
-/// The kernels a level runs attention with. Chosen once per launch, so every group of a step
-/// computes the same way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
-    Portable,
-    /// Heads of 64 or 128 in the AVX-512 kernel, other sizes portable.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    /// Heads of 64 or 128 in the AVX2 kernel, other sizes portable.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-}
-
-impl Kernel {
-    fn of(isa: Isa) -> Kernel {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if isa.has(IsaLevel::Avx512) {
-                return Kernel::Avx512;
-            }
-            if isa.has(IsaLevel::Avx2) {
-                return Kernel::Avx2;
-            }
-        }
-        let _ = isa;
-        Kernel::Portable
-    }
-}
-
 /// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
 pub fn paged_attention<E: CacheElement>(
     isa: Isa,
@@ -166,7 +135,9 @@ pub fn paged_attention<E: CacheElement>(
     (shape, scale): (AttentionShape, f32),
     workers: &Workers,
 ) -> Result<(), String> {
-    let kernel = Kernel::of(isa);
+    // Heads of 64 or 128 run the vector kernels, other sizes portable code; chosen once per
+    // launch, so every group of a step computes the same way.
+    let kernel = isa.vectors();
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let owners = row_owners(layout, shape, num_tokens)?;
@@ -291,7 +262,7 @@ impl<E> Head<'_, E> {
 /// Attention of the query heads in `query` (adjacent `head_dim`-wide heads sharing one KV
 /// head) over positions `0..=position`, into `out` (same layout).
 fn attend_group<E: CacheElement>(
-    (isa, kernel): (Isa, Kernel),
+    (isa, kernel): (Isa, Vectors),
     query: &[f32],
     head: &Head<'_, E>,
     (position, scale): (usize, f32),
@@ -306,7 +277,7 @@ fn attend_group<E: CacheElement>(
     // The scores of every head, then one widened key or value row.
     with_scratch(num_heads * context_len + head_dim, |scratch| {
         #[cfg(target_arch = "x86_64")]
-        if kernel != Kernel::Portable {
+        if kernel != Vectors::Portable {
             let rows = Rows {
                 block_row: head.block_row,
                 layout: head.shape.cache_layout(),
@@ -317,9 +288,9 @@ fn attend_group<E: CacheElement>(
             let caches = (head.cache.keys, head.cache.values);
             macro_rules! attend {
                 ($kernel:ident, $c:literal, $g:literal) => {{
-                    // SAFETY: `Kernel::of` chose the kernel from a level that has its
-                    // instructions; `check_blocks` checked the blocks; the group holds `$g` heads of `head_dim`, which is
-                    // `$c` vectors of the kernel's width.
+                    // SAFETY: `Isa::vectors` chose the kernel from a level that has its
+                    // instructions; `check_blocks` checked the blocks; the group holds `$g`
+                    // heads of `head_dim`, which is `$c` vectors of the kernel's width.
                     unsafe {
                         $kernel::attend::<E, $c, $g>(query, caches, &rows, scale, scratch, out)
                     };
@@ -328,18 +299,18 @@ fn attend_group<E: CacheElement>(
             }
             // Heads of 64 or 128 in groups whose rows fit the registers.
             let done = match (kernel, head_dim, num_heads) {
-                (Kernel::Avx512, 64, 1) => attend!(avx512, 4, 1),
-                (Kernel::Avx512, 64, 2) => attend!(avx512, 4, 2),
-                (Kernel::Avx512, 64, 3) => attend!(avx512, 4, 3),
-                (Kernel::Avx512, 64, 4) => attend!(avx512, 4, 4),
-                (Kernel::Avx512, 128, 1) => attend!(avx512, 8, 1),
-                (Kernel::Avx512, 128, 2) => attend!(avx512, 8, 2),
-                (Kernel::Avx2, 64, 1) => attend!(avx2, 8, 1),
-                (Kernel::Avx2, 64, 2) => attend!(avx2, 8, 2),
-                (Kernel::Avx2, 64, 3) => attend!(avx2, 8, 3),
-                (Kernel::Avx2, 64, 4) => attend!(avx2, 8, 4),
-                (Kernel::Avx2, 128, 1) => attend!(avx2, 16, 1),
-                (Kernel::Avx2, 128, 2) => attend!(avx2, 16, 2),
+                (Vectors::Avx512, 64, 1) => attend!(avx512, 4, 1),
+                (Vectors::Avx512, 64, 2) => attend!(avx512, 4, 2),
+                (Vectors::Avx512, 64, 3) => attend!(avx512, 4, 3),
+                (Vectors::Avx512, 64, 4) => attend!(avx512, 4, 4),
+                (Vectors::Avx512, 128, 1) => attend!(avx512, 8, 1),
+                (Vectors::Avx512, 128, 2) => attend!(avx512, 8, 2),
+                (Vectors::Avx2, 64, 1) => attend!(avx2, 8, 1),
+                (Vectors::Avx2, 64, 2) => attend!(avx2, 8, 2),
+                (Vectors::Avx2, 64, 3) => attend!(avx2, 8, 3),
+                (Vectors::Avx2, 64, 4) => attend!(avx2, 8, 4),
+                (Vectors::Avx2, 128, 1) => attend!(avx2, 16, 1),
+                (Vectors::Avx2, 128, 2) => attend!(avx2, 16, 2),
                 _ => false,
             };
             if done {

@@ -190,6 +190,31 @@ impl Isa {
     pub fn has(self, level: IsaLevel) -> bool {
         self.0 >= level
     }
+
+    /// The vector instructions this level's kernels are written in.
+    pub fn vectors(self) -> Vectors {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if self.has(IsaLevel::Avx512) {
+                return Vectors::Avx512;
+            }
+            if self.has(IsaLevel::Avx2) {
+                return Vectors::Avx2;
+            }
+        }
+        Vectors::Portable
+    }
+}
+
+/// The vector instructions a kernel family has a body in: 16-lane AVX-512, 8-lane AVX2, or
+/// portable code. A value comes from [`Isa::vectors`], so its instructions are the CPU's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vectors {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
 }
 
 #[cfg(test)]

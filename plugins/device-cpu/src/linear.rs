@@ -47,7 +47,7 @@ use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch}
 
 use crate::Context;
 use crate::elementwise::silu_mul_span;
-use crate::isa::{Isa, IsaLevel};
+use crate::isa::{Isa, IsaLevel, Vectors};
 use crate::widen::widen_into;
 use crate::workers::{Workers, with_scratch};
 
@@ -63,40 +63,14 @@ const MC: usize = 64;
 /// Above it, even a decode's small projections stream their weights faster on every core.
 const MIN_PARALLEL_WORK: usize = 32 * 1024;
 
-/// The tiles a level runs: AVX-512 tiles from `avx512` up.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tiles {
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    Portable,
-}
-
-impl Tiles {
-    fn of(isa: Isa) -> Tiles {
+/// Tokens per tile of the tiles in `vectors`.
+fn tile_tokens(vectors: Vectors) -> usize {
+    match vectors {
         #[cfg(target_arch = "x86_64")]
-        {
-            if isa.has(IsaLevel::Avx512) {
-                return Tiles::Avx512;
-            }
-            if isa.has(IsaLevel::Avx2) {
-                return Tiles::Avx2;
-            }
-        }
-        let _ = isa;
-        Tiles::Portable
-    }
-
-    /// Tokens per tile.
-    fn tile_tokens(self) -> usize {
-        match self {
-            #[cfg(target_arch = "x86_64")]
-            Tiles::Avx512 => avx512::MR,
-            #[cfg(target_arch = "x86_64")]
-            Tiles::Avx2 => avx2::MR,
-            Tiles::Portable => portable::MR,
-        }
+        Vectors::Avx512 => avx512::MR,
+        #[cfg(target_arch = "x86_64")]
+        Vectors::Avx2 => avx2::MR,
+        Vectors::Portable => portable::MR,
     }
 }
 
@@ -141,7 +115,7 @@ fn tile_shape(isa: Isa, order: WeightOrder) -> (usize, usize) {
     match order {
         #[cfg(target_arch = "x86_64")]
         WeightOrder::Panels => (panels::MR, panels::ROWS),
-        _ => (Tiles::of(isa).tile_tokens(), NR),
+        _ => (tile_tokens(isa.vectors()), NR),
     }
 }
 
@@ -512,7 +486,7 @@ fn matmul(
             )));
         }
     }
-    match (Tiles::of(isa), first) {
+    match (isa.vectors(), first) {
         #[cfg(target_arch = "x86_64")]
         (_, FloatSlice::BF16(_)) if order == WeightOrder::Panels => {
             let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
@@ -543,7 +517,7 @@ fn matmul(
             )
         }
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx512, FloatSlice::BF16(_)) if bf16_dot_products(isa, bf16_products) => {
+        (Vectors::Avx512, FloatSlice::BF16(_)) if bf16_dot_products(isa, bf16_products) => {
             let bits = typed(weights, bf16_bits);
             X_BF16.with(|cell| {
                 let mut buffer = cell.borrow_mut();
@@ -588,11 +562,11 @@ fn matmul(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx512, FloatSlice::F32(_)) => {
+        (Vectors::Avx512, FloatSlice::F32(_)) => {
             avx512_wide(plan, workers, x, typed(weights, f32_values), sink)
         }
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx512, FloatSlice::BF16(_)) => avx512_wide(
+        (Vectors::Avx512, FloatSlice::BF16(_)) => avx512_wide(
             plan,
             workers,
             x,
@@ -600,7 +574,7 @@ fn matmul(
             sink,
         ),
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx512, FloatSlice::F16(_)) => avx512_wide(
+        (Vectors::Avx512, FloatSlice::F16(_)) => avx512_wide(
             plan,
             workers,
             x,
@@ -608,11 +582,11 @@ fn matmul(
             sink,
         ),
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx2, FloatSlice::F32(_)) => {
+        (Vectors::Avx2, FloatSlice::F32(_)) => {
             avx2_wide(plan, workers, x, typed(weights, f32_values), sink)
         }
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx2, FloatSlice::BF16(_)) => {
+        (Vectors::Avx2, FloatSlice::BF16(_)) => {
             let w = typed(weights, bf16_bits).map(as_wide::<Bf16Bits>);
             X_ORDERED.with(|cell| {
                 let mut buffer = cell.borrow_mut();
@@ -634,14 +608,14 @@ fn matmul(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        (Tiles::Avx2, FloatSlice::F16(_)) => avx2_wide(
+        (Vectors::Avx2, FloatSlice::F16(_)) => avx2_wide(
             plan,
             workers,
             x,
             typed(weights, f16_bits).map(as_wide::<F16Bits>),
             sink,
         ),
-        (Tiles::Portable, _) => drive(
+        (Vectors::Portable, _) => drive(
             plan,
             workers,
             sink,
@@ -872,7 +846,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
                 columns,
                 prefetch_next_panel: plan.reads_panels_once(),
             };
-            // SAFETY: `Tiles::Avx512` comes from an `Isa` with AVX-512; `panel_rows` and the token
+            // SAFETY: `Vectors::Avx512` comes from an `Isa` with AVX-512; `panel_rows` and the token
             // range keep every row in bounds; the task owns the output block.
             unsafe { by_tokens!(tokens.len(), [1, 2, 3, 4], |M| avx512::wide::<W, M>(&tile)) }
         },
