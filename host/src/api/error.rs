@@ -332,6 +332,46 @@ mod tests {
         assert_eq!(body.param.as_deref(), Some("temperature"));
     }
 
+    #[tokio::test]
+    async fn plain_error_responses_get_a_json_body_and_keep_status_and_headers() {
+        let plain = Response::builder()
+            .status(StatusCode::REQUEST_TIMEOUT)
+            .header(CONTENT_TYPE, "text/plain")
+            .header(CONTENT_LENGTH, "9")
+            .header("x-request-id", "r-1")
+            .body(Body::from("timed out"))
+            .expect("a response");
+        let empty = Response::builder()
+            .status(StatusCode::GATEWAY_TIMEOUT)
+            .body(Body::empty())
+            .expect("a response");
+        for (response, status, message) in [
+            (plain, 408, "timed out"),
+            (empty, 504, "Gateway Timeout"),
+            (
+                panic_response(Box::new("boom")),
+                500,
+                "internal error: the request handler failed",
+            ),
+        ] {
+            let response = ensure_json_body(response).await;
+            assert_eq!(response.status().as_u16(), status);
+            assert!(is_json(response.headers()));
+            let keeps_id = status != 408 || response.headers().get("x-request-id").is_some();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+            assert_eq!(body["error"]["message"], message, "{body}");
+            assert!(body["error"]["type"].is_string() && keeps_id, "{body}");
+        }
+        let fine = ensure_json_body(Response::new(Body::from("ok"))).await;
+        let bytes = axum::body::to_bytes(fine.into_body(), 16)
+            .await
+            .expect("body");
+        assert_eq!(&bytes[..], b"ok");
+    }
+
     #[test]
     fn json_errors_name_the_field() {
         let text = r#"{"max_tokens": "ten"}"#;
