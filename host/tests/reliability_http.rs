@@ -49,20 +49,11 @@ struct Server {
     log: Arc<Mutex<String>>,
 }
 
+#[derive(Default)]
 struct Launch<'a> {
     args: &'a [&'a str],
     env: &'a [(&'a str, &'a str)],
     device_config: &'a str,
-}
-
-impl Default for Launch<'_> {
-    fn default() -> Self {
-        Launch {
-            args: &[],
-            env: &[],
-            device_config: "",
-        }
-    }
 }
 
 fn serve_command(port: u16, launch: &Launch<'_>) -> Command {

@@ -27,10 +27,11 @@ const MAX_ECHOED_CONTENT_TYPE: usize = 100;
 /// Answers 415 to a POST whose body is not declared `application/json` (in UTF-8, the only
 /// encoding JSON has).
 pub async fn require_json_body(request: Request, next: Next) -> Response {
-    if request.method() == Method::POST && has_body(request.headers()) {
-        if let Err(error) = check_json_content_type(request.headers()) {
-            return error.into_response();
-        }
+    if request.method() == Method::POST
+        && has_body(request.headers())
+        && let Err(error) = check_json_content_type(request.headers())
+    {
+        return error.into_response();
     }
     next.run(request).await
 }
