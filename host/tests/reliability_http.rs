@@ -821,41 +821,44 @@ fn start_slow_upload(port: u16, body: &[u8], sent: usize) -> TcpStream {
     stream
 }
 
-/// Sends completions until one gets `want`, for at most `SLOT_DEADLINE`; the statuses seen.
-async fn poll_until(client: &reqwest::Client, server: &Server, want: StatusCode) -> Vec<u16> {
+/// Sends completions of `n` choices until one gets `want`, for at most `SLOT_DEADLINE`.
+async fn poll_until(client: &reqwest::Client, server: &Server, n: u32, want: StatusCode) {
     let started = Instant::now();
     let mut seen = Vec::new();
+    let mut body = completion_body(1);
+    body["n"] = json!(n);
     while started.elapsed() < SLOT_DEADLINE {
         let response = client
             .post(server.url("/v1/completions"))
-            .json(&completion_body(1))
+            .json(&body)
             .send()
             .await
             .expect("send");
         seen.push(response.status().as_u16());
         if response.status() == want {
-            return seen;
+            return;
         }
         tokio::time::sleep(POLL).await;
     }
-    panic!("never {want} in {:?}: {seen:?}", SLOT_DEADLINE);
+    panic!("n={n} never got {want} in {SLOT_DEADLINE:?}: {seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_beyond_the_admission_limit_get_429_with_retry_after() {
+async fn sequences_beyond_the_admission_limit_get_429_with_retry_after() {
     // The first engine step sleeps 3 s: long enough for the checks below, far inside any
     // device or stall timeout.
     let server = Server::launch(Launch {
-        args: &["--max-waiting-requests", "1"],
+        args: &["--max-waiting-requests", "2"],
         device_config: "hang_launch=1,hang_ms=3000",
         ..Launch::default()
     });
     let client = reqwest::Client::new();
-    let mut streamed = completion_body(2);
-    streamed["stream"] = json!(true);
+    let mut two_streams = completion_body(2);
+    two_streams["stream"] = json!(true);
+    two_streams["n"] = json!(2);
     let busy = client
         .post(server.url("/v1/completions"))
-        .json(&streamed)
+        .json(&two_streams)
         .send()
         .await
         .expect("send");
@@ -884,23 +887,35 @@ async fn requests_beyond_the_admission_limit_get_429_with_retry_after() {
     }
     let text = busy.text().await.expect("the stream finishes");
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
-    poll_until(&client, &server, StatusCode::OK).await;
+    poll_until(&client, &server, 2, StatusCode::OK).await;
 
-    // A body still uploading holds its slot too, which bounds the memory bodies take.
+    // More sequences than the server ever runs at once can never be admitted: 400, not 429.
+    let mut three = completion_body(1);
+    three["n"] = json!(3);
+    let response = client
+        .post(server.url("/v1/completions"))
+        .json(&three)
+        .send()
+        .await
+        .expect("send");
+    assert_error(response, 400, Some("too_many_sequences")).await;
+
+    // A body still uploading holds a place too, which bounds the memory bodies take.
     let body = serde_json::to_vec(&completion_body(1)).expect("json");
     let mut upload = start_slow_upload(server.port, &body, 5);
-    poll_until(&client, &server, StatusCode::TOO_MANY_REQUESTS).await;
+    poll_until(&client, &server, 2, StatusCode::TOO_MANY_REQUESTS).await;
+    poll_until(&client, &server, 1, StatusCode::OK).await;
     upload.write_all(&body[5..]).expect("finish the body");
     let mut answer = String::new();
     let _ = upload.read_to_string(&mut answer);
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    poll_until(&client, &server, StatusCode::OK).await;
+    poll_until(&client, &server, 2, StatusCode::OK).await;
 
-    // A client that gives up frees its slot.
+    // A client that gives up frees its place.
     let upload = start_slow_upload(server.port, &body, 5);
-    poll_until(&client, &server, StatusCode::TOO_MANY_REQUESTS).await;
+    poll_until(&client, &server, 2, StatusCode::TOO_MANY_REQUESTS).await;
     drop(upload);
-    poll_until(&client, &server, StatusCode::OK).await;
+    poll_until(&client, &server, 2, StatusCode::OK).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,14 @@
-//! Admission control: at most `--max-waiting-requests` generation requests in the server at
-//! once, from their headers until their response body is done; the rest get 429 at once.
+//! Admission control: at most `--max-waiting-requests` sequences in the server at once, from
+//! their request's headers until its response body is done; beyond that, 429 at once.
 //!
-//! A request holds its permit while its body uploads, while it waits for the engine, and while
-//! its response streams, and gives it back however it ends (finished, failed, or the client
-//! gone), because the permit lives in the response body. Admitting before the body is read also
-//! bounds the memory bodies can take to the limit times `--max-request-body`.
+//! A request takes one permit before its body is read, which bounds the memory bodies can take
+//! to the limit times `--max-request-body`. Once validation knows how many sequences it starts
+//! (prompts times `n`), it takes one more per extra sequence. It keeps them while it waits for
+//! the engine and while its response streams, and gives them back however it ends (finished,
+//! failed, or the client gone), because they live in the response body.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes};
@@ -19,7 +20,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
 
-/// How many generation requests may be in the server at once.
+/// How many sequences may be in the server at once.
 #[derive(Debug, Clone)]
 pub struct Admission {
     permits: Arc<Semaphore>,
@@ -35,33 +36,79 @@ impl Admission {
         }
     }
 
-    /// Requests admitted and not yet finished.
+    /// Sequences admitted and not yet finished.
     pub fn num_in_flight(&self) -> usize {
         self.limit - self.permits.available_permits()
     }
+
+    fn overloaded(&self) -> ApiError {
+        ApiError::Overloaded { limit: self.limit }
+    }
 }
 
-/// Admits the request or answers 429 with `Retry-After`.
-pub async fn admit(State(admission): State<Admission>, request: Request, next: Next) -> Response {
-    let Ok(permit) = admission.permits.clone().try_acquire_owned() else {
-        return ApiError::Overloaded {
-            limit: admission.limit,
+/// A request's hold on admission, in its extensions: the handler grows it to one permit per
+/// sequence with [`AdmissionTicket::reserve`].
+#[derive(Debug, Clone)]
+pub struct AdmissionTicket {
+    admission: Admission,
+    held: Arc<Mutex<OwnedSemaphorePermit>>,
+}
+
+impl AdmissionTicket {
+    /// Makes the request hold one permit per sequence it starts; 429 when they are not free,
+    /// 400 when the request alone needs more than the limit.
+    pub fn reserve(&self, num_sequences: usize) -> Result<(), ApiError> {
+        let limit = self.admission.limit;
+        if num_sequences > limit {
+            return Err(ApiError::TooManySequences {
+                requested: num_sequences,
+                limit,
+            });
         }
-        .into_response();
+        let mut held = self.held.lock().map_err(|_| self.admission.overloaded())?;
+        let extra = num_sequences.saturating_sub(held.num_permits());
+        if extra == 0 {
+            return Ok(());
+        }
+        let extra = u32::try_from(extra).map_err(|_| self.admission.overloaded())?;
+        let more = self
+            .admission
+            .permits
+            .clone()
+            .try_acquire_many_owned(extra)
+            .map_err(|_| self.admission.overloaded())?;
+        held.merge(more);
+        Ok(())
+    }
+}
+
+/// Admits the request with one permit, or answers 429 with `Retry-After`.
+pub async fn admit(
+    State(admission): State<Admission>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let Ok(permit) = admission.permits.clone().try_acquire_owned() else {
+        return admission.overloaded().into_response();
     };
+    let ticket = AdmissionTicket {
+        admission,
+        held: Arc::new(Mutex::new(permit)),
+    };
+    request.extensions_mut().insert(ticket.clone());
     next.run(request).await.map(|body| {
         Body::new(PermitBody {
             body,
-            _permit: permit,
+            _ticket: ticket,
         })
     })
 }
 
-/// A response body that returns its request's permit when it is dropped: after the last
+/// A response body that returns its request's permits when it is dropped: after the last
 /// byte was sent, or when the connection closed.
 struct PermitBody {
     body: Body,
-    _permit: OwnedSemaphorePermit,
+    _ticket: AdmissionTicket,
 }
 
 impl http_body::Body for PermitBody {
@@ -88,19 +135,44 @@ impl http_body::Body for PermitBody {
 mod tests {
     use super::*;
 
+    fn ticket(admission: &Admission) -> Option<AdmissionTicket> {
+        let permit = admission.permits.clone().try_acquire_owned().ok()?;
+        Some(AdmissionTicket {
+            admission: admission.clone(),
+            held: Arc::new(Mutex::new(permit)),
+        })
+    }
+
     #[test]
-    fn permits_come_back_when_bodies_drop() {
-        let admission = Admission::new(2);
-        let first = admission.permits.clone().try_acquire_owned().expect("one");
+    fn permits_count_sequences_and_come_back_when_bodies_drop() {
+        let admission = Admission::new(4);
+        let first = ticket(&admission).expect("one");
+        first.reserve(3).expect("three sequences fit");
+        first.reserve(2).expect("already held");
+        assert_eq!(admission.num_in_flight(), 3);
+        let second = ticket(&admission).expect("the fourth permit");
+        assert!(matches!(
+            second.reserve(2),
+            Err(ApiError::Overloaded { limit: 4 })
+        ));
+        assert!(matches!(
+            second.reserve(5),
+            Err(ApiError::TooManySequences {
+                requested: 5,
+                limit: 4
+            })
+        ));
+        assert!(ticket(&admission).is_none());
         let body = PermitBody {
             body: Body::from("done"),
-            _permit: first,
+            _ticket: first.clone(),
         };
-        let _second = admission.permits.clone().try_acquire_owned().expect("two");
-        assert_eq!(admission.num_in_flight(), 2);
-        assert!(admission.permits.clone().try_acquire_owned().is_err());
+        drop(first);
+        assert_eq!(admission.num_in_flight(), 4, "the body still holds them");
         drop(body);
         assert_eq!(admission.num_in_flight(), 1);
+        drop(second);
+        assert_eq!(admission.num_in_flight(), 0);
         assert_eq!(Admission::new(0).limit, 1);
     }
 }

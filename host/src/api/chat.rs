@@ -9,6 +9,7 @@ use axum::{Extension, Json};
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::model::Tokenizer;
 
+use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::error::ApiError;
 use super::logprobs::chat_logprobs;
@@ -26,12 +27,14 @@ const ASSISTANT: &str = "assistant";
 pub async fn create(
     State(app): State<Arc<AppState>>,
     Extension(request_id): Extension<RequestId>,
+    Extension(ticket): Extension<AdmissionTicket>,
     ApiJson(body): ApiJson<GenerationBody<ChatCompletionRequest>>,
 ) -> Result<Response, ApiError> {
     let summary = app.engine.summary()?;
     let tokenizer = summary.tokenizer.clone();
     let validated = validate_off_thread(move || validation::validate_chat(body, &summary)).await?;
     let (requests, shape) = validated.into_parts();
+    ticket.reserve(shape.num_choices())?;
     let events = submit::submit(&app.engine, requests)?;
     let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model);
     let mut usage = UsageTally::new(&shape);

@@ -9,6 +9,7 @@ use axum::{Extension, Json};
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::model::Tokenizer;
 
+use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::error::ApiError;
 use super::openai::{
@@ -24,6 +25,7 @@ const OBJECT: &str = "text_completion";
 pub async fn create(
     State(app): State<Arc<AppState>>,
     Extension(request_id): Extension<RequestId>,
+    Extension(ticket): Extension<AdmissionTicket>,
     ApiJson(body): ApiJson<GenerationBody<CompletionRequest>>,
 ) -> Result<Response, ApiError> {
     let summary = app.engine.summary()?;
@@ -31,6 +33,7 @@ pub async fn create(
     let validated =
         validate_off_thread(move || validation::validate_completion(body, &summary)).await?;
     let (requests, shape) = validated.into_parts();
+    ticket.reserve(shape.num_choices())?;
     let events = submit::submit(&app.engine, requests)?;
     let meta = ResponseMeta::new("cmpl", &request_id, &shape.model);
     let mut usage = UsageTally::new(&shape);

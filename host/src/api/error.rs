@@ -62,10 +62,15 @@ pub enum ApiError {
     #[error("Unsupported media type ({received}): request bodies must be `application/json`.")]
     UnsupportedMediaType { received: String },
     #[error(
-        "The server is overloaded: {limit} requests are already waiting or running. Retry after \
-         {RETRY_AFTER_SECONDS} s."
+        "The server is overloaded: its {limit} places for waiting or running sequences are taken. \
+         Retry after {RETRY_AFTER_SECONDS} s."
     )]
     Overloaded { limit: usize },
+    #[error(
+        "This request would run {requested} sequences (prompts times `n`); the server runs at \
+         most {limit} at once."
+    )]
+    TooManySequences { requested: usize, limit: usize },
     /// One of axum's own extractor rejections, keeping its status.
     #[error("{message}")]
     Rejected { status: StatusCode, message: String },
@@ -157,6 +162,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             InvalidApiKey =>                (S::UNAUTHORIZED, AUTHENTICATION, Some("invalid_api_key"), None),
             UnsupportedMediaType { .. } =>  (S::UNSUPPORTED_MEDIA_TYPE, INVALID_REQUEST, Some("unsupported_media_type"), None),
             Overloaded { .. } =>            (S::TOO_MANY_REQUESTS, RATE_LIMIT, Some("server_overloaded"), None),
+            TooManySequences { .. } =>      (S::BAD_REQUEST, INVALID_REQUEST, Some("too_many_sequences"), Some("n".into())),
             Rejected { status, .. } if status == S::PAYLOAD_TOO_LARGE =>
                                             (status, INVALID_REQUEST, Some("request_too_large"), None),
             Rejected { status, .. } if status.is_client_error() =>

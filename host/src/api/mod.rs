@@ -53,7 +53,7 @@ pub struct ApiConfig {
     pub api_keys: ApiKeys,
     /// Origins that get CORS headers; `None`: no CORS at all.
     pub allowed_origins: Option<AllowedOrigins>,
-    /// Generation requests in the server at once; more get 429.
+    /// Sequences (prompts times `n`) in the server at once; more get 429.
     pub max_waiting_requests: usize,
 }
 

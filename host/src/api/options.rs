@@ -25,8 +25,8 @@ pub struct HttpArgs {
     /// like `https://app.example,http://localhost:3000`. Default: none, no CORS headers.
     #[arg(long, value_name = "ORIGINS")]
     pub allowed_origins: Option<AllowedOrigins>,
-    /// Generation requests in the server at once (waiting or running); beyond it, 429 with
-    /// `Retry-After`.
+    /// Sequences (one per prompt and choice) in the server at once, waiting or running;
+    /// beyond it, 429 with `Retry-After`.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_waiting_requests: u32,
     /// Largest request body, e.g. `16MiB`; larger ones get 413.
