@@ -71,7 +71,7 @@ pub enum ApiError {
          most {limit} at once."
     )]
     TooManySequences { requested: usize, limit: usize },
-    /// One of axum's own extractor rejections, keeping its status.
+    /// An error from below the handlers (an axum extractor, a layer), keeping its status.
     #[error("{message}")]
     Rejected { status: StatusCode, message: String },
     #[error(transparent)]
