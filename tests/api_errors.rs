@@ -77,7 +77,8 @@ fn cases() -> Vec<Case> {
         param: None,
     };
     let mut big = br#"{"prompt": ""#.to_vec();
-    big.resize(10_000_000, b'a');
+    // Past the default limit of 16 MiB.
+    big.resize(17_000_000, b'a');
     big.extend_from_slice(br#""}"#);
     vec![
         completion(
@@ -210,7 +211,7 @@ fn cases() -> Vec<Case> {
         raw("a JSON array body", br#"["Hello"]"#, 400),
         raw("an empty body", b"", 400),
         raw("a non-UTF-8 body", b"{\"prompt\": \"caf\xe9\"}", 400),
-        raw("a 10 MB body", &big, 413),
+        raw("a 17 MB body", &big, 413),
         post(
             "unknown model on completions",
             "/v1/completions",

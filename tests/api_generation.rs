@@ -345,8 +345,8 @@ async fn stop_strings_stop_tokens_and_max_tokens() {
 }
 
 #[tokio::test]
-async fn without_max_tokens_the_rest_of_the_context_is_the_budget() {
-    // 500 prompt tokens leave 12 of the 512-token context.
+async fn without_max_tokens_a_completion_gets_16_tokens_or_the_rest_of_the_context() {
+    // 500 prompt tokens leave 12 of the 512-token context, fewer than OpenAI's default of 16.
     let prompt: Vec<u32> = (0..500).map(|i| 10 + (i * 7) % 400).collect();
     let body = json!({"model": MODEL, "prompt": prompt, "temperature": 0, "ignore_eos": true});
     let response = post("/v1/completions", body).await;

@@ -38,6 +38,8 @@ enum Command {
         host: String,
         #[arg(long, default_value_t = 8000)]
         port: u16,
+        #[command(flatten)]
+        http: plughost::api::options::HttpArgs,
     },
     /// Generate one completion through the same engine and print it.
     Generate {
@@ -219,13 +221,20 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
+fn serve(
+    model: &ModelArgs,
+    host: &str,
+    port: u16,
+    http: &plughost::api::options::HttpArgs,
+) -> Result<(), String> {
+    let api_config = http.api_config()?;
     let setup = model.setup()?;
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     runtime.block_on(async {
         let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        plughost::api::options::warn_if_open(addr, &api_config);
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
         tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
         // A model that failed to load never will: stop serving and exit with its error rather
@@ -244,7 +253,7 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
                 }
             }
         };
-        let served = plughost::api::serve(listener, engine.clone(), plughost::api::ApiConfig::default(), shutdown).await;
+        let served = plughost::api::serve(listener, engine.clone(), api_config, shutdown).await;
         tracing::info!("shutting down: closing the engine, the runtime and the device");
         engine.shutdown();
         if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
@@ -282,7 +291,12 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Serve { model, host, port } => serve(model, host, *port),
+        Command::Serve {
+            model,
+            host,
+            port,
+            http,
+        } => serve(model, host, *port, http),
         Command::Generate {
             model,
             prompt,

@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::model::Tokenizer;
 
+use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::error::ApiError;
 use super::logprobs::chat_logprobs;
@@ -19,20 +20,23 @@ use super::openai::{
 use super::stream::{ChunkFormat, StreamConfig, to_json};
 use super::submit::{self, UsageTally};
 use super::validation;
-use super::{AppState, ResponseMeta, validate_off_thread};
+use super::{AppState, RequestId, ResponseMeta, validate_off_thread};
 
 const ASSISTANT: &str = "assistant";
 
 pub async fn create(
     State(app): State<Arc<AppState>>,
+    Extension(request_id): Extension<RequestId>,
+    Extension(ticket): Extension<AdmissionTicket>,
     ApiJson(body): ApiJson<GenerationBody<ChatCompletionRequest>>,
 ) -> Result<Response, ApiError> {
     let summary = app.engine.summary()?;
     let tokenizer = summary.tokenizer.clone();
     let validated = validate_off_thread(move || validation::validate_chat(body, &summary)).await?;
     let (requests, shape) = validated.into_parts();
+    ticket.reserve(shape.num_choices())?;
     let events = submit::submit(&app.engine, requests)?;
-    let meta = ResponseMeta::new("chatcmpl", &shape.model);
+    let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model);
     let mut usage = UsageTally::new(&shape);
     if let Some(settings) = shape.stream {
         let config = StreamConfig {

@@ -1,8 +1,12 @@
 //! The API's error type and the one table that turns it into an HTTP status and an OpenAI error body.
 
+use std::any::Any;
+
 use axum::Json;
+use axum::body::Body;
 use axum::extract::rejection::{BytesRejection, JsonRejection};
-use axum::http::StatusCode;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
@@ -48,7 +52,26 @@ pub enum ApiError {
     MethodNotAllowed { method: String, path: String },
     #[error("the request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
-    /// One of axum's own extractor rejections, keeping its status.
+    #[error(
+        "You didn't provide an API key. Send it in an Authorization header using Bearer auth \
+         (Authorization: Bearer YOUR_KEY)."
+    )]
+    MissingApiKey,
+    #[error("Incorrect API key provided.")]
+    InvalidApiKey,
+    #[error("Unsupported media type ({received}): request bodies must be `application/json`.")]
+    UnsupportedMediaType { received: String },
+    #[error(
+        "The server is overloaded: its {limit} places for waiting or running sequences are taken. \
+         Retry after {RETRY_AFTER_SECONDS} s."
+    )]
+    Overloaded { limit: usize },
+    #[error(
+        "This request would run {requested} sequences (prompts times `n`); the server runs at \
+         most {limit} at once."
+    )]
+    TooManySequences { requested: usize, limit: usize },
+    /// An error from below the handlers (an axum extractor, a layer), keeping its status.
     #[error("{message}")]
     Rejected { status: StatusCode, message: String },
     #[error(transparent)]
@@ -105,8 +128,16 @@ pub struct ErrorBody {
 }
 
 const INVALID_REQUEST: &str = "invalid_request_error";
+const AUTHENTICATION: &str = "authentication_error";
+const RATE_LIMIT: &str = "rate_limit_error";
 const SERVER_ERROR: &str = "server_error";
 const UNAVAILABLE: &str = "service_unavailable_error";
+
+/// The `Retry-After` of a 429: a second is long enough for a short request to finish.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// Most bytes of a plain-text error body (from a layer below the handlers) kept as the message.
+const MAX_PLAIN_ERROR_BYTES: usize = 64 << 10;
 
 impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
     // One row per variant: status, OpenAI error type, code, param.
@@ -127,10 +158,17 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             RouteNotFound { .. } =>         (S::NOT_FOUND, INVALID_REQUEST, Some("not_found"), None),
             MethodNotAllowed { .. } =>      (S::METHOD_NOT_ALLOWED, INVALID_REQUEST, Some("method_not_allowed"), None),
             BodyTooLarge { .. } =>          (S::PAYLOAD_TOO_LARGE, INVALID_REQUEST, Some("request_too_large"), None),
+            MissingApiKey =>                (S::UNAUTHORIZED, AUTHENTICATION, Some("invalid_api_key"), None),
+            InvalidApiKey =>                (S::UNAUTHORIZED, AUTHENTICATION, Some("invalid_api_key"), None),
+            UnsupportedMediaType { .. } =>  (S::UNSUPPORTED_MEDIA_TYPE, INVALID_REQUEST, Some("unsupported_media_type"), None),
+            Overloaded { .. } =>            (S::TOO_MANY_REQUESTS, RATE_LIMIT, Some("server_overloaded"), None),
+            TooManySequences { .. } =>      (S::BAD_REQUEST, INVALID_REQUEST, Some("too_many_sequences"), Some("n".into())),
             Rejected { status, .. } if status == S::PAYLOAD_TOO_LARGE =>
                                             (status, INVALID_REQUEST, Some("request_too_large"), None),
             Rejected { status, .. } if status.is_client_error() =>
                                             (status, INVALID_REQUEST, None, None),
+            Rejected { status, .. } if status.is_server_error() =>
+                                            (status, SERVER_ERROR, None, None),
             Rejected { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
             Unavailable(EngineError::NotReady) =>      (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_loading"), None),
             Unavailable(EngineError::LoadFailed(_)) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_load_failed"), None),
@@ -142,8 +180,26 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
     }
 }
 
+impl ApiError {
+    /// Headers the status calls for besides the body.
+    fn headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        match self {
+            ApiError::MissingApiKey | ApiError::InvalidApiKey => {
+                headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            ApiError::Overloaded { .. } => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            _ => {}
+        }
+        headers
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let headers = self.headers();
         let (status, body) = <(StatusCode, Json<ErrorResponse>)>::from(self);
         let message = &body.error.message;
         if status.is_server_error() {
@@ -151,8 +207,55 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), "{message}");
         }
-        (status, body).into_response()
+        (status, headers, body).into_response()
     }
+}
+
+/// The last word on error bodies, for the errors no handler wrote: any 4xx or 5xx response that
+/// is not JSON (from routing, a layer or a future middleware) gets an OpenAI error body with its
+/// plain text as the message. Status and other headers are kept.
+pub async fn ensure_json_body(response: Response) -> Response {
+    let status = response.status();
+    let is_error = status.is_client_error() || status.is_server_error();
+    if !is_error || is_json(response.headers()) {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_PLAIN_ERROR_BYTES)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_string())
+        .unwrap_or_default();
+    let message = match text.is_empty() {
+        true => status.canonical_reason().unwrap_or("error").to_string(),
+        false => text,
+    };
+    let json = ApiError::Rejected { status, message }.into_response();
+    parts.headers.remove(CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Response::from_parts(parts, json.into_body())
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// A handler that panicked answers 500 with a body; the panic is logged, not sent.
+pub fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    tracing::error!("a request handler panicked: {detail}");
+    ApiError::Internal {
+        message: "the request handler failed".into(),
+    }
+    .into_response()
 }
 
 impl From<BytesRejection> for ApiError {
@@ -233,6 +336,46 @@ mod tests {
         }
         let (_, body) = status_of(ApiError::invalid("temperature", "too hot"));
         assert_eq!(body.param.as_deref(), Some("temperature"));
+    }
+
+    #[tokio::test]
+    async fn plain_error_responses_get_a_json_body_and_keep_status_and_headers() {
+        let plain = Response::builder()
+            .status(StatusCode::REQUEST_TIMEOUT)
+            .header(CONTENT_TYPE, "text/plain")
+            .header(CONTENT_LENGTH, "9")
+            .header("x-request-id", "r-1")
+            .body(Body::from("timed out"))
+            .expect("a response");
+        let empty = Response::builder()
+            .status(StatusCode::GATEWAY_TIMEOUT)
+            .body(Body::empty())
+            .expect("a response");
+        for (response, status, message) in [
+            (plain, 408, "timed out"),
+            (empty, 504, "Gateway Timeout"),
+            (
+                panic_response(Box::new("boom")),
+                500,
+                "internal error: the request handler failed",
+            ),
+        ] {
+            let response = ensure_json_body(response).await;
+            assert_eq!(response.status().as_u16(), status);
+            assert!(is_json(response.headers()));
+            let keeps_id = status != 408 || response.headers().get("x-request-id").is_some();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("body");
+            let body: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+            assert_eq!(body["error"]["message"], message, "{body}");
+            assert!(body["error"]["type"].is_string() && keeps_id, "{body}");
+        }
+        let fine = ensure_json_body(Response::new(Body::from("ok"))).await;
+        let bytes = axum::body::to_bytes(fine.into_body(), 16)
+            .await
+            .expect("body");
+        assert_eq!(&bytes[..], b"ok");
     }
 
     #[test]

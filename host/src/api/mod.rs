@@ -5,13 +5,21 @@
 //! engine request per choice, merged into one event stream) → a JSON response or
 //! [`stream`]'s server-sent events. Every failure is an [`ApiError`], turned into a status and
 //! an OpenAI error body by the one table in [`error`].
+//!
+//! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
+//! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
 
+pub mod admission;
+pub mod auth;
 pub mod body;
+pub mod browser;
 pub mod chat;
 pub mod completions;
 pub mod error;
 pub mod logprobs;
 pub mod openai;
+pub mod options;
+pub mod request_id;
 pub mod routes;
 pub mod stream;
 pub mod submit;
@@ -23,11 +31,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state, map_response};
 use axum::routing::{get, post};
+use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::engine::EngineHandle;
 
+pub use auth::ApiKeys;
+pub use browser::AllowedOrigins;
 pub use error::{ApiError, ErrorBody, ErrorResponse};
+pub use request_id::RequestId;
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -36,13 +49,22 @@ pub struct ApiConfig {
     pub max_body_bytes: usize,
     /// How often an idle stream sends an SSE comment, so proxies keep it open.
     pub keep_alive: Duration,
+    /// Keys every route but the probes' needs; empty: the API is open.
+    pub api_keys: ApiKeys,
+    /// Origins that get CORS headers; `None`: no CORS at all.
+    pub allowed_origins: Option<AllowedOrigins>,
+    /// Sequences (prompts times `n`) in the server at once; more get 429.
+    pub max_waiting_requests: usize,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
-            max_body_bytes: 8 << 20,
+            max_body_bytes: 16 << 20,
             keep_alive: Duration::from_secs(15),
+            api_keys: ApiKeys::default(),
+            allowed_origins: None,
+            max_waiting_requests: 1024,
         }
     }
 }
@@ -56,23 +78,41 @@ pub struct AppState {
 }
 
 /// The API's routes over an engine, for `serve` and for tests that embed it.
+///
+/// Layers from the outside in: the request id and its log span; JSON bodies for every error
+/// and for panics; CORS (so preflights need no key, and pages can read a 401); the API key;
+/// then, on matched routes, JSON content and, on the generation routes, admission.
 pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     // `ApiJson` enforces the limit itself; this covers any of axum's own body extractors.
     let body_limit = DefaultBodyLimit::max(config.max_body_bytes);
+    let admission = admission::Admission::new(config.max_waiting_requests);
+    let keys = Arc::new(config.api_keys.clone());
+    let cors = config.allowed_origins.as_ref().map(browser::cors_layer);
     let state = Arc::new(AppState {
         engine,
         config,
         started: unix_seconds(),
     });
-    Router::new()
+    let generation = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
+        .route_layer(from_fn_with_state(admission, admission::admit));
+    let mut app = Router::new()
+        .merge(generation)
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
-        .layer(body_limit)
+        .route_layer(from_fn(browser::require_json_body))
+        .layer(from_fn_with_state(keys, auth::require_api_key));
+    if let Some(cors) = cors {
+        app = app.layer(cors);
+    }
+    app.layer(body_limit)
+        .layer(map_response(error::ensure_json_body))
+        .layer(CatchPanicLayer::custom(error::panic_response))
+        .layer(from_fn(request_id::assign))
         .with_state(state)
 }
 
@@ -98,9 +138,10 @@ pub struct ResponseMeta {
 }
 
 impl ResponseMeta {
-    pub fn new(prefix: &str, model: &str) -> ResponseMeta {
+    /// `prefix-<request id>`, e.g. `chatcmpl-<X-Request-Id>`.
+    pub fn new(prefix: &str, request_id: &RequestId, model: &str) -> ResponseMeta {
         ResponseMeta {
-            id: format!("{prefix}-{:032x}", rand::random::<u128>()),
+            id: format!("{prefix}-{request_id}"),
             created: unix_seconds(),
             model: model.to_string(),
         }
@@ -119,7 +160,8 @@ fn unix_seconds() -> u64 {
 async fn validate_off_thread<T: Send + 'static>(
     validate: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(validate)
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || span.in_scope(validate))
         .await
         .map_err(|e| ApiError::Internal {
             message: format!("validation task failed: {e}"),

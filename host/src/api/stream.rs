@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use futures::stream;
 use serde::Serialize;
+use tracing::Instrument;
 
 use crate::engine::{FinishReason, TokenLogprob};
 
@@ -97,7 +98,8 @@ pub fn error_event(error: ApiError) -> Event {
 }
 
 /// The SSE response of a streaming request. The body owns the merged choice events, so a
-/// client that disconnects drops them and the engine aborts every choice.
+/// client that disconnects drops them and the engine aborts every choice. The body is polled
+/// after the handler returned, so it carries the request's span along for its log lines.
 pub fn sse<F: ChunkFormat>(
     events: ChoiceEvents,
     mut format: F,
@@ -116,19 +118,23 @@ pub fn sse<F: ChunkFormat>(
         queued,
         done: false,
     };
-    let body = stream::unfold(state, |mut state| async move {
-        loop {
-            if let Some(event) = state.queued.pop_front() {
-                return Some((Ok::<_, Infallible>(event), state));
-            }
-            if state.done {
-                return None;
-            }
-            match state.events.next().await {
-                Some((index, event)) => state.on_event(index, event),
-                None => state.on_end(),
+    let span = tracing::Span::current();
+    let body = stream::unfold(state, move |mut state| {
+        async move {
+            loop {
+                if let Some(event) = state.queued.pop_front() {
+                    return Some((Ok::<_, Infallible>(event), state));
+                }
+                if state.done {
+                    return None;
+                }
+                match state.events.next().await {
+                    Some((index, event)) => state.on_event(index, event),
+                    None => state.on_end(),
+                }
             }
         }
+        .instrument(span.clone())
     });
     Sse::new(body.boxed())
         .keep_alive(KeepAlive::new().interval(config.keep_alive))

@@ -43,7 +43,9 @@ pub fn submit(
     let mut merged = SelectAll::new();
     for (index, request) in requests.into_iter().enumerate() {
         // On an error, `merged` drops with the choices already submitted, aborting them.
-        let (_, receiver) = engine.submit(request)?;
+        let (engine_id, receiver) = engine.submit(request)?;
+        // The engine's own log lines name its id; this line ties it to the request's span.
+        tracing::debug!(engine_request = engine_id, choice = index, "submitted");
         merged.push(choice_stream(index, receiver));
     }
     Ok(merged)

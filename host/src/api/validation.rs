@@ -23,6 +23,17 @@ pub const MAX_CHOICES: usize = 1024;
 pub const MAX_TOP_LOGPROBS: i64 = 20;
 /// Most stop strings, as in the OpenAI API.
 pub const MAX_STOP_STRINGS: usize = 4;
+/// OpenAI's `max_tokens` for completions that leave it out.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// The output budget of a request that states no `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DefaultMaxTokens {
+    /// At most this many, fewer if the context ends first (OpenAI's completions).
+    UpTo(u32),
+    /// Until the context ends (chat, as OpenAI's chat does).
+    ContextEnd,
+}
 
 /// How the response is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,7 +103,8 @@ pub fn validate_completion(
         Some(k) => Some(top_logprobs_count("logprobs", k)?),
     };
     let prompts = completion_prompts(request.prompt.as_ref(), model)?;
-    build(&sampling, prompts, logprobs, model)
+    let default = DefaultMaxTokens::UpTo(COMPLETIONS_DEFAULT_MAX_TOKENS);
+    build(&sampling, prompts, logprobs, default, model)
 }
 
 pub fn validate_chat(
@@ -136,7 +148,13 @@ pub fn validate_chat(
             "the rendered conversation is empty",
         ));
     }
-    build(&sampling, vec![tokens], logprobs, model)
+    build(
+        &sampling,
+        vec![tokens],
+        logprobs,
+        DefaultMaxTokens::ContextEnd,
+        model,
+    )
 }
 
 fn check_model(requested: Option<&str>, model: &ModelSummary) -> Result<(), ApiError> {
@@ -160,6 +178,7 @@ fn build(
     fields: &SamplingFields,
     prompts: Vec<Vec<u32>>,
     logprobs: Option<u32>,
+    default_max_tokens: DefaultMaxTokens,
     model: &ModelSummary,
 ) -> Result<ValidatedRequest, ApiError> {
     let sampling = SamplingParams {
@@ -183,7 +202,7 @@ fn build(
     let mut choices = Vec::with_capacity(prompts.len() * n);
     let mut prompt_lens = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let max_tokens = max_tokens(requested, prompt.len(), model)?;
+        let max_tokens = max_tokens(requested, default_max_tokens, prompt.len(), model)?;
         prompt_lens.push(prompt.len() as u32);
         for i in 0..n {
             // With a seed, choice i draws from seed + i: repeatable, and the choices differ.
@@ -410,9 +429,11 @@ fn stream_settings(fields: &SamplingFields) -> Result<Option<StreamSettings>, Ap
     }
 }
 
-/// The output budget of one prompt: as asked if it fits the context, else the rest of the context.
+/// The output budget of one prompt: as asked if it fits the context (else 400); unasked, the
+/// default capped to the rest of the context.
 fn max_tokens(
     requested: Option<i64>,
+    default: DefaultMaxTokens,
     prompt_len: usize,
     model: &ModelSummary,
 ) -> Result<u32, ApiError> {
@@ -432,7 +453,13 @@ fn max_tokens(
         Some(m) if prompt + m as u64 > context => Err(too_long(m as u64)),
         Some(m) => Ok(m as u32),
         None if prompt >= context => Err(too_long(1)),
-        None => Ok((context - prompt) as u32),
+        None => {
+            let room = (context - prompt) as u32;
+            Ok(match default {
+                DefaultMaxTokens::UpTo(limit) => limit.min(room),
+                DefaultMaxTokens::ContextEnd => room,
+            })
+        }
     }
 }
 
@@ -687,7 +714,17 @@ mod tests {
     #[test]
     fn context_limits_cap_or_refuse() {
         let ok = completion(r#"{"prompt": [1, 2, 3, 4]}"#).expect("fits");
-        assert_eq!(ok.choices()[0].max_tokens, 60);
+        assert_eq!(ok.choices()[0].max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS);
+        let near_the_end = format!("{{\"prompt\": {:?}}}", vec![1; 60]);
+        let capped = completion(&near_the_end).expect("fits");
+        assert_eq!(capped.choices()[0].max_tokens, 4);
+        let chat_room =
+            chat(r#"{"messages": [{"role": "user", "content": "Hi"}]}"#).expect("valid chat");
+        assert_eq!(
+            chat_room.choices()[0].max_tokens as usize,
+            64 - chat_room.shape.prompt_lens[0] as usize,
+            "chat generates until the context ends"
+        );
         assert!(matches!(
             completion(r#"{"prompt": [1, 2, 3, 4], "max_tokens": 61}"#),
             Err(ApiError::ContextLengthExceeded { .. })

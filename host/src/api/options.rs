@@ -1,0 +1,68 @@
+//! The `serve` flags of the HTTP layer (keys, browsers, admission, body size) and the
+//! [`ApiConfig`] they make.
+
+use std::net::SocketAddr;
+
+use clap::Args;
+
+use super::ApiConfig;
+use super::auth::ApiKeys;
+use super::browser::AllowedOrigins;
+use crate::cli::parse_bytes;
+
+#[derive(Debug, Clone, Args)]
+pub struct HttpArgs {
+    /// Require `Authorization: Bearer KEY` on every route but /health, /ready and /metrics.
+    /// Repeat for several keys.
+    #[arg(
+        long = "api-key",
+        value_name = "KEY",
+        env = "PLUGHOST_API_KEY",
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
+    /// Origins whose web pages may call the API (CORS, preflight included): `*` or a comma list
+    /// like `https://app.example,http://localhost:3000`. Default: none, no CORS headers.
+    #[arg(long, value_name = "ORIGINS")]
+    pub allowed_origins: Option<AllowedOrigins>,
+    /// Sequences (one per prompt and choice) in the server at once, waiting or running;
+    /// beyond it, 429 with `Retry-After`.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_waiting_requests: u32,
+    /// Largest request body, e.g. `16MiB`; larger ones get 413.
+    #[arg(long, value_parser = parse_body_size, default_value = "16MiB")]
+    pub max_request_body: usize,
+}
+
+fn parse_body_size(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    match usize::try_from(bytes) {
+        Ok(0) | Err(_) => Err(format!("{text} is not a usable body size")),
+        Ok(n) => Ok(n),
+    }
+}
+
+impl HttpArgs {
+    /// The API settings these flags ask for, with the defaults of the rest.
+    pub fn api_config(&self) -> Result<ApiConfig, String> {
+        let api_keys =
+            ApiKeys::new(&self.api_keys).map_err(|e| format!("invalid --api-key: {e}"))?;
+        Ok(ApiConfig {
+            max_body_bytes: self.max_request_body,
+            api_keys,
+            allowed_origins: self.allowed_origins.clone(),
+            max_waiting_requests: self.max_waiting_requests as usize,
+            ..ApiConfig::default()
+        })
+    }
+}
+
+/// Says so when the API is reachable from other machines and anyone there may use it.
+pub fn warn_if_open(addr: SocketAddr, config: &ApiConfig) {
+    if config.api_keys.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            "listening on {addr} without an API key: anyone who can reach this address can use \
+             the API; pass --api-key (or set PLUGHOST_API_KEY), or listen on 127.0.0.1"
+        );
+    }
+}
