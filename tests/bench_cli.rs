@@ -139,6 +139,52 @@ async fn bench_measures_a_real_server_and_writes_json_and_svg() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A server that needs a key: `--api-key` sends it with every request (the model discovery
+/// included), and a wrong one makes every request fail with the server's 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_reaches_a_server_that_needs_one() {
+    let engine = api_support::start_engine();
+    let config = ApiConfig {
+        api_keys: plughost::api::auth::ApiKeys::new(["sk-bench"]).expect("a valid key"),
+        ..ApiConfig::default()
+    };
+    let addr = api_support::spawn_server(engine, config);
+    let base = format!("http://{addr}");
+    let dir = scratch("api-key");
+
+    let report = run(options(
+        &base,
+        &dir,
+        &["--api-key", "sk-bench", "--warmup", "0"],
+    ))
+    .await
+    .expect("the bench runs");
+    assert_eq!(report.model.as_deref(), Some(api_support::MODEL));
+    let summary = &report.runs[0].summary;
+    assert_eq!((summary.num_successful, summary.num_failed), (8, 0));
+    let written = std::fs::read_to_string(dir.join("result.json")).expect("the JSON");
+    assert!(!written.contains("sk-bench"), "the key is not written out");
+
+    let report = run(options(
+        &base,
+        &dir,
+        &[
+            "--api-key",
+            "sk-wrong",
+            "--warmup",
+            "0",
+            "--model",
+            api_support::MODEL,
+        ],
+    ))
+    .await
+    .expect("the bench runs");
+    let summary = &report.runs[0].summary;
+    assert_eq!((summary.num_successful, summary.num_failed), (0, 8));
+    let error = summary.first_error.as_deref().unwrap_or_default();
+    assert!(error.contains("401"), "{error}");
+}
+
 #[tokio::test]
 async fn an_unreachable_server_counts_failed_requests() {
     // Bind then drop a listener so the port is (almost certainly) closed.

@@ -55,6 +55,11 @@ pub struct BenchOptions {
     /// The model name (default: the first of /v1/models).
     #[arg(long)]
     pub model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY` with every request, for a server started with
+    /// `--api-key`. Never written to the results.
+    #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
+    #[serde(skip)]
+    pub api_key: Option<String>,
     #[arg(long, value_enum, default_value_t = Endpoint::Completions)]
     pub endpoint: Endpoint,
     #[arg(long, default_value_t = 32)]
@@ -493,9 +498,19 @@ pub async fn run(options: BenchOptions) -> Result<BenchReport, BenchError> {
     // A fresh connection per request: some servers (llama.cpp's) close a connection after
     // each streamed response while still announcing keep-alive, and a request sent on such a
     // reused connection fails. Every server under test pays the same small connect cost.
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(key) = &options.api_key {
+        let mut value =
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                BenchError::InvalidOption("--api-key must be printable ASCII".to_string())
+            })?;
+        value.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+    }
     let client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .pool_max_idle_per_host(0)
+        .default_headers(headers)
         .build()?;
     let model = match &options.model {
         Some(model) => Some(model.clone()),
