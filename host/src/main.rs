@@ -228,15 +228,16 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
         tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
-        // A model that failed to load never will: stop serving and exit with its error rather
-        // than answer 503 forever.
+        // A model that failed to load never will, and an engine that died, stalled or hung
+        // never recovers: stop serving and exit with the error, so a supervisor restarts us.
         let failure = Arc::new(std::sync::Mutex::new(None));
         let shutdown = {
             let (engine, failure) = (engine.clone(), failure.clone());
             async move {
                 tokio::select! {
                     _ = shutdown_signal() => {}
-                    message = load_failure(engine) => {
+                    message = engine_fault(engine) => {
+                        exit_after_grace(&message);
                         if let Ok(mut slot) = failure.lock() {
                             *slot = Some(message);
                         }
@@ -254,18 +255,33 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
     })
 }
 
-/// Resolves with the error if the model fails to load; once it has loaded, never resolves.
-async fn load_failure(engine: Arc<EngineHandle>) -> String {
+/// How long in-flight clients get to read the error they were sent before a failed engine's
+/// process exits regardless; the engine thread may be stuck in the device for good.
+const FAULT_EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Exits the process non-zero with `message` after [`FAULT_EXIT_GRACE`], unless it exits first.
+fn exit_after_grace(message: &str) {
+    let message = message.to_string();
+    let _ = std::thread::Builder::new()
+        .name("fault-exit".into())
+        .spawn(move || {
+            std::thread::sleep(FAULT_EXIT_GRACE);
+            eprintln!("error: {message}");
+            std::process::exit(1);
+        });
+}
+
+/// Resolves with the error if the model fails to load or the engine fails later; never
+/// resolves for a healthy engine.
+async fn engine_fault(engine: Arc<EngineHandle>) -> String {
     let (sender, receiver) = tokio::sync::oneshot::channel();
-    // A thread of its own, because `wait_ready` blocks: a task on the runtime's blocking pool
-    // would hold up the runtime's shutdown until the model finished loading. If the thread
+    // A thread of its own, because `wait_fault` blocks: a task on the runtime's blocking pool
+    // would hold up the runtime's shutdown for good. If the thread
     // cannot start, the sender is dropped with it and the server runs on as without the watch.
     let _ = std::thread::Builder::new()
-        .name("load-watch".into())
+        .name("engine-fault-watch".into())
         .spawn(move || {
-            if let Err(e) = engine.wait_ready() {
-                let _ = sender.send(e.to_string());
-            }
+            let _ = sender.send(engine.wait_fault().to_string());
         });
     match receiver.await {
         Ok(message) => message,
