@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use plughost::cli::ModelArgs;
-use plughost::engine::{EngineHandle, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::engine::{
+    EngineError, EngineHandle, GenerationEvent, GenerationRequest, StopConditions,
+};
 use plughost::metrics::Metrics;
 use plughost::model::ChatMessage;
 use plughost::plugins::glue::GluePlugin;
@@ -236,8 +238,15 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
             async move {
                 tokio::select! {
                     _ = shutdown_signal() => {}
-                    message = engine_fault(engine) => {
-                        exit_after_grace(&message);
+                    fault = engine_fault(engine) => {
+                        let message = fault.to_string();
+                        if matches!(fault, EngineError::Faulted(_)) {
+                            // The engine thread may be stuck in the device for good: bound the
+                            // exit, but first keep answering a moment, so probes see /health 503
+                            // and clients read the errors they were sent.
+                            exit_after(2 * FAULT_GRACE, &message);
+                            tokio::time::sleep(FAULT_GRACE).await;
+                        }
                         if let Ok(mut slot) = failure.lock() {
                             *slot = Some(message);
                         }
@@ -255,17 +264,16 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
     })
 }
 
-/// How long in-flight clients get to read the error they were sent before a failed engine's
-/// process exits regardless; the engine thread may be stuck in the device for good.
-const FAULT_EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long a failed engine's server goes on answering (503) before it stops accepting.
+const FAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Exits the process non-zero with `message` after [`FAULT_EXIT_GRACE`], unless it exits first.
-fn exit_after_grace(message: &str) {
+/// Exits the process non-zero with `message` after `delay`, unless it has exited by then.
+fn exit_after(delay: std::time::Duration, message: &str) {
     let message = message.to_string();
     let _ = std::thread::Builder::new()
         .name("fault-exit".into())
         .spawn(move || {
-            std::thread::sleep(FAULT_EXIT_GRACE);
+            std::thread::sleep(delay);
             eprintln!("error: {message}");
             std::process::exit(1);
         });
@@ -273,7 +281,7 @@ fn exit_after_grace(message: &str) {
 
 /// Resolves with the error if the model fails to load or the engine fails later; never
 /// resolves for a healthy engine.
-async fn engine_fault(engine: Arc<EngineHandle>) -> String {
+async fn engine_fault(engine: Arc<EngineHandle>) -> EngineError {
     let (sender, receiver) = tokio::sync::oneshot::channel();
     // A thread of its own, because `wait_fault` blocks: a task on the runtime's blocking pool
     // would hold up the runtime's shutdown for good. If the thread
@@ -281,7 +289,7 @@ async fn engine_fault(engine: Arc<EngineHandle>) -> String {
     let _ = std::thread::Builder::new()
         .name("engine-fault-watch".into())
         .spawn(move || {
-            let _ = sender.send(engine.wait_fault().to_string());
+            let _ = sender.send(engine.wait_fault());
         });
     match receiver.await {
         Ok(message) => message,

@@ -63,7 +63,9 @@ impl EngineCore {
         if let Some(reason) = self.never_runs(&state) {
             tracing::warn!(request = state.id, "refused: {reason}");
             self.health.in_flight.remove(state.id);
-            let _ = state.events.send(GenerationEvent::Failed { message: reason });
+            let _ = state
+                .events
+                .send(GenerationEvent::Failed { message: reason });
             return;
         }
         self.metrics.prompt_tokens.inc_by(state.prompt.len() as u64);

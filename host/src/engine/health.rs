@@ -74,7 +74,8 @@ impl Liveness {
     }
 
     pub fn device_step_started(&self) {
-        self.device_step_started.store(self.now(), Ordering::Release);
+        self.device_step_started
+            .store(self.now(), Ordering::Release);
     }
 
     pub fn device_step_finished(&self) {
