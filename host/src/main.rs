@@ -260,6 +260,10 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
         if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
             return Err(message);
         }
+        // The device may have hung while the engine was closing.
+        if let Err(fault @ EngineError::Faulted(_)) = engine.summary() {
+            return Err(fault.to_string());
+        }
         served.map_err(|e| format!("server error: {e}"))
     })
 }

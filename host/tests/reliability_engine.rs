@@ -63,6 +63,11 @@ struct Server {
 impl Server {
     /// Starts `plughost serve` with the tiny model on the mock device and `args`.
     fn spawn(device_config: &str, args: &[&str]) -> Server {
+        Server::spawn_on(MOCK, device_config, args)
+    }
+
+    /// Starts `plughost serve` with the tiny model on the `device` library and `args`.
+    fn spawn_on(device: &str, device_config: &str, args: &[&str]) -> Server {
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_plughost"))
             .arg("serve")
@@ -72,7 +77,7 @@ impl Server {
             .arg("--plugins-dir")
             .arg(plugins_dir())
             .arg("--device")
-            .arg(plugins_dir().join(MOCK))
+            .arg(plugins_dir().join(device))
             .args(["--device-config", device_config])
             .arg("--component-cache")
             .arg(component_cache())
@@ -247,9 +252,13 @@ async fn a_small_kv_pool_lowers_max_model_len_refuses_longer_requests_and_serves
     assert_eq!(server.health().await, Some(200));
 }
 
-/// Starts a server expected to fail; its exit status and stderr.
+/// Starts a server on the mock device expected to fail; its exit status and stderr.
 fn failed_start(device_config: &str, args: &[&str]) -> (ExitStatus, String) {
-    let mut server = Server::spawn(device_config, args);
+    failed_start_on(MOCK, device_config, args)
+}
+
+fn failed_start_on(device: &str, device_config: &str, args: &[&str]) -> (ExitStatus, String) {
+    let mut server = Server::spawn_on(device, device_config, args);
     let status = server.exit_within(DEADLINE);
     // The reader thread has the last of stderr once the pipe closes.
     let started = Instant::now();
@@ -285,6 +294,16 @@ fn a_device_that_will_not_open_fails_the_start_with_its_message() {
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("error: ") && stderr.contains("unknown mock device option `bogus`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_cpu_device_that_will_not_open_fails_the_start_with_its_message() {
+    let (status, stderr) = failed_start_on("libplughost_device_cpu.so", "bogus=1", &[]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("error: ") && stderr.contains("unknown cpu device option `bogus`"),
         "{stderr}"
     );
 }
@@ -466,13 +485,17 @@ fn plugin(file: &str) -> PluginSpec {
 
 /// An engine on the mock device with the given pool and limits.
 fn engine(options: EngineOptions) -> Arc<EngineHandle> {
+    engine_with_scheduler("plughost_scheduler_fcfs.wasm", options)
+}
+
+fn engine_with_scheduler(scheduler: &str, options: EngineOptions) -> Arc<EngineHandle> {
     let setup = EngineSetup {
         model_dir: model_dir(),
         model_name: MODEL.into(),
         device_library: plugins_dir().join(MOCK),
         device_config: String::new(),
         glue: plugin("plughost_model_qwen3.wasm"),
-        scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),
+        scheduler: Some(plugin(scheduler)),
         sampler: Some(plugin("plughost_sampler_standard.wasm")),
         component_cache: Some(component_cache()),
         options,
@@ -599,4 +622,68 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
         }
         engine.shutdown();
     }
+}
+
+/// A greedy request of `prompt_len` tokens for exactly `max_tokens`.
+fn request(prompt_len: u32, max_tokens: u32, priority: i32) -> GenerationRequest {
+    GenerationRequest {
+        prompt_tokens: prompt(prompt_len),
+        sampling: SamplingParams::GREEDY,
+        max_tokens,
+        stop: StopConditions {
+            ignore_eos: true,
+            ..Default::default()
+        },
+        logprobs: false,
+        priority,
+    }
+}
+
+/// A metric's value from Prometheus text, for a name with no labels.
+fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[tokio::test]
+async fn a_scheduler_plan_that_runs_nothing_is_a_fault_and_fcfs_runs_the_step() {
+    // The faulty scheduler plans nothing while a request of this priority is queued.
+    let idle = -1004;
+    let engine = engine_with_scheduler(
+        "plughost_scheduler_faulty.wasm",
+        EngineOptions {
+            num_kv_blocks: Some(64),
+            block_size: 4,
+            ..Default::default()
+        },
+    );
+    let outcomes = run_all(
+        &engine,
+        vec![request(6, 8, idle), request(5, 8, 0)],
+        DEADLINE,
+    )
+    .await;
+    let done = Outcome::Finished {
+        reason: FinishReason::Length,
+        tokens: 8,
+    };
+    assert_eq!(
+        outcomes,
+        [
+            done,
+            Outcome::Finished {
+                reason: FinishReason::Length,
+                tokens: 8
+            }
+        ]
+    );
+    let fallbacks = metric(
+        &engine.metrics().render(),
+        "plughost_scheduler_fallbacks_total",
+    );
+    assert!(fallbacks.is_some_and(|n| n >= 1.0), "{fallbacks:?}");
+    engine.shutdown();
 }

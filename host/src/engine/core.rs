@@ -225,23 +225,42 @@ impl EngineCore {
             .collect()
     }
 
-    /// The scheduler's plan for this step. A plan that runs nothing while requests wait and
-    /// nothing runs would stop the engine for good, so the built-in FCFS decides that step.
+    /// The scheduler plugin's plan for this step, checked. A refused plan, a plugin fault, and a
+    /// plan that neither runs nor preempts anything while requests are queued or running (it
+    /// would stop the engine for good, since nothing changes between steps) are faults: the
+    /// built-in FCFS decides that step.
     fn schedule(&mut self) -> Plan {
-        let plan = self.proposed_plan();
-        if plan.run.is_empty() && self.running.is_empty() && !self.waiting.is_empty() {
-            if self.scheduler.is_some() {
-                tracing::warn!(
-                    waiting = self.waiting.len(),
-                    "scheduler plugin ran nothing with requests waiting and none running; \
-                     built-in FCFS decides this step"
-                );
+        let views = self.views();
+        let resources = self.resources();
+        let Some(plugin) = self.scheduler.as_mut() else {
+            return sched::fallback_plan(&views, &resources);
+        };
+        let checked = plugin
+            .schedule(&views, &resources)
+            .map_err(|e| format!("scheduler plugin failed: {e}"))
+            .and_then(|plan| {
+                sched::validate_plan(&plan, &views, &resources)
+                    .map(|()| plan)
+                    .map_err(|e| format!("scheduler plugin plan refused: {e}"))
+            })
+            .and_then(|plan| {
+                if plan.run.is_empty() && plan.preempt.is_empty() && !views.is_empty() {
+                    Err(format!(
+                        "scheduler plugin ran nothing with {} requests queued or running",
+                        views.len()
+                    ))
+                } else {
+                    Ok(plan)
+                }
+            });
+        match checked {
+            Ok(plan) => plan,
+            Err(reason) => {
+                tracing::warn!("{reason}; built-in FCFS decides this step");
                 self.metrics.scheduler_fallbacks.inc();
+                sched::fallback_plan(&views, &resources)
             }
-            let views = self.views();
-            return sched::fallback_plan(&views, &self.resources());
         }
-        plan
     }
 
     fn resources(&self) -> Resources {
@@ -251,31 +270,6 @@ impl EngineCore {
             block_size: self.kv.block_size(),
             free_blocks: self.kv.num_free_blocks(),
             total_blocks: self.kv.num_blocks(),
-        }
-    }
-
-    fn proposed_plan(&mut self) -> Plan {
-        let views = self.views();
-        let resources = self.resources();
-        let proposed = match self.scheduler.as_mut() {
-            Some(plugin) => plugin
-                .schedule(&views, &resources)
-                .map_err(|e| e.to_string()),
-            None => return sched::fallback_plan(&views, &resources),
-        };
-        match proposed.and_then(|plan| {
-            sched::validate_plan(&plan, &views, &resources)
-                .map(|()| plan)
-                .map_err(|e| e.to_string())
-        }) {
-            Ok(plan) => plan,
-            Err(reason) => {
-                tracing::warn!(
-                    "scheduler plugin plan refused, built-in FCFS decides this step: {reason}"
-                );
-                self.metrics.scheduler_fallbacks.inc();
-                sched::fallback_plan(&views, &resources)
-            }
         }
     }
 

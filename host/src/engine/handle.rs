@@ -137,7 +137,7 @@ pub struct EngineHandle {
     thread: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     health: Arc<EngineHealth>,
-    /// Set at shutdown, so the watchdog stops and an engine that is closing is not judged.
+    /// Set once the engine thread has ended, so the watchdog stops.
     stopping: Arc<AtomicBool>,
 }
 
@@ -258,20 +258,24 @@ impl EngineHandle {
         Ok((id, receiver))
     }
 
-    /// Aborts what is running, closes the runtime and the device, and joins the engine thread;
-    /// after a fault the thread may be stuck in the device for good, so it is left behind.
+    /// Aborts what is running, closes the runtime and the device, and joins the engine thread.
+    /// The watchdog keeps watching meanwhile: a device that hangs now is still found within
+    /// the device timeout, and then the thread, stuck in the device for good, is left behind.
     pub fn shutdown(&self) {
-        self.stopping.store(true, Ordering::Release);
         if let Ok(commands) = self.commands.lock() {
             let _ = commands.send(Command::Shutdown);
         }
-        if matches!(self.summary(), Err(EngineError::Faulted(_))) {
+        let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
             return;
+        };
+        while !thread.is_finished() {
+            if matches!(self.summary(), Err(EngineError::Faulted(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(thread) = thread {
-            let _ = thread.join();
-        }
+        self.stopping.store(true, Ordering::Release);
+        let _ = thread.join();
     }
 }
 
