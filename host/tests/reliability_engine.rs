@@ -549,12 +549,17 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
     for case in 0..10 {
         let block_size = [1u32, 2, 4, 8, 16][rng.random_range(0..5)];
         let num_kv_blocks = rng.random_range(1..=48u32);
+        // Mostly the model's length, lowered to the pool; sometimes one set within the pool.
+        let max_model_len = rng
+            .random_bool(0.3)
+            .then(|| rng.random_range(1..=(num_kv_blocks * block_size).min(512)));
         let options = EngineOptions {
             max_num_seqs: rng.random_range(1..=8),
             max_num_batched_tokens: rng.random_range(16..=128),
             block_size,
             num_kv_blocks: Some(num_kv_blocks),
             enable_prefix_caching: rng.random_bool(0.5),
+            max_model_len,
             ..Default::default()
         };
         let described = format!("case {case}: {options:?}");

@@ -430,6 +430,13 @@ fn load_engine(
     metrics: Arc<Metrics>,
     health: Arc<EngineHealth>,
 ) -> Result<(EngineCore, ModelSummary), String> {
+    // Checked before anything loads: with either at 0 no request could ever be scheduled.
+    if setup.options.max_num_seqs == 0 {
+        return Err("--max-num-seqs must be at least 1".into());
+    }
+    if setup.options.block_size == 0 {
+        return Err("--block-size must be at least 1".into());
+    }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
     let plugins = PluginRuntime::new(RuntimeOptions {
