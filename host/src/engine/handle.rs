@@ -315,23 +315,35 @@ fn run_engine(
             return;
         }
     };
-    // A panic below must not leave clients waiting and /health green: it is a fault like a hang.
-    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let served = guard_panics(&health, &load, || {
         serve_commands(&mut core, &commands, started)
-    }));
-    if let Err(payload) = served {
-        let message = payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
-        let fault = health::EngineFault::Panicked(message);
-        tracing::error!("{fault}");
-        health.in_flight.fail_all(&fault.to_string());
-        set_load_state(&load, LoadState::Faulted(fault.to_string()));
-        return;
+    });
+    if served {
+        close_engine(core, &setup);
     }
-    close_engine(core, &setup);
+}
+
+/// Runs `body`; a panic in it must not leave clients waiting and /health green, so it is a
+/// fault like a hang: every request in flight fails and the engine reports the fault.
+/// Whether `body` returned.
+fn guard_panics(
+    health: &EngineHealth,
+    load: &(Mutex<LoadState>, Condvar),
+    body: impl FnOnce(),
+) -> bool {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) else {
+        return true;
+    };
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    let fault = health::EngineFault::Panicked(message);
+    tracing::error!("{fault}");
+    health.in_flight.fail_all(&fault.to_string());
+    set_load_state(load, LoadState::Faulted(fault.to_string()));
+    false
 }
 
 /// The engine loop: takes commands, steps while there is work, until shutdown.
@@ -604,7 +616,27 @@ fn fit_max_model_len(
 
 #[cfg(test)]
 mod tests {
-    use super::fit_max_model_len;
+    use super::*;
+
+    #[test]
+    fn a_panic_of_the_engine_loop_fails_every_request_and_is_a_fault() {
+        let health = EngineHealth::default();
+        let load = (Mutex::new(LoadState::Loading), Condvar::new());
+        let (events, mut receiver) = unbounded_channel();
+        health.in_flight.insert(7, events);
+        assert!(guard_panics(&health, &load, || {}));
+        assert!(matches!(*load.0.lock().unwrap(), LoadState::Loading));
+        let returned = guard_panics(&health, &load, || panic!("step {} went wrong", 3));
+        assert!(!returned);
+        let expected = "the engine thread panicked: step 3 went wrong";
+        assert_eq!(
+            receiver.try_recv(),
+            Ok(GenerationEvent::Failed {
+                message: expected.into()
+            })
+        );
+        assert!(matches!(&*load.0.lock().unwrap(), LoadState::Faulted(m) if m == expected));
+    }
 
     #[test]
     fn max_model_len_fits_the_kv_cache_or_the_start_fails() {
