@@ -187,8 +187,12 @@ async fn a_model_that_failed_to_load_answers_503() {
     }
 }
 
-/// The mock device fails this launch: a few steps into a generation.
-const FAILING_DEVICE: (&str, &str) = ("libplughost_device_mock.so", "fail_launch=200");
+/// The mock device fails this launch and the next: a few steps into a generation, a step the
+/// engine's one retry does not get past.
+const FAILING_DEVICE: (&str, &str) = (
+    "libplughost_device_mock.so",
+    "fail_launch=200,fail_launch_count=2",
+);
 
 #[tokio::test]
 async fn an_engine_failure_after_the_stream_started_is_sent_as_an_error_event() {

@@ -59,6 +59,22 @@ pub struct ModelArgs {
     /// Write a Chrome trace (open it in Perfetto) of every engine step here at shutdown.
     #[arg(long)]
     pub profile_output: Option<PathBuf>,
+    /// Seconds with work pending and no engine step finished before the engine counts as
+    /// stalled: /health answers 503 and `serve` exits non-zero.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    pub engine_stall_timeout: f64,
+    /// Seconds a device launch or synchronize may take before the device counts as hung:
+    /// in-flight requests fail, /health answers 503 and `serve` exits non-zero.
+    #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
+    pub device_timeout: f64,
+}
+
+/// A positive number of seconds, fractions allowed.
+pub fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds.is_finite() && seconds < 1e9 => Ok(seconds),
+        _ => Err(format!("{text:?} is not a positive number of seconds")),
+    }
 }
 
 /// `512MiB`, `2GiB`, `1000000` → bytes.
@@ -218,6 +234,8 @@ impl ModelArgs {
                 kv_cache_dtype: self.kv_cache_dtype,
                 enable_prefix_caching: !self.no_enable_prefix_caching,
                 max_model_len: self.max_model_len,
+                engine_stall_timeout: std::time::Duration::from_secs_f64(self.engine_stall_timeout),
+                device_timeout: std::time::Duration::from_secs_f64(self.device_timeout),
             },
             profile_output: self.profile_output.clone(),
         })
@@ -235,5 +253,14 @@ mod tests {
         assert_eq!(parse_bytes("1000"), Ok(1000));
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn timeouts_are_positive_seconds() {
+        assert_eq!(parse_seconds("60"), Ok(60.0));
+        assert_eq!(parse_seconds("0.5"), Ok(0.5));
+        for bad in ["0", "-1", "soon", "inf", "NaN"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use plughost::cli::ModelArgs;
-use plughost::engine::{EngineHandle, GenerationEvent, GenerationRequest, StopConditions};
+use plughost::engine::{
+    EngineError, EngineHandle, GenerationEvent, GenerationRequest, StopConditions,
+};
 use plughost::metrics::Metrics;
 use plughost::model::ChatMessage;
 use plughost::plugins::glue::GluePlugin;
@@ -237,15 +239,23 @@ fn serve(
         plughost::api::options::warn_if_open(addr, &api_config);
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
         tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
-        // A model that failed to load never will: stop serving and exit with its error rather
-        // than answer 503 forever.
+        // A model that failed to load never will, and an engine that died, stalled or hung
+        // never recovers: stop serving and exit with the error, so a supervisor restarts us.
         let failure = Arc::new(std::sync::Mutex::new(None));
         let shutdown = {
             let (engine, failure) = (engine.clone(), failure.clone());
             async move {
                 tokio::select! {
                     _ = shutdown_signal() => {}
-                    message = load_failure(engine) => {
+                    fault = engine_fault(engine) => {
+                        let message = fault.to_string();
+                        if matches!(fault, EngineError::Faulted(_)) {
+                            // The engine thread may be stuck in the device for good: bound the
+                            // exit, but first keep answering a moment, so probes see /health 503
+                            // and clients read the errors they were sent.
+                            exit_after(2 * FAULT_GRACE, &message);
+                            tokio::time::sleep(FAULT_GRACE).await;
+                        }
                         if let Ok(mut slot) = failure.lock() {
                             *slot = Some(message);
                         }
@@ -259,22 +269,40 @@ fn serve(
         if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
             return Err(message);
         }
+        // The device may have hung while the engine was closing.
+        if let Err(fault @ EngineError::Faulted(_)) = engine.summary() {
+            return Err(fault.to_string());
+        }
         served.map_err(|e| format!("server error: {e}"))
     })
 }
 
-/// Resolves with the error if the model fails to load; once it has loaded, never resolves.
-async fn load_failure(engine: Arc<EngineHandle>) -> String {
+/// How long a failed engine's server goes on answering (503) before it stops accepting.
+const FAULT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Exits the process non-zero with `message` after `delay`, unless it has exited by then.
+fn exit_after(delay: std::time::Duration, message: &str) {
+    let message = message.to_string();
+    let _ = std::thread::Builder::new()
+        .name("fault-exit".into())
+        .spawn(move || {
+            std::thread::sleep(delay);
+            eprintln!("error: {message}");
+            std::process::exit(1);
+        });
+}
+
+/// Resolves with the error if the model fails to load or the engine fails later; never
+/// resolves for a healthy engine.
+async fn engine_fault(engine: Arc<EngineHandle>) -> EngineError {
     let (sender, receiver) = tokio::sync::oneshot::channel();
-    // A thread of its own, because `wait_ready` blocks: a task on the runtime's blocking pool
-    // would hold up the runtime's shutdown until the model finished loading. If the thread
+    // A thread of its own, because `wait_fault` blocks: a task on the runtime's blocking pool
+    // would hold up the runtime's shutdown for good. If the thread
     // cannot start, the sender is dropped with it and the server runs on as without the watch.
     let _ = std::thread::Builder::new()
-        .name("load-watch".into())
+        .name("engine-fault-watch".into())
         .spawn(move || {
-            if let Err(e) = engine.wait_ready() {
-                let _ = sender.send(e.to_string());
-            }
+            let _ = sender.send(engine.wait_fault());
         });
     match receiver.await {
         Ok(message) => message,

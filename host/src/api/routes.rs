@@ -30,7 +30,8 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>,
     }))
 }
 
-/// 200 once the model is ready; 503 while it loads or when it failed to load.
+/// 200 once the model is ready; 503 while it loads, when it failed to load, and when the
+/// engine died, stalled or hung on the device (then the process is on its way out).
 pub async fn health(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
     app.engine.summary()?;
     Ok(StatusCode::OK)

@@ -16,6 +16,7 @@ use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
 
+use super::health::EngineHealth;
 use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
 use super::state::RequestState;
 use super::stop::StopOutcome;
@@ -47,6 +48,8 @@ pub struct EngineCore {
     /// Spans of every step, when a profile was asked for.
     pub profiler: Option<Profiler>,
     pub num_steps: u64,
+    /// Progress stamps for the watchdog, and the requests it fails if the engine cannot.
+    pub health: Arc<EngineHealth>,
 }
 
 impl EngineCore {
@@ -54,12 +57,48 @@ impl EngineCore {
         !self.requests.is_empty()
     }
 
-    /// Queues a request, looking up its cached prefix once.
+    /// Queues a request, looking up its cached prefix once; fails at once a request that could
+    /// never run, so it cannot wait forever.
     pub fn add(&mut self, mut state: RequestState) {
+        if let Some(reason) = self.never_runs(&state) {
+            tracing::warn!(request = state.id, "refused: {reason}");
+            self.health.in_flight.remove(state.id);
+            let _ = state
+                .events
+                .send(GenerationEvent::Failed { message: reason });
+            return;
+        }
         self.metrics.prompt_tokens.inc_by(state.prompt.len() as u64);
         self.lookup_prefix(&mut state);
         self.waiting.push(state.id);
         self.requests.insert(state.id, state);
+    }
+
+    /// Why `state` can never finish in this engine, if so. The API refuses such requests
+    /// before they get here; this guards every other caller of the engine.
+    fn never_runs(&self, state: &RequestState) -> Option<String> {
+        let prompt_len = state.prompt.len() as u64;
+        if prompt_len == 0 {
+            return Some("the prompt is empty".into());
+        }
+        let max_tokens = u64::from(state.request.max_tokens);
+        let max_model_len = u64::from(self.limits.max_model_len);
+        if prompt_len + max_tokens > max_model_len {
+            return Some(format!(
+                "the prompt ({prompt_len} tokens) plus max_tokens ({max_tokens}) exceeds the \
+                 context of {max_model_len} tokens"
+            ));
+        }
+        let block_size = u64::from(self.kv.block_size().max(1));
+        let blocks = (prompt_len + max_tokens).div_ceil(block_size);
+        if blocks > u64::from(self.kv.num_blocks()) {
+            return Some(format!(
+                "{} tokens need {blocks} KV blocks of {block_size}; the cache has {}",
+                prompt_len + max_tokens,
+                self.kv.num_blocks()
+            ));
+        }
+        None
     }
 
     fn lookup_prefix(&mut self, state: &mut RequestState) {
@@ -80,13 +119,14 @@ impl EngineCore {
         }
     }
 
-    /// One engine step. Returns after emitting every token it produced.
-    pub fn step(&mut self) -> Result<(), RuntimeError> {
+    /// One engine step. Returns after emitting every token it produced. A step the device
+    /// fails twice fails the requests in it; the others go on.
+    pub fn step(&mut self) {
         self.abort_abandoned();
         if self.requests.is_empty() {
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
-            return Ok(());
+            return;
         }
         self.num_steps += 1;
         let started = Instant::now();
@@ -95,10 +135,24 @@ impl EngineCore {
         let scheduled = self.admit(&plan);
         self.record("schedule", Track::Host, started, started.elapsed());
         if scheduled.is_empty() {
+            // A step that only preempted has freed blocks; the next one admits from the queue.
+            if self.running.is_empty() && plan.run.is_empty() && plan.preempt.is_empty() {
+                self.fail_unschedulable();
+            }
             self.update_gauges();
-            return Ok(());
+            return;
         }
-        let emitting = self.execute(&scheduled)?;
+        let emitting = match self.execute_with_retry(&scheduled) {
+            Ok(emitting) => emitting,
+            Err(e) => {
+                tracing::error!("engine step failed: {e}");
+                let ids: Vec<u64> = scheduled.iter().map(|&(id, _)| id).collect();
+                self.fail_requests(&ids, &format!("engine step failed: {e}"));
+                self.update_gauges();
+                return;
+            }
+        };
+        self.health.liveness.progressed();
         let sample_started = Instant::now();
         let sampled = self.sample(&emitting);
         self.record(
@@ -113,7 +167,47 @@ impl EngineCore {
         }
         self.record("emit", Track::Host, emit_started, emit_started.elapsed());
         self.update_gauges();
-        Ok(())
+    }
+
+    /// Nothing runs and the built-in FCFS, which admits the oldest request whenever it fits
+    /// the free cache, admitted none: the oldest can never run. Failing it keeps the rest
+    /// moving; waiting would spin forever.
+    fn fail_unschedulable(&mut self) {
+        let oldest = self
+            .waiting
+            .iter()
+            .filter_map(|id| self.requests.get(id))
+            .min_by_key(|r| (r.arrival_us, r.id));
+        let Some(state) = oldest else {
+            return;
+        };
+        let block_size = self.kv.block_size().max(1);
+        let needed = (state.tokens.len() as u32).div_ceil(block_size);
+        let message = format!(
+            "the request cannot be scheduled: its {} tokens need {needed} KV blocks of \
+             {block_size}, the cache has {} ({} free), at most {} tokens per step and {} \
+             sequences",
+            state.tokens.len(),
+            self.kv.num_blocks(),
+            self.kv.num_free_blocks(),
+            self.limits.max_num_batched_tokens,
+            self.limits.max_num_seqs,
+        );
+        let id = state.id;
+        tracing::error!(request = id, "{message}");
+        self.fail_requests(&[id], &message);
+    }
+
+    /// Runs the step; a device failure is retried once by recomputing the same step, which
+    /// rewrites the same KV entries, so a transient fault costs only the time of one step.
+    fn execute_with_retry(&mut self, scheduled: &[(u64, u32)]) -> Result<Vec<u64>, RuntimeError> {
+        match self.execute(scheduled) {
+            Err(RuntimeError::Device(e)) => {
+                tracing::warn!("device step failed, recomputing it once: {e}");
+                self.execute(scheduled)
+            }
+            other => other,
+        }
     }
 
     fn views(&self) -> Vec<RequestView> {
@@ -131,34 +225,51 @@ impl EngineCore {
             .collect()
     }
 
+    /// The scheduler plugin's plan for this step, checked. A refused plan, a plugin fault, and a
+    /// plan that neither runs nor preempts anything while requests are queued or running (it
+    /// would stop the engine for good, since nothing changes between steps) are faults: the
+    /// built-in FCFS decides that step.
     fn schedule(&mut self) -> Plan {
         let views = self.views();
-        let resources = Resources {
+        let resources = self.resources();
+        let Some(plugin) = self.scheduler.as_mut() else {
+            return sched::fallback_plan(&views, &resources);
+        };
+        let checked = plugin
+            .schedule(&views, &resources)
+            .map_err(|e| format!("scheduler plugin failed: {e}"))
+            .and_then(|plan| {
+                sched::validate_plan(&plan, &views, &resources)
+                    .map(|()| plan)
+                    .map_err(|e| format!("scheduler plugin plan refused: {e}"))
+            })
+            .and_then(|plan| {
+                if plan.run.is_empty() && plan.preempt.is_empty() && !views.is_empty() {
+                    Err(format!(
+                        "scheduler plugin ran nothing with {} requests queued or running",
+                        views.len()
+                    ))
+                } else {
+                    Ok(plan)
+                }
+            });
+        match checked {
+            Ok(plan) => plan,
+            Err(reason) => {
+                tracing::warn!("{reason}; built-in FCFS decides this step");
+                self.metrics.scheduler_fallbacks.inc();
+                sched::fallback_plan(&views, &resources)
+            }
+        }
+    }
+
+    fn resources(&self) -> Resources {
+        Resources {
             token_budget: self.limits.max_num_batched_tokens,
             max_running: self.limits.max_num_seqs,
             block_size: self.kv.block_size(),
             free_blocks: self.kv.num_free_blocks(),
             total_blocks: self.kv.num_blocks(),
-        };
-        let proposed = match self.scheduler.as_mut() {
-            Some(plugin) => plugin
-                .schedule(&views, &resources)
-                .map_err(|e| e.to_string()),
-            None => return sched::fallback_plan(&views, &resources),
-        };
-        match proposed.and_then(|plan| {
-            sched::validate_plan(&plan, &views, &resources)
-                .map(|()| plan)
-                .map_err(|e| e.to_string())
-        }) {
-            Ok(plan) => plan,
-            Err(reason) => {
-                tracing::warn!(
-                    "scheduler plugin plan refused, built-in FCFS decides this step: {reason}"
-                );
-                self.metrics.scheduler_fallbacks.inc();
-                sched::fallback_plan(&views, &resources)
-            }
         }
     }
 
@@ -243,7 +354,10 @@ impl EngineCore {
             });
         }
         let started = Instant::now();
-        let timing = self.runtime.execute(&batch, &mut self.logits)?;
+        self.health.liveness.device_step_started();
+        let timing = self.runtime.execute(&batch, &mut self.logits);
+        self.health.liveness.device_step_finished();
+        let timing = timing?;
         // The runtime reports durations; lay them out in the order they happened.
         let dispatch_start = started + timing.prepare_inputs;
         let read_start = dispatch_start + timing.dispatch + timing.device;
@@ -395,6 +509,8 @@ impl EngineCore {
     }
 
     fn finish(&mut self, id: u64, reason: FinishReason) {
+        self.health.in_flight.remove(id);
+        self.health.liveness.progressed();
         self.kv.free(id);
         self.running.retain(|r| *r != id);
         self.waiting.retain(|r| *r != id);
@@ -440,20 +556,24 @@ impl EngineCore {
         self.update_gauges();
     }
 
-    /// Fails every request after a runtime error; the engine keeps serving new ones.
-    pub fn fail_all(&mut self, message: &str) {
-        let all: Vec<u64> = self.requests.keys().copied().collect();
-        for id in all {
+    /// Ends `ids` with a failure carrying `message`; the engine keeps serving the others.
+    pub fn fail_requests(&mut self, ids: &[u64], message: &str) {
+        for &id in ids {
+            self.health.in_flight.remove(id);
             self.kv.free(id);
+            self.running.retain(|r| *r != id);
+            self.waiting.retain(|r| *r != id);
             if let Some(state) = self.requests.remove(&id) {
+                self.metrics
+                    .requests_finished
+                    .with_label_values(&["error"])
+                    .inc();
                 let _ = state.events.send(GenerationEvent::Failed {
                     message: message.to_string(),
                 });
             }
         }
-        self.running.clear();
-        self.waiting.clear();
-        self.update_gauges();
+        self.health.liveness.progressed();
     }
 
     fn update_gauges(&mut self) {

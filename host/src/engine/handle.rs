@@ -1,11 +1,11 @@
 //! Starting the engine on its own thread, and the handle the rest of the host uses to reach it.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -22,6 +22,7 @@ use crate::runtime::{KvCacheDtype, RuntimeConfig, load_model};
 use crate::sched::Phase;
 
 use super::core::{EngineCore, EngineLimits};
+use super::health::{self, EngineHealth, Timeouts};
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
 use super::state::RequestState;
 use super::stop::StopMatcher;
@@ -34,6 +35,9 @@ pub enum EngineError {
     LoadFailed(String),
     #[error("the engine has stopped")]
     Stopped,
+    /// The engine thread died, stalled or is stuck in a hung device; the process must restart.
+    #[error("{0}")]
+    Faulted(String),
 }
 
 /// Scheduling and memory limits of a deployment.
@@ -49,8 +53,13 @@ pub struct EngineOptions {
     /// The element type of the KV cache.
     pub kv_cache_dtype: KvCacheDtype,
     pub enable_prefix_caching: bool,
-    /// Longest prompt plus output; defaults to the model's maximum position.
+    /// Longest prompt plus output; defaults to the model's maximum position, lowered to what
+    /// the KV cache holds. Set, it must fit the cache.
     pub max_model_len: Option<u32>,
+    /// Work pending and no step finished for this long is a stalled engine.
+    pub engine_stall_timeout: Duration,
+    /// A device step (launches and synchronize) running longer than this is a hung device.
+    pub device_timeout: Duration,
 }
 
 impl Default for EngineOptions {
@@ -64,6 +73,8 @@ impl Default for EngineOptions {
             kv_cache_dtype: KvCacheDtype::Auto,
             enable_prefix_caching: true,
             max_model_len: None,
+            engine_stall_timeout: Duration::from_secs(60),
+            device_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -114,6 +125,8 @@ enum LoadState {
     Loading,
     Ready(Box<ModelSummary>),
     Failed(String),
+    /// Loaded once, then died, stalled or hung: fatal for the process.
+    Faulted(String),
 }
 
 /// The engine, from anywhere in the host. Cheap to share behind an `Arc`.
@@ -123,6 +136,9 @@ pub struct EngineHandle {
     next_id: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
+    health: Arc<EngineHealth>,
+    /// Set once the engine thread has ended, so the watchdog stops.
+    stopping: Arc<AtomicBool>,
 }
 
 impl EngineHandle {
@@ -130,22 +146,43 @@ impl EngineHandle {
     pub fn start(setup: EngineSetup, metrics: Arc<Metrics>) -> Result<EngineHandle, EngineError> {
         let (tx, rx) = mpsc::channel();
         let load = Arc::new((Mutex::new(LoadState::Loading), Condvar::new()));
+        let health = Arc::new(EngineHealth::default());
+        let stopping = Arc::new(AtomicBool::new(false));
+        let timeouts = Timeouts {
+            stall: setup.options.engine_stall_timeout,
+            device: setup.options.device_timeout,
+        };
         let thread = {
-            let load = load.clone();
-            let metrics = metrics.clone();
+            let (load, metrics, health) = (load.clone(), metrics.clone(), health.clone());
             std::thread::Builder::new()
                 .name("engine".into())
-                .spawn(move || run_engine(setup, rx, load, metrics))
+                .spawn(move || run_engine(setup, rx, load, metrics, health))
                 .map_err(|e| {
                     EngineError::LoadFailed(format!("cannot start the engine thread: {e}"))
                 })?
         };
+        {
+            let (load, health, stopping) = (load.clone(), health.clone(), stopping.clone());
+            // Detached: it ends at shutdown or at the first fault.
+            std::thread::Builder::new()
+                .name("engine-watchdog".into())
+                .spawn(move || {
+                    health::watch(health, timeouts, stopping, |fault| {
+                        set_load_state(&load, LoadState::Faulted(fault.to_string()))
+                    })
+                })
+                .map_err(|e| {
+                    EngineError::LoadFailed(format!("cannot start the engine watchdog: {e}"))
+                })?;
+        }
         Ok(EngineHandle {
             commands: Mutex::new(tx),
             load,
             next_id: AtomicU64::new(1),
             thread: Mutex::new(Some(thread)),
             metrics,
+            health,
+            stopping,
         })
     }
 
@@ -160,6 +197,26 @@ impl EngineHandle {
             LoadState::Loading => Err(EngineError::NotReady),
             LoadState::Ready(summary) => Ok((**summary).clone()),
             LoadState::Failed(message) => Err(EngineError::LoadFailed(message.clone())),
+            LoadState::Faulted(message) => Err(EngineError::Faulted(message.clone())),
+        }
+    }
+
+    /// Blocks until the engine can no longer serve: its model failed to load, or it died,
+    /// stalled or hung after loading. Returns that error; never returns for a healthy engine.
+    pub fn wait_fault(&self) -> EngineError {
+        let (lock, changed) = &*self.load;
+        let Ok(mut state) = lock.lock() else {
+            return EngineError::Stopped;
+        };
+        loop {
+            match &*state {
+                LoadState::Failed(message) => return EngineError::LoadFailed(message.clone()),
+                LoadState::Faulted(message) => return EngineError::Faulted(message.clone()),
+                LoadState::Loading | LoadState::Ready(_) => match changed.wait(state) {
+                    Ok(next) => state = next,
+                    Err(_) => return EngineError::Stopped,
+                },
+            }
         }
     }
 
@@ -182,26 +239,43 @@ impl EngineHandle {
         self.summary()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
+        self.health.in_flight.insert(id, events.clone());
         let command = Command::Submit {
             id,
             request: Box::new(request),
             events,
             arrival: Instant::now(),
         };
-        let commands = self.commands.lock().map_err(|_| EngineError::Stopped)?;
-        commands.send(command).map_err(|_| EngineError::Stopped)?;
+        let sent = self
+            .commands
+            .lock()
+            .map_err(|_| EngineError::Stopped)
+            .and_then(|commands| commands.send(command).map_err(|_| EngineError::Stopped));
+        if let Err(e) = sent {
+            self.health.in_flight.remove(id);
+            return Err(e);
+        }
         Ok((id, receiver))
     }
 
     /// Aborts what is running, closes the runtime and the device, and joins the engine thread.
+    /// The watchdog keeps watching meanwhile: a device that hangs now is still found within
+    /// the device timeout, and then the thread, stuck in the device for good, is left behind.
     pub fn shutdown(&self) {
         if let Ok(commands) = self.commands.lock() {
             let _ = commands.send(Command::Shutdown);
         }
-        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
-        if let Some(thread) = thread {
-            let _ = thread.join();
+        let Some(thread) = self.thread.lock().ok().and_then(|mut t| t.take()) else {
+            return;
+        };
+        while !thread.is_finished() {
+            if matches!(self.summary(), Err(EngineError::Faulted(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
+        self.stopping.store(true, Ordering::Release);
+        let _ = thread.join();
     }
 }
 
@@ -223,9 +297,10 @@ fn run_engine(
     commands: Receiver<Command>,
     load: Arc<(Mutex<LoadState>, Condvar)>,
     metrics: Arc<Metrics>,
+    health: Arc<EngineHealth>,
 ) {
     let started = Instant::now();
-    let mut core = match load_engine(&setup, metrics) {
+    let mut core = match load_engine(&setup, metrics, health.clone()) {
         Ok((core, summary)) => {
             tracing::info!(model = %setup.model_dir.display(), seconds = started.elapsed().as_secs_f64(), "model ready");
             if let Ok(stats) = core.runtime.device().stats() {
@@ -240,7 +315,41 @@ fn run_engine(
             return;
         }
     };
+    let served = guard_panics(&health, &load, || {
+        serve_commands(&mut core, &commands, started)
+    });
+    if served {
+        close_engine(core, &setup);
+    }
+}
+
+/// Runs `body`; a panic in it must not leave clients waiting and /health green, so it is a
+/// fault like a hang: every request in flight fails and the engine reports the fault.
+/// Whether `body` returned.
+fn guard_panics(
+    health: &EngineHealth,
+    load: &(Mutex<LoadState>, Condvar),
+    body: impl FnOnce(),
+) -> bool {
+    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) else {
+        return true;
+    };
+    let message = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into());
+    let fault = health::EngineFault::Panicked(message);
+    tracing::error!("{fault}");
+    health.in_flight.fail_all(&fault.to_string());
+    set_load_state(load, LoadState::Faulted(fault.to_string()));
+    false
+}
+
+/// The engine loop: takes commands, steps while there is work, until shutdown.
+fn serve_commands(core: &mut EngineCore, commands: &Receiver<Command>, started: Instant) {
     loop {
+        core.health.liveness.set_has_work(core.has_work());
         let command = if core.has_work() {
             match commands.try_recv() {
                 Ok(c) => Some(c),
@@ -258,17 +367,18 @@ fn run_engine(
                 events,
                 arrival,
             }) => {
-                let state = new_request_state(&core, id, *request, events, arrival, started);
+                let state = new_request_state(core, id, *request, events, arrival, started);
                 core.add(state);
                 continue;
             }
             None => {}
         }
-        if let Err(e) = core.step() {
-            tracing::error!("engine step failed: {e}");
-            core.fail_all(&format!("engine step failed: {e}"));
-        }
+        core.step();
     }
+}
+
+/// Ends every request, writes the profile and closes the runtime and the device.
+fn close_engine(mut core: EngineCore, setup: &EngineSetup) {
     core.abort_all();
     if let (Some(path), Some(profiler)) = (&setup.profile_output, &core.profiler) {
         match profiler.write(path) {
@@ -330,7 +440,15 @@ fn new_request_state(
 fn load_engine(
     setup: &EngineSetup,
     metrics: Arc<Metrics>,
+    health: Arc<EngineHealth>,
 ) -> Result<(EngineCore, ModelSummary), String> {
+    // Checked before anything loads: with either at 0 no request could ever be scheduled.
+    if setup.options.max_num_seqs == 0 {
+        return Err("--max-num-seqs must be at least 1".into());
+    }
+    if setup.options.block_size == 0 {
+        return Err("--block-size must be at least 1".into());
+    }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
     let plugins = PluginRuntime::new(RuntimeOptions {
@@ -374,7 +492,7 @@ fn load_engine(
     let info = glue.describe(&config_json).map_err(|e| e.to_string())?;
     let model_config = ModelConfig::parse(&config_json, &config_path).map_err(|e| e.to_string())?;
     let options = &setup.options;
-    let max_model_len = options
+    let mut max_model_len = options
         .max_model_len
         .unwrap_or(info.max_position)
         .min(info.max_position.max(1));
@@ -402,14 +520,12 @@ fn load_engine(
         mib = (num_kv_blocks as u64 * bytes_per_block) as f64 / (1u64 << 20) as f64,
         "KV cache"
     );
-    if (num_kv_blocks as u64) * (options.block_size as u64)
-        < max_model_len.min(options.max_num_batched_tokens) as u64
-    {
-        tracing::warn!(
-            num_kv_blocks,
-            "the KV cache holds fewer tokens than one full-length request needs"
-        );
-    }
+    max_model_len = fit_max_model_len(
+        max_model_len,
+        options.max_model_len.is_some(),
+        num_kv_blocks,
+        options.block_size,
+    )?;
     let library = DeviceLibrary::load(&setup.device_library).map_err(|e| e.to_string())?;
     let device = Device::open(&library, &setup.device_config).map_err(|e| e.to_string())?;
     let runtime_config = RuntimeConfig {
@@ -455,6 +571,82 @@ fn load_engine(
         last_prefix_stats: Default::default(),
         profiler: setup.profile_output.as_ref().map(|_| Profiler::default()),
         num_steps: 0,
+        health,
     };
     Ok((core, summary))
+}
+
+/// The longest sequence the engine accepts: one sequence of that length must fit the KV cache,
+/// or a request that long would be preempted and never admitted again. A length taken from the
+/// model is lowered to fit; one the user set must fit as it is.
+fn fit_max_model_len(
+    max_model_len: u32,
+    user_set: bool,
+    num_kv_blocks: u32,
+    block_size: u32,
+) -> Result<u32, String> {
+    let capacity = u64::from(num_kv_blocks) * u64::from(block_size);
+    if u64::from(max_model_len) <= capacity {
+        return Ok(max_model_len);
+    }
+    if capacity == 0 {
+        return Err(format!(
+            "the KV cache has no room: {num_kv_blocks} blocks of {block_size} tokens; \
+             give it more with --num-kv-blocks or --kv-cache-memory"
+        ));
+    }
+    if user_set {
+        return Err(format!(
+            "--max-model-len {max_model_len} does not fit the KV cache, which holds {capacity} \
+             tokens ({num_kv_blocks} blocks of {block_size}); lower --max-model-len to at most \
+             {capacity} or give the cache more blocks"
+        ));
+    }
+    // Fits in u32: less than `max_model_len`.
+    let fitted = capacity as u32;
+    tracing::warn!(
+        from = max_model_len,
+        to = fitted,
+        num_kv_blocks,
+        block_size,
+        "lowering max_model_len so one sequence fits the KV cache"
+    );
+    Ok(fitted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_of_the_engine_loop_fails_every_request_and_is_a_fault() {
+        let health = EngineHealth::default();
+        let load = (Mutex::new(LoadState::Loading), Condvar::new());
+        let (events, mut receiver) = unbounded_channel();
+        health.in_flight.insert(7, events);
+        assert!(guard_panics(&health, &load, || {}));
+        assert!(matches!(*load.0.lock().unwrap(), LoadState::Loading));
+        let returned = guard_panics(&health, &load, || panic!("step {} went wrong", 3));
+        assert!(!returned);
+        let expected = "the engine thread panicked: step 3 went wrong";
+        assert_eq!(
+            receiver.try_recv(),
+            Ok(GenerationEvent::Failed {
+                message: expected.into()
+            })
+        );
+        assert!(matches!(&*load.0.lock().unwrap(), LoadState::Faulted(m) if m == expected));
+    }
+
+    #[test]
+    fn max_model_len_fits_the_kv_cache_or_the_start_fails() {
+        assert_eq!(fit_max_model_len(256, true, 16, 16), Ok(256));
+        assert_eq!(fit_max_model_len(4096, false, 16, 16), Ok(256));
+        let error = fit_max_model_len(4096, true, 16, 16).unwrap_err();
+        assert!(
+            error.contains("--max-model-len 4096") && error.contains("holds 256 tokens"),
+            "{error}"
+        );
+        assert!(fit_max_model_len(4096, false, 0, 16).is_err());
+    }
 }

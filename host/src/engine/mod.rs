@@ -7,11 +7,13 @@
 
 mod core;
 mod handle;
+mod health;
 mod request;
 mod state;
 mod stop;
 
 pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
+pub use health::EngineFault;
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
     Usage,

@@ -12,6 +12,9 @@ pub const DEFAULT_HANG: Duration = Duration::from_secs(24 * 60 * 60);
 pub struct MockConfig {
     /// The launch (1-based, counting every launch that passed the argument checks) that fails.
     pub fail_launch: Option<u64>,
+    /// How many launches in a row fail from `fail_launch` on: 1 is a transient fault, more
+    /// outlast a retry.
+    pub fail_launch_count: u64,
     /// The launch (1-based, counted the same way) that sleeps for `hang` before running.
     pub hang_launch: Option<u64>,
     pub hang: Duration,
@@ -23,6 +26,7 @@ impl Default for MockConfig {
     fn default() -> MockConfig {
         MockConfig {
             fail_launch: None,
+            fail_launch_count: 1,
             hang_launch: None,
             hang: DEFAULT_HANG,
             memory_bytes: None,
@@ -33,17 +37,27 @@ impl Default for MockConfig {
 /// The options `MockConfig::parse` understands; every value is a number.
 const SPEC: ConfigSpec = ConfigSpec {
     device: "mock",
-    known_keys: &["fail_launch", "hang_launch", "hang_ms", "memory_bytes"],
+    known_keys: &[
+        "fail_launch",
+        "fail_launch_count",
+        "hang_launch",
+        "hang_ms",
+        "memory_bytes",
+    ],
 };
 
 impl MockConfig {
     /// Parses e.g. `fail_launch=3,hang_launch=5,hang_ms=200`; the empty string means no options.
+    /// `fail_launch_count` without `fail_launch` changes nothing.
     pub fn parse(text: &str) -> Result<MockConfig, ConfigError> {
         let mut config = MockConfig::default();
         for option in SPEC.parse(text)? {
             let number = option.parse::<u64>("a non-negative integer")?;
             match option.key {
                 "fail_launch" => config.fail_launch = Some(launch_number(&option, number)?),
+                "fail_launch_count" => {
+                    config.fail_launch_count = launch_number(&option, number)?;
+                }
                 "hang_launch" => config.hang_launch = Some(launch_number(&option, number)?),
                 "hang_ms" => config.hang = Duration::from_millis(number),
                 "memory_bytes" => config.memory_bytes = Some(number),
@@ -85,6 +99,14 @@ mod tests {
                 },
             ),
             (
+                "fail_launch=7,fail_launch_count=2",
+                MockConfig {
+                    fail_launch: Some(7),
+                    fail_launch_count: 2,
+                    ..MockConfig::default()
+                },
+            ),
+            (
                 "memory_bytes=4096",
                 MockConfig {
                     memory_bytes: Some(4096),
@@ -107,7 +129,7 @@ mod tests {
             (
                 "fail_lunch=2",
                 "unknown mock device option `fail_lunch` \
-                 (known: fail_launch, hang_launch, hang_ms, memory_bytes)",
+                 (known: fail_launch, fail_launch_count, hang_launch, hang_ms, memory_bytes)",
             ),
             (
                 "hang_ms=soon",

@@ -1,10 +1,12 @@
 //! The deterministic mock device: every callable, counters and fault injection, exported through the plughost device C ABI.
 //!
 //! Config (the `open` string): comma-separated `key=value` options, see [`config`].
-//! `fail_launch=N` makes the Nth launch fail with LAUNCH_FAILED; `hang_launch=N` makes it sleep
-//! `hang_ms` (default a day) before running; `memory_bytes=N` caps live allocations. Launches
-//! are counted from 1 across all callables, counting every launch that passed the argument
-//! checks (a refused launch never reaches the device).
+//! `fail_launch=N` makes the Nth launch fail with LAUNCH_FAILED (and, with `fail_launch_count=K`,
+//! the K launches from the Nth on: K=1 is a transient fault a retry gets past, K≥2 a persistent
+//! one); `hang_launch=N` makes it sleep `hang_ms` (default a day) before running;
+//! `memory_bytes=N` caps live allocations. Launches are counted from 1 across all callables,
+//! counting every launch that passed the argument checks (a refused launch never reaches the
+//! device), so each fault fires once in the life of a device.
 
 pub mod config;
 pub mod kernels;
@@ -38,9 +40,11 @@ impl DeviceBackend for MockDevice {
     fn launch(&mut self, launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         self.launches_started += 1;
         let number = self.launches_started;
-        if self.config.fail_launch == Some(number) {
+        if let Some(first) = self.config.fail_launch
+            && (first..first.saturating_add(self.config.fail_launch_count)).contains(&number)
+        {
             return Err(DeviceFailure::launch_failed(format!(
-                "injected failure of launch {number} (fail_launch={number})"
+                "injected failure of launch {number} (fail_launch={first})"
             )));
         }
         if self.config.hang_launch == Some(number) {

@@ -1,4 +1,4 @@
-//! A scheduler that misbehaves on request: it traps, loops forever, or grows memory without bound.
+//! A scheduler that misbehaves on request: it traps, loops forever, grows memory without bound, or plans nothing.
 //!
 //! The fault is chosen by the input, not the config, so a fresh instance made
 //! after a fault serves the next ordinary call: that is what the host's
@@ -13,6 +13,9 @@ pub const PRIORITY_TRAP: i32 = -1001;
 pub const PRIORITY_LOOP: i32 = -1002;
 /// A request with this priority makes the call allocate until memory runs out.
 pub const PRIORITY_GROW: i32 = -1003;
+/// A request with this priority makes the call return a plan that runs nothing: valid, but
+/// an engine that followed it would never move again.
+pub const PRIORITY_IDLE: i32 = -1004;
 
 pub struct Faulty;
 
@@ -27,6 +30,7 @@ impl Scheduler for Faulty {
                 PRIORITY_TRAP => panic!("asked to trap"),
                 PRIORITY_LOOP => spin_forever(),
                 PRIORITY_GROW => grow_forever(),
+                PRIORITY_IDLE => return Plan::default(),
                 _ => {}
             }
         }
