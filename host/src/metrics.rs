@@ -25,6 +25,7 @@ pub struct Metrics {
     pub requests_finished: IntCounterVec,
     pub scheduler_fallbacks: IntCounter,
     pub sampler_fallbacks: IntCounter,
+    pub device_step_retries: IntCounter,
     /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
@@ -162,6 +163,11 @@ impl Metrics {
                 r,
                 "sampler_fallbacks_total",
                 "Steps sampled natively after a sampler plugin fault",
+            ),
+            device_step_retries: counter(
+                r,
+                "device_step_retries_total",
+                "Device steps recomputed after a failed launch or synchronize",
             ),
             step_seconds,
             registry,

@@ -433,6 +433,14 @@ async fn a_transient_launch_failure_costs_requests_nothing() {
         server.stderr()
     );
     assert_eq!(server.health().await, Some(200));
+    let metrics = reqwest::get(server.url("/metrics"))
+        .await
+        .expect("metrics answer")
+        .text()
+        .await
+        .expect("the metrics text");
+    let retries = metric(&metrics, "plughost_device_step_retries_total");
+    assert_eq!(retries, Some(1.0), "{metrics}");
 }
 
 #[tokio::test]

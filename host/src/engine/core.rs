@@ -204,6 +204,7 @@ impl EngineCore {
         match self.execute(scheduled) {
             Err(RuntimeError::Device(e)) => {
                 tracing::warn!("device step failed, recomputing it once: {e}");
+                self.metrics.device_step_retries.inc();
                 self.execute(scheduled)
             }
             other => other,
