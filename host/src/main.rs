@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use plughost::cli::ModelArgs;
+use plughost::cli::{ConnectionArgs, ModelArgs};
 use plughost::engine::{EngineHandle, GenerationEvent, GenerationRequest, StopConditions};
 use plughost::metrics::Metrics;
 use plughost::model::ChatMessage;
@@ -16,6 +16,11 @@ use plughost::plugins::sampler::SamplerPlugin;
 use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{Deployment, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::SamplingParams;
+
+// glibc's malloc keeps what large requests freed in per-thread arenas (gigabytes after a few
+// concurrent multi-megabyte bodies); mimalloc returns freed pages to the system.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -38,6 +43,8 @@ enum Command {
         host: String,
         #[arg(long, default_value_t = 8000)]
         port: u16,
+        #[command(flatten)]
+        connections: ConnectionArgs,
     },
     /// Generate one completion through the same engine and print it.
     Generate {
@@ -198,44 +205,107 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, listened to from start-up so that none is missed.
+struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn listen() -> Result<ShutdownSignals, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind| signal(kind).map_err(|e| format!("cannot listen for signals: {e}"));
+            Ok(ShutdownSignals {
+                interrupt: listen(SignalKind::interrupt())?,
+                terminate: listen(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// The next signal's name and the exit code a process killed by it would have.
+    async fn next(&mut self) -> (&'static str, i32) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => ("SIGINT", 130),
+            _ = self.terminate.recv() => ("SIGTERM", 143),
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            ("Ctrl-C", 130)
+        }
+    }
+
+    /// Resolves at the first signal; a second one ends the process at once.
+    async fn first_then_watch(mut self, shutdown_timeout: std::time::Duration) {
+        let (name, _) = self.next().await;
+        tracing::info!(
+            "{name}: no longer accepting connections; requests in flight have {} s to finish (send it again to exit at once)",
+            shutdown_timeout.as_secs()
+        );
+        tokio::spawn(async move {
+            let (name, code) = self.next().await;
+            eprintln!("{name} again: exiting at once");
+            std::process::exit(code);
+        });
+    }
+}
+
+/// Raises the soft limit of open files to the hard one (each connection holds one) and returns
+/// the limit in force.
+fn raise_open_file_limit() -> u64 {
     #[cfg(unix)]
     {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = terminate.recv() => {}
+        match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(limit) => limit,
+            Err(e) => {
+                let soft = rlimit::getrlimit(rlimit::Resource::NOFILE)
+                    .map(|(soft, _)| soft)
+                    .unwrap_or(1024);
+                tracing::warn!("cannot raise the open-file limit ({e}); it stays at {soft}");
+                soft
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    u64::MAX
 }
 
-fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
+fn serve(
+    model: &ModelArgs,
+    host: &str,
+    port: u16,
+    connections: &ConnectionArgs,
+) -> Result<(), String> {
+    let open_files = raise_open_file_limit();
+    let limits = connections.limits(open_files);
     let setup = model.setup()?;
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
+        let signals = ShutdownSignals::listen()?;
         let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
-        tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
+        tracing::info!(
+            "listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready); up to {} connections, open-file limit {open_files}",
+            limits.max_connections
+        );
         // A model that failed to load never will: stop serving and exit with its error rather
         // than answer 503 forever.
         let failure = Arc::new(std::sync::Mutex::new(None));
         let shutdown = {
             let (engine, failure) = (engine.clone(), failure.clone());
+            let shutdown_timeout = limits.shutdown_timeout;
             async move {
                 tokio::select! {
-                    _ = shutdown_signal() => {}
+                    () = signals.first_then_watch(shutdown_timeout) => {}
                     message = load_failure(engine) => {
                         if let Ok(mut slot) = failure.lock() {
                             *slot = Some(message);
@@ -244,14 +314,19 @@ fn serve(model: &ModelArgs, host: &str, port: u16) -> Result<(), String> {
                 }
             }
         };
-        let served = plughost::api::serve(listener, engine.clone(), plughost::api::ApiConfig::default(), shutdown).await;
+        let app = plughost::api::router(engine.clone(), plughost::api::ApiConfig::default());
+        let served = plughost::api::serve_app(listener, app, limits, shutdown).await;
         tracing::info!("shutting down: closing the engine, the runtime and the device");
         engine.shutdown();
         if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
             return Err(message);
         }
         served.map_err(|e| format!("server error: {e}"))
-    })
+    });
+    // Every connection is closed by now; a validation still running on the blocking pool must
+    // not hold the exit up.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// Resolves with the error if the model fails to load; once it has loaded, never resolves.
@@ -282,7 +357,12 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Serve { model, host, port } => serve(model, host, *port),
+        Command::Serve {
+            model,
+            host,
+            port,
+            connections,
+        } => serve(model, host, *port, connections),
         Command::Generate {
             model,
             prompt,

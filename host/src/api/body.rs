@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_LENGTH;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
@@ -12,6 +13,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::openai::{GenerationBody, SamplingFields};
+use super::server::BodyReadTimeout;
 
 /// A body parsed as JSON into `T`; every failure is an [`ApiError`], never axum's plain text.
 pub struct ApiJson<T>(pub T);
@@ -63,9 +65,15 @@ async fn read_limited(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
     let mut bytes = Vec::new();
     let mut total = 0u64;
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| ApiError::InvalidParam {
-            param: None,
-            message: format!("cannot read the request body: {e}"),
+        let chunk = chunk.map_err(|e| match BodyReadTimeout::find(&e) {
+            Some(timeout) => ApiError::Rejected {
+                status: StatusCode::REQUEST_TIMEOUT,
+                message: timeout.to_string(),
+            },
+            None => ApiError::InvalidParam {
+                param: None,
+                message: format!("cannot read the request body: {e}"),
+            },
         })?;
         total += chunk.len() as u64;
         if total > MAX_DRAIN_BYTES {

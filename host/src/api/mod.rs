@@ -1,4 +1,4 @@
-//! The OpenAI-compatible HTTP API: the router, its shared state, and `serve` with graceful shutdown.
+//! The OpenAI-compatible HTTP API: the router, its shared state, and `serve`.
 //!
 //! A request flows body → [`body::ApiJson`] (size, UTF-8, JSON) → [`validation`] (a
 //! [`validation::ValidatedRequest`], the only source of engine requests) → [`submit`] (one
@@ -13,6 +13,7 @@ pub mod error;
 pub mod logprobs;
 pub mod openai;
 pub mod routes;
+pub mod server;
 pub mod stream;
 pub mod submit;
 pub mod validation;
@@ -28,6 +29,7 @@ use axum::routing::{get, post};
 use crate::engine::EngineHandle;
 
 pub use error::{ApiError, ErrorBody, ErrorResponse};
+pub use server::{ConnectionLimits, serve_app};
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -76,17 +78,21 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then stops accepting and waits for
-/// in-flight requests (streams included) to finish. The caller shuts the engine down after.
+/// Serves the API on `listener` with the default [`ConnectionLimits`] until `shutdown`
+/// completes; see [`server::serve_app`] for the shutdown. The caller shuts the engine down after.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     engine: Arc<EngineHandle>,
     config: ApiConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(engine, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve_app(
+        listener,
+        router(engine, config),
+        ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
 }
 
 /// `id`, `created` and `model` of one response and all its chunks.
