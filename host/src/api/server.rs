@@ -518,12 +518,12 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
         let app = self.app.clone();
         let deadline_passed = self.deadline_passed.clone();
         Box::pin(async move {
-            let response = tokio::select! {
+            let (response, watch_deadline) = tokio::select! {
                 response = app.oneshot(request) => match response {
-                    Ok(response) => response,
+                    Ok(response) => (response, true),
                     Err(never) => match never {},
                 },
-                () = deadline_passed.cancelled() => shutdown_error().into_response(),
+                () = deadline_passed.cancelled() => (shutdown_error().into_response(), false),
             };
             let is_event_stream = response
                 .headers()
@@ -532,7 +532,8 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
             Ok(response.map(|body| GuardedBody {
                 inner: body,
                 _in_flight: in_flight,
-                deadline_passed: Box::pin(deadline_passed.cancelled_owned()),
+                deadline_passed: watch_deadline
+                    .then(|| Box::pin(deadline_passed.cancelled_owned())),
                 is_event_stream,
                 ended: false,
             }))
@@ -591,7 +592,8 @@ impl http_body::Body for TimedBody {
 struct GuardedBody {
     inner: Body,
     _in_flight: InFlight,
-    deadline_passed: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// `None` for the response that the deadline itself produced.
+    deadline_passed: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
     is_event_stream: bool,
     ended: bool,
 }
@@ -608,7 +610,9 @@ impl http_body::Body for GuardedBody {
         if this.ended {
             return Poll::Ready(None);
         }
-        if this.deadline_passed.as_mut().poll(cx).is_ready() {
+        if let Some(deadline_passed) = &mut this.deadline_passed
+            && deadline_passed.as_mut().poll(cx).is_ready()
+        {
             this.ended = true;
             if this.is_event_stream {
                 return Poll::Ready(Some(Ok(Frame::data(shutdown_event()))));
