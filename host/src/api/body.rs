@@ -54,15 +54,18 @@ impl<T: FromJsonBody> FromRequest<Arc<AppState>> for ApiJson<T> {
         if declared.is_some_and(|len| len > MAX_DRAIN_BYTES) {
             return Err(ApiError::BodyTooLarge { limit });
         }
-        let bytes = read_limited(request.into_body(), limit).await?;
+        let capacity = declared.map_or(0, |len| len.min(limit as u64) as usize);
+        let bytes = read_limited(request.into_body(), limit, capacity).await?;
         parse_body(&bytes).map(ApiJson)
     }
 }
 
 /// The whole body, or [`ApiError::BodyTooLarge`] once it passes `limit` (after draining it).
-async fn read_limited(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+/// `capacity` is the declared length: reserved at once, a large body is not copied as it grows
+/// nor held with up to twice its size.
+async fn read_limited(body: Body, limit: usize, capacity: usize) -> Result<Vec<u8>, ApiError> {
     let mut chunks = body.into_data_stream();
-    let mut bytes = Vec::new();
+    let mut bytes = Vec::with_capacity(capacity);
     let mut total = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| match BodyReadTimeout::find(&e) {
