@@ -61,11 +61,11 @@ impl<T: FromJsonBody> FromRequest<Arc<AppState>> for ApiJson<T> {
 }
 
 /// The whole body, or [`ApiError::BodyTooLarge`] once it passes `limit` (after draining it).
-/// `capacity` is the declared length: reserved at once, a large body is not copied as it grows
-/// nor held with up to twice its size.
+/// `capacity` is the declared length: reserved once the body starts, a large body is neither
+/// copied as it grows nor held with up to twice its size.
 async fn read_limited(body: Body, limit: usize, capacity: usize) -> Result<Vec<u8>, ApiError> {
     let mut chunks = body.into_data_stream();
-    let mut bytes = Vec::with_capacity(capacity);
+    let mut bytes = Vec::new();
     let mut total = 0u64;
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| match BodyReadTimeout::find(&e) {
@@ -83,6 +83,9 @@ async fn read_limited(body: Body, limit: usize, capacity: usize) -> Result<Vec<u
             break;
         }
         if total <= limit as u64 {
+            if bytes.is_empty() {
+                bytes.reserve(capacity);
+            }
             bytes.extend_from_slice(&chunk);
         }
     }
