@@ -483,7 +483,7 @@ async fn at_the_deadline_streams_end_with_an_error_event_and_pending_requests_ge
         .route("/stream", axum::routing::get(endless))
         .route(
             "/pending",
-            axum::routing::get(|| std::future::pending::<&'static str>()),
+            axum::routing::get(std::future::pending::<&'static str>),
         );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
