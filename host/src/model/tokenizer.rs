@@ -7,8 +7,11 @@ use super::error::ModelError;
 
 const TOKENIZER_FILE: &str = "tokenizer.json";
 
-/// Texts up to this many bytes are tokenized whole; see [`Tokenizer::encode_within`].
-const FIRST_PROBE_BYTES: usize = 64 << 10;
+/// The smallest prefix [`Tokenizer::encode_within`] probes; shorter texts are tokenized whole.
+const MIN_PROBE_BYTES: usize = 4 << 10;
+/// Bytes per token of ordinary text in the usual vocabularies, to size the first probe so that
+/// it is the last one for a prompt that is too long.
+const PROBE_BYTES_PER_TOKEN: usize = 4;
 /// How many more tokens than the bound a prefix must have to condemn the whole text.
 const PROBE_MARGIN_TOKENS: usize = 64;
 
@@ -81,26 +84,30 @@ impl Tokenizer {
     /// Token ids of `text`, or [`Bounded::TooLong`] once a prefix of it shows that it has far
     /// more than `max_tokens`. Tokenizing holds over a hundred bytes of memory per byte of
     /// text, so a prompt of megabytes that cannot fit the context is refused from a prefix
-    /// instead: each probe tokenizes four times the bytes of the one before.
+    /// instead: the first probe is about as long as `max_tokens` tokens of ordinary text, and
+    /// each further one twice the one before.
     pub fn encode_within(
         &self,
         text: &str,
         add_special_tokens: bool,
         max_tokens: usize,
     ) -> Result<Bounded, ModelError> {
-        let mut probe = FIRST_PROBE_BYTES;
+        let bound = max_tokens.saturating_add(PROBE_MARGIN_TOKENS);
+        let mut probe = bound
+            .saturating_mul(PROBE_BYTES_PER_TOKEN)
+            .max(MIN_PROBE_BYTES);
         while probe < text.len() {
             let prefix = &text[..text.floor_char_boundary(probe)];
             let prefix_tokens = self.encode(prefix, add_special_tokens)?.len();
             // The rest of the text can only re-merge the prefix's last word, which costs a few
             // tokens, never the margin.
-            if prefix_tokens > max_tokens.saturating_add(PROBE_MARGIN_TOKENS) {
+            if prefix_tokens > bound {
                 return Ok(Bounded::TooLong {
                     prefix_bytes: prefix.len(),
                     prefix_tokens,
                 });
             }
-            probe = probe.saturating_mul(4);
+            probe = probe.saturating_mul(2);
         }
         self.encode(text, add_special_tokens).map(Bounded::Tokens)
     }
@@ -385,9 +392,10 @@ pub(crate) mod tests {
         let long = "Hello world. ".repeat(10_000);
         let cases = [
             (short.as_str(), 2000, true),
-            (short.as_str(), 10, true), // under the first probe: tokenized whole
+            (short.as_str(), 10, true), // under the smallest probe: tokenized whole
             (long.as_str(), 200_000, true),
             (long.as_str(), 1000, false),
+            (long.as_str(), 5000, false),
         ];
         for (text, bound, tokenized) in cases {
             let result = tokenizer.encode_within(text, false, bound).expect("encode");
@@ -401,7 +409,7 @@ pub(crate) mod tests {
                     prefix_tokens,
                 } => {
                     assert!(!tokenized, "{} bytes under {bound}", text.len());
-                    assert_eq!(prefix_bytes, FIRST_PROBE_BYTES);
+                    assert!(prefix_bytes < text.len() / 2, "{prefix_bytes} bytes probed");
                     let prefix = &text[..prefix_bytes];
                     assert_eq!(
                         prefix_tokens,
