@@ -68,8 +68,8 @@ impl Default for ConnectionLimits {
 /// reading never takes it; this only bounds the wait for one that is slow.
 const ABORT_FLUSH_GRACE: Duration = Duration::from_secs(1);
 
-/// How long the accept loop pauses when the process is out of file descriptors and no idle
-/// connection could be closed, so it does not spin on the same error.
+/// How long the accept loop pauses after an error that the next accept would repeat (out of
+/// file descriptors with no idle connection to close, out of memory), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// The request body did not arrive within [`ConnectionLimits::body_read_timeout`].
@@ -158,9 +158,14 @@ async fn accept_until(
                 }
                 continue;
             }
-            // Per-connection failures (a reset before accept completed): the next one may work.
-            Err(e) => {
+            // A connection reset before it was accepted: the next one may work.
+            Err(e) if is_connection_error(&e) => {
                 tracing::debug!("accept failed: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
@@ -179,6 +184,15 @@ async fn accept_until(
             shared.clone(),
         ));
     }
+}
+
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    )
 }
 
 fn is_out_of_descriptors(error: &io::Error) -> bool {
