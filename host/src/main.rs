@@ -22,6 +22,21 @@ use plughost_sdk::sampler::SamplingParams;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc.h's `mi_option_purge_delay`, the option before `mi_option_use_numa_nodes` in
+/// mimalloc 2 and 3 alike; libmimalloc-sys exports the one but not the other.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t =
+    libmimalloc_sys::mi_option_use_numa_nodes - 1;
+
+/// Makes mimalloc return freed pages to the system when they are freed. By default it waits
+/// 10 ms and then purges only when the freeing thread allocates again, so the memory of a big
+/// request freed on a thread that then sleeps (a blocking-pool thread after validation) stays
+/// resident.
+fn purge_freed_memory_at_once() {
+    // SAFETY: a plain option store; called first thing in `main`, before any other thread
+    // exists, as mimalloc asks of option changes.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+}
+
 #[derive(Parser)]
 #[command(
     name = "plughost",
@@ -349,6 +364,7 @@ async fn load_failure(engine: Arc<EngineHandle>) -> String {
 }
 
 fn main() -> ExitCode {
+    purge_freed_memory_at_once();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),

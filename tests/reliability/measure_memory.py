@@ -6,9 +6,10 @@ Usage: measure_memory.py PLUGHOST_BINARY [--device LIB] [--model DIR] [--plugins
 
 Starts the server on a free port, finds the body limit from the 413 of an oversize body,
 then runs ROUNDS rounds of CONCURRENCY chat requests whose bodies are just under the limit
-(one user message of plain words), sampling VmRSS from /proc every 10 ms. Prints the RSS
-before the first round, the peak while requests were in flight, and the RSS one and five
-seconds after each round. Python 3 standard library only.
+(one user message of plain words). Prints the RSS (/proc/PID/status VmRSS) before the first
+round, each round's peak (VmHWM after resetting it through /proc/PID/clear_refs, else VmRSS
+sampled every 10 ms), and the RSS one and five seconds after each round. Python 3 standard
+library only.
 """
 import argparse, json, os, re, socket, subprocess, sys, threading, time
 from pathlib import Path
@@ -16,12 +17,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def rss_mib(pid):
+def status_mib(pid, field):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+    raise RuntimeError(f"no {field}")
+
+
+def rss_mib(pid):
+    return status_mib(pid, "VmRSS")
+
+
+def reset_peak(pid):
+    """Makes VmHWM start again from the current RSS (Linux 4.0+; needs to own the process)."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def request(port, method, path, body=b"", timeout=600):
@@ -79,7 +94,7 @@ def main():
             if time.time() > deadline or server.poll() is not None:
                 sys.exit("the server did not come up")
             time.sleep(0.1)
-        status, body = request(port, "POST", "/v1/chat/completions", b" " * (64 << 20 | 1))
+        status, body = request(port, "POST", "/v1/chat/completions", b" " * ((32 << 20) + 1))
         limit = int(re.search(rb"limit of (\d+) bytes", body).group(1)) if status == 413 else 16 << 20
         body = chat_body(limit - 64)
         # Warm up: the first requests allocate the server's lasting state.
@@ -100,6 +115,7 @@ def main():
                     peak[0] = max(peak[0], rss_mib(server.pid))
                     time.sleep(0.01)
 
+            exact_peak = reset_peak(server.pid)
             sampler = threading.Thread(target=sample)
             sampler.start()
             threads = [threading.Thread(target=one) for _ in range(a.concurrency)]
@@ -111,6 +127,8 @@ def main():
             done.set()
             sampler.join()
             took = time.time() - t0
+            if exact_peak:
+                peak[0] = max(peak[0], status_mib(server.pid, "VmHWM"))
             time.sleep(1)
             after1 = rss_mib(server.pid)
             time.sleep(4)

@@ -121,13 +121,33 @@ fn unix_seconds() -> u64 {
 }
 
 /// Runs validation (tokenizing, template rendering: CPU work on possibly large inputs) on the
-/// blocking pool so it does not stall other connections.
+/// blocking pool so it does not stall other connections, at most one per core at a time.
 async fn validate_off_thread<T: Send + 'static>(
     validate: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(validate)
+    let slot = validation_slots()
+        .acquire()
         .await
         .map_err(|e| ApiError::Internal {
-            message: format!("validation task failed: {e}"),
-        })?
+            message: format!("validation slots closed: {e}"),
+        })?;
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        validate()
+    })
+    .await
+    .map_err(|e| ApiError::Internal {
+        message: format!("validation task failed: {e}"),
+    })?
+}
+
+/// Validations that may run at once. More than the cores only adds memory: rendering a
+/// conversation of megabytes holds several copies of it until its prompt is refused, and eight
+/// at once measured over 600 MiB.
+fn validation_slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new(cores)
+    })
 }
