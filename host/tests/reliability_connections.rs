@@ -546,3 +546,47 @@ async fn at_the_deadline_streams_end_with_an_error_event_and_pending_requests_ge
         .expect("join")
         .expect("serve");
 }
+
+/// A client that stops reading a response that never ends cannot even take the error event:
+/// its connection is closed a moment after the deadline and `serve_app` returns.
+#[tokio::test]
+async fn a_client_that_stopped_reading_is_closed_after_the_deadline() {
+    use plughost::api::{ConnectionLimits, serve_app};
+
+    let firehose = || async {
+        let chunk = axum::body::Bytes::from(vec![b'x'; 64 << 10]);
+        let chunks = futures::stream::repeat(Ok::<_, std::convert::Infallible>(chunk));
+        axum::body::Body::from_stream(chunks)
+    };
+    let app = axum::Router::new().route("/firehose", axum::routing::get(firehose));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let limits = ConnectionLimits {
+        shutdown_timeout: Duration::from_secs(1),
+        ..ConnectionLimits::default()
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve_app(listener, app, limits, async {
+        let _ = stopped.await;
+    }));
+    let mut client = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connect");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut client,
+        b"GET /firehose HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    )
+    .await
+    .expect("send the request");
+    // Long enough for the socket buffers to fill; the client never reads.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.send(()).expect("the server waits for the signal");
+    tokio::time::timeout(Duration::from_secs(20), server)
+        .await
+        .expect("serve returns within the deadline and the grace after it")
+        .expect("join")
+        .expect("serve");
+    drop(client);
+}
