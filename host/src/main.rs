@@ -266,7 +266,7 @@ impl ShutdownSignals {
         );
         tokio::spawn(async move {
             let (name, code) = self.next().await;
-            eprintln!("{name} again: exiting at once");
+            eprintln!("{name} while draining: exiting at once");
             std::process::exit(code);
         });
     }
