@@ -1,6 +1,7 @@
 //! Command-line options shared by `serve` and `generate`, and turning them into an engine setup.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use clap::Args;
 
@@ -239,6 +240,57 @@ impl ModelArgs {
             },
             profile_output: self.profile_output.clone(),
         })
+    }
+}
+
+/// How long connections may take and how many may be open (`serve`).
+#[derive(Debug, Clone, Args)]
+pub struct ConnectionArgs {
+    /// Seconds a client has to send a request's headers, from connecting or from the first byte of a later request.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout: u64,
+    /// Seconds a client has to send a whole request body, from the end of its headers (408 after).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout: u64,
+    /// Seconds a keep-alive connection may idle between requests.
+    #[arg(long, default_value_t = 75, value_parser = clap::value_parser!(u64).range(1..))]
+    pub keep_alive_timeout: u64,
+    /// Open connections; at the limit the oldest idle one is closed (default: 10000, or fewer to fit the open-file limit).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_connections: Option<u64>,
+    /// Seconds requests in flight may run after SIGTERM or SIGINT before they are ended.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_timeout: u64,
+}
+
+/// File descriptors kept for everything but client connections: the listener, model and
+/// plugin files, the device, logs, the blocking pool.
+const RESERVED_FDS: u64 = 256;
+
+impl ConnectionArgs {
+    /// The limits, with `--max-connections` defaulting to what `open_files` (the soft limit
+    /// of open files, once raised) leaves room for.
+    pub fn limits(&self, open_files: u64) -> crate::api::ConnectionLimits {
+        let defaults = crate::api::ConnectionLimits::default();
+        let room = open_files.saturating_sub(RESERVED_FDS).max(1);
+        let max_connections = match self.max_connections {
+            Some(n) => {
+                if n > room {
+                    tracing::warn!(
+                        "--max-connections {n} exceeds the {room} connections the open-file limit of {open_files} leaves room for; at that limit the oldest idle connection is closed"
+                    );
+                }
+                n
+            }
+            None => (defaults.max_connections as u64).min(room),
+        };
+        crate::api::ConnectionLimits {
+            header_read_timeout: Duration::from_secs(self.header_read_timeout),
+            body_read_timeout: Duration::from_secs(self.body_read_timeout),
+            keep_alive_timeout: Duration::from_secs(self.keep_alive_timeout),
+            max_connections: usize::try_from(max_connections).unwrap_or(usize::MAX),
+            shutdown_timeout: Duration::from_secs(self.shutdown_timeout),
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use plughost::cli::ModelArgs;
+use plughost::cli::{ConnectionArgs, ModelArgs};
 use plughost::engine::{
     EngineError, EngineHandle, GenerationEvent, GenerationRequest, StopConditions,
 };
@@ -18,6 +18,26 @@ use plughost::plugins::sampler::SamplerPlugin;
 use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{Deployment, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::SamplingParams;
+
+// glibc's malloc keeps what large requests freed in per-thread arenas (gigabytes after a few
+// concurrent multi-megabyte bodies); mimalloc returns freed pages to the system.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc.h's `mi_option_purge_delay`, the option before `mi_option_use_numa_nodes` in
+/// mimalloc 2 and 3 alike; libmimalloc-sys exports the one but not the other.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t =
+    libmimalloc_sys::mi_option_use_numa_nodes - 1;
+
+/// Makes mimalloc return freed pages to the system when they are freed. By default it waits
+/// 10 ms and then purges only when the freeing thread allocates again, so the memory of a big
+/// request freed on a thread that then sleeps (a blocking-pool thread after validation) stays
+/// resident.
+fn purge_freed_memory_at_once() {
+    // SAFETY: a plain option store; called first thing in `main`, before any other thread
+    // exists, as mimalloc asks of option changes.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
+}
 
 #[derive(Parser)]
 #[command(
@@ -42,6 +62,8 @@ enum Command {
         port: u16,
         #[command(flatten)]
         http: plughost::api::options::HttpArgs,
+        #[command(flatten)]
+        connections: ConnectionArgs,
     },
     /// Generate one completion through the same engine and print it.
     Generate {
@@ -202,25 +224,76 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, listened to from start-up so that none is missed.
+struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    fn listen() -> Result<ShutdownSignals, String> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listen = |kind| signal(kind).map_err(|e| format!("cannot listen for signals: {e}"));
+            Ok(ShutdownSignals {
+                interrupt: listen(SignalKind::interrupt())?,
+                terminate: listen(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// The next signal's name and the exit code a process killed by it would have.
+    async fn next(&mut self) -> (&'static str, i32) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => ("SIGINT", 130),
+            _ = self.terminate.recv() => ("SIGTERM", 143),
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            ("Ctrl-C", 130)
+        }
+    }
+
+    /// Resolves at the first signal; a second one ends the process at once.
+    async fn first_then_watch(mut self, shutdown_timeout: std::time::Duration) {
+        let (name, _) = self.next().await;
+        tracing::info!(
+            "{name}: no longer accepting connections; requests in flight have {} s to finish (send it again to exit at once)",
+            shutdown_timeout.as_secs()
+        );
+        tokio::spawn(async move {
+            let (name, code) = self.next().await;
+            eprintln!("{name} while draining: exiting at once");
+            std::process::exit(code);
+        });
+    }
+}
+
+/// Raises the soft limit of open files to the hard one (each connection holds one) and returns
+/// the limit in force.
+fn raise_open_file_limit() -> u64 {
     #[cfg(unix)]
     {
-        let mut terminate =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = terminate.recv() => {}
+        match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(limit) => limit,
+            Err(e) => {
+                let soft = rlimit::getrlimit(rlimit::Resource::NOFILE)
+                    .map(|(soft, _)| soft)
+                    .unwrap_or(1024);
+                tracing::warn!("cannot raise the open-file limit ({e}); it stays at {soft}");
+                soft
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    u64::MAX
 }
 
 fn serve(
@@ -228,25 +301,33 @@ fn serve(
     host: &str,
     port: u16,
     http: &plughost::api::options::HttpArgs,
+    connections: &ConnectionArgs,
 ) -> Result<(), String> {
     let api_config = http.api_config()?;
+    let open_files = raise_open_file_limit();
+    let limits = connections.limits(open_files);
     let setup = model.setup()?;
     let runtime = tokio::runtime::Runtime::new()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
+        let signals = ShutdownSignals::listen()?;
         let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         plughost::api::options::warn_if_open(addr, &api_config);
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
-        tracing::info!("listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready)");
+        tracing::info!(
+            "listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready); up to {} connections, open-file limit {open_files}",
+            limits.max_connections
+        );
         // A model that failed to load never will, and an engine that died, stalled or hung
         // never recovers: stop serving and exit with the error, so a supervisor restarts us.
         let failure = Arc::new(std::sync::Mutex::new(None));
         let shutdown = {
             let (engine, failure) = (engine.clone(), failure.clone());
+            let shutdown_timeout = limits.shutdown_timeout;
             async move {
                 tokio::select! {
-                    _ = shutdown_signal() => {}
+                    () = signals.first_then_watch(shutdown_timeout) => {}
                     fault = engine_fault(engine) => {
                         let message = fault.to_string();
                         if matches!(fault, EngineError::Faulted(_)) {
@@ -263,7 +344,8 @@ fn serve(
                 }
             }
         };
-        let served = plughost::api::serve(listener, engine.clone(), api_config, shutdown).await;
+        let app = plughost::api::router(engine.clone(), api_config);
+        let served = plughost::api::serve_app(listener, app, limits, shutdown).await;
         tracing::info!("shutting down: closing the engine, the runtime and the device");
         engine.shutdown();
         if let Some(message) = failure.lock().ok().and_then(|mut slot| slot.take()) {
@@ -274,7 +356,11 @@ fn serve(
             return Err(fault.to_string());
         }
         served.map_err(|e| format!("server error: {e}"))
-    })
+    });
+    // Every connection is closed by now; a validation still running on the blocking pool must
+    // not hold the exit up.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// How long a failed engine's server goes on answering (503) before it stops accepting.
@@ -311,6 +397,7 @@ async fn engine_fault(engine: Arc<EngineHandle>) -> EngineError {
 }
 
 fn main() -> ExitCode {
+    purge_freed_memory_at_once();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -324,7 +411,8 @@ fn main() -> ExitCode {
             host,
             port,
             http,
-        } => serve(model, host, *port, http),
+            connections,
+        } => serve(model, host, *port, http, connections),
         Command::Generate {
             model,
             prompt,

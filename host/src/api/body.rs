@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
 use axum::http::header::CONTENT_LENGTH;
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
@@ -12,6 +13,7 @@ use serde_json::Value;
 use super::AppState;
 use super::error::ApiError;
 use super::openai::{GenerationBody, SamplingFields};
+use super::server::BodyReadTimeout;
 
 /// A body parsed as JSON into `T`; every failure is an [`ApiError`], never axum's plain text.
 pub struct ApiJson<T>(pub T);
@@ -52,26 +54,38 @@ impl<T: FromJsonBody> FromRequest<Arc<AppState>> for ApiJson<T> {
         if declared.is_some_and(|len| len > MAX_DRAIN_BYTES) {
             return Err(ApiError::BodyTooLarge { limit });
         }
-        let bytes = read_limited(request.into_body(), limit).await?;
+        let capacity = declared.map_or(0, |len| len.min(limit as u64) as usize);
+        let bytes = read_limited(request.into_body(), limit, capacity).await?;
         parse_body(&bytes).map(ApiJson)
     }
 }
 
 /// The whole body, or [`ApiError::BodyTooLarge`] once it passes `limit` (after draining it).
-async fn read_limited(body: Body, limit: usize) -> Result<Vec<u8>, ApiError> {
+/// `capacity` is the declared length: reserved once the body starts, a large body is neither
+/// copied as it grows nor held with up to twice its size.
+async fn read_limited(body: Body, limit: usize, capacity: usize) -> Result<Vec<u8>, ApiError> {
     let mut chunks = body.into_data_stream();
     let mut bytes = Vec::new();
     let mut total = 0u64;
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| ApiError::InvalidParam {
-            param: None,
-            message: format!("cannot read the request body: {e}"),
+        let chunk = chunk.map_err(|e| match BodyReadTimeout::find(&e) {
+            Some(timeout) => ApiError::Rejected {
+                status: StatusCode::REQUEST_TIMEOUT,
+                message: timeout.to_string(),
+            },
+            None => ApiError::InvalidParam {
+                param: None,
+                message: format!("cannot read the request body: {e}"),
+            },
         })?;
         total += chunk.len() as u64;
         if total > MAX_DRAIN_BYTES {
             break;
         }
         if total <= limit as u64 {
+            if bytes.is_empty() {
+                bytes.reserve(capacity);
+            }
             bytes.extend_from_slice(&chunk);
         }
     }

@@ -40,6 +40,17 @@ pub enum ApiError {
         prompt_tokens: u32,
         max_tokens: u64,
     },
+    /// A prompt so long that only a prefix of it was tokenized to tell.
+    #[error(
+        "This model's maximum context length is {max_model_len} tokens. However, the prompt is \
+         longer: its first {prefix_bytes} bytes alone are {prefix_tokens} tokens. Please reduce \
+         the length of the prompt."
+    )]
+    PromptTooLong {
+        max_model_len: u32,
+        prefix_bytes: usize,
+        prefix_tokens: usize,
+    },
     #[error("the model `{model}` has no chat template; use /v1/completions")]
     NoChatTemplate { model: String },
     #[error("the chat template rejected the conversation: {message}")]
@@ -152,6 +163,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             InvalidParam { param, .. } =>   (S::BAD_REQUEST, INVALID_REQUEST, Some("invalid_value"), param),
             Unsupported { param, .. } =>    (S::BAD_REQUEST, INVALID_REQUEST, Some("unsupported_value"), Some(param)),
             ContextLengthExceeded { .. } => (S::BAD_REQUEST, INVALID_REQUEST, Some("context_length_exceeded"), None),
+            PromptTooLong { .. } =>         (S::BAD_REQUEST, INVALID_REQUEST, Some("context_length_exceeded"), None),
             NoChatTemplate { .. } =>        (S::BAD_REQUEST, INVALID_REQUEST, Some("no_chat_template"), None),
             ChatTemplate { .. } =>          (S::BAD_REQUEST, INVALID_REQUEST, Some("chat_template_error"), Some("messages".into())),
             ModelNotFound { .. } =>         (S::NOT_FOUND, INVALID_REQUEST, Some("model_not_found"), Some("model".into())),

@@ -1,4 +1,4 @@
-//! The OpenAI-compatible HTTP API: the router, its shared state, and `serve` with graceful shutdown.
+//! The OpenAI-compatible HTTP API: the router, its shared state, and `serve`.
 //!
 //! A request flows body → [`body::ApiJson`] (size, UTF-8, JSON) → [`validation`] (a
 //! [`validation::ValidatedRequest`], the only source of engine requests) → [`submit`] (one
@@ -21,6 +21,7 @@ pub mod openai;
 pub mod options;
 pub mod request_id;
 pub mod routes;
+pub mod server;
 pub mod stream;
 pub mod submit;
 pub mod validation;
@@ -41,6 +42,7 @@ pub use auth::ApiKeys;
 pub use browser::AllowedOrigins;
 pub use error::{ApiError, ErrorBody, ErrorResponse};
 pub use request_id::RequestId;
+pub use server::{ConnectionLimits, serve_app};
 
 /// Settings of the HTTP layer.
 #[derive(Debug, Clone)]
@@ -116,17 +118,21 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then stops accepting and waits for
-/// in-flight requests (streams included) to finish. The caller shuts the engine down after.
+/// Serves the API on `listener` with the default [`ConnectionLimits`] until `shutdown`
+/// completes; see [`server::serve_app`] for the shutdown. The caller shuts the engine down after.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     engine: Arc<EngineHandle>,
     config: ApiConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(engine, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    server::serve_app(
+        listener,
+        router(engine, config),
+        ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
 }
 
 /// `id`, `created` and `model` of one response and all its chunks.
@@ -156,14 +162,35 @@ fn unix_seconds() -> u64 {
 }
 
 /// Runs validation (tokenizing, template rendering: CPU work on possibly large inputs) on the
-/// blocking pool so it does not stall other connections.
+/// blocking pool so it does not stall other connections, at most one per core at a time.
 async fn validate_off_thread<T: Send + 'static>(
     validate: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let span = tracing::Span::current();
-    tokio::task::spawn_blocking(move || span.in_scope(validate))
+    let slot = validation_slots()
+        .acquire()
         .await
         .map_err(|e| ApiError::Internal {
-            message: format!("validation task failed: {e}"),
-        })?
+            message: format!("validation slots closed: {e}"),
+        })?;
+    // The request's span goes along, so the validation's log lines name the request.
+    let span = tracing::Span::current();
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        span.in_scope(validate)
+    })
+    .await
+    .map_err(|e| ApiError::Internal {
+        message: format!("validation task failed: {e}"),
+    })?
+}
+
+/// Validations that may run at once. More than the cores only adds memory: rendering a
+/// conversation of megabytes holds several copies of it until its prompt is refused, and eight
+/// at once measured over 600 MiB.
+fn validation_slots() -> &'static tokio::sync::Semaphore {
+    static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        tokio::sync::Semaphore::new(cores)
+    })
 }

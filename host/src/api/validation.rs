@@ -8,7 +8,7 @@ use plughost_sdk::sampler::{Penalties, SamplingParams};
 use serde_json::Value;
 
 use crate::engine::{GenerationRequest, ModelSummary, StopConditions};
-use crate::model::{ChatMessage, RenderOptions, ToolCall};
+use crate::model::{Bounded, ChatMessage, RenderOptions, ToolCall};
 
 use super::error::ApiError;
 use super::openai::{
@@ -136,12 +136,7 @@ pub fn validate_chat(
         .map_err(|e| ApiError::ChatTemplate {
             message: e.to_string(),
         })?;
-    let tokens = model
-        .tokenizer
-        .encode(&text, false)
-        .map_err(|e| ApiError::Internal {
-            message: e.to_string(),
-        })?;
+    let tokens = encode(&text, false, model)?;
     if tokens.is_empty() {
         return Err(ApiError::invalid(
             "messages",
@@ -485,14 +480,16 @@ fn completion_prompts(
         None | Some(Value::Null) => {
             return Err(ApiError::invalid("prompt", "`prompt` is required"));
         }
-        Some(Value::String(text)) => vec![encode(text, model)?],
+        Some(Value::String(text)) => vec![encode(text, true, model)?],
         Some(Value::Array(items)) if items.is_empty() => {
             return Err(ApiError::invalid("prompt", "`prompt` is an empty list"));
         }
         Some(Value::Array(items)) => match &items[0] {
             Value::String(_) => {
                 let texts = items.iter().map(|v| v.as_str().ok_or_else(shape_error));
-                texts.map(|t| encode(t?, model)).collect::<Result<_, _>>()?
+                texts
+                    .map(|t| encode(t?, true, model))
+                    .collect::<Result<_, _>>()?
             }
             Value::Number(_) => vec![token_list(items, model)?],
             Value::Array(_) => {
@@ -511,13 +508,29 @@ fn completion_prompts(
     Ok(prompts)
 }
 
-fn encode(text: &str, model: &ModelSummary) -> Result<Vec<u32>, ApiError> {
-    model
+/// A prompt's tokens; a prompt far beyond the context is refused without tokenizing all of it.
+fn encode(
+    text: &str,
+    add_special_tokens: bool,
+    model: &ModelSummary,
+) -> Result<Vec<u32>, ApiError> {
+    let encoded = model
         .tokenizer
-        .encode(text, true)
+        .encode_within(text, add_special_tokens, model.max_model_len as usize)
         .map_err(|e| ApiError::Internal {
             message: e.to_string(),
-        })
+        })?;
+    match encoded {
+        Bounded::Tokens(tokens) => Ok(tokens),
+        Bounded::TooLong {
+            prefix_bytes,
+            prefix_tokens,
+        } => Err(ApiError::PromptTooLong {
+            max_model_len: model.max_model_len,
+            prefix_bytes,
+            prefix_tokens,
+        }),
+    }
 }
 
 fn token_list(items: &[Value], model: &ModelSummary) -> Result<Vec<u32>, ApiError> {

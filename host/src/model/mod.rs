@@ -15,4 +15,4 @@ mod tokenizer;
 pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall};
 pub use checkpoint::{Checkpoint, DType, ModelConfig, TensorView};
 pub use error::ModelError;
-pub use tokenizer::{DecodeStream, Tokenizer};
+pub use tokenizer::{Bounded, DecodeStream, Tokenizer};

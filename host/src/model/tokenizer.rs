@@ -7,6 +7,25 @@ use super::error::ModelError;
 
 const TOKENIZER_FILE: &str = "tokenizer.json";
 
+/// The smallest prefix [`Tokenizer::encode_within`] probes; shorter texts are tokenized whole.
+const MIN_PROBE_BYTES: usize = 4 << 10;
+/// Bytes per token of ordinary text in the usual vocabularies, to size the first probe so that
+/// it is the last one for a prompt that is too long.
+const PROBE_BYTES_PER_TOKEN: usize = 4;
+/// How many more tokens than the bound a prefix must have to condemn the whole text.
+const PROBE_MARGIN_TOKENS: usize = 64;
+
+/// What [`Tokenizer::encode_within`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bounded {
+    Tokens(Vec<u32>),
+    /// The text's first `prefix_bytes` bytes alone are `prefix_tokens` tokens.
+    TooLong {
+        prefix_bytes: usize,
+        prefix_tokens: usize,
+    },
+}
+
 /// A loaded `tokenizer.json`. Cloning is cheap: clones share the same tokenizer.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -60,6 +79,37 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(|e| self.error("encode", e))?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Token ids of `text`, or [`Bounded::TooLong`] once a prefix of it shows that it has far
+    /// more than `max_tokens`. Tokenizing holds over a hundred bytes of memory per byte of
+    /// text, so a prompt of megabytes that cannot fit the context is refused from a prefix
+    /// instead: the first probe is about as long as `max_tokens` tokens of ordinary text, and
+    /// each further one twice the one before.
+    pub fn encode_within(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        max_tokens: usize,
+    ) -> Result<Bounded, ModelError> {
+        let bound = max_tokens.saturating_add(PROBE_MARGIN_TOKENS);
+        let mut probe = bound
+            .saturating_mul(PROBE_BYTES_PER_TOKEN)
+            .max(MIN_PROBE_BYTES);
+        while probe < text.len() {
+            let prefix = &text[..text.floor_char_boundary(probe)];
+            let prefix_tokens = self.encode(prefix, add_special_tokens)?.len();
+            // The rest of the text can only re-merge the prefix's last word, which costs a few
+            // tokens, never the margin.
+            if prefix_tokens > bound {
+                return Ok(Bounded::TooLong {
+                    prefix_bytes: prefix.len(),
+                    prefix_tokens,
+                });
+            }
+            probe = probe.saturating_mul(2);
+        }
+        self.encode(text, add_special_tokens).map(Bounded::Tokens)
     }
 
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
@@ -330,6 +380,45 @@ pub(crate) mod tests {
         std::fs::write(dir.join(TOKENIZER_FILE), "{ not json").expect("write");
         let broken = Tokenizer::from_dir(&dir).unwrap_err().to_string();
         assert!(broken.contains("tokenizer.json"), "{broken}");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
+    fn a_text_far_beyond_the_bound_is_refused_from_a_prefix() {
+        let dir = byte_level_tokenizer("bounded");
+        let tokenizer = Tokenizer::from_dir(&dir).expect("load");
+        // One token per byte in this vocabulary, "He" aside.
+        let short = "Hello world. ".repeat(100);
+        let long = "Hello world. ".repeat(10_000);
+        let cases = [
+            (short.as_str(), 2000, true),
+            (short.as_str(), 10, true), // under the smallest probe: tokenized whole
+            (long.as_str(), 200_000, true),
+            (long.as_str(), 1000, false),
+            (long.as_str(), 5000, false),
+        ];
+        for (text, bound, tokenized) in cases {
+            let result = tokenizer.encode_within(text, false, bound).expect("encode");
+            match result {
+                Bounded::Tokens(tokens) => {
+                    assert!(tokenized, "{} bytes under {bound}", text.len());
+                    assert_eq!(tokens, tokenizer.encode(text, false).expect("encode"));
+                }
+                Bounded::TooLong {
+                    prefix_bytes,
+                    prefix_tokens,
+                } => {
+                    assert!(!tokenized, "{} bytes under {bound}", text.len());
+                    assert!(prefix_bytes < text.len() / 2, "{prefix_bytes} bytes probed");
+                    let prefix = &text[..prefix_bytes];
+                    assert_eq!(
+                        prefix_tokens,
+                        tokenizer.encode(prefix, false).expect("encode").len()
+                    );
+                    assert!(prefix_tokens > bound);
+                }
+            }
+        }
         std::fs::remove_dir_all(dir).ok();
     }
 }
