@@ -8,6 +8,7 @@
 mod core;
 mod handle;
 mod health;
+pub mod reload;
 mod request;
 mod state;
 mod stop;

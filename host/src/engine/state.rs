@@ -6,6 +6,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv::ComputedPrefix;
+use crate::plugins::Generation;
 use crate::model::DecodeStream;
 use crate::sched::{Phase, RequestView};
 
@@ -34,6 +35,9 @@ pub struct RequestState {
     pub detokenizer: DecodeStream,
     pub stop: StopMatcher,
     pub events: UnboundedSender<GenerationEvent>,
+    /// The deployment generation active when the request arrived: its sampler samples every
+    /// token of the request, whatever reloads happen meanwhile.
+    pub deployment: Arc<Generation>,
 }
 
 impl RequestState {
