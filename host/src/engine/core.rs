@@ -9,9 +9,9 @@ use plughost_sdk::sampler::{Sampled, SamplingParams};
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
-use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
 use crate::plugins::Generation;
 use crate::plugins::generation::LoadedComponent;
+use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
 use crate::plugins::sampler::{SamplerPlugin, SequenceToSample};
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
@@ -476,9 +476,9 @@ impl EngineCore {
                     part.set_history(i, history.clone());
                 }
             }
-            let part_sequences: Vec<SequenceToSample> = rows.iter().map(|&r| sequences[r]).collect();
-            let sampled =
-                self.sample_with(samplers[first].as_deref(), &mut part, &part_sequences);
+            let part_sequences: Vec<SequenceToSample> =
+                rows.iter().map(|&r| sequences[r]).collect();
+            let sampled = self.sample_with(samplers[first].as_deref(), &mut part, &part_sequences);
             for (&r, s) in rows.iter().zip(sampled) {
                 out[r] = Some(s);
                 done[r] = true;

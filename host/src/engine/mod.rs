@@ -12,6 +12,7 @@ pub mod reload;
 mod request;
 mod state;
 mod stop;
+pub mod triggers;
 
 pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
 pub use health::EngineFault;

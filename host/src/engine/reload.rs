@@ -239,7 +239,9 @@ impl Deployments {
                 build_ms = report.build_ms,
                 "deployment reloaded"
             ),
-            Err(e) => tracing::error!("deployment reload failed, the running deployment stays: {e}"),
+            Err(e) => {
+                tracing::error!("deployment reload failed, the running deployment stays: {e}")
+            }
         }
         result
     }
@@ -328,5 +330,7 @@ fn millis(d: Duration) -> f64 {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

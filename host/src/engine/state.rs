@@ -6,8 +6,8 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv::ComputedPrefix;
-use crate::plugins::Generation;
 use crate::model::DecodeStream;
+use crate::plugins::Generation;
 use crate::sched::{Phase, RequestView};
 
 use super::request::{GenerationEvent, GenerationRequest, RequestId};

@@ -226,10 +226,18 @@ impl Generation {
     pub fn components(&self) -> Vec<ComponentStatus> {
         let mut list = Vec::new();
         if let Some(c) = &self.scheduler {
-            list.push(status(c, bindings_world::<SchedulerPlugin>(), c.plugin().stats()));
+            list.push(status(
+                c,
+                bindings_world::<SchedulerPlugin>(),
+                c.plugin().stats(),
+            ));
         }
         if let Some(c) = &self.sampler {
-            list.push(status(c, bindings_world::<SamplerPlugin>(), c.plugin().stats()));
+            list.push(status(
+                c,
+                bindings_world::<SamplerPlugin>(),
+                c.plugin().stats(),
+            ));
         }
         list
     }

@@ -1,8 +1,8 @@
 //! The process-wide wasmtime engine, its epoch ticker, and the loading of components per world.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
