@@ -79,6 +79,9 @@ pub struct ReloadReport {
     pub reload_ms: f64,
     /// Milliseconds the build took (compile, instantiate, init, dry run), off the engine thread.
     pub build_ms: f64,
+    /// Milliseconds from handing the generation to the engine until it had swapped it in: the
+    /// rest of the step under way, then the swap itself.
+    pub swap_ms: f64,
     pub components: Vec<ComponentStatus>,
 }
 
@@ -217,13 +220,16 @@ impl Deployments {
         let _one_at_a_time = lock(&self.reloading);
         let started = Instant::now();
         let result = self.build_next().and_then(|(generation, build)| {
+            let handed = Instant::now();
             install(generation.clone())?;
+            let swap = handed.elapsed();
             self.activate(generation.clone());
             Ok(ReloadReport {
                 generation: generation.number(),
                 loaded_at: unix_seconds(generation.loaded_at()),
                 reload_ms: millis(started.elapsed()),
                 build_ms: millis(build),
+                swap_ms: millis(swap),
                 components: generation.components(),
             })
         });
@@ -237,6 +243,7 @@ impl Deployments {
                 generation = report.generation,
                 reload_ms = report.reload_ms,
                 build_ms = report.build_ms,
+                swap_ms = report.swap_ms,
                 "deployment reloaded"
             ),
             Err(e) => {

@@ -174,7 +174,7 @@ impl Generation {
                 number,
                 loaded_at,
                 previous.and_then(|p| p.scheduler.as_ref()),
-                |plugin| dry_run_scheduler(plugin),
+                dry_run_scheduler,
             )?),
         };
         let sampler = match sampler {
@@ -186,7 +186,7 @@ impl Generation {
                 number,
                 loaded_at,
                 previous.and_then(|p| p.sampler.as_ref()),
-                |plugin| dry_run_sampler(plugin),
+                dry_run_sampler,
             )?),
         };
         Ok(Generation {
@@ -226,26 +226,13 @@ impl Generation {
     pub fn components(&self) -> Vec<ComponentStatus> {
         let mut list = Vec::new();
         if let Some(c) = &self.scheduler {
-            list.push(status(
-                c,
-                bindings_world::<SchedulerPlugin>(),
-                c.plugin().stats(),
-            ));
+            list.push(status(c, SchedulerPlugin::WORLD, c.plugin().stats()));
         }
         if let Some(c) = &self.sampler {
-            list.push(status(
-                c,
-                bindings_world::<SamplerPlugin>(),
-                c.plugin().stats(),
-            ));
+            list.push(status(c, SamplerPlugin::WORLD, c.plugin().stats()));
         }
         list
     }
-}
-
-/// The WIT world a plugin type implements.
-fn bindings_world<P: PluginWorld>() -> &'static str {
-    P::WORLD
 }
 
 /// A host-side plugin type and the world it loads.
