@@ -476,11 +476,16 @@ async fn reload_under_load(device: &str) {
             .as_str()
             .is_some_and(|f| f.ends_with("plughost_scheduler_faulty.wasm"))
     );
+    let sampler = component(&after, "sampler");
     assert_eq!(
-        component(&after, "sampler")["generation"],
-        1,
-        "the unchanged sampler is kept"
+        sampler["generation"], 2,
+        "new limits make a new sampler instance"
     );
+    assert!(
+        sampler["calls"].as_u64() > Some(0),
+        "the new sampler sampled: {after}"
+    );
+    assert_eq!(sampler["faults"], 0);
 
     // New requests meet the new scheduler: it plans nothing for this one, the host falls back.
     let response = client
