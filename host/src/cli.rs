@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use crate::engine::reload::ReloadSource;
+use crate::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
 use crate::engine::{EngineOptions, EngineSetup};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
@@ -198,13 +198,11 @@ impl ModelArgs {
         let component_cache = self.component_cache.clone().or_else(default_cache_dir);
         let scheduler = match deployment.scheduler {
             Some(s) => s,
-            None => spec(existing(plugins_dir.join("plughost_scheduler_fcfs.wasm"))?),
+            None => spec(existing(plugins_dir.join(DEFAULT_SCHEDULER))?),
         };
         let sampler = match deployment.sampler {
             Some(s) => s,
-            None => spec(existing(
-                plugins_dir.join("plughost_sampler_standard.wasm"),
-            )?),
+            None => spec(existing(plugins_dir.join(DEFAULT_SAMPLER))?),
         };
         let glue = match deployment.glue {
             Some(g) => g,
