@@ -19,7 +19,7 @@ const DEADLINE: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(100);
 const ADMIN_KEY: &str = "admin-secret";
 const STREAMS: usize = 16;
-const STREAM_TOKENS: u32 = 300;
+const STREAM_TOKENS: u32 = 480;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -110,7 +110,7 @@ impl Server {
                 .arg(plugins.join("libplughost_device_mock.so"));
         }
         command
-            .args(["--port", &port.to_string(), "--num-kv-blocks", "512"])
+            .args(["--port", &port.to_string(), "--num-kv-blocks", "1024"])
             .args(["--max-num-seqs", "16"])
             .arg("--plugins-dir")
             .arg(&plugins);
@@ -424,6 +424,14 @@ async fn reload_under_load(device: &str) {
         "reload: {} ms ({} ms building); {still_running} of {STREAMS} streams were still running",
         report["reload_ms"], report["build_ms"]
     );
+    // Requests that started under generation 1 hold it, and keep sampling with its sampler.
+    let during = deployment_status(&client, &base).await;
+    let draining = during["draining"].as_array().cloned().unwrap_or_default();
+    eprintln!("draining right after the reload: {}", draining.len());
+    if let Some(old) = draining.first() {
+        assert_eq!(old["generation"], 1, "{during}");
+        assert_eq!(component(old, "sampler")["generation"], 1, "{during}");
+    }
     // New streams while the old ones run: steps sample rows of both generations, each with
     // its own sampler instance.
     let after_reload = Arc::new(tokio::sync::Semaphore::new(0));
@@ -465,7 +473,19 @@ async fn reload_under_load(device: &str) {
         );
     }
 
-    let after = deployment_status(&client, &base).await;
+    // Generation 1 is freed once its last request has ended.
+    let started_waiting = Instant::now();
+    let after = loop {
+        let listing = deployment_status(&client, &base).await;
+        if listing["draining"].as_array().is_some_and(|d| d.is_empty()) {
+            break listing;
+        }
+        assert!(
+            started_waiting.elapsed() < DEADLINE,
+            "generation 1 outlived its requests: {listing}"
+        );
+        tokio::time::sleep(POLL).await;
+    };
     assert_eq!(after["generation"], 2);
     let scheduler = component(&after, "scheduler");
     assert_ne!(scheduler["sha256"], fcfs_hash);

@@ -6,7 +6,7 @@
 //! holding it let go. A reload that fails at any point changes nothing.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -93,6 +93,15 @@ pub struct DeploymentStatus {
     /// The file reloads read; `None` when the server runs without one.
     pub config: Option<String>,
     pub components: Vec<ComponentStatus>,
+    /// Earlier generations that requests started under still hold, oldest first.
+    pub draining: Vec<DrainingGeneration>,
+}
+
+/// An earlier generation kept alive by the requests that started under it.
+#[derive(Debug, Clone, Serialize)]
+pub struct DrainingGeneration {
+    pub generation: u64,
+    pub components: Vec<ComponentStatus>,
 }
 
 /// The prepared model's glue, which no reload may change.
@@ -107,6 +116,8 @@ struct GlueIdentity {
 /// serialising of reloads. Shared by the engine handle and the engine thread.
 pub(crate) struct Deployments {
     current: Mutex<Option<Arc<Generation>>>,
+    /// Generations replaced by a reload; alive while requests that started under them run.
+    replaced: Mutex<Vec<Weak<Generation>>>,
     source: Mutex<Option<ReloadSource>>,
     glue: Mutex<Option<GlueIdentity>>,
     /// Held for a whole reload, so two never build at once.
@@ -119,6 +130,7 @@ impl Deployments {
     pub(crate) fn new(component_cache: Option<PathBuf>, metrics: Arc<Metrics>) -> Self {
         Deployments {
             current: Mutex::new(None),
+            replaced: Mutex::new(Vec::new()),
             source: Mutex::new(None),
             glue: Mutex::new(None),
             reloading: Mutex::new(()),
@@ -184,7 +196,12 @@ impl Deployments {
             );
         }
         self.publish(&generation);
-        *lock(&self.current) = Some(generation);
+        let previous = lock(&self.current).replace(generation);
+        let mut replaced = lock(&self.replaced);
+        replaced.retain(|g| g.strong_count() > 0);
+        if let Some(previous) = previous {
+            replaced.push(Arc::downgrade(&previous));
+        }
     }
 
     fn publish(&self, generation: &Generation) {
@@ -208,6 +225,14 @@ impl Deployments {
                 .and_then(|s| s.config)
                 .map(|p| p.display().to_string()),
             components: generation.components(),
+            draining: lock(&self.replaced)
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|g| DrainingGeneration {
+                    generation: g.number(),
+                    components: g.components(),
+                })
+                .collect(),
         })
     }
 
