@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
 use crate::engine::{EngineOptions, EngineSetup};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
@@ -19,6 +20,10 @@ pub struct ModelArgs {
     /// A deployment file naming the scheduler, sampler and glue components (optional).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// `serve`: reload the deployment whenever the --config file changes (a write, a replaced
+    /// file, or Kubernetes' `..data` symlink swap of a mounted ConfigMap).
+    #[arg(long, requires = "config")]
+    pub watch_config: bool,
     /// The folder of built plugins (default: `$PLUGHOST_PLUGINS_DIR`, else `plugins/` next to the binary's folder).
     #[arg(long, env = "PLUGHOST_PLUGINS_DIR")]
     pub plugins_dir: Option<PathBuf>,
@@ -175,6 +180,15 @@ fn find_glue(dir: &Path, model_dir: &Path, runtime: &PluginRuntime) -> Result<Pl
 }
 
 impl ModelArgs {
+    /// Where reloads (SIGHUP, `POST /admin/reload`, `--watch-config`) read the deployment from.
+    pub fn reload_source(&self) -> ReloadSource {
+        ReloadSource {
+            config: self.config.clone(),
+            plugins_dir: self.plugins_dir.clone().unwrap_or_else(default_plugins_dir),
+            watch: self.watch_config,
+        }
+    }
+
     /// Resolves defaults (plugins folder, device, glue by architecture) into an engine setup.
     pub fn setup(&self) -> Result<EngineSetup, String> {
         let plugins_dir = self.plugins_dir.clone().unwrap_or_else(default_plugins_dir);
@@ -185,13 +199,11 @@ impl ModelArgs {
         let component_cache = self.component_cache.clone().or_else(default_cache_dir);
         let scheduler = match deployment.scheduler {
             Some(s) => s,
-            None => spec(existing(plugins_dir.join("plughost_scheduler_fcfs.wasm"))?),
+            None => spec(existing(plugins_dir.join(DEFAULT_SCHEDULER))?),
         };
         let sampler = match deployment.sampler {
             Some(s) => s,
-            None => spec(existing(
-                plugins_dir.join("plughost_sampler_standard.wasm"),
-            )?),
+            None => spec(existing(plugins_dir.join(DEFAULT_SAMPLER))?),
         };
         let glue = match deployment.glue {
             Some(g) => g,

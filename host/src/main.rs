@@ -315,6 +315,7 @@ fn serve(
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         plughost::api::options::warn_if_open(addr, &api_config);
         let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
+        plughost::engine::triggers::start(&engine, model.reload_source());
         tracing::info!(
             "listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready); up to {} connections, open-file limit {open_files}",
             limits.max_connections

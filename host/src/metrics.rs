@@ -30,6 +30,12 @@ pub struct Metrics {
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
     pub device: IntGaugeVec,
+    /// Deployment reloads by result, `ok` or `error`.
+    pub deployment_reloads: IntCounterVec,
+    /// The number of the active deployment generation; 1 at start, one more per reload.
+    pub deployment_generation: IntGauge,
+    /// 1 for each component of the active deployment, by slot, file, sha256 and WIT version.
+    pub plugin_info: IntGaugeVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -102,8 +108,41 @@ impl Metrics {
         registry
             .register(Box::new(device.clone()))
             .expect("metric names are unique");
+        let deployment_reloads = IntCounterVec::new(
+            Opts::new(
+                "deployment_reloads_total",
+                "Deployment reloads by result (ok, error)",
+            ),
+            &["result"],
+        )
+        .expect("valid counter options");
+        registry
+            .register(Box::new(deployment_reloads.clone()))
+            .expect("metric names are unique");
+        // Both series exist from the start, so a scraper sees 0 rather than nothing.
+        for result in ["ok", "error"] {
+            deployment_reloads.with_label_values(&[result]);
+        }
+        let plugin_info = IntGaugeVec::new(
+            Opts::new(
+                "plugin_info",
+                "The components of the active deployment: 1 per slot, file, hash and WIT version",
+            ),
+            &["slot", "component", "sha256", "wit_version"],
+        )
+        .expect("valid gauge options");
+        registry
+            .register(Box::new(plugin_info.clone()))
+            .expect("metric names are unique");
         Metrics {
             device,
+            deployment_reloads,
+            plugin_info,
+            deployment_generation: gauge(
+                r,
+                "deployment_generation",
+                "The active deployment generation, one more per successful reload",
+            ),
             time_to_first_token: histogram(
                 r,
                 "time_to_first_token_seconds",

@@ -16,6 +16,9 @@ use super::error::ApiError;
 /// Routes that probes and scrapers reach without a key.
 const OPEN_PATHS: [&str; 3] = ["/health", "/ready", "/metrics"];
 
+/// Routes that need the admin key instead (see `admin`), never an API key.
+const ADMIN_PREFIX: &str = "/admin/";
+
 /// The keys the server accepts; none means the API is open.
 ///
 /// Only SHA-256 digests are kept: comparing digests takes the same time whatever the
@@ -87,7 +90,7 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 /// The token of `Authorization: Bearer TOKEN` (the scheme is case-insensitive), if present.
-fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
+pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     let value = headers.get(AUTHORIZATION)?.as_bytes();
     let (scheme, token) = value.split_at_checked(6)?;
     if !scheme.eq_ignore_ascii_case(b"bearer") {
@@ -104,7 +107,8 @@ pub async fn require_api_key(
     request: Request,
     next: Next,
 ) -> Response {
-    if keys.is_empty() || OPEN_PATHS.contains(&request.uri().path()) {
+    let path = request.uri().path();
+    if keys.is_empty() || OPEN_PATHS.contains(&path) || path.starts_with(ADMIN_PREFIX) {
         return next.run(request).await;
     }
     match bearer_token(request.headers()) {

@@ -9,6 +9,7 @@
 //! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
 //! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
 
+pub mod admin;
 pub mod admission;
 pub mod auth;
 pub mod body;
@@ -57,6 +58,8 @@ pub struct ApiConfig {
     pub allowed_origins: Option<AllowedOrigins>,
     /// Sequences (prompts times `n`) in the server at once; more get 429.
     pub max_waiting_requests: usize,
+    /// Keys of the `/admin/*` routes; empty: they answer 403.
+    pub admin_keys: ApiKeys,
 }
 
 impl Default for ApiConfig {
@@ -67,6 +70,7 @@ impl Default for ApiConfig {
             api_keys: ApiKeys::default(),
             allowed_origins: None,
             max_waiting_requests: 1024,
+            admin_keys: ApiKeys::default(),
         }
     }
 }
@@ -89,6 +93,7 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     let body_limit = DefaultBodyLimit::max(config.max_body_bytes);
     let admission = admission::Admission::new(config.max_waiting_requests);
     let keys = Arc::new(config.api_keys.clone());
+    let admin = admin::routes(config.admin_keys.clone());
     let cors = config.allowed_origins.as_ref().map(browser::cors_layer);
     let state = Arc::new(AppState {
         engine,
@@ -101,6 +106,7 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
         .route_layer(from_fn_with_state(admission, admission::admit));
     let mut app = Router::new()
         .merge(generation)
+        .merge(admin)
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
         .route("/metrics", get(routes::metrics))

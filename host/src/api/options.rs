@@ -29,6 +29,15 @@ pub struct HttpArgs {
     /// beyond it, 429 with `Retry-After`.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_waiting_requests: u32,
+    /// Open the /admin routes (deployment listing, reload) to `Authorization: Bearer KEY`.
+    /// Without it they answer 403. API keys never open them.
+    #[arg(
+        long = "admin-key",
+        value_name = "KEY",
+        env = "PLUGHOST_ADMIN_KEY",
+        hide_env_values = true
+    )]
+    pub admin_key: Option<String>,
     /// Largest request body, e.g. `16MiB`; larger ones get 413.
     #[arg(long, value_parser = parse_body_size, default_value = "16MiB")]
     pub max_request_body: usize,
@@ -47,7 +56,10 @@ impl HttpArgs {
     pub fn api_config(&self) -> Result<ApiConfig, String> {
         let api_keys =
             ApiKeys::new(&self.api_keys).map_err(|e| format!("invalid --api-key: {e}"))?;
+        let admin_keys =
+            ApiKeys::new(self.admin_key.iter()).map_err(|e| format!("invalid --admin-key: {e}"))?;
         Ok(ApiConfig {
+            admin_keys,
             max_body_bytes: self.max_request_body,
             api_keys,
             allowed_origins: self.allowed_origins.clone(),

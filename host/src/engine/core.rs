@@ -9,9 +9,10 @@ use plughost_sdk::sampler::{Sampled, SamplingParams};
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
+use crate::plugins::Generation;
+use crate::plugins::generation::LoadedComponent;
 use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
 use crate::plugins::sampler::{SamplerPlugin, SequenceToSample};
-use crate::plugins::scheduler::SchedulerPlugin;
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
@@ -20,6 +21,8 @@ use super::health::EngineHealth;
 use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
 use super::state::RequestState;
 use super::stop::StopOutcome;
+
+type LoadedSampler = LoadedComponent<SamplerPlugin>;
 
 /// Sizes the engine schedules within.
 #[derive(Debug, Clone, Copy)]
@@ -31,8 +34,8 @@ pub struct EngineLimits {
 
 pub struct EngineCore {
     pub runtime: Runtime,
-    pub scheduler: Option<SchedulerPlugin>,
-    pub sampler: Option<SamplerPlugin>,
+    /// The active deployment: its scheduler plans every step; new requests take its sampler.
+    pub deployment: Arc<Generation>,
     pub kv: KvCacheManager,
     pub tokenizer: Tokenizer,
     pub eos_token_ids: Vec<u32>,
@@ -55,6 +58,17 @@ pub struct EngineCore {
 impl EngineCore {
     pub fn has_work(&self) -> bool {
         !self.requests.is_empty()
+    }
+
+    /// Makes `generation` the active deployment from the next step on. Requests in flight keep
+    /// the sampler of the generation they started with.
+    pub fn install(&mut self, generation: Arc<Generation>) {
+        tracing::debug!(
+            from = self.deployment.number(),
+            to = generation.number(),
+            "swapping the deployment between two steps"
+        );
+        self.deployment = generation;
     }
 
     /// Queues a request, looking up its cached prefix once; fails at once a request that could
@@ -233,10 +247,12 @@ impl EngineCore {
     fn schedule(&mut self) -> Plan {
         let views = self.views();
         let resources = self.resources();
-        let Some(plugin) = self.scheduler.as_mut() else {
+        let deployment = self.deployment.clone();
+        let Some(component) = deployment.scheduler() else {
             return sched::fallback_plan(&views, &resources);
         };
-        let checked = plugin
+        let checked = component
+            .plugin()
             .schedule(&views, &resources)
             .map_err(|e| format!("scheduler plugin failed: {e}"))
             .and_then(|plan| {
@@ -382,10 +398,14 @@ impl EngineCore {
         Ok(emitting)
     }
 
+    /// Samples one token per emitting request, each with the sampler of the generation it
+    /// started with. One generation (the usual case) samples the whole batch in one call;
+    /// while requests of several generations run, each generation samples its own rows.
     fn sample(&mut self, emitting: &[u64]) -> Vec<Sampled> {
         let vocab = self.runtime.model_info().vocab_size as usize;
         let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
         let mut sequences = Vec::with_capacity(emitting.len());
+        let mut samplers: Vec<Option<Arc<LoadedSampler>>> = Vec::with_capacity(emitting.len());
         for (row, id) in emitting.iter().enumerate() {
             let Some(state) = self.requests.get(id) else {
                 continue;
@@ -408,23 +428,91 @@ impl EngineCore {
                     ..state.request.sampling
                 },
             });
+            samplers.push(state.deployment.sampler().cloned());
         }
-        let from_plugin = self
-            .sampler
-            .as_mut()
-            .map(|plugin| plugin.sample(&mut batch, &sequences));
-        let sampled = match from_plugin {
+        let same = |a: &Option<Arc<LoadedSampler>>, b: &Option<Arc<LoadedSampler>>| match (a, b) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        let sampled = match samplers.first() {
+            Some(first) if samplers.iter().any(|s| !same(s, first)) => {
+                self.sample_by_generation(&mut batch, &sequences, &samplers, same)
+            }
+            first => {
+                let sampler = first.cloned().flatten();
+                self.sample_with(sampler.as_deref(), &mut batch, &sequences)
+            }
+        };
+        self.logits = batch.into_values();
+        sampled
+    }
+
+    /// Splits the batch by sampler, samples each part, and puts the tokens back in row order.
+    fn sample_by_generation(
+        &mut self,
+        batch: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+        samplers: &[Option<Arc<LoadedSampler>>],
+        same: impl Fn(&Option<Arc<LoadedSampler>>, &Option<Arc<LoadedSampler>>) -> bool,
+    ) -> Vec<Sampled> {
+        let vocab = batch.vocab();
+        let mut out: Vec<Option<Sampled>> = vec![None; sequences.len()];
+        let mut done = vec![false; sequences.len()];
+        for first in 0..sequences.len() {
+            if done[first] {
+                continue;
+            }
+            let rows: Vec<usize> = (first..sequences.len())
+                .filter(|&r| !done[r] && same(&samplers[r], &samplers[first]))
+                .collect();
+            let mut values = Vec::with_capacity(rows.len() * vocab);
+            for &r in &rows {
+                values.extend_from_slice(batch.row(r).unwrap_or(&[]));
+            }
+            let mut part = LogitsBatch::new(values, vocab);
+            for (i, &r) in rows.iter().enumerate() {
+                if let Some((_, history)) = batch.row_mut(r) {
+                    part.set_history(i, history.clone());
+                }
+            }
+            let part_sequences: Vec<SequenceToSample> =
+                rows.iter().map(|&r| sequences[r]).collect();
+            let sampled = self.sample_with(samplers[first].as_deref(), &mut part, &part_sequences);
+            for (&r, s) in rows.iter().zip(sampled) {
+                out[r] = Some(s);
+                done[r] = true;
+            }
+        }
+        out.into_iter()
+            .map(|s| {
+                s.unwrap_or(Sampled {
+                    token: 0,
+                    logprob: f32::NEG_INFINITY,
+                    top_logprobs: Vec::new(),
+                })
+            })
+            .collect()
+    }
+
+    /// Samples `batch` with `sampler`, or natively when there is none or it fails.
+    fn sample_with(
+        &mut self,
+        sampler: Option<&LoadedSampler>,
+        batch: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+    ) -> Vec<Sampled> {
+        let from_plugin = sampler.map(|c| c.plugin().sample(batch, sequences));
+        match from_plugin {
             Some(Ok(sampled)) => sampled,
             other => {
                 if let Some(Err(e)) = other {
                     tracing::warn!("sampler plugin failed, sampling natively this step: {e}");
                     self.metrics.sampler_fallbacks.inc();
                 }
-                native_sample(&mut batch, &sequences)
+                native_sample(batch, sequences)
             }
-        };
-        self.logits = batch.into_values();
-        sampled
+        }
     }
 
     fn emit(&mut self, id: u64, sampled: Sampled) {

@@ -14,15 +14,14 @@ use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::metrics::Metrics;
 use crate::model::{ChatTemplate, ModelConfig, Tokenizer};
 use crate::plugins::glue::GluePlugin;
-use crate::plugins::sampler::SamplerPlugin;
-use crate::plugins::scheduler::SchedulerPlugin;
-use crate::plugins::{PluginRuntime, PluginSpec, RuntimeOptions};
+use crate::plugins::{Generation, PluginSpec};
 use crate::profile::Profiler;
 use crate::runtime::{KvCacheDtype, RuntimeConfig, load_model};
 use crate::sched::Phase;
 
 use super::core::{EngineCore, EngineLimits};
 use super::health::{self, EngineHealth, Timeouts};
+use super::reload::{DeploymentStatus, Deployments, ReloadError, ReloadReport, ReloadSource};
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
 use super::state::RequestState;
 use super::stop::StopMatcher;
@@ -116,6 +115,11 @@ enum Command {
         events: UnboundedSender<GenerationEvent>,
         arrival: Instant,
     },
+    /// Swap in a new deployment generation between two steps; `done` hears when it has.
+    Install {
+        generation: Arc<Generation>,
+        done: Sender<()>,
+    },
     Shutdown,
 }
 
@@ -139,6 +143,8 @@ pub struct EngineHandle {
     health: Arc<EngineHealth>,
     /// Set once the engine thread has ended, so the watchdog stops.
     stopping: Arc<AtomicBool>,
+    /// The active deployment generation and the reloading of the next.
+    deployments: Arc<Deployments>,
 }
 
 impl EngineHandle {
@@ -152,11 +158,16 @@ impl EngineHandle {
             stall: setup.options.engine_stall_timeout,
             device: setup.options.device_timeout,
         };
+        let deployments = Arc::new(Deployments::new(
+            setup.component_cache.clone(),
+            metrics.clone(),
+        ));
         let thread = {
             let (load, metrics, health) = (load.clone(), metrics.clone(), health.clone());
+            let deployments = deployments.clone();
             std::thread::Builder::new()
                 .name("engine".into())
-                .spawn(move || run_engine(setup, rx, load, metrics, health))
+                .spawn(move || run_engine(setup, rx, load, metrics, health, deployments))
                 .map_err(|e| {
                     EngineError::LoadFailed(format!("cannot start the engine thread: {e}"))
                 })?
@@ -183,6 +194,52 @@ impl EngineHandle {
             metrics,
             health,
             stopping,
+            deployments,
+        })
+    }
+
+    /// Where reloads read the deployment from; until this is called, a reload answers
+    /// [`ReloadError::NotConfigured`].
+    pub fn set_reload_source(&self, source: ReloadSource) {
+        self.deployments.set_source(source);
+    }
+
+    pub fn reload_source(&self) -> Option<ReloadSource> {
+        self.deployments.source()
+    }
+
+    /// The active deployment, once the model is loaded.
+    pub fn deployment(&self) -> Option<DeploymentStatus> {
+        self.deployments.status()
+    }
+
+    /// Re-reads the deployment file, builds the next generation on this thread (it blocks
+    /// for the compile, instantiate, init and dry run of each changed component), then has the
+    /// engine swap it in between two steps. On any error the running deployment stays.
+    pub fn reload(&self) -> Result<ReloadReport, ReloadError> {
+        self.deployments.reload(|generation| {
+            self.summary()?;
+            let (done, installed) = mpsc::channel();
+            let command = Command::Install { generation, done };
+            self.commands
+                .lock()
+                .map_err(|_| EngineError::Stopped)?
+                .send(command)
+                .map_err(|_| EngineError::Stopped)?;
+            // The engine takes it after the step under way; a fault ends the wait.
+            loop {
+                match installed.recv_timeout(Duration::from_millis(100)) {
+                    Ok(()) => return Ok(()),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        return Err(ReloadError::NotInstalled);
+                    }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if let Err(e @ EngineError::Faulted(_)) = self.summary() {
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
         })
     }
 
@@ -298,9 +355,10 @@ fn run_engine(
     load: Arc<(Mutex<LoadState>, Condvar)>,
     metrics: Arc<Metrics>,
     health: Arc<EngineHealth>,
+    deployments: Arc<Deployments>,
 ) {
     let started = Instant::now();
-    let mut core = match load_engine(&setup, metrics, health.clone()) {
+    let mut core = match load_engine(&setup, metrics, health.clone(), &deployments) {
         Ok((core, summary)) => {
             tracing::info!(model = %setup.model_dir.display(), seconds = started.elapsed().as_secs_f64(), "model ready");
             if let Ok(stats) = core.runtime.device().stats() {
@@ -361,6 +419,11 @@ fn serve_commands(core: &mut EngineCore, commands: &Receiver<Command>, started: 
         };
         match command {
             Some(Command::Shutdown) => break,
+            Some(Command::Install { generation, done }) => {
+                core.install(generation);
+                let _ = done.send(());
+                continue;
+            }
             Some(Command::Submit {
                 id,
                 request,
@@ -434,6 +497,7 @@ fn new_request_state(
         stop: StopMatcher::new(&request.stop.stop_strings),
         events,
         request,
+        deployment: core.deployment.clone(),
     }
 }
 
@@ -441,6 +505,7 @@ fn load_engine(
     setup: &EngineSetup,
     metrics: Arc<Metrics>,
     health: Arc<EngineHealth>,
+    deployments: &Deployments,
 ) -> Result<(EngineCore, ModelSummary), String> {
     // Checked before anything loads: with either at 0 no request could ever be scheduled.
     if setup.options.max_num_seqs == 0 {
@@ -451,41 +516,25 @@ fn load_engine(
     }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
-    let plugins = PluginRuntime::new(RuntimeOptions {
-        cache_dir: setup.component_cache.clone(),
-    })
-    .map_err(|e| e.to_string())?;
+    let plugins = deployments.runtime().map_err(|e| e.to_string())?;
     let mut glue = GluePlugin::load(
         &plugins,
         &setup.glue.component,
         &setup.glue.config_json(),
         setup.glue.limits(),
     )
-    .map_err(|e| e.to_string())?;
-    let scheduler = match &setup.scheduler {
-        Some(spec) => Some(
-            SchedulerPlugin::load(
-                &plugins,
-                &spec.component,
-                &spec.config_json(),
-                spec.limits(),
-            )
-            .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
-    let sampler = match &setup.sampler {
-        Some(spec) => Some(
-            SamplerPlugin::load(
-                &plugins,
-                &spec.component,
-                &spec.config_json(),
-                spec.limits(),
-            )
-            .map_err(|e| e.to_string())?,
-        ),
-        None => None,
-    };
+    .map_err(|e| format!("[glue] {}: {e}", setup.glue.component.display()))?;
+    deployments.set_glue(&plugins, &setup.glue);
+    let deployment = Arc::new(
+        Generation::build(
+            &plugins,
+            1,
+            setup.scheduler.as_ref(),
+            setup.sampler.as_ref(),
+            None,
+        )
+        .map_err(|e| e.to_string())?,
+    );
     let config_path = setup.model_dir.join("config.json");
     let config_json = std::fs::read_to_string(&config_path)
         .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
@@ -551,10 +600,10 @@ fn load_engine(
         tokenizer: tokenizer.clone(),
         chat_template,
     };
+    deployments.activate(deployment.clone());
     let core = EngineCore {
         runtime,
-        scheduler,
-        sampler,
+        deployment,
         kv,
         tokenizer,
         eos_token_ids: info.eos_token_ids,

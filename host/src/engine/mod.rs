@@ -8,9 +8,11 @@
 mod core;
 mod handle;
 mod health;
+pub mod reload;
 mod request;
 mod state;
 mod stop;
+pub mod triggers;
 
 pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
 pub use health::EngineFault;

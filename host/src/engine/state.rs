@@ -7,6 +7,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv::ComputedPrefix;
 use crate::model::DecodeStream;
+use crate::plugins::Generation;
 use crate::sched::{Phase, RequestView};
 
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
@@ -34,6 +35,9 @@ pub struct RequestState {
     pub detokenizer: DecodeStream,
     pub stop: StopMatcher,
     pub events: UnboundedSender<GenerationEvent>,
+    /// The deployment generation active when the request arrived: its sampler samples every
+    /// token of the request, whatever reloads happen meanwhile.
+    pub deployment: Arc<Generation>,
 }
 
 impl RequestState {

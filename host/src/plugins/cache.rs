@@ -2,16 +2,32 @@
 //!
 //! Compiling a component with Cranelift takes far longer than loading the
 //! precompiled artifact, so every start after the first only deserializes.
-//! A corrupt or stale entry is recompiled and replaced, never trusted.
+//! A corrupt or stale entry is recompiled and replaced, never trusted. Components already
+//! loaded in this process are kept in memory by content hash, so loading one again (a reload
+//! that keeps it, or names a file compiled before) costs a hash of the file, not a compile.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::PluginError;
+use super::instance::CONTRACT_VERSION;
+use super::runtime::CompiledComponent;
+
+/// The package whose version a component's imports carry.
+const CONTRACT_PACKAGE: &str = "plughost:plugin/";
+
+/// Components compiled in this process, by the file's hex SHA-256. There is one engine per
+/// process, so an entry is valid for every runtime.
+fn loaded() -> &'static Mutex<HashMap<String, CompiledComponent>> {
+    static LOADED: OnceLock<Mutex<HashMap<String, CompiledComponent>>> = OnceLock::new();
+    LOADED.get_or_init(Default::default)
+}
 
 /// Feeds `Hash` output into SHA-256, so the engine's compatibility hash is stable across runs.
 struct Sha256Hasher(Sha256);
@@ -43,24 +59,52 @@ impl ComponentCache {
         ComponentCache { dir, engine_key }
     }
 
-    fn entry_path(&self, bytes: &[u8]) -> Option<PathBuf> {
+    fn entry_path(&self, sha256: &str) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
-        let content = hex(&Sha256::digest(bytes)[..16]);
+        let content = &sha256[..32];
         Some(dir.join(format!("{content}-{}.cwasm", self.engine_key)))
     }
 
-    /// Loads the component at `path`, from the cache when a valid entry exists.
-    pub fn load(&self, engine: &Engine, path: &Path) -> Result<Component, PluginError> {
+    /// Loads the component at `path`: from memory when this process compiled it already, else
+    /// from the disk cache when a valid entry exists, else by compiling it.
+    pub(crate) fn load(
+        &self,
+        engine: &Engine,
+        path: &Path,
+    ) -> Result<CompiledComponent, PluginError> {
         let bytes = std::fs::read(path).map_err(|source| PluginError::Read {
             path: path.to_path_buf(),
             source,
         })?;
+        let sha256 = hex(&Sha256::digest(&bytes));
+        if let Some(hit) = loaded().lock().ok().and_then(|t| t.get(&sha256).cloned()) {
+            return Ok(hit);
+        }
+        let component = self.load_bytes(engine, path, &bytes, &sha256)?;
+        let compiled = CompiledComponent {
+            wit_version: wit_version(engine, &component),
+            component,
+            sha256: sha256.clone(),
+        };
+        if let Ok(mut table) = loaded().lock() {
+            table.insert(sha256, compiled.clone());
+        }
+        Ok(compiled)
+    }
+
+    fn load_bytes(
+        &self,
+        engine: &Engine,
+        path: &Path,
+        bytes: &[u8],
+        sha256: &str,
+    ) -> Result<Component, PluginError> {
         let compile_error = |e: wasmtime::Error| PluginError::Compile {
             path: path.to_path_buf(),
             message: format!("{e:#}"),
         };
-        let Some(entry) = self.entry_path(&bytes) else {
-            return Component::new(engine, &bytes).map_err(compile_error);
+        let Some(entry) = self.entry_path(sha256) else {
+            return Component::new(engine, bytes).map_err(compile_error);
         };
         if entry.exists() {
             // SAFETY: entries are written only by `store` below from
@@ -73,13 +117,27 @@ impl ComponentCache {
                 }
             }
         }
-        let compiled = engine.precompile_component(&bytes).map_err(compile_error)?;
+        let compiled = engine.precompile_component(bytes).map_err(compile_error)?;
         if let Err(e) = store(&entry, &compiled) {
             tracing::warn!(entry = %entry.display(), "cannot cache compiled component: {e}");
         }
         // SAFETY: `compiled` was produced just above by this engine.
         unsafe { Component::deserialize(engine, &compiled) }.map_err(compile_error)
     }
+}
+
+/// The `plughost:plugin` version in the names of the component's imports (its world imports
+/// the contract's interfaces, `plughost:plugin/scheduling@0.1.0`), or the host's own when the
+/// component names none.
+fn wit_version(engine: &Engine, component: &Component) -> String {
+    component
+        .component_type()
+        .imports(engine)
+        .find_map(|(name, _)| {
+            let (_, version) = name.strip_prefix(CONTRACT_PACKAGE)?.split_once('@')?;
+            Some(version.to_string())
+        })
+        .unwrap_or_else(|| CONTRACT_VERSION.to_string())
 }
 
 /// Writes through a temporary file and a rename, so a concurrent reader never sees half an entry.

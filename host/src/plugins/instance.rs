@@ -15,7 +15,7 @@ use super::runtime::{EPOCH_TICK, EngineShared};
 pub(crate) const CONTRACT_VERSION: &str = "0.1.0";
 
 /// Limits applied to every instance of one plugin.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {
     /// The most linear memory the instance may hold.
     pub memory_bytes: usize,

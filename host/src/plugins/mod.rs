@@ -8,6 +8,7 @@
 mod cache;
 mod deployment;
 mod error;
+pub mod generation;
 pub mod glue;
 mod instance;
 pub mod logits;
@@ -17,5 +18,6 @@ pub mod scheduler;
 
 pub use deployment::{Deployment, DeploymentError, PluginSpec};
 pub use error::PluginError;
+pub use generation::{ComponentStatus, Generation, GenerationError, Slot};
 pub use instance::{InstanceLimits, PluginStats};
 pub use runtime::{PluginRuntime, RuntimeOptions};

@@ -1,8 +1,8 @@
 //! The process-wide wasmtime engine, its epoch ticker, and the loading of components per world.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -46,13 +46,36 @@ pub(crate) struct EngineShared {
 }
 
 /// Loads plugin components and makes contained instances of them.
+///
+/// Every runtime of a process shares one wasmtime `Engine` (and its epoch ticker) and one
+/// in-memory table of compiled components, so making a runtime is cheap and a component
+/// compiled once is never compiled again while the process lives.
 pub struct PluginRuntime {
     shared: Arc<EngineShared>,
     cache: ComponentCache,
 }
 
-impl PluginRuntime {
-    pub fn new(options: RuntimeOptions) -> Result<Self, PluginError> {
+/// A compiled component and what identifies it.
+#[derive(Clone)]
+pub(crate) struct CompiledComponent {
+    pub component: Component,
+    /// Hex SHA-256 of the component file.
+    pub sha256: String,
+    /// The version of `plughost:plugin` the component imports, or the host's when it names none.
+    pub wit_version: String,
+}
+
+/// The process's one engine; made on first use.
+fn process_engine() -> Result<Arc<EngineShared>, PluginError> {
+    static ENGINE: OnceLock<Result<Arc<EngineShared>, String>> = OnceLock::new();
+    ENGINE
+        .get_or_init(|| EngineShared::new().map(Arc::new).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(PluginError::Runtime)
+}
+
+impl EngineShared {
+    fn new() -> Result<Self, PluginError> {
         let mut config = Config::new();
         config.wasm_component_model(true);
         config.epoch_interruption(true);
@@ -71,18 +94,23 @@ impl PluginRuntime {
                 })
                 .map_err(|e| PluginError::Runtime(format!("cannot start epoch ticker: {e}")))?
         };
-        let cache = ComponentCache::new(&engine, options.cache_dir);
         let ticker = EpochTicker {
             stop,
             thread: Some(thread),
         };
-        Ok(PluginRuntime {
-            shared: Arc::new(EngineShared {
-                engine,
-                _ticker: ticker,
-            }),
-            cache,
+        Ok(EngineShared {
+            engine,
+            _ticker: ticker,
         })
+    }
+}
+
+impl PluginRuntime {
+    /// A runtime over the process's engine, caching compiled components in `options.cache_dir`.
+    pub fn new(options: RuntimeOptions) -> Result<Self, PluginError> {
+        let shared = process_engine()?;
+        let cache = ComponentCache::new(&shared.engine, options.cache_dir);
+        Ok(PluginRuntime { shared, cache })
     }
 
     pub fn engine(&self) -> &Engine {
@@ -97,11 +125,16 @@ impl PluginRuntime {
         config: &str,
         limits: InstanceLimits,
     ) -> Result<ContainedInstance<W>, PluginError> {
-        let component = self.cache.load(&self.shared.engine, path)?;
-        self.instantiate_component(path, &component, config, limits)
+        let compiled = self.compile(path)?;
+        self.instantiate_component(path, &compiled.component, config, limits)
     }
 
-    fn instantiate_component<W: World>(
+    /// Compiles the component at `path`, or takes it from the process's table or the disk cache.
+    pub(crate) fn compile(&self, path: &Path) -> Result<CompiledComponent, PluginError> {
+        self.cache.load(&self.shared.engine, path)
+    }
+
+    pub(crate) fn instantiate_component<W: World>(
         &self,
         path: &Path,
         component: &Component,

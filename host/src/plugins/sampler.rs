@@ -186,6 +186,14 @@ pub struct SamplerPlugin {
     instance: ContainedInstance<bindings::Sampler>,
 }
 
+impl super::generation::PluginWorld for SamplerPlugin {
+    const WORLD: &'static str = "sampler";
+    type Bindings = bindings::Sampler;
+    fn from_instance(instance: ContainedInstance<bindings::Sampler>) -> Self {
+        SamplerPlugin { instance }
+    }
+}
+
 impl SamplerPlugin {
     pub fn load(
         runtime: &PluginRuntime,

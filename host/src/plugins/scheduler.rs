@@ -45,6 +45,14 @@ pub struct SchedulerPlugin {
     instance: ContainedInstance<bindings::Scheduler>,
 }
 
+impl super::generation::PluginWorld for SchedulerPlugin {
+    const WORLD: &'static str = "scheduler";
+    type Bindings = bindings::Scheduler;
+    fn from_instance(instance: ContainedInstance<bindings::Scheduler>) -> Self {
+        SchedulerPlugin { instance }
+    }
+}
+
 impl SchedulerPlugin {
     pub fn load(
         runtime: &PluginRuntime,

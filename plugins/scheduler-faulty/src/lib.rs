@@ -3,7 +3,8 @@
 //! The fault is chosen by the input, not the config, so a fresh instance made
 //! after a fault serves the next ordinary call: that is what the host's
 //! fault-containment tests check. With ordinary input it runs every request
-//! for one token.
+//! for one token. One fault comes from the config instead: `{"trap_in_init": true}` makes
+//! `init` trap, for the tests of a deployment that cannot even start.
 
 use plughost_sdk::scheduler::{Plan, RequestView, Resources, Scheduled, Scheduler};
 
@@ -20,7 +21,10 @@ pub const PRIORITY_IDLE: i32 = -1004;
 pub struct Faulty;
 
 impl Scheduler for Faulty {
-    fn init(_config: &str) -> Result<Self, String> {
+    fn init(config: &str) -> Result<Self, String> {
+        if config.contains("\"trap_in_init\":true") {
+            panic!("asked to trap in init");
+        }
         Ok(Faulty)
     }
 

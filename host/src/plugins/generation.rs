@@ -1,0 +1,399 @@
+//! A deployment generation: the immutable set of scheduler and sampler components the engine runs, built and dry-run before it serves.
+//!
+//! A generation is made whole or not at all: every component it names is compiled (through
+//! the process's one engine and its cache), instantiated, initialised and called once on a
+//! synthetic batch whose answer is checked. Only then can the engine swap it in. A component
+//! whose file, config and limits are unchanged from the previous generation is shared with it,
+//! instance and counters included, so a reload pays only for what changed.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use plughost_sdk::sampler::SamplingParams;
+use serde::Serialize;
+
+use super::instance::World;
+use super::logits::LogitsBatch;
+use super::sampler::{SamplerPlugin, SequenceToSample};
+use super::scheduler::SchedulerPlugin;
+use super::{InstanceLimits, PluginError, PluginRuntime, PluginSpec, PluginStats};
+use crate::sched::{self, Phase, RequestView, Resources};
+
+/// The place a component takes in a deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Slot {
+    Scheduler,
+    Sampler,
+}
+
+impl Slot {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Slot::Scheduler => "scheduler",
+            Slot::Sampler => "sampler",
+        }
+    }
+}
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a generation could not be built; it names the component.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerationError {
+    #[error("[{slot}] {}: {source}", path.display())]
+    Load {
+        slot: Slot,
+        path: PathBuf,
+        #[source]
+        source: PluginError,
+    },
+    #[error("[{slot}] {}: the dry run failed: {message}", path.display())]
+    DryRun {
+        slot: Slot,
+        path: PathBuf,
+        message: String,
+    },
+}
+
+impl GenerationError {
+    pub fn slot(&self) -> Slot {
+        match self {
+            GenerationError::Load { slot, .. } | GenerationError::DryRun { slot, .. } => *slot,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        match self {
+            GenerationError::Load { path, .. } | GenerationError::DryRun { path, .. } => path,
+        }
+    }
+}
+
+/// What identifies a loaded component, fixed when it loads.
+#[derive(Debug, Clone)]
+struct Identity {
+    slot: Slot,
+    path: PathBuf,
+    sha256: String,
+    wit_version: String,
+    config_json: String,
+    limits: InstanceLimits,
+    /// The generation that loaded it; later generations may share it.
+    generation: u64,
+    loaded_at: SystemTime,
+}
+
+impl Identity {
+    fn same_as(&self, spec: &PluginSpec, sha256: &str) -> bool {
+        self.path == spec.component
+            && self.sha256 == sha256
+            && self.config_json == spec.config_json()
+            && self.limits == spec.limits()
+    }
+}
+
+/// One loaded component: its identity and its plugin, which the engine thread calls.
+pub struct LoadedComponent<P> {
+    identity: Identity,
+    plugin: Mutex<P>,
+}
+
+impl<P> LoadedComponent<P> {
+    /// The plugin, for one call. Only the engine thread calls plugins; the admin listing takes
+    /// the lock briefly to read counters.
+    pub fn plugin(&self) -> MutexGuard<'_, P> {
+        self.plugin
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn sha256(&self) -> &str {
+        &self.identity.sha256
+    }
+
+    pub fn wit_version(&self) -> &str {
+        &self.identity.wit_version
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.identity.path
+    }
+}
+
+/// A component as `/admin/deployment` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentStatus {
+    pub slot: Slot,
+    pub world: &'static str,
+    pub file: String,
+    pub sha256: String,
+    pub wit_version: String,
+    /// The generation that loaded this component.
+    pub generation: u64,
+    /// Unix seconds when it loaded.
+    pub loaded_at: u64,
+    pub calls: u64,
+    pub faults: u32,
+    /// `active`, or `disabled` once its faults reached the limit.
+    pub state: &'static str,
+}
+
+/// The scheduler and sampler the engine runs, numbered; immutable once built.
+pub struct Generation {
+    number: u64,
+    loaded_at: SystemTime,
+    scheduler: Option<Arc<LoadedComponent<SchedulerPlugin>>>,
+    sampler: Option<Arc<LoadedComponent<SamplerPlugin>>>,
+}
+
+impl Generation {
+    /// Builds generation `number` from the specs: `None` runs the built-in policy natively.
+    /// Components equal to `previous`'s are shared with it; every other one is compiled,
+    /// instantiated, initialised and dry-run here, on the caller's thread.
+    pub fn build(
+        runtime: &PluginRuntime,
+        number: u64,
+        scheduler: Option<&PluginSpec>,
+        sampler: Option<&PluginSpec>,
+        previous: Option<&Generation>,
+    ) -> Result<Generation, GenerationError> {
+        let loaded_at = SystemTime::now();
+        let scheduler = match scheduler {
+            None => None,
+            Some(spec) => Some(load(
+                runtime,
+                Slot::Scheduler,
+                spec,
+                number,
+                loaded_at,
+                previous.and_then(|p| p.scheduler.as_ref()),
+                dry_run_scheduler,
+            )?),
+        };
+        let sampler = match sampler {
+            None => None,
+            Some(spec) => Some(load(
+                runtime,
+                Slot::Sampler,
+                spec,
+                number,
+                loaded_at,
+                previous.and_then(|p| p.sampler.as_ref()),
+                dry_run_sampler,
+            )?),
+        };
+        Ok(Generation {
+            number,
+            loaded_at,
+            scheduler,
+            sampler,
+        })
+    }
+
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+
+    pub fn loaded_at(&self) -> SystemTime {
+        self.loaded_at
+    }
+
+    pub fn scheduler(&self) -> Option<&LoadedComponent<SchedulerPlugin>> {
+        self.scheduler.as_deref()
+    }
+
+    pub fn sampler(&self) -> Option<&Arc<LoadedComponent<SamplerPlugin>>> {
+        self.sampler.as_ref()
+    }
+
+    /// Whether this generation took `slot`'s component anew rather than sharing the previous one.
+    pub fn loaded_anew(&self, slot: Slot) -> bool {
+        let generation = match slot {
+            Slot::Scheduler => self.scheduler.as_ref().map(|c| c.identity.generation),
+            Slot::Sampler => self.sampler.as_ref().map(|c| c.identity.generation),
+        };
+        generation == Some(self.number)
+    }
+
+    /// The components with their counters, scheduler first.
+    pub fn components(&self) -> Vec<ComponentStatus> {
+        let mut list = Vec::new();
+        if let Some(c) = &self.scheduler {
+            list.push(status(c, SchedulerPlugin::WORLD, c.plugin().stats()));
+        }
+        if let Some(c) = &self.sampler {
+            list.push(status(c, SamplerPlugin::WORLD, c.plugin().stats()));
+        }
+        list
+    }
+}
+
+/// A host-side plugin type and the world it loads.
+pub(crate) trait PluginWorld: Sized {
+    const WORLD: &'static str;
+    type Bindings: World;
+    fn from_instance(instance: super::instance::ContainedInstance<Self::Bindings>) -> Self;
+}
+
+fn status<P>(c: &LoadedComponent<P>, world: &'static str, stats: PluginStats) -> ComponentStatus {
+    let id = &c.identity;
+    ComponentStatus {
+        slot: id.slot,
+        world,
+        file: id.path.display().to_string(),
+        sha256: id.sha256.clone(),
+        wit_version: id.wit_version.clone(),
+        generation: id.generation,
+        loaded_at: unix_seconds(id.loaded_at),
+        calls: stats.calls,
+        faults: stats.faults,
+        state: if stats.faults >= id.limits.max_faults {
+            "disabled"
+        } else {
+            "active"
+        },
+    }
+}
+
+pub fn unix_seconds(time: SystemTime) -> u64 {
+    time.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn load<P: PluginWorld>(
+    runtime: &PluginRuntime,
+    slot: Slot,
+    spec: &PluginSpec,
+    number: u64,
+    loaded_at: SystemTime,
+    previous: Option<&Arc<LoadedComponent<P>>>,
+    dry_run: impl FnOnce(&mut P) -> Result<(), String>,
+) -> Result<Arc<LoadedComponent<P>>, GenerationError> {
+    let path = spec.component.clone();
+    let failed = |source| GenerationError::Load {
+        slot,
+        path: path.clone(),
+        source,
+    };
+    let compiled = runtime.compile(&path).map_err(failed)?;
+    if let Some(previous) = previous
+        && previous.identity.same_as(spec, &compiled.sha256)
+    {
+        return Ok(previous.clone());
+    }
+    let config_json = spec.config_json();
+    let limits = spec.limits();
+    let instance = runtime
+        .instantiate_component::<P::Bindings>(&path, &compiled.component, &config_json, limits)
+        .map_err(failed)?;
+    let mut plugin = P::from_instance(instance);
+    dry_run(&mut plugin).map_err(|message| GenerationError::DryRun {
+        slot,
+        path: path.clone(),
+        message,
+    })?;
+    Ok(Arc::new(LoadedComponent {
+        identity: Identity {
+            slot,
+            path,
+            sha256: compiled.sha256,
+            wit_version: compiled.wit_version,
+            config_json,
+            limits,
+            generation: number,
+            loaded_at,
+        },
+        plugin: Mutex::new(plugin),
+    }))
+}
+
+/// Schedules two waiting requests with room for both; the plan must pass the host's checks
+/// and run something.
+fn dry_run_scheduler(plugin: &mut SchedulerPlugin) -> Result<(), String> {
+    let views: Vec<RequestView> = (1..=2u64)
+        .map(|id| RequestView {
+            id,
+            phase: Phase::Waiting,
+            priority: 0,
+            arrival_us: id,
+            prompt_len: 8,
+            computed_len: 0,
+            cached_prefix_len: 0,
+            output_len: 0,
+            max_output: 8,
+            blocks_held: 0,
+        })
+        .collect();
+    let resources = Resources {
+        token_budget: 64,
+        max_running: 8,
+        block_size: 16,
+        free_blocks: 16,
+        total_blocks: 16,
+    };
+    let plan = plugin
+        .schedule(&views, &resources)
+        .map_err(|e| e.to_string())?;
+    sched::validate_plan(&plan, &views, &resources).map_err(|e| format!("invalid plan: {e}"))?;
+    if plan.run.is_empty() {
+        return Err("the plan runs nothing while two requests wait and all fit".into());
+    }
+    Ok(())
+}
+
+/// Samples a batch of two rows, one greedy and one at temperature 1; the plugin must return
+/// one token in the vocabulary per row (the sampler checks both on every call).
+fn dry_run_sampler(plugin: &mut SamplerPlugin) -> Result<(), String> {
+    const VOCAB: usize = 64;
+    let values: Vec<f32> = (0..2 * VOCAB)
+        .map(|i| ((i * 37 % 61) as f32) / 8.0 - 4.0)
+        .collect();
+    let mut batch = LogitsBatch::new(values, VOCAB);
+    let sequences = [
+        SequenceToSample {
+            request: 1,
+            position: 0,
+            params: SamplingParams::GREEDY,
+        },
+        SequenceToSample {
+            request: 2,
+            position: 3,
+            params: SamplingParams {
+                temperature: 1.0,
+                seed: 7,
+                ..SamplingParams::GREEDY
+            },
+        },
+    ];
+    plugin
+        .sample(&mut batch, &sequences)
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_slot_and_the_file() {
+        let error = GenerationError::DryRun {
+            slot: Slot::Sampler,
+            path: PathBuf::from("/p/s.wasm"),
+            message: "returned 1 tokens for 2 sequences".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "[sampler] /p/s.wasm: the dry run failed: returned 1 tokens for 2 sequences"
+        );
+        assert_eq!(error.slot(), Slot::Sampler);
+    }
+}
