@@ -266,7 +266,9 @@ async fn serve_connection(
         rejected: None,
     };
     let failure = drive_connection(&mut io, &state, app, &shared).await;
-    if let Some(status) = io.rejected {
+    // Past the shutdown's last grace, connections close without another word.
+    let may_answer = !shared.force_close.load(Ordering::SeqCst);
+    if let Some(status) = io.rejected.filter(|_| may_answer) {
         let error = head_error(status, failure.as_ref());
         tracing::debug!("rejected a request head: {error}");
         answer_rejection(&mut io.inner, error).await;
