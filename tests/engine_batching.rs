@@ -53,6 +53,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
         },
         logprobs: false,
         priority: 0,
+        request_id: None,
     }
 }
 

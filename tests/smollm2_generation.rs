@@ -89,6 +89,7 @@ fn greedy_continuations_and_logprobs_match_transformers() {
             },
             logprobs: true,
             priority: 0,
+            request_id: None,
         };
         let (_, mut events) = engine.submit(request).expect("submitted");
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());

@@ -175,6 +175,7 @@ fn main() {
                 },
                 logprobs: false,
                 priority: 0,
+                request_id: None,
             };
             engine.submit(request).expect("submitted").1
         })

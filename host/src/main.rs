@@ -189,6 +189,7 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
         },
         logprobs: false,
         priority: 0,
+        request_id: None,
     };
     let submitted = std::time::Instant::now();
     let (_, mut events) = engine.submit(request).map_err(|e| e.to_string())?;

@@ -35,7 +35,7 @@ pub async fn create(
     let validated = validate_off_thread(move || validation::validate_chat(body, &summary)).await?;
     let (requests, shape) = validated.into_parts();
     ticket.reserve(shape.num_choices())?;
-    let events = submit::submit(&app.engine, requests)?;
+    let events = submit::submit(&app.engine, &request_id, requests)?;
     let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model);
     let mut usage = UsageTally::new(&shape);
     if let Some(settings) = shape.stream {

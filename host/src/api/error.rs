@@ -85,6 +85,17 @@ pub enum ApiError {
     /// An error from below the handlers (an axum extractor, a layer), keeping its status.
     #[error("{message}")]
     Rejected { status: StatusCode, message: String },
+    /// A request head hyper could not parse, answered before any router ran.
+    #[error("malformed HTTP request: {detail}")]
+    MalformedRequest { detail: String },
+    #[error(
+        "the request head is too large: at most {max_bytes} bytes and 100 header fields are accepted"
+    )]
+    RequestHeadTooLarge { max_bytes: usize },
+    #[error("the request URI is too long")]
+    UriTooLong,
+    #[error("HTTP version not supported: this server speaks HTTP/1.0 and HTTP/1.1")]
+    HttpVersionNotSupported,
     #[error(transparent)]
     Unavailable(#[from] EngineError),
     #[error("generation failed: {message}")]
@@ -175,6 +186,10 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             UnsupportedMediaType { .. } =>  (S::UNSUPPORTED_MEDIA_TYPE, INVALID_REQUEST, Some("unsupported_media_type"), None),
             Overloaded { .. } =>            (S::TOO_MANY_REQUESTS, RATE_LIMIT, Some("server_overloaded"), None),
             TooManySequences { .. } =>      (S::BAD_REQUEST, INVALID_REQUEST, Some("too_many_sequences"), Some("n".into())),
+            MalformedRequest { .. } =>      (S::BAD_REQUEST, INVALID_REQUEST, Some("malformed_request"), None),
+            RequestHeadTooLarge { .. } =>   (S::REQUEST_HEADER_FIELDS_TOO_LARGE, INVALID_REQUEST, Some("request_head_too_large"), None),
+            UriTooLong =>                   (S::URI_TOO_LONG, INVALID_REQUEST, Some("uri_too_long"), None),
+            HttpVersionNotSupported =>      (S::HTTP_VERSION_NOT_SUPPORTED, INVALID_REQUEST, Some("http_version_not_supported"), None),
             Rejected { status, .. } if status == S::PAYLOAD_TOO_LARGE =>
                                             (status, INVALID_REQUEST, Some("request_too_large"), None),
             Rejected { status, .. } if status.is_client_error() =>

@@ -6,6 +6,21 @@
 //! router or its response body is being written). Only waiting connections are ever cut for
 //! time or room, so the limits never end a request that is being served; the shutdown deadline
 //! is the one exception, and it tells the client first.
+//!
+//! A request head that hyper cannot parse (a malformed request line or header, a head over
+//! [`MAX_REQUEST_HEAD_BYTES`], a URI too long, an HTTP version other than 1.0 or 1.1) never
+//! reaches the router: hyper answers it itself, with an empty body, and closes. hyper 1 has no
+//! hook for that answer, so the socket wrapper recognises it on the way out and this module
+//! sends an OpenAI-style JSON error in its place. The write side is where this is sound:
+//! hyper alone knows where one request ends and the next begins (bodies by length or by
+//! chunks, pipelined requests already in its buffer, heads split across reads), so a parser of
+//! our own on the read side would have to repeat all of that framing to find the head that
+//! failed. On the write side two facts suffice: while no request of the connection is in the
+//! router, hyper writes only the end of a response or its own error answer, and that answer
+//! alone is a head with an error status and `content-length: 0` (every error the router
+//! returns has a body, and hyper keeps a head in a buffer of its own, so it starts a write).
+//! The swallowed bodiless answer is replaced once hyper has given up the connection, by a
+//! response naming hyper's parse error, with `connection: close`.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -71,6 +86,18 @@ const ABORT_FLUSH_GRACE: Duration = Duration::from_secs(1);
 /// How long the accept loop pauses after an error that the next accept would repeat (out of
 /// file descriptors with no idle connection to close, out of memory), so it does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// The largest request head (request line and headers) hyper reads before answering 431:
+/// hyper's own default, set explicitly so that the error message can name it.
+pub const MAX_REQUEST_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// How long the JSON answer to a malformed request may take to write; then the connection
+/// closes regardless.
+const REJECTION_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes of a rejected client's remaining request read and dropped before closing, so
+/// the close does not reset the connection before the client has read the answer.
+const REJECTION_DRAIN_BYTES: usize = 1 << 20;
 
 /// The request body did not arrive within [`ConnectionLimits::body_read_timeout`].
 #[derive(Debug, Clone, thiserror::Error)]
@@ -225,17 +252,40 @@ impl Shared {
 }
 
 /// Drives one connection: hyper serves its requests while this loop watches the deadlines of
-/// its waiting phases, an eviction, and the shutdown.
+/// its waiting phases, an eviction, and the shutdown. A request head hyper rejected is then
+/// answered with a JSON error.
 async fn serve_connection(
     stream: TcpStream,
     state: Arc<ConnectionState>,
     app: Router,
     shared: Arc<Shared>,
 ) {
-    let io = TokioIo::new(WatchedIo {
+    let mut io = WatchedIo {
         inner: stream,
         state: state.clone(),
-    });
+        rejected: None,
+    };
+    let failure = drive_connection(&mut io, &state, app, &shared).await;
+    // Past the shutdown's last grace, connections close without another word.
+    let may_answer = !shared.force_close.load(Ordering::SeqCst);
+    if let Some(status) = io.rejected.filter(|_| may_answer) {
+        let error = head_error(status, failure.as_ref());
+        tracing::debug!("rejected a request head: {error}");
+        answer_rejection(&mut io.inner, error).await;
+    } else if let Some(e) = failure {
+        tracing::debug!("connection closed: {e}");
+    }
+    shared.registry.remove(state.id);
+}
+
+/// Serves the connection's requests until hyper is done with it or this module cuts it;
+/// hyper's error, if it ended with one.
+async fn drive_connection(
+    io: &mut WatchedIo,
+    state: &Arc<ConnectionState>,
+    app: Router,
+    shared: &Shared,
+) -> Option<hyper::Error> {
     let service = ConnectionService {
         app,
         state: state.clone(),
@@ -245,41 +295,97 @@ async fn serve_connection(
     let mut builder = hyper::server::conn::http1::Builder::new();
     // hyper's own header timeout also runs while a keep-alive connection idles, which would
     // make the keep-alive timeout the header timeout; this module times both phases instead.
-    builder.header_read_timeout(None).keep_alive(true);
-    let connection = builder.serve_connection(io, service);
+    builder
+        .header_read_timeout(None)
+        .keep_alive(true)
+        .max_buf_size(MAX_REQUEST_HEAD_BYTES);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
     let mut connection = std::pin::pin!(connection);
     let mut closing = false;
     loop {
         let deadline = state.waiting_deadline(&shared.limits);
         tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!("connection closed: {e}");
-                }
-                break;
-            }
+            result = connection.as_mut() => return result.err(),
             () = state.wake.notified() => {}
             () = sleep_until_some(deadline) => {}
         }
         if shared.force_close.load(Ordering::SeqCst) {
-            break;
+            return None;
         }
         let waiting = state.waiting_deadline(&shared.limits);
         if waiting.is_some_and(|d| d <= Instant::now()) {
-            break;
+            return None;
         }
         let must_close =
             state.evicted.load(Ordering::SeqCst) || shared.draining.load(Ordering::SeqCst);
         if must_close && !closing {
             if waiting.is_some() {
-                break;
+                return None;
             }
             // Busy: hyper finishes the request in flight, writes it out, then closes.
             connection.as_mut().graceful_shutdown();
             closing = true;
         }
     }
-    shared.registry.remove(state.id);
+}
+
+/// What a request head hyper rejected was wrong with, from the status hyper chose and the
+/// error it ended the connection with.
+fn head_error(status: StatusCode, failure: Option<&hyper::Error>) -> ApiError {
+    match status {
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE => ApiError::RequestHeadTooLarge {
+            max_bytes: MAX_REQUEST_HEAD_BYTES,
+        },
+        StatusCode::URI_TOO_LONG => ApiError::UriTooLong,
+        _ => {
+            let detail = failure.map_or_else(
+                || "the request head could not be parsed".to_string(),
+                |e| e.to_string(),
+            );
+            // hyper answers a version other than 1.0 and 1.1 with a plain 400 and has no
+            // predicate for it; its message for that case is a fixed string.
+            if detail == "invalid HTTP version parsed" {
+                ApiError::HttpVersionNotSupported
+            } else {
+                ApiError::MalformedRequest { detail }
+            }
+        }
+    }
+}
+
+/// Writes the JSON answer to a rejected request head, closes the sending side, and reads
+/// what the client still sends for a moment, so that the close does not reset the
+/// connection before the client has read the answer.
+async fn answer_rejection(stream: &mut TcpStream, error: ApiError) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (status, axum::Json(body)) = <(StatusCode, axum::Json<ErrorResponse>)>::from(error);
+    let json = super::stream::to_json(&body);
+    let response = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{json}",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Error"),
+        json.len(),
+    );
+    let written = tokio::time::timeout(REJECTION_WRITE_TIMEOUT, async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+    if !matches!(written, Ok(Ok(()))) {
+        return;
+    }
+    let _ = tokio::time::timeout(ABORT_FLUSH_GRACE, async {
+        let mut scratch = vec![0; 16 << 10];
+        let mut drained = 0;
+        while drained < REJECTION_DRAIN_BYTES {
+            match stream.read(&mut scratch).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => drained += n,
+            }
+        }
+    })
+    .await;
 }
 
 async fn sleep_until_some(deadline: Option<Instant>) {
@@ -455,10 +561,40 @@ impl Drop for InFlight {
     }
 }
 
-/// The socket, noting when bytes of a new request start to arrive.
+/// The socket, noting when bytes of a new request start to arrive, and holding back hyper's
+/// own bodiless answer to a head it could not parse (see the module docs).
 struct WatchedIo {
     inner: TcpStream,
     state: Arc<ConnectionState>,
+    /// The status of hyper's answer to a bad head, once it has started: everything hyper
+    /// writes from then on is dropped, and the connection answers with JSON once hyper is done.
+    rejected: Option<StatusCode>,
+}
+
+impl WatchedIo {
+    /// The status of hyper's answer to a head it rejected, if `bytes`, written at this point,
+    /// start one.
+    fn starts_rejection(&self, bytes: &[u8]) -> Option<StatusCode> {
+        // Busy: a response of the router's is being written.
+        self.state.waiting_since()?;
+        bodiless_error_status(bytes)
+    }
+}
+
+/// The status of a response head with a 4xx or 5xx status and `content-length: 0`: what hyper
+/// writes for a head it could not parse. Never a router response: those have JSON bodies.
+fn bodiless_error_status(bytes: &[u8]) -> Option<StatusCode> {
+    let mut headers = [httparse::EMPTY_HEADER; 8];
+    let mut head = httparse::Response::new(&mut headers);
+    if !matches!(head.parse(bytes), Ok(httparse::Status::Complete(_))) {
+        return None;
+    }
+    let status = StatusCode::from_u16(head.code?).ok()?;
+    let is_empty = head
+        .headers
+        .iter()
+        .any(|header| header.name.eq_ignore_ascii_case("content-length") && header.value == b"0");
+    ((status.is_client_error() || status.is_server_error()) && is_empty).then_some(status)
 }
 
 impl AsyncRead for WatchedIo {
@@ -483,7 +619,14 @@ impl AsyncWrite for WatchedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+        let this = self.get_mut();
+        if this.rejected.is_none() {
+            this.rejected = this.starts_rejection(buf);
+        }
+        if this.rejected.is_some() {
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -491,7 +634,12 @@ impl AsyncWrite for WatchedIo {
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        if this.rejected.is_some() {
+            // The JSON answer still has to go out; the connection's task closes it after.
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_shutdown(cx)
     }
 
     fn poll_write_vectored(
@@ -499,7 +647,25 @@ impl AsyncWrite for WatchedIo {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        if this.rejected.is_none() {
+            // hyper keeps a head in a buffer of its own, so an answer starts at a slice; the
+            // slices before it (the end of an earlier response) still go out first.
+            let start = bufs.iter().enumerate().find_map(|(index, slice)| {
+                let status = (!slice.is_empty()).then(|| this.starts_rejection(slice))??;
+                Some((index, status))
+            });
+            match start {
+                None => return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs),
+                Some((first, status)) if bufs[..first].iter().all(|slice| slice.is_empty()) => {
+                    this.rejected = Some(status);
+                }
+                Some((first, _)) => {
+                    return Pin::new(&mut this.inner).poll_write_vectored(cx, &bufs[..first]);
+                }
+            }
+        }
+        Poll::Ready(Ok(bufs.iter().map(|slice| slice.len()).sum()))
     }
 
     fn is_write_vectored(&self) -> bool {

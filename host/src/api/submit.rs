@@ -4,6 +4,8 @@
 //! choice failed) drops them all, which tells the engine to abort those requests and free
 //! their KV blocks; nothing else may hold a receiver.
 
+use std::sync::Arc;
+
 use futures::StreamExt;
 use futures::stream::{self, BoxStream, SelectAll};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -15,6 +17,7 @@ use crate::engine::{
 
 use super::error::ApiError;
 use super::openai;
+use super::request_id::RequestId;
 use super::validation::ResponseShape;
 
 /// One choice's event, tagged with the choice index.
@@ -35,16 +38,20 @@ pub enum ChoiceEvent {
 /// Every choice's events, interleaved as they arrive.
 pub type ChoiceEvents = SelectAll<BoxStream<'static, (usize, ChoiceEvent)>>;
 
-/// Submits each choice (in index order) and merges their channels.
+/// Submits each choice (in index order), tagged with the API request's id for the engine's
+/// log lines, and merges their channels.
 pub fn submit(
     engine: &EngineHandle,
+    request_id: &RequestId,
     requests: Vec<GenerationRequest>,
 ) -> Result<ChoiceEvents, ApiError> {
+    let tag: Arc<str> = Arc::from(request_id.as_str());
     let mut merged = SelectAll::new();
-    for (index, request) in requests.into_iter().enumerate() {
+    for (index, mut request) in requests.into_iter().enumerate() {
+        request.request_id = Some(tag.clone());
         // On an error, `merged` drops with the choices already submitted, aborting them.
         let (engine_id, receiver) = engine.submit(request)?;
-        // The engine's own log lines name its id; this line ties it to the request's span.
+        // The engine's own log lines name both ids; this line ties them to the request's span.
         tracing::debug!(engine_request = engine_id, choice = index, "submitted");
         merged.push(choice_stream(index, receiver));
     }

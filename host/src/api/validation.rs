@@ -209,6 +209,8 @@ fn build(
                 stop: stop.clone(),
                 logprobs: logprobs.is_some(),
                 priority,
+                // Set at submission, where the request's id is known.
+                request_id: None,
             });
         }
     }

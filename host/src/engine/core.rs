@@ -75,7 +75,11 @@ impl EngineCore {
     /// never run, so it cannot wait forever.
     pub fn add(&mut self, mut state: RequestState) {
         if let Some(reason) = self.never_runs(&state) {
-            tracing::warn!(request = state.id, "refused: {reason}");
+            tracing::warn!(
+                request = state.id,
+                request_id = state.request_id(),
+                "refused: {reason}"
+            );
             self.health.in_flight.remove(state.id);
             let _ = state
                 .events
@@ -208,7 +212,6 @@ impl EngineCore {
             self.limits.max_num_seqs,
         );
         let id = state.id;
-        tracing::error!(request = id, "{message}");
         self.fail_requests(&[id], &message);
     }
 
@@ -297,6 +300,11 @@ impl EngineCore {
             let Some(mut state) = self.requests.remove(&id) else {
                 continue;
             };
+            tracing::debug!(
+                request = id,
+                request_id = state.request_id(),
+                "preempted: its KV blocks are freed and it waits to run again"
+            );
             state.phase = Phase::Preempted;
             self.lookup_prefix(&mut state);
             self.metrics.preemptions.inc();
@@ -328,6 +336,7 @@ impl EngineCore {
                 }
                 tracing::debug!(
                     request = s.id,
+                    request_id = state.request_id(),
                     "no KV blocks for a planned request; it waits"
                 );
                 continue;
@@ -562,7 +571,11 @@ impl EngineCore {
                     }
                 },
                 Ok(None) => {}
-                Err(e) => tracing::warn!(request = id, "detokenizing failed: {e}"),
+                Err(e) => tracing::warn!(
+                    request = id,
+                    request_id = state.request_id(),
+                    "detokenizing failed: {e}"
+                ),
             }
         }
         if finish.is_none()
@@ -645,7 +658,8 @@ impl EngineCore {
         self.update_gauges();
     }
 
-    /// Ends `ids` with a failure carrying `message`; the engine keeps serving the others.
+    /// Ends `ids` with a failure carrying `message`, logged for each; the engine keeps serving
+    /// the others.
     pub fn fail_requests(&mut self, ids: &[u64], message: &str) {
         for &id in ids {
             self.health.in_flight.remove(id);
@@ -653,6 +667,11 @@ impl EngineCore {
             self.running.retain(|r| *r != id);
             self.waiting.retain(|r| *r != id);
             if let Some(state) = self.requests.remove(&id) {
+                tracing::error!(
+                    request = id,
+                    request_id = state.request_id(),
+                    "request failed: {message}"
+                );
                 self.metrics
                     .requests_finished
                     .with_label_values(&["error"])

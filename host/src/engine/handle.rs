@@ -296,7 +296,9 @@ impl EngineHandle {
         self.summary()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
-        self.health.in_flight.insert(id, events.clone());
+        self.health
+            .in_flight
+            .insert(id, request.request_id.clone(), events.clone());
         let command = Command::Submit {
             id,
             request: Box::new(request),
@@ -672,7 +674,7 @@ mod tests {
         let health = EngineHealth::default();
         let load = (Mutex::new(LoadState::Loading), Condvar::new());
         let (events, mut receiver) = unbounded_channel();
-        health.in_flight.insert(7, events);
+        health.in_flight.insert(7, None, events);
         assert!(guard_panics(&health, &load, || {}));
         assert!(matches!(*load.0.lock().unwrap(), LoadState::Loading));
         let returned = guard_panics(&health, &load, || panic!("step {} went wrong", 3));

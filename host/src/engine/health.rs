@@ -117,13 +117,25 @@ impl Liveness {
 /// cannot report itself (it is stuck or gone) still reaches each client.
 #[derive(Default)]
 pub struct InFlight {
-    senders: Mutex<HashMap<RequestId, UnboundedSender<GenerationEvent>>>,
+    senders: Mutex<HashMap<RequestId, InFlightRequest>>,
+}
+
+/// A request in flight as the watchdog sees it: where its events go, and the API request's
+/// id for the log line that reports its failure.
+struct InFlightRequest {
+    events: UnboundedSender<GenerationEvent>,
+    request_id: Option<Arc<str>>,
 }
 
 impl InFlight {
-    pub fn insert(&self, id: RequestId, events: UnboundedSender<GenerationEvent>) {
+    pub fn insert(
+        &self,
+        id: RequestId,
+        request_id: Option<Arc<str>>,
+        events: UnboundedSender<GenerationEvent>,
+    ) {
         if let Ok(mut senders) = self.senders.lock() {
-            senders.insert(id, events);
+            senders.insert(id, InFlightRequest { events, request_id });
         }
     }
 
@@ -140,8 +152,13 @@ impl InFlight {
             Ok(mut senders) => std::mem::take(&mut *senders),
             Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
         };
-        for events in senders.values() {
-            let _ = events.send(GenerationEvent::Failed {
+        for (id, request) in &senders {
+            tracing::error!(
+                request = id,
+                request_id = request.request_id.as_deref(),
+                "request failed: {message}"
+            );
+            let _ = request.events.send(GenerationEvent::Failed {
                 message: message.to_string(),
             });
         }
@@ -229,8 +246,8 @@ mod tests {
     fn failing_all_reaches_every_request_once() {
         let in_flight = InFlight::default();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        in_flight.insert(1, tx.clone());
-        in_flight.insert(2, tx);
+        in_flight.insert(1, None, tx.clone());
+        in_flight.insert(2, None, tx);
         in_flight.remove(2);
         assert_eq!(in_flight.fail_all("gone"), 1);
         assert_eq!(

@@ -1,5 +1,7 @@
 //! What the engine accepts (a validated generation request) and what it streams back.
 
+use std::sync::Arc;
+
 use plughost_sdk::sampler::{Candidate, SamplingParams};
 
 pub type RequestId = u64;
@@ -28,6 +30,9 @@ pub struct GenerationRequest {
     pub logprobs: bool,
     /// Higher is scheduled first by priority-aware schedulers.
     pub priority: i32,
+    /// The id of the API request this sequence serves (its `X-Request-Id`), named by every
+    /// engine log line about the sequence; `None` outside the API.
+    pub request_id: Option<Arc<str>>,
 }
 
 /// Why a request finished.

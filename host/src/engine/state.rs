@@ -41,6 +41,11 @@ pub struct RequestState {
 }
 
 impl RequestState {
+    /// The API request's id, for log lines about this sequence.
+    pub fn request_id(&self) -> Option<&str> {
+        self.request.request_id.as_deref()
+    }
+
     pub fn view(&self, blocks_held: u32) -> RequestView {
         RequestView {
             id: self.id,
