@@ -266,3 +266,38 @@ async fn an_engine_failure_without_streaming_is_a_500() {
     assert_eq!(body["error"]["code"], "generation_failed", "{body}");
     engine.shutdown();
 }
+
+/// `/ready` is readiness: 200 while the server takes new work, 503 `draining` from the first
+/// shutdown signal on, while `/health` (liveness) stays 200; both are open without the API key.
+#[tokio::test]
+async fn ready_turns_503_when_draining_while_health_stays_200() {
+    let engine = start_engine();
+    let config = ApiConfig {
+        api_keys: plughost::api::ApiKeys::new(["sk-ready"]).expect("a valid key"),
+        ..ApiConfig::default()
+    };
+    let drain = config.drain.clone();
+    let base = format!("http://{}", spawn_server(engine, config));
+    let client = reqwest::Client::new();
+    let get = |path: &'static str| {
+        let (client, base) = (client.clone(), base.clone());
+        async move {
+            let response = client
+                .get(format!("{base}{path}"))
+                .send()
+                .await
+                .expect("an answer");
+            let status = response.status();
+            (status, response.text().await.expect("a body"))
+        }
+    };
+    assert_eq!(get("/ready").await.0, StatusCode::OK);
+    assert_eq!(get("/health").await.0, StatusCode::OK);
+
+    drain.start();
+    let (status, body) = get("/ready").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let error: Value = serde_json::from_str(&body).expect("a JSON error");
+    assert_eq!(error["error"]["code"], "draining", "{body}");
+    assert_eq!(get("/health").await.0, StatusCode::OK);
+}

@@ -323,13 +323,14 @@ fn serve(
         );
         // A model that failed to load never will, and an engine that died, stalled or hung
         // never recovers: stop serving and exit with the error, so a supervisor restarts us.
+        let drain = api_config.drain.clone();
         let failure = Arc::new(std::sync::Mutex::new(None));
         let shutdown = {
             let (engine, failure) = (engine.clone(), failure.clone());
             let shutdown_timeout = limits.shutdown_timeout;
             async move {
                 tokio::select! {
-                    () = signals.first_then_watch(shutdown_timeout) => {}
+                    () = signals.first_then_watch(shutdown_timeout) => drain.start(),
                     fault = engine_fault(engine) => {
                         let message = fault.to_string();
                         if matches!(fault, EngineError::Faulted(_)) {

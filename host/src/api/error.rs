@@ -96,6 +96,8 @@ pub enum ApiError {
     UriTooLong,
     #[error("HTTP version not supported: this server speaks HTTP/1.0 and HTTP/1.1")]
     HttpVersionNotSupported,
+    #[error("the server is shutting down: it finishes the requests it has and takes no new ones")]
+    Draining,
     #[error(transparent)]
     Unavailable(#[from] EngineError),
     #[error("generation failed: {message}")]
@@ -197,6 +199,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             Rejected { status, .. } if status.is_server_error() =>
                                             (status, SERVER_ERROR, None, None),
             Rejected { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
+            Draining =>                     (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("draining"), None),
             Unavailable(EngineError::NotReady) =>      (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_loading"), None),
             Unavailable(EngineError::LoadFailed(_)) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_load_failed"), None),
             Unavailable(EngineError::Stopped) =>       (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_stopped"), None),

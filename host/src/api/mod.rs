@@ -16,6 +16,7 @@ pub mod body;
 pub mod browser;
 pub mod chat;
 pub mod completions;
+pub mod drain;
 pub mod error;
 pub mod logprobs;
 pub mod openai;
@@ -60,6 +61,8 @@ pub struct ApiConfig {
     pub max_waiting_requests: usize,
     /// Keys of the `/admin/*` routes; empty: they answer 403.
     pub admin_keys: ApiKeys,
+    /// Set when shutdown begins; `/ready` answers 503 from then on.
+    pub drain: drain::Drain,
 }
 
 impl Default for ApiConfig {
@@ -71,6 +74,7 @@ impl Default for ApiConfig {
             allowed_origins: None,
             max_waiting_requests: 1024,
             admin_keys: ApiKeys::default(),
+            drain: drain::Drain::default(),
         }
     }
 }
@@ -109,6 +113,7 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
         .merge(admin)
         .route("/v1/models", get(routes::models))
         .route("/health", get(routes::health))
+        .route("/ready", get(routes::ready))
         .route("/metrics", get(routes::metrics))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)

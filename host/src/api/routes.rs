@@ -1,4 +1,4 @@
-//! The small routes: `/v1/models`, `/health`, `/metrics`, and the OpenAI-shaped 404 and 405 fallbacks.
+//! The small routes: `/v1/models`, `/health` (liveness), `/ready` (readiness), `/metrics`, and the OpenAI-shaped 404 and 405 fallbacks.
 
 use std::sync::Arc;
 
@@ -33,6 +33,16 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>,
 /// 200 once the model is ready; 503 while it loads, when it failed to load, and when the
 /// engine died, stalled or hung on the device (then the process is on its way out).
 pub async fn health(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+    app.engine.summary()?;
+    Ok(StatusCode::OK)
+}
+
+/// Readiness: 200 while the server takes new work; 503 while the model loads, after an engine
+/// fault, and from the first shutdown signal on (while requests in flight drain).
+pub async fn ready(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+    if app.config.drain.is_draining() {
+        return Err(ApiError::Draining);
+    }
     app.engine.summary()?;
     Ok(StatusCode::OK)
 }
