@@ -30,6 +30,7 @@ pub struct BuiltPlugin {
 struct Marker {
     name: String,
     kind: PluginKind,
+    config: toml::Table,
     config_json: String,
 }
 
@@ -67,16 +68,18 @@ fn read_marker(manifest: &Path) -> Result<Marker, PluginKitError> {
              \"sampler\" or \"model-glue\""
         ))
     })?;
-    let config_json = match marker.get("config") {
-        None => String::new(),
-        Some(toml::Value::Table(config)) => serde_json::to_string(config)
-            .map_err(|e| not_a_plugin(format!("[package.metadata.plughost] config: {e}")))?,
+    let config = match marker.get("config") {
+        None => toml::Table::new(),
+        Some(toml::Value::Table(config)) => config.clone(),
         Some(_) => {
             return Err(not_a_plugin(
                 "[package.metadata.plughost] config must be a table".into(),
             ));
         }
     };
+    // The JSON a deployment's `config` table becomes, as `init` receives it.
+    let config_json = serde_json::to_string(&config)
+        .map_err(|e| not_a_plugin(format!("[package.metadata.plughost] config: {e}")))?;
     let is_cdylib = table
         .get("lib")
         .and_then(|l| l.get("crate-type"))
@@ -90,6 +93,7 @@ fn read_marker(manifest: &Path) -> Result<Marker, PluginKitError> {
     Ok(Marker {
         name,
         kind,
+        config,
         config_json,
     })
 }
@@ -189,7 +193,7 @@ pub fn build(dir: &Path) -> Result<BuiltPlugin, PluginKitError> {
     let deployment = wasm.with_extension("deploy.toml");
     write_file(
         &deployment,
-        deployment_toml(marker.kind, &wasm, &marker.config_json).as_bytes(),
+        deployment_toml(marker.kind, &wasm, &marker.config).as_bytes(),
     )?;
     Ok(BuiltPlugin {
         name: marker.name,
@@ -203,17 +207,13 @@ pub fn build(dir: &Path) -> Result<BuiltPlugin, PluginKitError> {
 }
 
 /// A deployment file that names the component alone, with its sample config.
-fn deployment_toml(kind: PluginKind, wasm: &Path, config_json: &str) -> String {
+fn deployment_toml(kind: PluginKind, wasm: &Path, config: &toml::Table) -> String {
     let mut slot = toml::Table::new();
     slot.insert(
         "component".into(),
         toml::Value::String(wasm.display().to_string()),
     );
-    if !config_json.is_empty() {
-        if let Ok(config) = serde_json::from_str::<toml::Table>(config_json) {
-            slot.insert("config".into(), toml::Value::Table(config));
-        }
-    }
+    slot.insert("config".into(), toml::Value::Table(config.clone()));
     let mut file = toml::Table::new();
     file.insert(kind.deployment_slot().into(), toml::Value::Table(slot));
     format!(
