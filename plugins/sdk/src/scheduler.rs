@@ -120,12 +120,10 @@ impl PlanBuilder {
         if starts_running && self.slots_left == 0 {
             return 0;
         }
-        let mut tokens = max_tokens
-            .min(request.pending_len())
-            .min(self.tokens_left);
+        let mut tokens = max_tokens.min(request.pending_len()).min(self.tokens_left);
         // The most tokens the blocks it holds plus the free ones can take.
-        let capacity = (u64::from(request.blocks_held) + self.free_blocks)
-            * u64::from(self.block_size);
+        let capacity =
+            (u64::from(request.blocks_held) + self.free_blocks) * u64::from(self.block_size);
         let room = capacity.saturating_sub(u64::from(request.computed_len));
         tokens = tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
         if tokens == 0 {
@@ -358,11 +356,24 @@ mod tests {
         assert_eq!(plan.run(&waiting, u32::MAX), 0);
         assert!(plan.preempt(&running));
         assert!(!plan.preempt(&running), "preempted once");
-        assert!(!plan.preempt(&waiting), "only running requests are preempted");
+        assert!(
+            !plan.preempt(&waiting),
+            "only running requests are preempted"
+        );
         assert_eq!(plan.run(&waiting, u32::MAX), 8);
-        assert_eq!(plan.run(&running, 1), 0, "a preempted request holds no blocks now");
+        assert_eq!(
+            plan.run(&running, 1),
+            0,
+            "a request this plan preempts does not run"
+        );
         let plan = plan.finish();
         assert_eq!(plan.preempt, [1]);
-        assert_eq!(plan.run, [Scheduled { id: 2, num_tokens: 8 }]);
+        assert_eq!(
+            plan.run,
+            [Scheduled {
+                id: 2,
+                num_tokens: 8
+            }]
+        );
     }
 }
