@@ -72,8 +72,8 @@ plughost_sdk::export_sampler!(Standard);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plughost_sdk::sampler::testing::VecRow;
     use plughost_sdk::sampler::SamplingParams;
+    use plughost_sdk::sampler::testing::VecRow;
 
     #[test]
     fn config_parses_and_rejects_unknown_keys() {
