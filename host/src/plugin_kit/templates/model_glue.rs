@@ -6,8 +6,8 @@
 
 use plughost_sdk::model_glue::ModelGlue;
 use plughost_sdk::model_glue::types::{
-    ArgTag, BufferRef, Dim, Dtype, Extent, KvLayout, ModelInfo, RefreshPolicy, Scratch,
-    StepInput, StepInputKind, StepProgram, Task, TensorArg, WeightSpec,
+    ArgTag, BufferRef, Dim, Dtype, Extent, KvLayout, ModelInfo, RefreshPolicy, Scratch, StepInput,
+    StepInputKind, StepProgram, Task, TensorArg, WeightSpec,
 };
 use serde::Deserialize;
 
@@ -58,8 +58,16 @@ impl Bigram {
 
 fn rows(extent: Extent, width: u64) -> Vec<Dim> {
     vec![
-        Dim { extent, factor: 1, offset: 0 },
-        Dim { extent: Extent::One, factor: width, offset: 0 },
+        Dim {
+            extent,
+            factor: 1,
+            offset: 0,
+        },
+        Dim {
+            extent: Extent::One,
+            factor: width,
+            offset: 0,
+        },
     ]
 }
 
@@ -86,10 +94,20 @@ impl ModelGlue for Bigram {
             max_position: model.max_position_embeddings,
             eos_token_ids: model.eos_token_id.into_iter().collect(),
             // One layer of one head keeps the host's KV cache minimal; nothing reads it.
-            kv: KvLayout { num_layers: 1, num_kv_heads: 1, head_dim: 1 },
+            kv: KvLayout {
+                num_layers: 1,
+                num_kv_heads: 1,
+                head_dim: 1,
+            },
             weights: vec![
-                WeightSpec { name: "embed.weight".into(), shape: matrix.clone() },
-                WeightSpec { name: "lm_head.weight".into(), shape: matrix },
+                WeightSpec {
+                    name: "embed.weight".into(),
+                    shape: matrix.clone(),
+                },
+                WeightSpec {
+                    name: "lm_head.weight".into(),
+                    shape: matrix,
+                },
             ],
         })
     }
@@ -101,12 +119,21 @@ impl ModelGlue for Bigram {
             name: name.into(),
             kind,
             dtype: Dtype::I32,
-            shape: vec![Dim { extent, factor: 1, offset: 0 }],
+            shape: vec![Dim {
+                extent,
+                factor: 1,
+                offset: 0,
+            }],
             policy,
         };
         Ok(StepProgram {
             inputs: vec![
-                input("token_ids", StepInputKind::TokenIds, Extent::Tokens, RefreshPolicy::EveryStep),
+                input(
+                    "token_ids",
+                    StepInputKind::TokenIds,
+                    Extent::Tokens,
+                    RefreshPolicy::EveryStep,
+                ),
                 input(
                     "logits_indices",
                     StepInputKind::LogitsIndices,
@@ -115,8 +142,16 @@ impl ModelGlue for Bigram {
                 ),
             ],
             scratch: vec![
-                Scratch { name: "hidden".into(), dtype: Dtype::F32, shape: rows(Extent::Tokens, hidden) },
-                Scratch { name: "last".into(), dtype: Dtype::F32, shape: rows(Extent::Emitting, hidden) },
+                Scratch {
+                    name: "hidden".into(),
+                    dtype: Dtype::F32,
+                    shape: rows(Extent::Tokens, hidden),
+                },
+                Scratch {
+                    name: "last".into(),
+                    dtype: Dtype::F32,
+                    shape: rows(Extent::Emitting, hidden),
+                },
             ],
             tasks: vec![
                 Task {
@@ -165,12 +200,17 @@ mod tests {
     fn describes_the_model_and_reads_every_weight_it_lists() {
         let glue = Bigram::init("").unwrap();
         let info = glue.describe(CONFIG_JSON).unwrap();
-        assert_eq!((info.vocab_size, info.eos_token_ids.clone()), (256, vec![2]));
+        assert_eq!(
+            (info.vocab_size, info.eos_token_ids.clone()),
+            (256, vec![2])
+        );
         let program = glue.build_program(CONFIG_JSON).unwrap();
         for weight in &info.weights {
-            let read = program.tasks.iter().flat_map(|t| &t.args).any(
-                |a| matches!(&a.buffer, BufferRef::Weight(name) if *name == weight.name),
-            );
+            let read = program
+                .tasks
+                .iter()
+                .flat_map(|t| &t.args)
+                .any(|a| matches!(&a.buffer, BufferRef::Weight(name) if *name == weight.name));
             assert!(read, "{} is never read", weight.name);
         }
     }

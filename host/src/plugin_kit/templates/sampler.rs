@@ -56,7 +56,11 @@ impl TopK {
         let token = if params.temperature <= 0.0 {
             row.argmax()
         } else {
-            let k = if params.top_k > 0 { params.top_k } else { self.config.top_k };
+            let k = if params.top_k > 0 {
+                params.top_k
+            } else {
+                self.config.top_k
+            };
             let candidates = row.top_k(k);
             let ids: Vec<u32> = candidates.iter().map(|c| c.id).collect();
             let logprobs = row.log_softmax(&ids, params.temperature);
@@ -138,7 +142,11 @@ mod tests {
         assert_eq!(greedy[0].token, 1);
         for seed in 0..200 {
             let drawn = sampler.sample(&[sequence(&row, 1.0, seed)]).unwrap();
-            assert!([1, 2].contains(&drawn[0].token), "seed {seed}: {:?}", drawn[0]);
+            assert!(
+                [1, 2].contains(&drawn[0].token),
+                "seed {seed}: {:?}",
+                drawn[0]
+            );
         }
     }
 
