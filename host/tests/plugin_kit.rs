@@ -1,4 +1,4 @@
-//! The plugin kit end to end, as an author outside this repository uses it: `plugin new` in a temporary folder, a policy change, `plugin build`, and `plughost serve` running the result.
+//! The plugin kit end to end, as an author outside this repository uses it: `plugin new` in a temporary folder, a policy change, `plugin build`, and the result running in `plughost serve` (a sampler) or the engine (model glue).
 //!
 //! The first run compiles the new crate and its dependencies for wasm32-wasip2 from scratch
 //! (about 40 s on two cores); its target dir, `target/plugin-kit-test`, is kept so later runs
@@ -271,4 +271,137 @@ async fn a_sampler_made_with_plugin_new_builds_and_serves_outside_the_workspace(
         alternatives.contains(&second),
         "{second:?} is not among {alternatives:?}"
     );
+}
+
+const BIGRAM_VOCAB: usize = 448;
+
+/// The token the test bigram model predicts after `token`: a bijection of the vocabulary.
+fn bigram_next(token: usize) -> usize {
+    (5 * token + 3) % BIGRAM_VOCAB
+}
+
+/// A bigram checkpoint in `dir` whose greedy continuation of token t is `bigram_next(t)`:
+/// one-hot embeddings, and an LM head row v that is one-hot at the token v follows.
+fn write_bigram_checkpoint(dir: &Path) {
+    let n = BIGRAM_VOCAB;
+    let mut embed = vec![0f32; n * n];
+    let mut head = vec![0f32; n * n];
+    for t in 0..n {
+        embed[t * n + t] = 1.0;
+        head[bigram_next(t) * n + t] = 1.0;
+    }
+    let bytes =
+        |values: &[f32]| -> Vec<u8> { values.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let (embed, head) = (bytes(&embed), bytes(&head));
+    let header = json!({
+        "embed.weight": {"dtype": "F32", "shape": [n, n], "data_offsets": [0, embed.len()]},
+        "lm_head.weight": {"dtype": "F32", "shape": [n, n],
+                           "data_offsets": [embed.len(), embed.len() + head.len()]},
+    })
+    .to_string();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header.as_bytes());
+    file.extend(&embed);
+    file.extend(&head);
+    std::fs::create_dir_all(dir).expect("model folder");
+    std::fs::write(dir.join("model.safetensors"), file).expect("weights");
+    let config = json!({"architectures": ["BigramForCausalLM"], "vocab_size": n,
+                        "hidden_size": n, "max_position_embeddings": 256, "eos_token_id": 0,
+                        "torch_dtype": "float32"});
+    std::fs::write(dir.join("config.json"), config.to_string()).expect("config.json");
+    let fixture = workspace().join("tests/fixtures/tiny-qwen3");
+    for file in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(fixture.join(file), dir.join(file)).expect("tokenizer files");
+    }
+}
+
+#[test]
+fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
+    use plughost::engine::{
+        EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest,
+        StopConditions,
+    };
+    use plughost::plugins::PluginSpec;
+    use plughost_sdk::sampler::SamplingParams;
+
+    let temp = TempDir::new("glue");
+    let created = run(plughost(&["plugin", "new", "model-glue", "bigram", "--path"]).arg(&temp.0));
+    assert!(created.status.success(), "{}", text(&created.stderr));
+    let built = build(&temp.0.join("bigram"));
+    let stdout = text(&built.stdout);
+    assert!(
+        built.status.success(),
+        "{}\n{}",
+        stdout,
+        text(&built.stderr)
+    );
+    assert!(stdout.contains("glue       ok"), "{stdout}");
+    let wasm = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("component"))
+        .map(|p| PathBuf::from(p.trim()))
+        .expect("a component line");
+
+    let model = temp.0.join("model");
+    write_bigram_checkpoint(&model);
+    let setup = EngineSetup {
+        model_dir: model,
+        model_name: "bigram".into(),
+        device_library: plugins_dir().join("libplughost_device_cpu.so"),
+        device_config: String::new(),
+        glue: PluginSpec {
+            component: wasm,
+            config: Default::default(),
+            memory_mib: None,
+            call_timeout_ms: None,
+        },
+        scheduler: None,
+        sampler: None,
+        component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+        options: EngineOptions {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            block_size: 4,
+            num_kv_blocks: Some(64),
+            ..Default::default()
+        },
+        profile_output: None,
+    };
+    let engine = EngineHandle::start(
+        setup,
+        std::sync::Arc::new(plughost::metrics::Metrics::new()),
+    )
+    .expect("the engine starts");
+    engine
+        .wait_ready()
+        .expect("the bigram model loads through the new glue");
+    let (_, mut events) = engine
+        .submit(GenerationRequest {
+            prompt_tokens: vec![10, 20, 30],
+            sampling: SamplingParams::GREEDY,
+            max_tokens: 8,
+            stop: StopConditions {
+                ignore_eos: true,
+                ..Default::default()
+            },
+            logprobs: false,
+            priority: 0,
+        })
+        .expect("submitted");
+    let mut tokens = Vec::new();
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
+            GenerationEvent::Finished { .. } => break,
+            GenerationEvent::Failed { message } => panic!("generation failed: {message}"),
+        }
+    }
+    engine.shutdown();
+    let mut expected = Vec::new();
+    let mut last = 30;
+    for _ in 0..8 {
+        last = bigram_next(last);
+        expected.push(last as u32);
+    }
+    assert_eq!(tokens, expected);
 }

@@ -115,29 +115,49 @@ impl ModelGlue for Bigram {
     fn build_program(&self, config_json: &str) -> Result<StepProgram, String> {
         let model = self.model(config_json)?;
         let hidden = u64::from(model.hidden_size);
-        let input = |name: &str, kind, extent, policy| StepInput {
+        let dim = |extent, offset| Dim {
+            extent,
+            factor: 1,
+            offset,
+        };
+        let input = |name: &str, kind, shape, policy| StepInput {
             name: name.into(),
             kind,
             dtype: Dtype::I32,
-            shape: vec![Dim {
-                extent,
-                factor: 1,
-                offset: 0,
-            }],
+            shape,
             policy,
         };
+        // The host needs these five inputs to lay out a step, whether or not a task reads them.
         Ok(StepProgram {
             inputs: vec![
                 input(
                     "token_ids",
                     StepInputKind::TokenIds,
-                    Extent::Tokens,
+                    vec![dim(Extent::Tokens, 0)],
                     RefreshPolicy::EveryStep,
+                ),
+                input(
+                    "query_start",
+                    StepInputKind::QueryStart,
+                    vec![dim(Extent::Sequences, 1)],
+                    RefreshPolicy::OnChange,
+                ),
+                input(
+                    "block_table",
+                    StepInputKind::BlockTable,
+                    vec![dim(Extent::Sequences, 0), dim(Extent::BlocksPerSequence, 0)],
+                    RefreshPolicy::OnChange,
+                ),
+                input(
+                    "seq_lens",
+                    StepInputKind::SeqLens,
+                    vec![dim(Extent::Sequences, 0)],
+                    RefreshPolicy::DeviceMaintained,
                 ),
                 input(
                     "logits_indices",
                     StepInputKind::LogitsIndices,
-                    Extent::Emitting,
+                    vec![dim(Extent::Emitting, 0)],
                     RefreshPolicy::OnChange,
                 ),
             ],
@@ -154,6 +174,15 @@ impl ModelGlue for Bigram {
                 },
             ],
             tasks: vec![
+                // Sequence lengths live on the device and advance by each step's query lengths.
+                Task {
+                    callable: "advance_seq_lens".into(),
+                    args: vec![
+                        arg(BufferRef::Input("seq_lens".into()), ArgTag::Inout),
+                        arg(BufferRef::Input("query_start".into()), ArgTag::Input),
+                    ],
+                    params: vec![],
+                },
                 Task {
                     callable: "embedding_gather".into(),
                     args: vec![
