@@ -11,6 +11,7 @@ pub mod engine;
 pub mod kv;
 pub mod metrics;
 pub mod model;
+pub mod plugin_kit;
 pub mod plugins;
 pub mod profile;
 pub mod runtime;

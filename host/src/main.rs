@@ -1,4 +1,4 @@
-//! The `plughost` command line: `serve`, `generate`, `bench` and `check`.
+//! The `plughost` command line: `serve`, `generate`, `bench`, `check` and `plugin`.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -94,6 +94,9 @@ enum Command {
         #[arg(long, env = "PLUGHOST_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
     },
+    /// Create and build plugin crates outside this repository.
+    #[command(subcommand)]
+    Plugin(plughost::plugin_kit::PluginCommand),
     /// Load-test an OpenAI-compatible server, in the manner of `vllm bench serve`.
     Bench(plughost::bench::BenchOptions),
 }
@@ -132,6 +135,50 @@ fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), Str
         println!("glue       ok  {}", spec.component.display());
     }
     Ok(())
+}
+
+/// `plughost plugin new|build`; a build is checked by the same code as `plughost check`.
+fn plugin(command: &plughost::plugin_kit::PluginCommand) -> Result<(), String> {
+    use plughost::plugin_kit::{self, NewPlugin, PluginCommand, SdkSource};
+    match command {
+        PluginCommand::New {
+            kind,
+            name,
+            path,
+            sdk,
+        } => {
+            let sdk = SdkSource::parse(sdk.as_deref()).map_err(|e| e.to_string())?;
+            let dir = plugin_kit::create(&NewPlugin {
+                kind: *kind,
+                name: name.clone(),
+                parent: path.clone(),
+                sdk,
+            })
+            .map_err(|e| e.to_string())?;
+            println!(
+                "created {} plugin {name} in {}",
+                kind.world(),
+                dir.display()
+            );
+            println!(
+                "next: cargo test --manifest-path {0}/Cargo.toml && plughost plugin build {0}",
+                dir.display()
+            );
+            Ok(())
+        }
+        PluginCommand::Build { dir } => {
+            let built = plugin_kit::build(dir).map_err(|e| e.to_string())?;
+            check(&built.deployment, None)?;
+            println!("component    {}", built.wasm.display());
+            println!("sha256       {}", built.sha256);
+            println!(
+                "wit          plughost:plugin@{}",
+                built.wit_versions.join(", ")
+            );
+            println!("deployment   {}", built.deployment.display());
+            Ok(())
+        }
+    }
 }
 
 struct GenerateArgs<'a> {
@@ -437,6 +484,7 @@ fn main() -> ExitCode {
         ),
         Command::Check { config, cache_dir } => check(config, cache_dir.clone()),
         Command::Bench(options) => plughost::bench::main(options.clone()),
+        Command::Plugin(command) => plugin(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

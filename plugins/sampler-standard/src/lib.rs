@@ -3,12 +3,10 @@
 //! The algorithm lives in [`sample`] as plain Rust, generic over
 //! [`LogitsRow`], so tests and the host's benchmarks run the same code
 //! natively over their own rows; only the wasm32 build exports the `sampler`
-//! world. [`testing::VecRow`] (feature `testing`) is an in-memory row.
+//! world. The SDK's `plughost_sdk::sampler::testing::VecRow` is an in-memory row.
 
 mod rng;
 pub mod sample;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 
 pub use rng::Uniform;
 pub use sample::{MIN_TEMPERATURE, sample_sequence};
@@ -74,8 +72,8 @@ plughost_sdk::export_sampler!(Standard);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::VecRow;
     use plughost_sdk::sampler::SamplingParams;
+    use plughost_sdk::sampler::testing::VecRow;
 
     #[test]
     fn config_parses_and_rejects_unknown_keys() {

@@ -316,8 +316,8 @@ fn with_logprobs<R: LogitsRow + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::VecRow;
     use plughost_sdk::sampler::Penalties;
+    use plughost_sdk::sampler::testing::VecRow;
 
     fn params(temperature: f32, top_k: u32, top_p: f32, min_p: f32, seed: u64) -> SamplingParams {
         SamplingParams {

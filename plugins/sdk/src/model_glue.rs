@@ -6,7 +6,7 @@
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "model-glue",
         pub_export_macro: true,
         export_macro_name: "export_model_glue_world",

@@ -2,6 +2,8 @@
 
 use crate::scheduler::RequestId;
 
+pub mod testing;
+
 /// A candidate token with a score (a raw logit or a log-probability).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Candidate {
@@ -120,7 +122,7 @@ pub trait Sampler: Sized + 'static {
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "sampler",
         pub_export_macro: true,
         export_macro_name: "export_sampler_world",

@@ -66,6 +66,119 @@ pub struct Plan {
     pub preempt: Vec<RequestId>,
 }
 
+/// Builds a plan that stays within a step's limits: the token budget, the running slots and the
+/// free KV blocks. A policy decides the order; the builder keeps the arithmetic the host checks.
+///
+/// ```
+/// use plughost_sdk::scheduler::{Phase, PlanBuilder, RequestView, Resources};
+///
+/// let waiting = RequestView {
+///     id: 7, phase: Phase::Waiting, priority: 0, arrival_us: 0, prompt_len: 40,
+///     computed_len: 0, cached_prefix_len: 0, output_len: 0, max_output: 16, blocks_held: 0,
+/// };
+/// let resources = Resources {
+///     token_budget: 32, max_running: 4, block_size: 16, free_blocks: 8, total_blocks: 8,
+/// };
+/// let mut plan = PlanBuilder::new(&[waiting.clone()], &resources);
+/// assert_eq!(plan.run(&waiting, u32::MAX), 32); // a prefill chunk as large as the budget
+/// assert_eq!(plan.finish().run[0].num_tokens, 32);
+/// ```
+#[derive(Debug, Clone)]
+pub struct PlanBuilder {
+    plan: Plan,
+    tokens_left: u32,
+    free_blocks: u64,
+    block_size: u32,
+    slots_left: u32,
+}
+
+impl PlanBuilder {
+    /// An empty plan for `requests` under `resources`.
+    pub fn new(requests: &[RequestView], resources: &Resources) -> PlanBuilder {
+        let running = requests
+            .iter()
+            .filter(|r| r.phase == Phase::Running)
+            .count();
+        let running = u32::try_from(running).unwrap_or(u32::MAX);
+        PlanBuilder {
+            plan: Plan::default(),
+            tokens_left: resources.token_budget,
+            free_blocks: u64::from(resources.free_blocks),
+            block_size: resources.block_size.max(1),
+            slots_left: resources.max_running.saturating_sub(running),
+        }
+    }
+
+    /// Schedules up to `max_tokens` of the request's pending tokens, as many as the budget, the
+    /// running slots and the free KV blocks allow. Returns the tokens granted; 0 means the
+    /// request does not run this step (nothing pending, no room, already planned or preempted).
+    pub fn run(&mut self, request: &RequestView, max_tokens: u32) -> u32 {
+        if self.is_planned(request.id) || self.plan.preempt.contains(&request.id) {
+            return 0;
+        }
+        let starts_running = request.phase != Phase::Running;
+        if starts_running && self.slots_left == 0 {
+            return 0;
+        }
+        let mut tokens = max_tokens.min(request.pending_len()).min(self.tokens_left);
+        // The most tokens the blocks it holds plus the free ones can take.
+        let capacity =
+            (u64::from(request.blocks_held) + self.free_blocks) * u64::from(self.block_size);
+        let room = capacity.saturating_sub(u64::from(request.computed_len));
+        tokens = tokens.min(u32::try_from(room).unwrap_or(u32::MAX));
+        if tokens == 0 {
+            return 0;
+        }
+        let blocks_after = (u64::from(request.computed_len) + u64::from(tokens))
+            .div_ceil(u64::from(self.block_size));
+        self.free_blocks -= blocks_after.saturating_sub(u64::from(request.blocks_held));
+        self.tokens_left -= tokens;
+        if starts_running {
+            self.slots_left -= 1;
+        }
+        self.plan.run.push(Scheduled {
+            id: request.id,
+            num_tokens: tokens,
+        });
+        tokens
+    }
+
+    /// Preempts a running request that is not planned to run: its KV blocks and its running
+    /// slot become free for the requests planned after it. Returns whether it was preempted.
+    pub fn preempt(&mut self, request: &RequestView) -> bool {
+        if request.phase != Phase::Running
+            || self.is_planned(request.id)
+            || self.plan.preempt.contains(&request.id)
+        {
+            return false;
+        }
+        self.free_blocks += u64::from(request.blocks_held);
+        self.slots_left += 1;
+        self.plan.preempt.push(request.id);
+        true
+    }
+
+    /// Whether the request is already in the plan's run list.
+    pub fn is_planned(&self, id: RequestId) -> bool {
+        self.plan.run.iter().any(|s| s.id == id)
+    }
+
+    /// Tokens of the step's budget not yet planned.
+    pub fn tokens_left(&self) -> u32 {
+        self.tokens_left
+    }
+
+    /// KV blocks not yet claimed by the plan.
+    pub fn free_blocks(&self) -> u64 {
+        self.free_blocks
+    }
+
+    /// The finished plan.
+    pub fn finish(self) -> Plan {
+        self.plan
+    }
+}
+
 /// Implemented by a scheduler plugin. One value lives per plugin instance.
 pub trait Scheduler: Sized + 'static {
     /// Builds the scheduler from its JSON config (may be empty).
@@ -78,7 +191,7 @@ pub trait Scheduler: Sized + 'static {
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "scheduler",
         pub_export_macro: true,
         export_macro_name: "export_scheduler_world",
@@ -183,4 +296,84 @@ macro_rules! export_scheduler {
 
         $crate::scheduler::bindings::export_scheduler_world!(__PlughostSchedulerExport);
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: RequestId, phase: Phase, prompt: u32, computed: u32, held: u32) -> RequestView {
+        RequestView {
+            id,
+            phase,
+            priority: 0,
+            arrival_us: id,
+            prompt_len: prompt,
+            computed_len: computed,
+            cached_prefix_len: 0,
+            output_len: if phase == Phase::Running { 1 } else { 0 },
+            max_output: 16,
+            blocks_held: held,
+        }
+    }
+
+    fn resources(token_budget: u32, max_running: u32, free_blocks: u32) -> Resources {
+        Resources {
+            token_budget,
+            max_running,
+            block_size: 4,
+            free_blocks,
+            total_blocks: 64,
+        }
+    }
+
+    #[test]
+    fn the_budget_blocks_and_slots_bound_what_runs() {
+        // Running: 8 prompt + 1 output, 8 computed, 2 blocks held; its decode needs a new block.
+        let running = view(1, Phase::Running, 8, 8, 2);
+        let long = view(2, Phase::Waiting, 30, 0, 0);
+        let short = view(3, Phase::Waiting, 3, 0, 0);
+        let all = [running.clone(), long.clone(), short.clone()];
+
+        let mut plan = PlanBuilder::new(&all, &resources(16, 2, 4));
+        assert_eq!(plan.run(&running, 1), 1);
+        assert_eq!(plan.run(&running, 1), 0, "a request is planned once");
+        // 3 blocks left hold 12 tokens; the budget has 15.
+        assert_eq!(plan.run(&long, u32::MAX), 12);
+        assert_eq!(plan.free_blocks(), 0);
+        assert_eq!(plan.run(&short, u32::MAX), 0, "no running slot left");
+        let plan = plan.finish();
+        assert_eq!(plan.run.len(), 2);
+        assert!(plan.preempt.is_empty());
+    }
+
+    #[test]
+    fn preempting_frees_blocks_and_a_slot() {
+        let running = view(1, Phase::Running, 8, 8, 2);
+        let waiting = view(2, Phase::Waiting, 8, 0, 0);
+        let all = [running.clone(), waiting.clone()];
+        let mut plan = PlanBuilder::new(&all, &resources(64, 1, 0));
+        assert_eq!(plan.run(&waiting, u32::MAX), 0);
+        assert!(plan.preempt(&running));
+        assert!(!plan.preempt(&running), "preempted once");
+        assert!(
+            !plan.preempt(&waiting),
+            "only running requests are preempted"
+        );
+        assert_eq!(plan.run(&waiting, u32::MAX), 8);
+        assert_eq!(
+            plan.run(&running, 1),
+            0,
+            "a request this plan preempts does not run"
+        );
+        let plan = plan.finish();
+        assert_eq!(plan.preempt, [1]);
+        assert_eq!(
+            plan.run,
+            [Scheduled {
+                id: 2,
+                num_tokens: 8
+            }]
+        );
+    }
 }

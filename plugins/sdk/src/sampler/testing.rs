@@ -1,5 +1,8 @@
 //! An in-memory `LogitsRow` for native tests and benchmarks: straightforward reference implementations of the host's fast paths.
 //!
+//! A sampler's unit tests build a [`VecRow`] per sequence and call the
+//! plugin's `Sampler::sample` natively, with no host and no component.
+//!
 //! It favours being obviously right over being fast; the host has its own
 //! native row over its own kernels. It counts the logits it hands to the
 //! caller so tests can check that a path never copies the whole row.
@@ -7,7 +10,7 @@
 use std::cell::{Cell, RefCell};
 use std::cmp::Ordering;
 
-use plughost_sdk::sampler::{Candidate, LogitsRow, Penalties};
+use super::{Candidate, LogitsRow, Penalties};
 
 /// One row of logits with the sequence's token history (for penalties).
 #[derive(Debug, Default)]

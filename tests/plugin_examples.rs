@@ -1,0 +1,198 @@
+//! The example plugins in a running engine on the mock device: the priority scheduler admits by priority where FCFS admits by arrival, and the banned-tokens sampler never emits a banned id.
+
+#[path = "api_support.rs"]
+mod api_support;
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use plughost::engine::{
+    EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
+};
+use plughost::metrics::Metrics;
+use plughost::plugins::PluginSpec;
+use plughost_sdk::sampler::SamplingParams;
+
+fn plugin(file: &str, config: &str) -> PluginSpec {
+    PluginSpec {
+        component: common::plugin_path(file),
+        config: toml::from_str(config).expect("a TOML config table"),
+        memory_mib: None,
+        call_timeout_ms: None,
+    }
+}
+
+/// An engine on the mock device running `scheduler` and `sampler`, at most `max_num_seqs`
+/// sequences at once.
+fn start(
+    scheduler: PluginSpec,
+    sampler: PluginSpec,
+    max_num_seqs: u32,
+    device_config: &str,
+) -> Arc<EngineHandle> {
+    let setup = EngineSetup {
+        model_dir: api_support::model_dir(),
+        model_name: api_support::MODEL.into(),
+        device_library: common::plugin_path("libplughost_device_mock.so"),
+        device_config: device_config.into(),
+        glue: plugin("plughost_model_qwen3.wasm", ""),
+        scheduler: Some(scheduler),
+        sampler: Some(sampler),
+        component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+        options: EngineOptions {
+            max_num_seqs,
+            max_num_batched_tokens: 256,
+            block_size: 4,
+            num_kv_blocks: Some(256),
+            ..Default::default()
+        },
+        profile_output: None,
+    };
+    let engine =
+        Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).expect("start the engine"));
+    engine.wait_ready().expect("the model loads");
+    engine
+}
+
+fn request(
+    prompt: &[u32],
+    max_tokens: u32,
+    priority: i32,
+    sampling: SamplingParams,
+) -> GenerationRequest {
+    GenerationRequest {
+        prompt_tokens: prompt.to_vec(),
+        sampling,
+        max_tokens,
+        stop: StopConditions {
+            ignore_eos: true,
+            ..Default::default()
+        },
+        logprobs: false,
+        priority,
+    }
+}
+
+/// The generated token ids of one request, or its failure.
+fn generate(engine: &EngineHandle, request: GenerationRequest) -> Result<Vec<u32>, String> {
+    let (_, mut events) = engine.submit(request).map_err(|e| e.to_string())?;
+    let mut tokens = Vec::new();
+    while let Some(event) = events.blocking_recv() {
+        match event {
+            GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
+            GenerationEvent::Finished { .. } => return Ok(tokens),
+            GenerationEvent::Failed { message } => return Err(message),
+        }
+    }
+    Err("the event stream ended without Finished".into())
+}
+
+/// Submits a blocker and then requests of the given priorities while the blocker's first
+/// step hangs on the device, all with one sequence slot, and returns the priorities in the
+/// order the engine started them.
+async fn start_order(scheduler: PluginSpec, priorities: &[i32]) -> Vec<i32> {
+    let sampler = plugin("plughost_sampler_standard.wasm", "");
+    // The first launch sleeps 2 s: every request below is queued before the blocker's first
+    // step ends, so the scheduler sees them all at once.
+    let engine = start(scheduler, sampler, 1, "hang_launch=1,hang_ms=2000");
+    let prompt = [11, 12, 13, 14, 15];
+    let mut all = vec![100];
+    all.extend_from_slice(priorities);
+    let mut streams = Vec::new();
+    for (index, &priority) in all.iter().enumerate() {
+        let (_, mut events) = engine
+            .submit(request(&prompt, 8, priority, SamplingParams::GREEDY))
+            .expect("submitted");
+        streams.push(
+            futures::stream::poll_fn(move |cx| events.poll_recv(cx))
+                .map(move |e| (index, e))
+                .boxed(),
+        );
+    }
+    // One sequence runs at a time, so a request's first event is sent after the previous
+    // request's last one. `select_all` yields ready streams in the order they were woken,
+    // which is the order the engine sent their events.
+    let mut merged = futures::stream::select_all(streams);
+    let mut order = Vec::new();
+    let mut finished = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(120);
+    while finished < all.len() {
+        let (index, event) = tokio::time::timeout_at(deadline, merged.next())
+            .await
+            .expect("every request finishes within the deadline")
+            .expect("the streams stay open until each request finishes");
+        if !order.contains(&index) {
+            order.push(index);
+        }
+        match event {
+            GenerationEvent::Finished { .. } => finished += 1,
+            GenerationEvent::Failed { message } => panic!("request {index} failed: {message}"),
+            GenerationEvent::Delta { .. } => {}
+        }
+    }
+    let engine_for_shutdown = engine.clone();
+    tokio::task::spawn_blocking(move || engine_for_shutdown.shutdown())
+        .await
+        .expect("shutdown joins");
+    order.into_iter().map(|i| all[i]).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_priority_scheduler_starts_requests_by_priority_where_fcfs_keeps_arrival_order() {
+    let arrivals = [1, 10, -2, 5, 3];
+    let fcfs = start_order(plugin("plughost_scheduler_fcfs.wasm", ""), &arrivals).await;
+    assert_eq!(fcfs, [100, 1, 10, -2, 5, 3], "FCFS keeps arrival order");
+    let priority = start_order(
+        plugin("plughost_scheduler_priority.wasm", "aging_rate = 0.05"),
+        &arrivals,
+    )
+    .await;
+    // Requests queued together age together, so their priorities alone order them.
+    assert_eq!(priority, [100, 10, 5, 3, 1, -2]);
+}
+
+#[test]
+fn the_banned_sampler_never_emits_a_banned_token() {
+    let prompt = [21, 22, 23, 24, 25, 26];
+    let fcfs = || plugin("plughost_scheduler_fcfs.wasm", "");
+    let standard = start(fcfs(), plugin("plughost_sampler_standard.wasm", ""), 4, "");
+    let baseline = generate(&standard, request(&prompt, 24, 0, SamplingParams::GREEDY))
+        .expect("the baseline generates");
+    standard.shutdown();
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for &token in &baseline {
+        *counts.entry(token).or_default() += 1;
+    }
+    let (&most_frequent, _) = counts
+        .iter()
+        .max_by_key(|(token, count)| (**count, std::cmp::Reverse(**token)))
+        .expect("the baseline has tokens");
+
+    let config = format!("banned_token_ids = [{most_frequent}]");
+    let banned = start(
+        fcfs(),
+        plugin("plughost_sampler_banned.wasm", &config),
+        4,
+        "",
+    );
+    let greedy = generate(&banned, request(&prompt, 24, 0, SamplingParams::GREEDY))
+        .expect("greedy generates");
+    assert_eq!(greedy.len(), 24);
+    assert!(
+        !greedy.contains(&most_frequent),
+        "{most_frequent} in {greedy:?}"
+    );
+    assert_ne!(greedy, baseline, "the ban changed the output");
+    for seed in 0..8 {
+        let sampling = SamplingParams {
+            temperature: 1.0,
+            seed,
+            ..SamplingParams::GREEDY
+        };
+        let drawn = generate(&banned, request(&prompt, 24, 0, sampling)).expect("a draw generates");
+        assert!(!drawn.contains(&most_frequent), "seed {seed}: {drawn:?}");
+    }
+    banned.shutdown();
+}
