@@ -72,6 +72,7 @@ fn request(
         },
         logprobs: false,
         priority,
+        request_id: None,
     }
 }
 

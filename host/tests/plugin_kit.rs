@@ -386,6 +386,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
             },
             logprobs: false,
             priority: 0,
+            request_id: None,
         })
         .expect("submitted");
     let mut tokens = Vec::new();
