@@ -1,6 +1,9 @@
-//! Shared by the tests that run `plughost serve` on the mock device: starting it, raw HTTP/1 over sockets, signals and exit.
+//! Shared by the tests that run `plughost serve`: starting it (on the mock device unless told otherwise), raw HTTP/1 over sockets, signals and exit.
 
 #![allow(dead_code)]
+
+pub mod deployment;
+pub mod kit;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -44,6 +47,11 @@ pub struct Server {
 
 impl Server {
     pub fn start(flags: &[&str]) -> Server {
+        Server::start_on("libplughost_device_mock.so", flags)
+    }
+
+    /// `plughost serve` on `device`, a device library in the plugins folder.
+    pub fn start_on(device: &str, flags: &[&str]) -> Server {
         let plugins = plugins_dir();
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_plughost"))
@@ -51,7 +59,7 @@ impl Server {
             .arg("--model")
             .arg(workspace().join("tests/fixtures/tiny-qwen3"))
             .arg("--device")
-            .arg(plugins.join("libplughost_device_mock.so"))
+            .arg(plugins.join(device))
             .arg("--plugins-dir")
             .arg(&plugins)
             .arg("--component-cache")
@@ -96,6 +104,11 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// `http://127.0.0.1:PORT`, for HTTP clients.
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 
     pub fn stderr(&self) -> String {
