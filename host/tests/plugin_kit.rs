@@ -4,117 +4,31 @@
 //! (about 40 s on two cores); its target dir, `target/plugin-kit-test`, is kept so later runs
 //! only rebuild the crate (about 5 s).
 
+mod serve_support;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use serve_support::kit::{
+    Built, TempDir, build, make_greedy_take_the_second_best, plughost, run, text,
+};
+use serve_support::{Server, plugins_dir, workspace};
+
 /// Far beyond the second or so the tiny fixtures take to load in a debug build.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn plugins_dir() -> PathBuf {
-    let dir = std::env::var_os("PLUGHOST_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/plugins"));
-    assert!(
-        dir.join("libplughost_device_mock.so").is_file(),
-        "{} lacks the plugins: run `cargo xtask build-plugins`",
-        dir.display()
-    );
-    dir
-}
-
-fn plughost(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_plughost"));
-    command.args(args);
-    command
-}
-
-fn run(mut command: impl std::borrow::BorrowMut<Command>) -> Output {
-    command.borrow_mut().output().expect("plughost runs")
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// A fresh folder outside the workspace, removed when dropped.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(test: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("plughost-kit-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp folder");
-        assert!(!dir.starts_with(workspace().canonicalize().expect("workspace path")));
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `plughost plugin build DIR` with the kit test's own target dir.
-fn build(dir: &Path) -> Output {
-    let target = workspace().join("target/plugin-kit-test");
-    run(plughost(&["plugin", "build"])
-        .arg(dir)
-        .env("CARGO_TARGET_DIR", target))
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
-}
-
-/// `plughost serve` on the mock device with the tiny Qwen3, with `config` as its deployment.
-fn serve(port: u16, config: Option<&Path>) -> Child {
-    let mut command = plughost(&["serve", "--model"]);
-    command
-        .arg(workspace().join("tests/fixtures/tiny-qwen3"))
-        .args(["--port", &port.to_string(), "--num-kv-blocks", "64"])
-        .arg("--device")
-        .arg(plugins_dir().join("libplughost_device_mock.so"))
-        .arg("--plugins-dir")
-        .arg(plugins_dir())
-        .arg("--component-cache")
-        .arg(std::env::temp_dir().join("plughost-test-component-cache"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    if let Some(config) = config {
-        command.arg("--config").arg(config);
-    }
-    command.spawn().expect("plughost serve starts")
-}
-
-/// Kills the server when dropped, so a failed assertion leaves no process behind.
-struct Server(Child, u16);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// The first completion token of a greedy request and the alternatives the server lists.
 async fn first_token(server: &mut Server) -> (String, Vec<String>) {
     let client = reqwest::Client::new();
-    let url = format!("http://127.0.0.1:{}/v1/completions", server.1);
+    let url = format!("{}/v1/completions", server.base());
     let body = json!({"model": "tiny-qwen3", "prompt": [31, 32, 33, 34], "max_tokens": 4,
                       "temperature": 0, "logprobs": 2, "ignore_eos": true});
     let started = Instant::now();
     loop {
-        if let Ok(Some(status)) = server.0.try_wait() {
+        if let Ok(Some(status)) = server.child.try_wait() {
             panic!("plughost serve exited with {status}");
         }
         if let Ok(response) = client.post(&url).json(&body).send().await
@@ -217,24 +131,10 @@ async fn a_sampler_made_with_plugin_new_builds_and_serves_outside_the_workspace(
     );
 
     // The author's change: greedy takes the second most likely token.
-    let greedy = "row.argmax()";
-    assert!(source.contains(greedy), "the template's greedy path moved");
-    let changed = source.replace(greedy, "row.top_k(2).last().map_or(row.argmax(), |c| c.id)");
-    std::fs::write(&lib, changed).expect("write");
-    let built = build(&crate_dir);
-    let stdout = text(&built.stdout);
-    assert!(
-        built.status.success(),
-        "{}\n{}",
-        stdout,
-        text(&built.stderr)
-    );
-    let field = |name: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
-            .unwrap_or_else(|| panic!("no `{name}` line in:\n{stdout}"))
-    };
+    std::fs::write(&lib, &source).expect("write");
+    make_greedy_take_the_second_best(&crate_dir);
+    let built = Built::build(&crate_dir);
+    let (stdout, field) = (&built.stdout, |name: &str| built.field(name));
     assert!(stdout.contains("sampler    ok"), "{stdout}");
     let wasm = PathBuf::from(field("component"));
     let bytes = std::fs::read(&wasm).expect("the component exists");
@@ -250,8 +150,7 @@ async fn a_sampler_made_with_plugin_new_builds_and_serves_outside_the_workspace(
 
     // Served with the default sampler, then with the new one: the new one's first token is
     // the default's second choice.
-    let port = free_port();
-    let mut standard = Server(serve(port, None), port);
+    let mut standard = Server::start(&["--num-kv-blocks", "64"]);
     let (best, alternatives) = first_token(&mut standard).await;
     drop(standard);
     let deploy = temp.0.join("deploy.toml");
@@ -263,8 +162,8 @@ async fn a_sampler_made_with_plugin_new_builds_and_serves_outside_the_workspace(
         ),
     )
     .expect("write the deployment");
-    let port = free_port();
-    let mut custom = Server(serve(port, Some(&deploy)), port);
+    let deploy_arg = deploy.display().to_string();
+    let mut custom = Server::start(&["--num-kv-blocks", "64", "--config", &deploy_arg]);
     let (second, _) = first_token(&mut custom).await;
     assert_ne!(second, best, "the new sampler changed the output");
     assert!(

@@ -3,7 +3,6 @@
 //! SIGHUP, file writes and Kubernetes' symlink swap all reload.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -13,6 +12,13 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+mod serve_support;
+
+use serve_support::deployment::{
+    component, deployment_status, metric, metrics, reload, write_file,
+};
+use serve_support::{free_port, plugins_dir, workspace};
+
 const MODEL: &str = "tiny-qwen3";
 /// Far beyond the second or so the tiny model takes to load on the mock device in a debug build.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -21,29 +27,8 @@ const ADMIN_KEY: &str = "admin-secret";
 const STREAMS: usize = 16;
 const STREAM_TOKENS: u32 = 480;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn plugins_dir() -> PathBuf {
-    let dir = std::env::var_os("PLUGHOST_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/plugins"));
-    assert!(
-        dir.join("libplughost_device_mock.so").is_file(),
-        "{} lacks the plugins: run `cargo xtask build-plugins`",
-        dir.display()
-    );
-    dir
-}
-
 fn plugin(file: &str) -> String {
     plugins_dir().join(file).display().to_string()
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
 }
 
 /// A fresh scratch folder for one test.
@@ -82,13 +67,6 @@ fn faulty() -> String {
             "plughost_sampler_standard.wasm",
         )
     )
-}
-
-/// Replaces `path`'s content in one step, as editors and config tools do.
-fn write_file(path: &Path, text: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write the deployment");
-    std::fs::rename(&tmp, path).expect("replace the deployment");
 }
 
 struct Server {
@@ -218,63 +196,6 @@ fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
     log
 }
 
-fn admin(
-    client: &reqwest::Client,
-    method: reqwest::Method,
-    url: String,
-) -> reqwest::RequestBuilder {
-    client.request(method, url).bearer_auth(ADMIN_KEY)
-}
-
-async fn reload(client: &reqwest::Client, base: &str) -> (StatusCode, Value) {
-    let response = admin(
-        client,
-        reqwest::Method::POST,
-        format!("{base}/admin/reload"),
-    )
-    .send()
-    .await
-    .expect("reload sent");
-    let status = response.status();
-    (status, response.json().await.expect("a JSON body"))
-}
-
-async fn deployment_status(client: &reqwest::Client, base: &str) -> Value {
-    let response = admin(
-        client,
-        reqwest::Method::GET,
-        format!("{base}/admin/deployment"),
-    )
-    .send()
-    .await
-    .expect("listing sent");
-    assert_eq!(response.status(), StatusCode::OK);
-    response.json().await.expect("a JSON listing")
-}
-
-async fn metrics(client: &reqwest::Client, base: &str) -> String {
-    client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics text")
-}
-
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
-fn component<'a>(listing: &'a Value, slot: &str) -> &'a Value {
-    listing["components"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["slot"] == slot))
-        .unwrap_or_else(|| panic!("no {slot} in {listing}"))
-}
-
 fn prompt(i: usize) -> Vec<u32> {
     (0..8)
         .map(|t| ((t * 31 + i as u32 * 7) % 400) + 1)
@@ -383,7 +304,7 @@ async fn reload_under_load(device: &str) {
     for i in 0..STREAMS {
         reference.push(complete(&client, &base, i).await);
     }
-    let before = deployment_status(&client, &base).await;
+    let before = deployment_status(&client, &base, ADMIN_KEY).await;
     assert_eq!(before["generation"], 1);
     let fcfs_hash = component(&before, "scheduler")["sha256"].clone();
 
@@ -416,7 +337,7 @@ async fn reload_under_load(device: &str) {
         .expect("the semaphore stays open")
         .forget();
     write_file(&config, &faulty());
-    let (status, report) = reload(&client, &base).await;
+    let (status, report) = reload(&client, &base, ADMIN_KEY).await;
     assert_eq!(status, StatusCode::OK, "{report}\n{}", server.log());
     assert_eq!(report["generation"], 2, "{report}");
     let still_running = streams.iter().filter(|s| !s.is_finished()).count();
@@ -425,7 +346,7 @@ async fn reload_under_load(device: &str) {
         report["reload_ms"], report["build_ms"]
     );
     // Requests that started under generation 1 hold it, and keep sampling with its sampler.
-    let during = deployment_status(&client, &base).await;
+    let during = deployment_status(&client, &base, ADMIN_KEY).await;
     let draining = during["draining"].as_array().cloned().unwrap_or_default();
     eprintln!("draining right after the reload: {}", draining.len());
     if let Some(old) = draining.first() {
@@ -476,7 +397,7 @@ async fn reload_under_load(device: &str) {
     // Generation 1 is freed once its last request has ended.
     let started_waiting = Instant::now();
     let after = loop {
-        let listing = deployment_status(&client, &base).await;
+        let listing = deployment_status(&client, &base, ADMIN_KEY).await;
         if listing["draining"].as_array().is_some_and(|d| d.is_empty()) {
             break listing;
         }
@@ -555,7 +476,7 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
     let server = Server::start(&["--config", &config_arg, "--admin-key", ADMIN_KEY]);
     let client = reqwest::Client::new();
     let base = server.base.clone();
-    let before = deployment_status(&client, &base).await;
+    let before = deployment_status(&client, &base, ADMIN_KEY).await;
 
     let cases: [(&str, String, &str, &[&str]); 5] = [
         (
@@ -611,7 +532,7 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
     ];
     for (n, (name, text, code, needles)) in cases.iter().enumerate() {
         write_file(&config, text);
-        let (status, body) = reload(&client, &base).await;
+        let (status, body) = reload(&client, &base, ADMIN_KEY).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{name}: {body}");
         assert_eq!(body["error"]["code"], *code, "{name}: {body}");
         let message = body["error"]["message"].as_str().unwrap_or("");
@@ -627,7 +548,7 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
             Some((n + 1) as f64),
             "{name}"
         );
-        let now = deployment_status(&client, &base).await;
+        let now = deployment_status(&client, &base, ADMIN_KEY).await;
         assert_eq!(now["generation"], 1, "{name}");
         assert_eq!(
             component(&now, "scheduler")["sha256"],
@@ -684,7 +605,7 @@ async fn the_admin_routes_need_the_admin_key() {
         let body: Value = response.json().await.expect("JSON");
         assert_eq!(body["error"]["type"], "authentication_error");
     }
-    let listing = deployment_status(&client, &server.base).await;
+    let listing = deployment_status(&client, &server.base, ADMIN_KEY).await;
     assert_eq!(listing["generation"], 1);
     for slot in ["scheduler", "sampler"] {
         let c = component(&listing, slot);
@@ -701,7 +622,7 @@ async fn the_admin_routes_need_the_admin_key() {
         .await
         .expect("sent");
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
-    let (status, body) = reload(&client, &server.base).await;
+    let (status, body) = reload(&client, &server.base, ADMIN_KEY).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert!(
         body["error"]["message"]
@@ -719,7 +640,7 @@ async fn the_admin_routes_need_the_admin_key() {
 async fn wait_for_generation(client: &reqwest::Client, server: &Server, generation: u64) -> Value {
     let started = Instant::now();
     loop {
-        let listing = deployment_status(client, &server.base).await;
+        let listing = deployment_status(client, &server.base, ADMIN_KEY).await;
         if listing["generation"].as_u64() >= Some(generation) {
             return listing;
         }
@@ -976,7 +897,7 @@ async fn reload_timings() {
         std::fs::write(&fresh, variant(&fcfs_bytes, round)).expect("variant");
         write_file(&config, &with_scheduler(&fresh, 512));
         let busy_from = Instant::now();
-        let (status, report) = reload(&client, &base).await;
+        let (status, report) = reload(&client, &base, ADMIN_KEY).await;
         assert_eq!(status, StatusCode::OK, "{report}");
         busy.push(step_p99(busy_from, Instant::now()));
         compile.push(report["reload_ms"].as_f64().unwrap_or(f64::NAN));
@@ -984,12 +905,12 @@ async fn reload_timings() {
 
         // The first variant again, compiled before: instantiate, init and dry run only.
         write_file(&config, &with_scheduler(&first, 256 + round));
-        let (status, report) = reload(&client, &base).await;
+        let (status, report) = reload(&client, &base, ADMIN_KEY).await;
         assert_eq!(status, StatusCode::OK, "{report}");
         cached.push(report["reload_ms"].as_f64().unwrap_or(f64::NAN));
 
         // Nothing changed: the components are shared with the running generation.
-        let (status, report) = reload(&client, &base).await;
+        let (status, report) = reload(&client, &base, ADMIN_KEY).await;
         assert_eq!(status, StatusCode::OK, "{report}");
         kept.push(report["reload_ms"].as_f64().unwrap_or(f64::NAN));
     }
