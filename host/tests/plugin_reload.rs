@@ -858,7 +858,7 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
     for (n, (text, needles)) in cases.iter().enumerate() {
         let config = dir.join(format!("deploy-{n}.toml"));
         write_file(&config, text);
-        let log = serve_until_exit(&config);
+        let log = serve_until_exit(&["--config", &config.display().to_string()]);
         for needle in needles {
             assert!(
                 log.contains("error:") && log.contains(needle.as_str()),
@@ -868,10 +868,19 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
     }
 }
 
-/// Runs `serve` on `config`, which must exit non-zero, and returns its stderr.
-fn serve_until_exit(config: &Path) -> String {
+/// A device library of another ABI version makes `serve` exit non-zero naming both versions.
+#[test]
+fn serve_with_a_device_of_another_abi_exits_with_both_versions() {
+    let device = plugin("libplughost_device_wrong_abi.so");
+    let log = serve_until_exit(&["--device", &device]);
+    let needle = format!("device library `{device}` speaks device ABI 999; this host speaks 1");
+    assert!(log.contains(&needle), "{needle:?} not in {log}");
+}
+
+/// Runs `serve` with `args`, which must make it exit non-zero, and returns its stderr.
+fn serve_until_exit(args: &[&str]) -> String {
     let started = Instant::now();
-    let mut child = Server::command(free_port(), &["--config", &config.display().to_string()])
+    let mut child = Server::command(free_port(), args)
         .spawn()
         .expect("plughost starts");
     let log = collect_stderr(&mut child);
@@ -881,7 +890,7 @@ fn serve_until_exit(config: &Path) -> String {
         }
         if started.elapsed() > DEADLINE {
             let _ = child.kill();
-            panic!("serve kept running with a broken deployment");
+            panic!("serve kept running with {args:?}");
         }
         std::thread::sleep(POLL);
     };
