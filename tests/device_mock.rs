@@ -1107,7 +1107,7 @@ fn a_library_with_another_abi_version_is_refused() {
     );
     let message = error.to_string();
     assert!(
-        message.contains("has device ABI version 999, host expects 1"),
+        message.contains("speaks device ABI 999; this host speaks 1"),
         "{message}"
     );
     assert!(

@@ -478,7 +478,7 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
     let base = server.base.clone();
     let before = deployment_status(&client, &base, ADMIN_KEY).await;
 
-    let cases: [(&str, String, &str, &[&str]); 5] = [
+    let cases: [(&str, String, &str, &[&str]); 6] = [
         (
             "init trap",
             deployment(
@@ -497,7 +497,20 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
                 "plughost_scheduler_fcfs.wasm",
             ),
             "component_failed",
-            &["[sampler]", "plughost_scheduler_fcfs.wasm", "sampler world"],
+            &[
+                "[sampler]",
+                "plughost_scheduler_fcfs.wasm exports the scheduler world; \
+                 the [sampler] slot needs sampler",
+            ],
+        ),
+        (
+            "other contract version",
+            other_version_deployment(&dir),
+            "component_failed",
+            &[
+                "[sampler]",
+                "was built for plughost:plugin@0.2.0; this host speaks 0.1.x",
+            ],
         ),
         (
             "missing file",
@@ -729,21 +742,66 @@ async fn a_configmap_symlink_swap_reloads() {
     );
 }
 
-/// A deployment that cannot start makes `serve` exit non-zero with the cause, not serve 503.
+/// A deployment that cannot start makes `serve` exit non-zero with the cause, not serve 503:
+/// a trap in `init`, a component of the wrong world, one built for another contract version.
 #[test]
 fn serve_with_a_broken_deployment_exits_with_the_cause() {
     let dir = scratch("broken");
-    let config = dir.join("deploy.toml");
-    write_file(
-        &config,
-        &deployment(
-            "plughost_scheduler_faulty.wasm",
-            "{ trap_in_init = true }",
-            "plughost_sampler_standard.wasm",
+    let other_version = other_version_component(&dir);
+    let cases = [
+        (
+            deployment(
+                "plughost_scheduler_faulty.wasm",
+                "{ trap_in_init = true }",
+                "plughost_sampler_standard.wasm",
+            ),
+            vec!["[scheduler]".to_string(), "trap".to_string()],
         ),
-    );
+        (
+            deployment(
+                "plughost_scheduler_fcfs.wasm",
+                "{}",
+                "plughost_scheduler_fcfs.wasm",
+            ),
+            vec![format!(
+                "{} exports the scheduler world; the [sampler] slot needs sampler",
+                plugin("plughost_scheduler_fcfs.wasm")
+            )],
+        ),
+        (
+            other_version_deployment(&dir),
+            vec![format!(
+                "component {} was built for plughost:plugin@0.2.0; this host speaks 0.1.x",
+                other_version.display()
+            )],
+        ),
+    ];
+    for (n, (text, needles)) in cases.iter().enumerate() {
+        let config = dir.join(format!("deploy-{n}.toml"));
+        write_file(&config, text);
+        let log = serve_until_exit(&["--config", &config.display().to_string()]);
+        for needle in needles {
+            assert!(
+                log.contains("error:") && log.contains(needle.as_str()),
+                "{needle:?} not in {log}"
+            );
+        }
+    }
+}
+
+/// A device library of another ABI version makes `serve` exit non-zero naming both versions.
+#[test]
+fn serve_with_a_device_of_another_abi_exits_with_both_versions() {
+    let device = plugin("libplughost_device_wrong_abi.so");
+    let log = serve_until_exit(&["--device", &device]);
+    let needle = format!("device library `{device}` speaks device ABI 999; this host speaks 1");
+    assert!(log.contains(&needle), "{needle:?} not in {log}");
+}
+
+/// Runs `serve` with `args`, which must make it exit non-zero, and returns its stderr.
+fn serve_until_exit(args: &[&str]) -> String {
     let started = Instant::now();
-    let mut child = Server::command(free_port(), &["--config", &config.display().to_string()])
+    let mut child = Server::command(free_port(), args)
         .spawn()
         .expect("plughost starts");
     let log = collect_stderr(&mut child);
@@ -753,7 +811,7 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
         }
         if started.elapsed() > DEADLINE {
             let _ = child.kill();
-            panic!("serve kept running with a broken deployment");
+            panic!("serve kept running with {args:?}");
         }
         std::thread::sleep(POLL);
     };
@@ -764,10 +822,41 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
     std::thread::sleep(Duration::from_millis(200));
     let log = log.lock().map(|l| l.clone()).unwrap_or_default();
     assert!(!status.success(), "{log}");
-    assert!(
-        log.contains("error:") && log.contains("[scheduler]") && log.contains("trap"),
-        "{log}"
+    log
+}
+
+/// A copy of the standard sampler whose import and export names say `plughost:plugin@0.2.0`:
+/// the version string has the same length, so the rewritten component stays well formed.
+fn other_version_component(dir: &Path) -> PathBuf {
+    let bytes = std::fs::read(plugin("plughost_sampler_standard.wasm")).expect("the sampler");
+    let (from, to) = (
+        b"plughost:plugin/sampling@0.1.0",
+        b"plughost:plugin/sampling@0.2.0",
     );
+    let mut out = bytes.clone();
+    let mut replaced = 0;
+    for start in 0..bytes.len().saturating_sub(from.len()) {
+        if &bytes[start..start + from.len()] == from {
+            out[start..start + to.len()].copy_from_slice(to);
+            replaced += 1;
+        }
+    }
+    assert!(
+        replaced > 0,
+        "the sampler names plughost:plugin/sampling@0.1.0"
+    );
+    let path = dir.join("sampler-0.2.0.wasm");
+    std::fs::write(&path, out).expect("write the rewritten sampler");
+    path
+}
+
+/// The fcfs scheduler with the sampler of `other_version_component`.
+fn other_version_deployment(dir: &Path) -> String {
+    format!(
+        "[scheduler]\ncomponent = \"{}\"\n\n[sampler]\ncomponent = \"{}\"\n",
+        plugin("plughost_scheduler_fcfs.wasm"),
+        other_version_component(dir).display()
+    )
 }
 
 /// `bytes` with a custom section appended: the same component under another hash, so the host

@@ -28,7 +28,7 @@ pub enum DeviceError {
     NullTable { path: PathBuf, symbol: &'static str },
 
     #[error(
-        "device library `{}` has device ABI version {found}, host expects {expected}",
+        "device library `{}` speaks device ABI {found}; this host speaks {expected}",
         path.display()
     )]
     AbiVersionMismatch {
@@ -108,7 +108,7 @@ mod tests {
                     found: 7,
                     expected: 1,
                 },
-                "device library `/x/libdev.so` has device ABI version 7, host expects 1",
+                "device library `/x/libdev.so` speaks device ABI 7; this host speaks 1",
             ),
             (
                 DeviceError::Call {

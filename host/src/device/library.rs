@@ -192,8 +192,7 @@ mod tests {
                     struct_size: 8,
                     ..EMPTY_TABLE
                 },
-                "device library `/x/libdev.so` has device ABI version 7, host expects 1"
-                    .to_string(),
+                "device library `/x/libdev.so` speaks device ABI 7; this host speaks 1".to_string(),
             ),
             (
                 PlughostDeviceV1 {

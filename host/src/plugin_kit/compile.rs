@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 use super::sdk::write_file;
 use super::{PluginKind, PluginKitError};
+use crate::plugins::ComponentContract;
 
 const WASM_TARGET: &str = "wasm32-wasip2";
 
@@ -186,10 +187,15 @@ pub fn build(dir: &Path) -> Result<BuiltPlugin, PluginKitError> {
     let wasm = wasm.ok_or_else(|| PluginKitError::NoComponent(marker.name.clone()))?;
     let bytes = std::fs::read(&wasm).map_err(|e| PluginKitError::io(&wasm, e))?;
     let sha256 = hex(&Sha256::digest(&bytes));
-    let wit_versions = wit_versions(&bytes).map_err(|reason| PluginKitError::BadComponent {
-        path: wasm.clone(),
-        reason,
-    })?;
+    let contract =
+        ComponentContract::read(&bytes).map_err(|reason| PluginKitError::BadComponent {
+            path: wasm.clone(),
+            reason,
+        })?;
+    // The same checks the host makes when it loads the component, so a build that passes here
+    // loads there.
+    contract.check(&wasm.display().to_string(), marker.kind.world())?;
+    let wit_versions = contract.versions().to_vec();
     let deployment = wasm.with_extension("deploy.toml");
     write_file(
         &deployment,
@@ -220,45 +226,6 @@ fn deployment_toml(kind: PluginKind, wasm: &Path, config: &toml::Table) -> Strin
         "# Written by `plughost plugin build`: this component alone, with its sample config.\n{}",
         toml::to_string(&file).unwrap_or_default()
     )
-}
-
-/// The versions of the `plughost:plugin` package a component's imports and exports name
-/// (`plughost:plugin/sampling@0.1.0` gives `0.1.0`), sorted and without repeats.
-pub fn wit_versions(component: &[u8]) -> Result<Vec<String>, String> {
-    use wasmparser::{Parser, Payload};
-    let mut names = Vec::new();
-    let mut outermost = true;
-    for payload in Parser::new(0).parse_all(component) {
-        match payload.map_err(|e| e.to_string())? {
-            // Core modules nest inside a component; only the outermost header says what it is.
-            Payload::Version { encoding, .. } if outermost => {
-                outermost = false;
-                if encoding != wasmparser::Encoding::Component {
-                    return Err("a core module, not a component (build for wasm32-wasip2)".into());
-                }
-            }
-            Payload::ComponentImportSection(reader) => {
-                for import in reader {
-                    names.push(import.map_err(|e| e.to_string())?.name.name.to_string());
-                }
-            }
-            Payload::ComponentExportSection(reader) => {
-                for export in reader {
-                    names.push(export.map_err(|e| e.to_string())?.name.name.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    let mut versions: Vec<String> = names
-        .iter()
-        .filter_map(|name| name.strip_prefix("plughost:plugin/"))
-        .filter_map(|rest| rest.split_once('@'))
-        .map(|(_, version)| version.to_string())
-        .collect();
-    versions.sort();
-    versions.dedup();
-    Ok(versions)
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -299,22 +266,5 @@ mod tests {
         assert_eq!(marker.kind, PluginKind::Sampler);
         assert_eq!(marker.config_json, r#"{"top_k":3}"#);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn the_wit_version_is_read_from_a_component() {
-        let plugins = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins");
-        let path = plugins.join("plughost_scheduler_fcfs.wasm");
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}; run `cargo xtask build-plugins` first",
-                path.display()
-            )
-        });
-        assert_eq!(
-            wit_versions(&bytes).unwrap(),
-            [plughost_sdk::CONTRACT_VERSION]
-        );
-        assert!(wit_versions(b"\0asm\x01\0\0\0").is_err(), "a core module");
     }
 }

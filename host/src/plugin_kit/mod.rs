@@ -11,7 +11,7 @@ mod sdk;
 
 use std::path::{Path, PathBuf};
 
-pub use compile::{BuiltPlugin, build, wit_versions};
+pub use compile::{BuiltPlugin, build};
 pub use scaffold::{NewPlugin, create};
 pub use sdk::SdkSource;
 
@@ -85,6 +85,8 @@ pub enum PluginKitError {
     NoComponent(String),
     #[error("{}: not a WebAssembly component: {reason}", path.display())]
     BadComponent { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Contract(#[from] crate::plugins::ContractError),
 }
 
 impl PluginKitError {

@@ -16,11 +16,8 @@ use wasmtime::Engine;
 use wasmtime::component::Component;
 
 use super::PluginError;
-use super::instance::CONTRACT_VERSION;
+use super::contract::check_component;
 use super::runtime::CompiledComponent;
-
-/// The package whose version a component's imports carry.
-const CONTRACT_PACKAGE: &str = "plughost:plugin/";
 
 /// Components compiled in this process, by the file's hex SHA-256. There is one engine per
 /// process, so an entry is valid for every runtime.
@@ -80,9 +77,12 @@ impl ComponentCache {
         if let Some(hit) = loaded().lock().ok().and_then(|t| t.get(&sha256).cloned()) {
             return Ok(hit);
         }
+        // A component built for another contract is refused before the costly compile.
+        let contract = check_component(&path.display().to_string(), &bytes, None)?;
         let component = self.load_bytes(engine, path, &bytes, &sha256)?;
         let compiled = CompiledComponent {
-            wit_version: wit_version(engine, &component),
+            wit_version: contract.version().to_string(),
+            contract,
             component,
             sha256: sha256.clone(),
         };
@@ -124,20 +124,6 @@ impl ComponentCache {
         // SAFETY: `compiled` was produced just above by this engine.
         unsafe { Component::deserialize(engine, &compiled) }.map_err(compile_error)
     }
-}
-
-/// The `plughost:plugin` version in the names of the component's imports (its world imports
-/// the contract's interfaces, `plughost:plugin/scheduling@0.1.0`), or the host's own when the
-/// component names none.
-fn wit_version(engine: &Engine, component: &Component) -> String {
-    component
-        .component_type()
-        .imports(engine)
-        .find_map(|(name, _)| {
-            let (_, version) = name.strip_prefix(CONTRACT_PACKAGE)?.split_once('@')?;
-            Some(version.to_string())
-        })
-        .unwrap_or_else(|| CONTRACT_VERSION.to_string())
 }
 
 /// Writes through a temporary file and a rename, so a concurrent reader never sees half an entry.

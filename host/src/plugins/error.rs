@@ -20,6 +20,9 @@ pub enum PluginError {
         version: &'static str,
         message: String,
     },
+    /// The component was built for another contract version or world; it is never compiled.
+    #[error(transparent)]
+    Contract(#[from] super::ContractError),
     #[error("plugin {plugin} failed to instantiate: {message}")]
     Instantiate { plugin: String, message: String },
     /// The plugin ran and returned an error of its own; the instance stays usable.

@@ -292,7 +292,7 @@ fn load<P: PluginWorld>(
     let config_json = spec.config_json();
     let limits = spec.limits();
     let instance = runtime
-        .instantiate_component::<P::Bindings>(&path, &compiled.component, &config_json, limits)
+        .instantiate_component::<P::Bindings>(&path, &compiled, &config_json, limits)
         .map_err(failed)?;
     let mut plugin = P::from_instance(instance);
     dry_run(&mut plugin).map_err(|message| GenerationError::DryRun {

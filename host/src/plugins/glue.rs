@@ -7,7 +7,7 @@ use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/0.1",
         world: "model-glue",
     });
 }

@@ -11,9 +11,6 @@ use super::PluginError;
 use super::logits::LogitsBatch;
 use super::runtime::{EPOCH_TICK, EngineShared};
 
-/// The version of the WIT package the host implements.
-pub(crate) const CONTRACT_VERSION: &str = "0.1.0";
-
 /// Limits applied to every instance of one plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {

@@ -6,6 +6,7 @@
 //! which is dropped and re-made from its `InstancePre` on the next call.
 
 mod cache;
+mod contract;
 mod deployment;
 mod error;
 pub mod generation;
@@ -16,6 +17,7 @@ mod runtime;
 pub mod sampler;
 pub mod scheduler;
 
+pub use contract::{ComponentContract, ContractError, check_component};
 pub use deployment::{Deployment, DeploymentError, PluginSpec};
 pub use error::PluginError;
 pub use generation::{ComponentStatus, Generation, GenerationError, Slot};

@@ -11,6 +11,7 @@ use wasmtime::{Config, Engine};
 
 use super::PluginError;
 use super::cache::ComponentCache;
+use super::contract::{CONTRACT_VERSION, ComponentContract};
 use super::instance::{ContainedInstance, InstanceLimits, PluginState, World};
 
 /// How often the epoch advances; call deadlines are whole multiples of it.
@@ -63,6 +64,8 @@ pub(crate) struct CompiledComponent {
     pub sha256: String,
     /// The version of `plughost:plugin` the component imports, or the host's when it names none.
     pub wit_version: String,
+    /// The contract version and world the component names.
+    pub contract: ComponentContract,
 }
 
 /// The process's one engine; made on first use.
@@ -126,7 +129,7 @@ impl PluginRuntime {
         limits: InstanceLimits,
     ) -> Result<ContainedInstance<W>, PluginError> {
         let compiled = self.compile(path)?;
-        self.instantiate_component(path, &compiled.component, config, limits)
+        self.instantiate_component(path, &compiled, config, limits)
     }
 
     /// Compiles the component at `path`, or takes it from the process's table or the disk cache.
@@ -137,14 +140,20 @@ impl PluginRuntime {
     pub(crate) fn instantiate_component<W: World>(
         &self,
         path: &Path,
-        component: &Component,
+        compiled: &CompiledComponent,
         config: &str,
         limits: InstanceLimits,
     ) -> Result<ContainedInstance<W>, PluginError> {
+        // A component of another world would fail to link with a message about a missing
+        // import; name the world it exports and the one the slot needs instead.
+        compiled
+            .contract
+            .check_world(&path.display().to_string(), W::NAME)?;
+        let component = &compiled.component;
         let incompatible = |e: wasmtime::Error| PluginError::Incompatible {
             path: path.to_path_buf(),
             world: W::NAME,
-            version: crate::plugins::instance::CONTRACT_VERSION,
+            version: CONTRACT_VERSION,
             message: format!("{e:#}"),
         };
         let mut linker: Linker<PluginState> = Linker::new(&self.shared.engine);

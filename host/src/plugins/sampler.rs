@@ -11,7 +11,7 @@ use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../wit/0.1",
         world: "sampler",
         with: { "plughost:plugin/sampling.logits-batch": crate::plugins::logits::LogitsBatchHandle },
         imports: { default: trappable },

@@ -1,7 +1,8 @@
 //! Guest-side SDK: plugin authors implement a plain Rust trait and call one export macro.
 //!
-//! The types here mirror the WIT contract in `wit/plugin.wit` as ordinary
-//! Rust values, so plugin logic compiles and is unit-tested natively. The
+//! The types here mirror the WIT contract in `wit/plugin.wit` (the workspace's
+//! `wit/0.1/`) as ordinary Rust values, so plugin logic compiles and is
+//! unit-tested natively. The
 //! world bindings are generated only under the matching cargo feature
 //! (`scheduler`, `sampler`, `model-glue`); enable exactly one per plugin.
 //!
