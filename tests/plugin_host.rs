@@ -253,12 +253,18 @@ fn a_component_of_another_world_is_refused() {
         .expect("must be refused");
     assert!(
         matches!(
-            err,
-            PluginError::Incompatible {
-                world: "scheduler",
+            &err,
+            PluginError::Contract(plughost::plugins::ContractError::World {
+                world: "sampler",
+                needs: "scheduler",
                 ..
-            }
+            })
         ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .ends_with("exports the sampler world; the [scheduler] slot needs scheduler"),
         "{err}"
     );
 }

@@ -209,7 +209,11 @@ async fn an_out_of_tree_sampler_hot_loads_under_load_and_bad_reloads_change_noth
         (
             "wrong world",
             sampler_deployment(&fcfs, "{}"),
-            ["[sampler]", "plughost_scheduler_fcfs.wasm", "sampler world"],
+            [
+                "[sampler]",
+                "plughost_scheduler_fcfs.wasm",
+                "the [sampler] slot needs sampler",
+            ],
         ),
     ];
     for (name, text, needles) in cases {

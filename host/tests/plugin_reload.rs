@@ -1103,7 +1103,9 @@ fn a_generation_shares_what_is_unchanged_and_fails_whole() {
         .expect("a scheduler in the sampler slot fails the generation");
     assert_eq!(wrong_world.slot(), Slot::Sampler, "{wrong_world}");
     assert!(
-        wrong_world.to_string().contains("sampler world"),
+        wrong_world
+            .to_string()
+            .contains("exports the scheduler world; the [sampler] slot needs sampler"),
         "{wrong_world}"
     );
 }
