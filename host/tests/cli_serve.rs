@@ -1,34 +1,16 @@
 //! `plughost serve` end to end: it serves a model that loads, and exits naming the config field of one it cannot compute.
 
+mod serve_support;
+
+use serve_support::{free_port, plugins_dir, workspace};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Far beyond the second or so the tiny fixtures take to load in a debug build.
 const DEADLINE: Duration = Duration::from_secs(120);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn plugins_dir() -> PathBuf {
-    let dir = std::env::var_os("PLUGHOST_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/plugins"));
-    assert!(
-        dir.join("libplughost_device_cpu.so").is_file(),
-        "{} lacks the plugins: run `cargo xtask build-plugins`",
-        dir.display()
-    );
-    dir
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
-}
 
 fn serve(model: &Path, port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_plughost"))

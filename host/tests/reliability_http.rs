@@ -2,9 +2,11 @@
 //! API keys, JSON-only bodies, CORS, an OpenAI error body on every error, the body limit,
 //! admission with 429, OpenAI's `max_tokens` defaults, and request ids.
 
+mod serve_support;
+
+use serve_support::{free_port, plugins_dir, workspace};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,27 +21,6 @@ const DEADLINE: Duration = Duration::from_secs(120);
 /// of the response's end.
 const SLOT_DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn plugins_dir() -> PathBuf {
-    let dir = std::env::var_os("PLUGHOST_PLUGINS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target/plugins"));
-    assert!(
-        dir.join("libplughost_device_mock.so").is_file(),
-        "{} lacks the plugins: run `cargo xtask build-plugins`",
-        dir.display()
-    );
-    dir
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
-}
 
 /// `plughost serve` on the tiny model and the mock device, with its stderr collected.
 struct Server {
