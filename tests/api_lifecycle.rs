@@ -156,6 +156,7 @@ async fn a_model_that_failed_to_load_answers_503() {
         },
         scheduler: None,
         sampler: None,
+        named_samplers: Default::default(),
         component_cache: None,
         options: EngineOptions::default(),
         profile_output: None,

@@ -49,6 +49,7 @@ pub fn start_engine_on(device: &str, device_config: &str) -> Arc<EngineHandle> {
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),
         sampler: Some(plugin("plughost_sampler_standard.wasm")),
+        named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options: EngineOptions {
             max_num_seqs: 8,

@@ -33,6 +33,7 @@ fn start(options: EngineOptions) -> EngineHandle {
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),
         sampler: Some(plugin("plughost_sampler_standard.wasm")),
+        named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options,
         profile_output: None,
@@ -52,6 +53,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
             ..Default::default()
         },
         logprobs: false,
+        sampler: None,
         priority: 0,
         request_id: None,
     }

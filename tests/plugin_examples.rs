@@ -1,4 +1,4 @@
-//! The example plugins in a running engine on the mock device: the priority scheduler admits by priority where FCFS admits by arrival, and the banned-tokens sampler never emits a banned id.
+//! The example plugins in a running engine on the mock device: the priority scheduler admits by priority where FCFS admits by arrival, the banned-tokens sampler never emits a banned id, and requests choose among a deployment's named samplers.
 
 #[path = "api_support.rs"]
 mod api_support;
@@ -12,7 +12,7 @@ use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
 };
 use plughost::metrics::Metrics;
-use plughost::plugins::PluginSpec;
+use plughost::plugins::{Deployment, NamedSamplers, PluginSpec};
 use plughost_sdk::sampler::SamplingParams;
 
 fn plugin(file: &str, config: &str) -> PluginSpec {
@@ -32,6 +32,23 @@ fn start(
     max_num_seqs: u32,
     device_config: &str,
 ) -> Arc<EngineHandle> {
+    start_named(
+        scheduler,
+        sampler,
+        NamedSamplers::default(),
+        max_num_seqs,
+        device_config,
+    )
+}
+
+/// [`start`], with the deployment's `[samplers.NAME]` too.
+fn start_named(
+    scheduler: PluginSpec,
+    sampler: PluginSpec,
+    named_samplers: NamedSamplers,
+    max_num_seqs: u32,
+    device_config: &str,
+) -> Arc<EngineHandle> {
     let setup = EngineSetup {
         model_dir: api_support::model_dir(),
         model_name: api_support::MODEL.into(),
@@ -40,6 +57,7 @@ fn start(
         glue: plugin("plughost_model_qwen3.wasm", ""),
         scheduler: Some(scheduler),
         sampler: Some(sampler),
+        named_samplers,
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options: EngineOptions {
             max_num_seqs,
@@ -71,6 +89,7 @@ fn request(
             ..Default::default()
         },
         logprobs: false,
+        sampler: None,
         priority,
         request_id: None,
     }
@@ -158,18 +177,7 @@ async fn the_priority_scheduler_starts_requests_by_priority_where_fcfs_keeps_arr
 fn the_banned_sampler_never_emits_a_banned_token() {
     let prompt = [21, 22, 23, 24, 25, 26];
     let fcfs = || plugin("plughost_scheduler_fcfs.wasm", "");
-    let standard = start(fcfs(), plugin("plughost_sampler_standard.wasm", ""), 4, "");
-    let baseline = generate(&standard, request(&prompt, 24, 0, SamplingParams::GREEDY))
-        .expect("the baseline generates");
-    standard.shutdown();
-    let mut counts: HashMap<u32, usize> = HashMap::new();
-    for &token in &baseline {
-        *counts.entry(token).or_default() += 1;
-    }
-    let (&most_frequent, _) = counts
-        .iter()
-        .max_by_key(|(token, count)| (**count, std::cmp::Reverse(**token)))
-        .expect("the baseline has tokens");
+    let (baseline, most_frequent) = most_frequent_greedy_token(&prompt);
 
     let config = format!("banned_token_ids = [{most_frequent}]");
     let banned = start(
@@ -196,4 +204,84 @@ fn the_banned_sampler_never_emits_a_banned_token() {
         assert!(!drawn.contains(&most_frequent), "seed {seed}: {drawn:?}");
     }
     banned.shutdown();
+}
+
+/// The most frequent token of a greedy run of `prompt` with the standard sampler alone.
+fn most_frequent_greedy_token(prompt: &[u32]) -> (Vec<u32>, u32) {
+    let standard = start(
+        plugin("plughost_scheduler_fcfs.wasm", ""),
+        plugin("plughost_sampler_standard.wasm", ""),
+        4,
+        "",
+    );
+    let baseline = generate(&standard, request(prompt, 24, 0, SamplingParams::GREEDY))
+        .expect("the baseline generates");
+    standard.shutdown();
+    let mut counts: HashMap<u32, usize> = HashMap::new();
+    for &token in &baseline {
+        *counts.entry(token).or_default() += 1;
+    }
+    let (&most_frequent, _) = counts
+        .iter()
+        .max_by_key(|(token, count)| (**count, std::cmp::Reverse(**token)))
+        .expect("the baseline has tokens");
+    (baseline, most_frequent)
+}
+
+#[test]
+fn requests_choose_a_named_sampler_and_an_unknown_name_is_refused() {
+    let prompt = [21, 22, 23, 24, 25, 26];
+    let (baseline, banned_token) = most_frequent_greedy_token(&prompt);
+    let file = format!(
+        "[samplers.no-repeat]\ncomponent = {:?}\nconfig = {{ banned_token_ids = [{banned_token}] }}\n",
+        common::plugin_path("plughost_sampler_banned.wasm")
+    );
+    let deployment =
+        Deployment::from_str_in(&file, std::path::Path::new("/")).expect("a valid deployment");
+    let engine = start_named(
+        plugin("plughost_scheduler_fcfs.wasm", ""),
+        plugin("plughost_sampler_standard.wasm", ""),
+        deployment.named_samplers(),
+        4,
+        "",
+    );
+    let with = |name: Option<&str>| GenerationRequest {
+        sampler: name.map(str::to_string),
+        ..request(&prompt, 24, 0, SamplingParams::GREEDY)
+    };
+    assert_eq!(generate(&engine, with(None)).expect("default"), baseline);
+    assert_eq!(
+        generate(&engine, with(Some("default"))).expect("by name"),
+        baseline
+    );
+    let banned = generate(&engine, with(Some("no-repeat"))).expect("the named sampler");
+    assert!(
+        !banned.contains(&banned_token),
+        "{banned_token} in {banned:?}"
+    );
+    assert_ne!(banned, baseline);
+
+    // Run together, each request keeps its own sampler: the batch is split by sampler.
+    let (_, mut plain) = engine.submit(with(None)).expect("submitted");
+    let (_, mut named) = engine.submit(with(Some("no-repeat"))).expect("submitted");
+    let drain = |events: &mut tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>| {
+        let mut tokens = Vec::new();
+        while let Some(event) = events.blocking_recv() {
+            match event {
+                GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
+                GenerationEvent::Finished { .. } => break,
+                GenerationEvent::Failed { message } => panic!("failed: {message}"),
+            }
+        }
+        tokens
+    };
+    assert_eq!(drain(&mut plain), baseline);
+    assert_eq!(drain(&mut named), banned);
+
+    let unknown = generate(&engine, with(Some("creative"))).expect_err("an unknown name fails");
+    assert_eq!(
+        unknown,
+        "unknown sampler `creative`; this deployment has: default, no-repeat"
+    );
+    engine.shutdown();
 }

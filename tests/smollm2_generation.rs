@@ -39,6 +39,7 @@ fn start_engine() -> Arc<EngineHandle> {
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin("plughost_scheduler_fcfs.wasm")),
         sampler: Some(plugin("plughost_sampler_standard.wasm")),
+        named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options: EngineOptions {
             max_num_seqs: 4,
@@ -88,6 +89,7 @@ fn greedy_continuations_and_logprobs_match_transformers() {
                 ..Default::default()
             },
             logprobs: true,
+            sampler: None,
             priority: 0,
             request_id: None,
         };

@@ -149,6 +149,7 @@ fn main() {
         glue: spec("plughost_model_qwen3.wasm"),
         scheduler: Some(spec("plughost_scheduler_fcfs.wasm")),
         sampler: Some(spec("plughost_sampler_standard.wasm")),
+        named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-bench-component-cache")),
         options: EngineOptions {
             max_num_seqs: SEQUENCES as u32,
@@ -174,6 +175,7 @@ fn main() {
                     ..Default::default()
                 },
                 logprobs: false,
+                sampler: None,
                 priority: 0,
                 request_id: None,
             };

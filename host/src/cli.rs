@@ -197,6 +197,7 @@ impl ModelArgs {
             None => Deployment::default(),
         };
         let component_cache = self.component_cache.clone().or_else(default_cache_dir);
+        let named_samplers = deployment.named_samplers();
         let scheduler = match deployment.scheduler {
             Some(s) => s,
             None => spec(existing(plugins_dir.join(DEFAULT_SCHEDULER))?),
@@ -237,6 +238,7 @@ impl ModelArgs {
             glue,
             scheduler: Some(scheduler),
             sampler: Some(sampler),
+            named_samplers,
             component_cache,
             options: EngineOptions {
                 max_num_seqs: self.max_num_seqs,

@@ -236,6 +236,7 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
         },
         logprobs: false,
         priority: 0,
+        sampler: None,
         request_id: None,
     };
     let submitted = std::time::Instant::now();

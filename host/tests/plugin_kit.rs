@@ -256,6 +256,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
         },
         scheduler: None,
         sampler: None,
+        named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options: EngineOptions {
             max_num_seqs: 4,
@@ -284,6 +285,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
                 ..Default::default()
             },
             logprobs: false,
+            sampler: None,
             priority: 0,
             request_id: None,
         })

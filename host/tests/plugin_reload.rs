@@ -581,6 +581,106 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
 
 /// `/admin` is closed (403, saying how to open it) without an admin key, and needs that key,
 /// not an API key, with one; a reload without `--config` says how to enable it.
+/// A completion that names `sampler`: the status and the JSON body.
+async fn complete_with_sampler(
+    client: &reqwest::Client,
+    base: &str,
+    sampler: &str,
+) -> (StatusCode, Value) {
+    let response = client
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"model": MODEL, "prompt": prompt(0), "max_tokens": 4, "sampler": sampler}))
+        .send()
+        .await
+        .expect("completion sent");
+    let status = response.status();
+    (status, response.json().await.expect("a JSON body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_samplers_are_listed_chosen_by_requests_and_reloaded() {
+    let dir = scratch("named-samplers");
+    let config = dir.join("deploy.toml");
+    let banned = format!(
+        "[samplers.no-repeat]\ncomponent = \"{}\"\nconfig = {{ banned_token_ids = [1] }}\n",
+        plugin("plughost_sampler_banned.wasm")
+    );
+    write_file(&config, &format!("{}\n{banned}", fcfs()));
+    let config_arg = config.display().to_string();
+    let server = Server::start(&["--config", &config_arg, "--admin-key", ADMIN_KEY]);
+    let client = reqwest::Client::new();
+    let base = server.base.clone();
+
+    let listing = deployment_status(&client, &base, ADMIN_KEY).await;
+    assert_eq!(
+        listing["samplers"],
+        json!(["default", "no-repeat"]),
+        "{listing}"
+    );
+    assert_eq!(listing["default_sampler"], "default");
+    let named: Vec<&Value> = listing["components"]
+        .as_array()
+        .expect("components")
+        .iter()
+        .filter(|c| c["slot"] == "sampler")
+        .collect();
+    assert_eq!(named.len(), 2, "{listing}");
+    assert_eq!(named[0]["name"], "default");
+    assert_eq!(named[0]["default"], true);
+    assert_eq!(named[1]["name"], "no-repeat");
+    assert!(
+        named[1]["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("plughost_sampler_banned.wasm"))
+    );
+
+    for name in ["default", "no-repeat"] {
+        let (status, body) = complete_with_sampler(&client, &base, name).await;
+        assert_eq!(status, StatusCode::OK, "{name}: {body}");
+    }
+    let (status, body) = complete_with_sampler(&client, &base, "creative").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "unknown_sampler");
+    assert_eq!(body["error"]["param"], "sampler");
+    assert_eq!(
+        body["error"]["message"],
+        "unknown sampler `creative`; this deployment has: default, no-repeat"
+    );
+
+    // A reload adds a sampler and makes it the default; requests may name it at once.
+    let creative = banned.replace("no-repeat", "creative");
+    write_file(
+        &config,
+        &format!(
+            "default_sampler = \"creative\"\n{}\n{banned}\n{creative}",
+            fcfs()
+        ),
+    );
+    let (status, report) = reload(&client, &base, ADMIN_KEY).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    let listing = deployment_status(&client, &base, ADMIN_KEY).await;
+    assert_eq!(
+        listing["samplers"],
+        json!(["default", "creative", "no-repeat"]),
+        "{listing}"
+    );
+    assert_eq!(listing["default_sampler"], "creative");
+    let (status, body) = complete_with_sampler(&client, &base, "creative").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // A file whose default names no sampler is refused, naming it; nothing changes.
+    write_file(&config, &format!("default_sampler = \"bold\"\n{}", fcfs()));
+    let (status, error) = reload(&client, &base, ADMIN_KEY).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("default_sampler = \"bold\" names no sampler"),
+        "{message}"
+    );
+    let after = deployment_status(&client, &base, ADMIN_KEY).await;
+    assert_eq!(after["default_sampler"], "creative");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_routes_need_the_admin_key() {
     let client = reqwest::Client::new();
@@ -1048,17 +1148,33 @@ fn spec(file: &str, config: &str) -> plughost::plugins::PluginSpec {
 /// new ones for what changed, and fails whole, naming the slot, when a component cannot start.
 #[test]
 fn a_generation_shares_what_is_unchanged_and_fails_whole() {
-    use plughost::plugins::{Generation, GenerationError, PluginRuntime, RuntimeOptions, Slot};
+    use plughost::plugins::{
+        Generation, GenerationError, NamedSamplers, PluginRuntime, RuntimeOptions, Slot,
+    };
     let runtime = PluginRuntime::new(RuntimeOptions {
         cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
     })
     .expect("the plugin runtime");
     let fcfs = spec("plughost_scheduler_fcfs.wasm", "");
     let standard = spec("plughost_sampler_standard.wasm", "");
-    let first =
-        Generation::build(&runtime, 1, Some(&fcfs), Some(&standard), None).expect("generation 1");
-    let same = Generation::build(&runtime, 2, Some(&fcfs), Some(&standard), Some(&first))
-        .expect("generation 2");
+    let first = Generation::build(
+        &runtime,
+        1,
+        Some(&fcfs),
+        Some(&standard),
+        &NamedSamplers::default(),
+        None,
+    )
+    .expect("generation 1");
+    let same = Generation::build(
+        &runtime,
+        2,
+        Some(&fcfs),
+        Some(&standard),
+        &NamedSamplers::default(),
+        Some(&first),
+    )
+    .expect("generation 2");
     let (a, b) = (
         first.sampler().expect("sampler"),
         same.sampler().expect("sampler"),
@@ -1073,8 +1189,15 @@ fn a_generation_shares_what_is_unchanged_and_fails_whole() {
         "plughost_scheduler_fcfs.wasm",
         "long_prefill_token_threshold = 64",
     );
-    let third = Generation::build(&runtime, 3, Some(&tuned), Some(&standard), Some(&same))
-        .expect("generation 3");
+    let third = Generation::build(
+        &runtime,
+        3,
+        Some(&tuned),
+        Some(&standard),
+        &NamedSamplers::default(),
+        Some(&same),
+    )
+    .expect("generation 3");
     assert!(
         third.loaded_anew(Slot::Scheduler),
         "a new config makes a new scheduler"
@@ -1085,9 +1208,16 @@ fn a_generation_shares_what_is_unchanged_and_fails_whole() {
     assert_eq!(statuses[1].generation, 1);
 
     let trap = spec("plughost_scheduler_faulty.wasm", "trap_in_init = true");
-    let error = Generation::build(&runtime, 4, Some(&trap), Some(&standard), Some(&third))
-        .err()
-        .expect("a scheduler that traps in init fails the generation");
+    let error = Generation::build(
+        &runtime,
+        4,
+        Some(&trap),
+        Some(&standard),
+        &NamedSamplers::default(),
+        Some(&third),
+    )
+    .err()
+    .expect("a scheduler that traps in init fails the generation");
     assert!(
         matches!(
             error,
@@ -1098,9 +1228,16 @@ fn a_generation_shares_what_is_unchanged_and_fails_whole() {
         ),
         "{error}"
     );
-    let wrong_world = Generation::build(&runtime, 4, Some(&fcfs), Some(&fcfs), Some(&third))
-        .err()
-        .expect("a scheduler in the sampler slot fails the generation");
+    let wrong_world = Generation::build(
+        &runtime,
+        4,
+        Some(&fcfs),
+        Some(&fcfs),
+        &NamedSamplers::default(),
+        Some(&third),
+    )
+    .err()
+    .expect("a scheduler in the sampler slot fails the generation");
     assert_eq!(wrong_world.slot(), Slot::Sampler, "{wrong_world}");
     assert!(
         wrong_world

@@ -505,6 +505,7 @@ fn engine_with_scheduler(scheduler: &str, options: EngineOptions) -> Arc<EngineH
         glue: plugin("plughost_model_qwen3.wasm"),
         scheduler: Some(plugin(scheduler)),
         sampler: Some(plugin("plughost_sampler_standard.wasm")),
+        named_samplers: Default::default(),
         component_cache: Some(component_cache()),
         options,
         profile_output: None,
@@ -610,6 +611,7 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
                     ..Default::default()
                 },
                 logprobs: false,
+                sampler: None,
                 priority: 0,
                 request_id: None,
             });
@@ -649,6 +651,7 @@ fn request(prompt_len: u32, max_tokens: u32, priority: i32) -> GenerationRequest
             ..Default::default()
         },
         logprobs: false,
+        sampler: None,
         priority,
         request_id: None,
     }

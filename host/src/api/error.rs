@@ -204,6 +204,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             Unavailable(EngineError::LoadFailed(_)) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_load_failed"), None),
             Unavailable(EngineError::Stopped) =>       (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_stopped"), None),
             Unavailable(EngineError::Faulted(_)) =>    (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_failed"), None),
+            Unavailable(EngineError::UnknownSampler(_)) => (S::BAD_REQUEST, INVALID_REQUEST, Some("unknown_sampler"), Some("sampler".into())),
             GenerationFailed { .. } =>      (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, Some("generation_failed"), None),
             Internal { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
         };

@@ -70,6 +70,8 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f64>,
     pub ignore_eos: Option<bool>,
     pub priority: Option<i64>,
+    /// The deployment's sampler to use, by name (`[samplers.NAME]`, or `default`).
+    pub sampler: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
 }

@@ -209,6 +209,7 @@ fn build(
                 stop: stop.clone(),
                 logprobs: logprobs.is_some(),
                 priority,
+                sampler: fields.sampler.clone(),
                 // Set at submission, where the request's id is known.
                 request_id: None,
             });

@@ -10,9 +10,9 @@ use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
 use crate::plugins::Generation;
-use crate::plugins::generation::LoadedComponent;
+use crate::plugins::generation::LoadedSampler;
 use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
-use crate::plugins::sampler::{SamplerPlugin, SequenceToSample};
+use crate::plugins::sampler::SequenceToSample;
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
@@ -21,8 +21,6 @@ use super::health::EngineHealth;
 use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
 use super::state::RequestState;
 use super::stop::StopOutcome;
-
-type LoadedSampler = LoadedComponent<SamplerPlugin>;
 
 /// Sizes the engine schedules within.
 #[derive(Debug, Clone, Copy)]
@@ -437,7 +435,7 @@ impl EngineCore {
                     ..state.request.sampling
                 },
             });
-            samplers.push(state.deployment.sampler().cloned());
+            samplers.push(state.sampler.clone());
         }
         let same = |a: &Option<Arc<LoadedSampler>>, b: &Option<Arc<LoadedSampler>>| match (a, b) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),

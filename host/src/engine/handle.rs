@@ -13,8 +13,9 @@ use crate::device::{Device, DeviceLibrary};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::metrics::Metrics;
 use crate::model::{ChatTemplate, ModelConfig, Tokenizer};
+use crate::plugins::generation::{LoadedSampler, UnknownSampler};
 use crate::plugins::glue::GluePlugin;
-use crate::plugins::{Generation, PluginSpec};
+use crate::plugins::{Generation, NamedSamplers, PluginSpec};
 use crate::profile::Profiler;
 use crate::runtime::{KvCacheDtype, RuntimeConfig, load_model};
 use crate::sched::Phase;
@@ -37,6 +38,9 @@ pub enum EngineError {
     /// The engine thread died, stalled or is stuck in a hung device; the process must restart.
     #[error("{0}")]
     Faulted(String),
+    /// The request names a sampler the active deployment does not have.
+    #[error(transparent)]
+    UnknownSampler(#[from] UnknownSampler),
 }
 
 /// Scheduling and memory limits of a deployment.
@@ -89,8 +93,10 @@ pub struct EngineSetup {
     pub glue: PluginSpec,
     /// `None`: the built-in FCFS schedules every step.
     pub scheduler: Option<PluginSpec>,
-    /// `None`: the built-in standard sampler runs natively.
+    /// The sampler named `default`; `None`: the built-in standard sampler runs natively.
     pub sampler: Option<PluginSpec>,
+    /// The deployment's `[samplers.NAME]`, which requests choose by name.
+    pub named_samplers: NamedSamplers,
     pub component_cache: Option<PathBuf>,
     pub options: EngineOptions,
     /// Write a Chrome trace of every step here at shutdown.
@@ -114,6 +120,9 @@ enum Command {
         request: Box<GenerationRequest>,
         events: UnboundedSender<GenerationEvent>,
         arrival: Instant,
+        /// The deployment active at submission, and the sampler the request chose from it.
+        deployment: Arc<Generation>,
+        sampler: Option<Arc<LoadedSampler>>,
     },
     /// Swap in a new deployment generation between two steps; `done` hears when it has.
     Install {
@@ -294,6 +303,8 @@ impl EngineHandle {
         request: GenerationRequest,
     ) -> Result<(RequestId, UnboundedReceiver<GenerationEvent>), EngineError> {
         self.summary()?;
+        let deployment = self.deployments.current().ok_or(EngineError::NotReady)?;
+        let sampler = deployment.sampler_for(request.sampler.as_deref())?.cloned();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
         self.health
@@ -304,6 +315,8 @@ impl EngineHandle {
             request: Box::new(request),
             events,
             arrival: Instant::now(),
+            deployment,
+            sampler,
         };
         let sent = self
             .commands
@@ -431,8 +444,15 @@ fn serve_commands(core: &mut EngineCore, commands: &Receiver<Command>, started: 
                 request,
                 events,
                 arrival,
+                deployment,
+                sampler,
             }) => {
-                let state = new_request_state(core, id, *request, events, arrival, started);
+                let admitted = Admitted {
+                    arrival,
+                    deployment,
+                    sampler,
+                };
+                let state = new_request_state(core, id, *request, events, admitted, started);
                 core.add(state);
                 continue;
             }
@@ -471,14 +491,26 @@ fn close_engine(mut core: EngineCore, setup: &EngineSetup) {
     }
 }
 
+/// When a request arrived, and the deployment and sampler it was given then.
+struct Admitted {
+    arrival: Instant,
+    deployment: Arc<Generation>,
+    sampler: Option<Arc<LoadedSampler>>,
+}
+
 fn new_request_state(
     core: &EngineCore,
     id: RequestId,
     request: GenerationRequest,
     events: UnboundedSender<GenerationEvent>,
-    arrival: Instant,
+    admitted: Admitted,
     engine_started: Instant,
 ) -> RequestState {
+    let Admitted {
+        arrival,
+        deployment,
+        sampler,
+    } = admitted;
     let prompt: Arc<[u32]> = Arc::from(request.prompt_tokens.clone());
     RequestState {
         id,
@@ -499,7 +531,8 @@ fn new_request_state(
         stop: StopMatcher::new(&request.stop.stop_strings),
         events,
         request,
-        deployment: core.deployment.clone(),
+        _deployment: deployment,
+        sampler,
     }
 }
 
@@ -533,6 +566,7 @@ fn load_engine(
             1,
             setup.scheduler.as_ref(),
             setup.sampler.as_ref(),
+            &setup.named_samplers,
             None,
         )
         .map_err(|e| e.to_string())?,

@@ -93,6 +93,10 @@ pub struct DeploymentStatus {
     /// The file reloads read; `None` when the server runs without one.
     pub config: Option<String>,
     pub components: Vec<ComponentStatus>,
+    /// The names requests may send as `"sampler"`, `default` first.
+    pub samplers: Vec<String>,
+    /// The sampler requests that name none get.
+    pub default_sampler: String,
     /// Earlier generations that requests started under still hold, oldest first.
     pub draining: Vec<DrainingGeneration>,
 }
@@ -181,7 +185,7 @@ impl Deployments {
     /// Makes `generation` the active one, for the listing and the metrics.
     pub(crate) fn activate(&self, generation: Arc<Generation>) {
         for c in generation.components() {
-            let verb = if generation.loaded_anew(c.slot) {
+            let verb = if c.generation == generation.number() {
                 "loaded"
             } else {
                 "kept"
@@ -189,6 +193,7 @@ impl Deployments {
             tracing::info!(
                 generation = generation.number(),
                 slot = %c.slot,
+                sampler = c.name.as_deref(),
                 component = %c.file,
                 sha256 = %c.sha256,
                 wit_version = %c.wit_version,
@@ -225,6 +230,8 @@ impl Deployments {
                 .and_then(|s| s.config)
                 .map(|p| p.display().to_string()),
             components: generation.components(),
+            samplers: generation.sampler_names().map(str::to_string).collect(),
+            default_sampler: generation.default_sampler_name().to_string(),
             draining: lock(&self.replaced)
                 .iter()
                 .filter_map(Weak::upgrade)
@@ -289,6 +296,7 @@ impl Deployments {
             )))
         })?;
         self.check_glue(&runtime, config, deployment.glue.as_ref())?;
+        let named_samplers = deployment.named_samplers();
         let scheduler = deployment
             .scheduler
             .unwrap_or_else(|| default_spec(&source.plugins_dir, DEFAULT_SCHEDULER));
@@ -301,6 +309,7 @@ impl Deployments {
             previous.number() + 1,
             Some(&scheduler),
             Some(&sampler),
+            &named_samplers,
             Some(&previous),
         )?;
         Ok((Arc::new(generation), started.elapsed()))

@@ -30,6 +30,8 @@ pub struct GenerationRequest {
     pub logprobs: bool,
     /// Higher is scheduled first by priority-aware schedulers.
     pub priority: i32,
+    /// The deployment's sampler to use, by name; `None`: the deployment's default.
+    pub sampler: Option<String>,
     /// The id of the API request this sequence serves (its `X-Request-Id`), named by every
     /// engine log line about the sequence; `None` outside the API.
     pub request_id: Option<Arc<str>>,

@@ -8,6 +8,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::kv::ComputedPrefix;
 use crate::model::DecodeStream;
 use crate::plugins::Generation;
+use crate::plugins::generation::LoadedSampler;
 use crate::sched::{Phase, RequestView};
 
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
@@ -35,9 +36,12 @@ pub struct RequestState {
     pub detokenizer: DecodeStream,
     pub stop: StopMatcher,
     pub events: UnboundedSender<GenerationEvent>,
-    /// The deployment generation active when the request arrived: its sampler samples every
-    /// token of the request, whatever reloads happen meanwhile.
-    pub deployment: Arc<Generation>,
+    /// The deployment generation active when the request arrived: held while the request
+    /// runs, so the admin listing shows it as draining until its last request ends.
+    pub _deployment: Arc<Generation>,
+    /// The sampler of that generation the request chose: it samples every token of the
+    /// request, whatever reloads happen meanwhile. `None`: the built-in one, run natively.
+    pub sampler: Option<Arc<LoadedSampler>>,
 }
 
 impl RequestState {

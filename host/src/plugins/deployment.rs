@@ -6,9 +6,15 @@
 //! config = { long_prefill_token_threshold = 512 }
 //! call_timeout_ms = 200
 //!
-//! [sampler]
+//! [sampler]                                    # the sampler named "default"
 //! component = "plughost_sampler_standard.wasm"
+//!
+//! [samplers.creative]                          # chosen per request: "sampler": "creative"
+//! component = "plughost_sampler_banned.wasm"
 //! ```
+//!
+//! A top-level `default_sampler = "NAME"` (before the first table) makes requests that name
+//! no sampler use `NAME` instead of `default`.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,13 +72,50 @@ impl PluginSpec {
     }
 }
 
+/// The name of the sampler in the `[sampler]` section (or the built-in one when it is absent).
+pub const DEFAULT_SAMPLER_NAME: &str = "default";
+
 /// A whole deployment; a missing section means the host's default for it.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Deployment {
+    /// Which sampler serves requests that name none; `default` when absent.
+    default_sampler: Option<String>,
     pub scheduler: Option<PluginSpec>,
     pub sampler: Option<PluginSpec>,
+    #[serde(default)]
+    samplers: std::collections::BTreeMap<String, PluginSpec>,
     pub glue: Option<PluginSpec>,
+}
+
+/// The samplers a deployment names besides `[sampler]`, and the one requests that name none get.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NamedSamplers {
+    samplers: Vec<(String, PluginSpec)>,
+    default: Option<String>,
+}
+
+impl NamedSamplers {
+    /// The `[samplers.NAME]` sections, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &PluginSpec)> {
+        self.samplers
+            .iter()
+            .map(|(name, spec)| (name.as_str(), spec))
+    }
+
+    /// The sampler requests get when they name none: `default_sampler`, else `default`.
+    pub fn default_name(&self) -> &str {
+        self.default.as_deref().unwrap_or(DEFAULT_SAMPLER_NAME)
+    }
+}
+
+/// A sampler name a request can send: letters, digits, `-`, `_` and `.`.
+fn valid_sampler_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 impl Deployment {
@@ -98,12 +141,59 @@ impl Deployment {
         ]
         .into_iter()
         .flatten()
+        .chain(deployment.samplers.values_mut())
         {
             if spec.component.is_relative() {
                 spec.component = base.join(&spec.component);
             }
         }
+        deployment.check_sampler_names()?;
         Ok(deployment)
+    }
+
+    fn check_sampler_names(&self) -> Result<(), String> {
+        for name in self.samplers.keys() {
+            if name == DEFAULT_SAMPLER_NAME {
+                return Err(format!(
+                    "[samplers.{DEFAULT_SAMPLER_NAME}]: the name `{DEFAULT_SAMPLER_NAME}` \
+                     belongs to the [sampler] section"
+                ));
+            }
+            if !valid_sampler_name(name) {
+                return Err(format!(
+                    "[samplers.{name}]: a sampler name is 1 to 64 letters, digits, `-`, `_` or `.`"
+                ));
+            }
+        }
+        if let Some(default) = &self.default_sampler
+            && default != DEFAULT_SAMPLER_NAME
+            && !self.samplers.contains_key(default)
+        {
+            return Err(format!(
+                "default_sampler = {default:?} names no sampler; the file names: {}",
+                self.sampler_names().join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// `default`, then the `[samplers.NAME]` names in order.
+    fn sampler_names(&self) -> Vec<&str> {
+        std::iter::once(DEFAULT_SAMPLER_NAME)
+            .chain(self.samplers.keys().map(String::as_str))
+            .collect()
+    }
+
+    /// The `[samplers.NAME]` sections and the `default_sampler` choice.
+    pub fn named_samplers(&self) -> NamedSamplers {
+        NamedSamplers {
+            samplers: self
+                .samplers
+                .iter()
+                .map(|(name, spec)| (name.clone(), spec.clone()))
+                .collect(),
+            default: self.default_sampler.clone(),
+        }
     }
 }
 
@@ -136,6 +226,53 @@ mod tests {
         assert_eq!(sampler.config_json(), "{}");
         assert_eq!(sampler.limits().memory_bytes, 64 << 20);
         assert!(d.glue.is_none());
+    }
+
+    #[test]
+    fn names_samplers_and_a_default() {
+        let text = r#"
+            default_sampler = "creative"
+            [sampler]
+            component = "standard.wasm"
+            [samplers.creative]
+            component = "banned.wasm"
+            config = { banned = [1, 2] }
+            [samplers.exact-1]
+            component = "/abs/greedy.wasm"
+        "#;
+        let d = Deployment::from_str_in(text, Path::new("/deploy")).expect("valid file");
+        let named = d.named_samplers();
+        assert_eq!(named.default_name(), "creative");
+        let list: Vec<(&str, &Path)> = named
+            .iter()
+            .map(|(name, spec)| (name, spec.component.as_path()))
+            .collect();
+        assert_eq!(
+            list,
+            [
+                ("creative", Path::new("/deploy/banned.wasm")),
+                ("exact-1", Path::new("/abs/greedy.wasm"))
+            ]
+        );
+        let plain = Deployment::from_str_in("[sampler]\ncomponent='s.wasm'", Path::new("."))
+            .expect("valid file");
+        assert_eq!(plain.named_samplers().default_name(), "default");
+        assert_eq!(plain.named_samplers().iter().count(), 0);
+    }
+
+    #[test]
+    fn refuses_bad_sampler_names_naming_them() {
+        for (text, named) in [
+            (
+                "default_sampler = 'fast'\n[samplers.slow]\ncomponent='a'",
+                "fast",
+            ),
+            ("[samplers.default]\ncomponent='a'", "default"),
+            ("[samplers.'a b']\ncomponent='a'", "a b"),
+        ] {
+            let error = Deployment::from_str_in(text, Path::new(".")).expect_err(text);
+            assert!(error.contains(named), "{text}: {error}");
+        }
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::time::SystemTime;
 use plughost_sdk::sampler::SamplingParams;
 use serde::Serialize;
 
+use super::deployment::{DEFAULT_SAMPLER_NAME, NamedSamplers};
 use super::instance::World;
 use super::logits::LogitsBatch;
 use super::sampler::{SamplerPlugin, SequenceToSample};
@@ -80,6 +81,8 @@ impl GenerationError {
 #[derive(Debug, Clone)]
 struct Identity {
     slot: Slot,
+    /// A sampler's name in the deployment; `None` for the scheduler.
+    name: Option<String>,
     path: PathBuf,
     sha256: String,
     wit_version: String,
@@ -131,6 +134,12 @@ impl<P> LoadedComponent<P> {
 #[derive(Debug, Clone, Serialize)]
 pub struct ComponentStatus {
     pub slot: Slot,
+    /// A sampler's name, which requests choose it by (`"sampler": "NAME"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Whether requests that name no sampler get this one.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
     pub world: &'static str,
     pub file: String,
     pub sha256: String,
@@ -145,23 +154,44 @@ pub struct ComponentStatus {
     pub state: &'static str,
 }
 
-/// The scheduler and sampler the engine runs, numbered; immutable once built.
+pub type LoadedSampler = LoadedComponent<SamplerPlugin>;
+
+/// One sampler of a generation: its name, and its component (`None`: the built-in, native).
+struct NamedSampler {
+    name: String,
+    component: Option<Arc<LoadedSampler>>,
+}
+
+/// A request named a sampler the deployment does not have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sampler `{name}`; this deployment has: {}", known.join(", "))]
+pub struct UnknownSampler {
+    pub name: String,
+    pub known: Vec<String>,
+}
+
+/// The scheduler and samplers the engine runs, numbered; immutable once built.
 pub struct Generation {
     number: u64,
     loaded_at: SystemTime,
     scheduler: Option<Arc<LoadedComponent<SchedulerPlugin>>>,
-    sampler: Option<Arc<LoadedComponent<SamplerPlugin>>>,
+    /// `default` first, then the named samplers in the file's order.
+    samplers: Vec<NamedSampler>,
+    /// Which of `samplers` requests that name none get.
+    default_sampler: usize,
 }
 
 impl Generation {
-    /// Builds generation `number` from the specs: `None` runs the built-in policy natively.
-    /// Components equal to `previous`'s are shared with it; every other one is compiled,
-    /// instantiated, initialised and dry-run here, on the caller's thread.
+    /// Builds generation `number` from the specs: `None` runs the built-in policy natively;
+    /// `sampler` is the one named `default`, `named` the others. Components equal to
+    /// `previous`'s (a sampler: of the same name) are shared with it; every other one is
+    /// compiled, instantiated, initialised and dry-run here, on the caller's thread.
     pub fn build(
         runtime: &PluginRuntime,
         number: u64,
         scheduler: Option<&PluginSpec>,
         sampler: Option<&PluginSpec>,
+        named: &NamedSamplers,
         previous: Option<&Generation>,
     ) -> Result<Generation, GenerationError> {
         let loaded_at = SystemTime::now();
@@ -169,7 +199,7 @@ impl Generation {
             None => None,
             Some(spec) => Some(load(
                 runtime,
-                Slot::Scheduler,
+                (Slot::Scheduler, None),
                 spec,
                 number,
                 loaded_at,
@@ -177,23 +207,40 @@ impl Generation {
                 dry_run_scheduler,
             )?),
         };
-        let sampler = match sampler {
-            None => None,
-            Some(spec) => Some(load(
-                runtime,
-                Slot::Sampler,
-                spec,
-                number,
-                loaded_at,
-                previous.and_then(|p| p.sampler.as_ref()),
-                dry_run_sampler,
-            )?),
-        };
+        let specs = std::iter::once((DEFAULT_SAMPLER_NAME, sampler))
+            .chain(named.iter().map(|(name, spec)| (name, Some(spec))));
+        let mut samplers = Vec::new();
+        for (name, spec) in specs {
+            let component = match spec {
+                None => None,
+                Some(spec) => {
+                    let previous = previous.and_then(|p| p.sampler_named(name).ok().flatten());
+                    Some(load(
+                        runtime,
+                        (Slot::Sampler, Some(name)),
+                        spec,
+                        number,
+                        loaded_at,
+                        previous,
+                        dry_run_sampler,
+                    )?)
+                }
+            };
+            samplers.push(NamedSampler {
+                name: name.to_string(),
+                component,
+            });
+        }
+        let default_sampler = samplers
+            .iter()
+            .position(|s| s.name == named.default_name())
+            .unwrap_or(0);
         Ok(Generation {
             number,
             loaded_at,
             scheduler,
-            sampler,
+            samplers,
+            default_sampler,
         })
     }
 
@@ -209,27 +256,69 @@ impl Generation {
         self.scheduler.as_deref()
     }
 
-    pub fn sampler(&self) -> Option<&Arc<LoadedComponent<SamplerPlugin>>> {
-        self.sampler.as_ref()
+    /// The sampler requests that name none get; `None`: the built-in one, run natively.
+    pub fn sampler(&self) -> Option<&Arc<LoadedSampler>> {
+        self.samplers
+            .get(self.default_sampler)
+            .and_then(|s| s.component.as_ref())
     }
 
-    /// Whether this generation took `slot`'s component anew rather than sharing the previous one.
+    /// The sampler a request names, or the default for `None`.
+    pub fn sampler_for(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Option<&Arc<LoadedSampler>>, UnknownSampler> {
+        match name {
+            None => Ok(self.sampler()),
+            Some(name) => self.sampler_named(name),
+        }
+    }
+
+    fn sampler_named(&self, name: &str) -> Result<Option<&Arc<LoadedSampler>>, UnknownSampler> {
+        self.samplers
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| s.component.as_ref())
+            .ok_or_else(|| UnknownSampler {
+                name: name.to_string(),
+                known: self.sampler_names().map(str::to_string).collect(),
+            })
+    }
+
+    /// The names requests may choose, `default` first.
+    pub fn sampler_names(&self) -> impl Iterator<Item = &str> {
+        self.samplers.iter().map(|s| s.name.as_str())
+    }
+
+    /// The name of the sampler requests that name none get.
+    pub fn default_sampler_name(&self) -> &str {
+        self.samplers
+            .get(self.default_sampler)
+            .map_or(DEFAULT_SAMPLER_NAME, |s| s.name.as_str())
+    }
+
+    /// Whether this generation took `slot`'s component (the default sampler's, for samplers)
+    /// anew rather than sharing the previous one.
     pub fn loaded_anew(&self, slot: Slot) -> bool {
         let generation = match slot {
             Slot::Scheduler => self.scheduler.as_ref().map(|c| c.identity.generation),
-            Slot::Sampler => self.sampler.as_ref().map(|c| c.identity.generation),
+            Slot::Sampler => self.sampler().map(|c| c.identity.generation),
         };
         generation == Some(self.number)
     }
 
-    /// The components with their counters, scheduler first.
+    /// The components with their counters, scheduler first, then the samplers by name.
     pub fn components(&self) -> Vec<ComponentStatus> {
         let mut list = Vec::new();
         if let Some(c) = &self.scheduler {
             list.push(status(c, SchedulerPlugin::WORLD, c.plugin().stats()));
         }
-        if let Some(c) = &self.sampler {
-            list.push(status(c, SamplerPlugin::WORLD, c.plugin().stats()));
+        for (i, sampler) in self.samplers.iter().enumerate() {
+            if let Some(c) = &sampler.component {
+                let mut entry = status(c, SamplerPlugin::WORLD, c.plugin().stats());
+                entry.default = i == self.default_sampler;
+                list.push(entry);
+            }
         }
         list
     }
@@ -246,6 +335,8 @@ fn status<P>(c: &LoadedComponent<P>, world: &'static str, stats: PluginStats) ->
     let id = &c.identity;
     ComponentStatus {
         slot: id.slot,
+        name: id.name.clone(),
+        default: false,
         world,
         file: id.path.display().to_string(),
         sha256: id.sha256.clone(),
@@ -268,15 +359,17 @@ pub fn unix_seconds(time: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Loads one component for `place` (its slot, and a sampler's name).
 fn load<P: PluginWorld>(
     runtime: &PluginRuntime,
-    slot: Slot,
+    place: (Slot, Option<&str>),
     spec: &PluginSpec,
     number: u64,
     loaded_at: SystemTime,
     previous: Option<&Arc<LoadedComponent<P>>>,
     dry_run: impl FnOnce(&mut P) -> Result<(), String>,
 ) -> Result<Arc<LoadedComponent<P>>, GenerationError> {
+    let (slot, name) = place;
     let path = spec.component.clone();
     let failed = |source| GenerationError::Load {
         slot,
@@ -303,6 +396,7 @@ fn load<P: PluginWorld>(
     Ok(Arc::new(LoadedComponent {
         identity: Identity {
             slot,
+            name: name.map(str::to_string),
             path,
             sha256: compiled.sha256,
             wit_version: compiled.wit_version,

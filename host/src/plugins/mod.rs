@@ -18,7 +18,9 @@ pub mod sampler;
 pub mod scheduler;
 
 pub use contract::{ComponentContract, ContractError, check_component};
-pub use deployment::{Deployment, DeploymentError, PluginSpec};
+pub use deployment::{
+    DEFAULT_SAMPLER_NAME, Deployment, DeploymentError, NamedSamplers, PluginSpec,
+};
 pub use error::PluginError;
 pub use generation::{ComponentStatus, Generation, GenerationError, Slot};
 pub use instance::{InstanceLimits, PluginStats};
