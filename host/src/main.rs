@@ -124,6 +124,16 @@ fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), Str
         .map_err(|e| e.to_string())?;
         println!("sampler    ok  {}", spec.component.display());
     }
+    for (name, spec) in deployment.named_samplers().iter() {
+        SamplerPlugin::load(
+            &runtime,
+            &spec.component,
+            &spec.config_json(),
+            spec.limits(),
+        )
+        .map_err(|e| format!("[samplers.{name}] {e}"))?;
+        println!("sampler    ok  {} ({name})", spec.component.display());
+    }
     if let Some(spec) = &deployment.glue {
         GluePlugin::load(
             &runtime,
