@@ -17,7 +17,7 @@ use crate::plugins::generation::{LoadedSampler, UnknownSampler};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Generation, NamedSamplers, PluginSpec};
 use crate::profile::Profiler;
-use crate::runtime::{KvCacheDtype, RuntimeConfig, load_model};
+use crate::runtime::{KvCacheDtype, RuntimeConfig, load_described};
 use crate::sched::Phase;
 
 use super::core::{EngineCore, EngineLimits};
@@ -621,7 +621,9 @@ fn load_engine(
         max_model_len,
         kv_cache_dtype,
     };
-    let runtime = load_model(device, &mut glue, &setup.model_dir, runtime_config)
+    let vocab_size = info.vocab_size;
+    let eos_token_ids = info.eos_token_ids.clone();
+    let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)
         .map_err(|e| e.to_string())?;
     let kv = KvCacheManager::new(KvCacheConfig {
         num_blocks: num_kv_blocks,
@@ -631,8 +633,8 @@ fn load_engine(
     let summary = ModelSummary {
         name: setup.model_name.clone(),
         max_model_len,
-        vocab_size: info.vocab_size,
-        eos_token_ids: info.eos_token_ids.clone(),
+        vocab_size,
+        eos_token_ids: eos_token_ids.clone(),
         tokenizer: tokenizer.clone(),
         chat_template,
     };
@@ -642,7 +644,7 @@ fn load_engine(
         deployment,
         kv,
         tokenizer,
-        eos_token_ids: info.eos_token_ids,
+        eos_token_ids,
         limits: EngineLimits {
             max_num_seqs: options.max_num_seqs,
             max_num_batched_tokens: options.max_num_batched_tokens,

@@ -1,6 +1,6 @@
 //! The quantities shapes scale with, and resolving a symbolic shape against them.
 
-use crate::plugins::glue::types::{Dim, Extent};
+use super::program::{Dim, Extent};
 
 /// The values of every extent for one step (or, at prepare time, their maxima).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

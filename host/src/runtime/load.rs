@@ -7,6 +7,7 @@ use crate::model::{self, Checkpoint, ModelError};
 use crate::plugins::PluginError;
 use crate::plugins::glue::GluePlugin;
 
+use super::program::ModelInfo;
 use super::{Runtime, RuntimeConfig, RuntimeError, WeightSource, WeightView};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,9 +50,29 @@ pub fn load_model(
     model_dir: &Path,
     config: RuntimeConfig,
 ) -> Result<Runtime, LoadError> {
+    let info = Checkpoint::open(model_dir)
+        .map_err(LoadError::from)
+        .and_then(|checkpoint| Ok(glue.describe(checkpoint.config_json())?));
+    match info {
+        Ok(info) => load_described(device, glue, info, model_dir, config),
+        Err(e) => {
+            device.close();
+            Err(e)
+        }
+    }
+}
+
+/// [`load_model`] for a caller that already has the glue's description of the model (from
+/// the same `config.json`), so `describe` runs once per load.
+pub fn load_described(
+    device: Device,
+    glue: &mut GluePlugin,
+    info: ModelInfo,
+    model_dir: &Path,
+    config: RuntimeConfig,
+) -> Result<Runtime, LoadError> {
     let prepared = (|| {
         let checkpoint = Checkpoint::open(model_dir)?;
-        let info = glue.describe(checkpoint.config_json())?;
         let expected: Vec<(String, Vec<u64>)> = info
             .weights
             .iter()

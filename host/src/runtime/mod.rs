@@ -13,6 +13,7 @@ mod extents;
 mod kv_dtype;
 mod load;
 mod prepared;
+pub mod program;
 mod refresh;
 mod step;
 
@@ -20,6 +21,6 @@ pub use deps::TaskGraph;
 pub use error::RuntimeError;
 pub use extents::Extents;
 pub use kv_dtype::KvCacheDtype;
-pub use load::{LoadError, load_model};
+pub use load::{LoadError, load_described, load_model};
 pub use prepared::{Runtime, RuntimeConfig, WeightSource, WeightView};
 pub use step::{StepSequence, StepTiming};

@@ -3,10 +3,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::program::{self, BufferRef, Dim, Extent, ModelInfo, Param, StepInputKind, StepProgram};
 use crate::device::{ArgTag, BufferId, CallableIndex, DType, Device, TensorArg};
-use crate::plugins::glue::types::{
-    self as glue, BufferRef, Dim, Extent, ModelInfo, Param, StepInputKind, StepProgram,
-};
 
 use super::RuntimeError;
 use super::deps::TaskGraph;
@@ -87,24 +85,24 @@ pub struct Runtime {
     launch_args: Vec<TensorArg>,
 }
 
-fn dtype(d: glue::Dtype) -> DType {
+fn dtype(d: program::Dtype) -> DType {
     match d {
-        glue::Dtype::F32 => DType::F32,
-        glue::Dtype::F16 => DType::F16,
-        glue::Dtype::Bf16 => DType::BF16,
-        glue::Dtype::I32 => DType::I32,
-        glue::Dtype::I64 => DType::I64,
-        glue::Dtype::U8 => DType::U8,
+        program::Dtype::F32 => DType::F32,
+        program::Dtype::F16 => DType::F16,
+        program::Dtype::Bf16 => DType::BF16,
+        program::Dtype::I32 => DType::I32,
+        program::Dtype::I64 => DType::I64,
+        program::Dtype::U8 => DType::U8,
     }
 }
 
-fn tag(t: glue::ArgTag) -> ArgTag {
+fn tag(t: program::ArgTag) -> ArgTag {
     match t {
-        glue::ArgTag::Input => ArgTag::Input,
-        glue::ArgTag::Output => ArgTag::Output,
-        glue::ArgTag::Inout => ArgTag::Inout,
-        glue::ArgTag::OutputExisting => ArgTag::OutputExisting,
-        glue::ArgTag::NoDep => ArgTag::NoDep,
+        program::ArgTag::Input => ArgTag::Input,
+        program::ArgTag::Output => ArgTag::Output,
+        program::ArgTag::Inout => ArgTag::Inout,
+        program::ArgTag::OutputExisting => ArgTag::OutputExisting,
+        program::ArgTag::NoDep => ArgTag::NoDep,
     }
 }
 
