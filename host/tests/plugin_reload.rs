@@ -875,6 +875,18 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
                 other_version.display()
             )],
         ),
+        (
+            format!(
+                "[sampler]\ncomponent = \"{}\"\n",
+                renamed_field_component(&dir).display()
+            ),
+            vec![
+                "[sampler]".to_string(),
+                "record `sampling-params` of plughost:plugin/sampling@0.1.0 differs: field 4 is \
+                 `min-p` in this host and `max-p` in the component"
+                    .to_string(),
+            ],
+        ),
     ];
     for (n, (text, needles)) in cases.iter().enumerate() {
         let config = dir.join(format!("deploy-{n}.toml"));
@@ -928,11 +940,24 @@ fn serve_until_exit(args: &[&str]) -> String {
 /// A copy of the standard sampler whose import and export names say `plughost:plugin@0.2.0`:
 /// the version string has the same length, so the rewritten component stays well formed.
 fn other_version_component(dir: &Path) -> PathBuf {
-    let bytes = std::fs::read(plugin("plughost_sampler_standard.wasm")).expect("the sampler");
-    let (from, to) = (
+    rewritten_sampler(
+        dir,
+        "sampler-0.2.0.wasm",
         b"plughost:plugin/sampling@0.1.0",
         b"plughost:plugin/sampling@0.2.0",
-    );
+    )
+}
+
+/// A copy of the standard sampler whose `sampling-params` record names its fourth field
+/// `max-p` where the contract says `min-p`: a record of another shape under the same version.
+fn renamed_field_component(dir: &Path) -> PathBuf {
+    rewritten_sampler(dir, "sampler-max-p.wasm", b"min-p", b"max-p")
+}
+
+/// The standard sampler with every `from` replaced by `to`, of the same length, in `dir`.
+fn rewritten_sampler(dir: &Path, file: &str, from: &[u8], to: &[u8]) -> PathBuf {
+    assert_eq!(from.len(), to.len());
+    let bytes = std::fs::read(plugin("plughost_sampler_standard.wasm")).expect("the sampler");
     let mut out = bytes.clone();
     let mut replaced = 0;
     for start in 0..bytes.len().saturating_sub(from.len()) {
@@ -943,9 +968,10 @@ fn other_version_component(dir: &Path) -> PathBuf {
     }
     assert!(
         replaced > 0,
-        "the sampler names plughost:plugin/sampling@0.1.0"
+        "the sampler holds {:?}",
+        String::from_utf8_lossy(from)
     );
-    let path = dir.join("sampler-0.2.0.wasm");
+    let path = dir.join(file);
     std::fs::write(&path, out).expect("write the rewritten sampler");
     path
 }

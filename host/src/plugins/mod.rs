@@ -13,6 +13,7 @@ pub mod generation;
 pub mod glue;
 mod instance;
 pub mod logits;
+mod records;
 mod runtime;
 pub mod sampler;
 pub mod scheduler;

@@ -13,6 +13,7 @@ use super::PluginError;
 use super::cache::ComponentCache;
 use super::contract::{CONTRACT_VERSION, ComponentContract};
 use super::instance::{ContainedInstance, InstanceLimits, PluginState, World};
+use super::records;
 
 /// How often the epoch advances; call deadlines are whole multiples of it.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
@@ -154,7 +155,13 @@ impl PluginRuntime {
             path: path.to_path_buf(),
             world: W::NAME,
             version: CONTRACT_VERSION,
-            message: format!("{e:#}"),
+            message: match records::first_difference(
+                &self.shared.engine,
+                &component.component_type(),
+            ) {
+                Some(difference) => format!("{difference} ({e:#})"),
+                None => format!("{e:#}"),
+            },
         };
         let mut linker: Linker<PluginState> = Linker::new(&self.shared.engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
