@@ -10,6 +10,9 @@ use serde_json::Value;
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRecord {
     pub index: usize,
+    /// The `priority` the request sent, if it sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     pub success: bool,
     pub error: Option<String>,
     pub prompt_tokens: u64,
@@ -55,6 +58,7 @@ pub enum RequestError {
 /// Where a request goes and what it sends.
 pub struct RequestSpec<'a> {
     pub index: usize,
+    pub priority: Option<i64>,
     pub url: &'a str,
     pub body: &'a Value,
     /// The instant the run started, for `start_s`.
@@ -129,6 +133,7 @@ pub async fn send(client: &reqwest::Client, spec: RequestSpec<'_>) -> RequestRec
     let sent = Instant::now();
     let mut record = RequestRecord {
         index: spec.index,
+        priority: spec.priority,
         start_s: (sent - spec.run_start).as_secs_f64(),
         ..Default::default()
     };

@@ -125,6 +125,14 @@ pub struct BenchOptions {
     /// No progress bar on stderr (it is only drawn when stderr is a terminal anyway).
     #[arg(long)]
     pub no_progress: bool,
+    /// A JSON object merged into every request body, e.g. '{"sampler": "creative"}'; its keys
+    /// replace the benchmark's own.
+    #[arg(long, value_name = "JSON")]
+    pub extra_body: Option<String>,
+    /// Request i sends `priority` = the (i mod n)-th value of this list, e.g. 10,0,-5; the
+    /// report then breaks latencies down by priority.
+    #[arg(long, value_delimiter = ',', num_args = 1.., allow_negative_numbers = true)]
+    pub priorities: Option<Vec<i64>>,
 }
 
 const MIN_TOKEN_ID: u32 = 100;
@@ -213,7 +221,33 @@ impl BenchOptions {
         if self.top_k.is_some_and(|k| k < -1) {
             return invalid("--top-k must be -1 or 0 (disabled) or at least 1");
         }
+        if self.priorities.as_ref().is_some_and(Vec::is_empty) {
+            return invalid("--priorities needs at least one value");
+        }
+        self.extra_body()?;
         Ok(())
+    }
+
+    /// `--extra-body` as a JSON object.
+    fn extra_body(&self) -> Result<serde_json::Map<String, Value>, BenchError> {
+        match &self.extra_body {
+            None => Ok(serde_json::Map::new()),
+            Some(text) => match serde_json::from_str(text) {
+                Ok(Value::Object(map)) => Ok(map),
+                Ok(_) => Err(BenchError::InvalidOption(
+                    "--extra-body must be a JSON object".into(),
+                )),
+                Err(e) => Err(BenchError::InvalidOption(format!(
+                    "--extra-body is not JSON: {e}"
+                ))),
+            },
+        }
+    }
+
+    /// The `priority` request `index` sends, if `--priorities` is given.
+    fn priority(&self, index: usize) -> Option<i64> {
+        let list = self.priorities.as_ref()?;
+        list.get(index % list.len().max(1)).copied()
     }
 
     /// The per-request deadline; `validate` has ruled out values `Duration` cannot hold.
@@ -357,6 +391,13 @@ fn request_body(
     if let Some(top_k) = options.top_k {
         body["top_k"] = json!(top_k);
     }
+    if let Some(priority) = options.priority(index) {
+        body["priority"] = json!(priority);
+    }
+    // `validate` has checked it; a run never gets here with a malformed one.
+    for (key, value) in options.extra_body().unwrap_or_default() {
+        body[key] = value;
+    }
     body
 }
 
@@ -415,6 +456,7 @@ async fn send_phase(phase: Phase<'_>) -> (Vec<RequestRecord>, f64) {
             };
             let spec = RequestSpec {
                 index,
+                priority: body.get("priority").and_then(Value::as_i64),
                 url: &url,
                 body: &body,
                 run_start: start,
@@ -650,6 +692,30 @@ mod tests {
         assert_eq!(sampled["temperature"], json!(0.5));
         assert_eq!(sampled["top_p"], json!(0.75));
         assert_eq!(sampled["top_k"], json!(-1));
+    }
+
+    #[test]
+    fn priorities_cycle_and_the_extra_body_is_merged_last() {
+        let o = options(&[
+            "--priorities",
+            "10,-5",
+            "--extra-body",
+            r#"{"sampler": "creative", "temperature": 0.25}"#,
+        ]);
+        assert!(o.validate().is_ok());
+        let bodies: Vec<Value> = (0..3)
+            .map(|i| request_body(&o, None, PromptStream::Run(0), i))
+            .collect();
+        let priorities: Vec<&Value> = bodies.iter().map(|b| &b["priority"]).collect();
+        assert_eq!(priorities, [&json!(10), &json!(-5), &json!(10)]);
+        assert!(bodies.iter().all(|b| b["sampler"] == "creative"));
+        assert!(bodies.iter().all(|b| b["temperature"] == json!(0.25)));
+        let plain = request_body(&options(&[]), None, PromptStream::Run(0), 0);
+        assert!(plain.get("priority").is_none());
+        for bad in ["[1]", "{", "7"] {
+            let error = options(&["--extra-body", bad]).validate().expect_err(bad);
+            assert!(error.to_string().contains("--extra-body"), "{bad}: {error}");
+        }
     }
 
     #[test]

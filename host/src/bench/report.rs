@@ -82,6 +82,19 @@ pub fn table(summary: &Summary) -> String {
     latency(&mut out, "Inter-token Latency", "ITL", &summary.itl);
     // From sending the request to the end of its stream, queueing in the server included.
     latency(&mut out, "End-to-end Latency", "E2EL", &summary.e2el);
+    if !summary.by_priority.is_empty() {
+        let _ = writeln!(out, "{:-^WIDTH$}", "By priority (p50 TTFT / E2EL)");
+        for p in &summary.by_priority {
+            row(
+                &mut out,
+                &format!(
+                    "priority {} ({} requests) (ms):",
+                    p.priority, p.num_successful
+                ),
+                format!("{:.2} / {:.2}", p.ttft.p50_ms, p.e2el.p50_ms),
+            );
+        }
+    }
     let _ = writeln!(out, "{:=^WIDTH$}", "");
     if let Some(error) = &summary.first_error {
         let _ = writeln!(out, "First error: {error}");

@@ -63,6 +63,37 @@ pub struct Summary {
     pub itl: Distribution,
     /// End-to-end request latency: from sending to the end of the stream, successes only.
     pub e2el: Distribution,
+    /// Latencies per `priority` sent, highest first; empty when requests sent none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub by_priority: Vec<PriorityLatency>,
+}
+
+/// The latencies of the successful requests that sent one `priority`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PriorityLatency {
+    pub priority: i64,
+    pub num_successful: usize,
+    pub ttft: Distribution,
+    pub e2el: Distribution,
+}
+
+fn by_priority(ok: &[&RequestRecord]) -> Vec<PriorityLatency> {
+    let mut priorities: Vec<i64> = ok.iter().filter_map(|r| r.priority).collect();
+    priorities.sort_unstable_by(|a, b| b.cmp(a));
+    priorities.dedup();
+    priorities
+        .into_iter()
+        .map(|priority| {
+            let group: Vec<&&RequestRecord> =
+                ok.iter().filter(|r| r.priority == Some(priority)).collect();
+            PriorityLatency {
+                priority,
+                num_successful: group.len(),
+                ttft: Distribution::from_seconds(group.iter().map(|r| r.ttft_s).collect()),
+                e2el: Distribution::from_seconds(group.iter().map(|r| r.e2e_s).collect()),
+            }
+        })
+        .collect()
 }
 
 /// How the run was shaped, carried into its summary.
@@ -96,6 +127,7 @@ pub fn summarize(records: &[RequestRecord], shape: RunShape) -> Summary {
         tpot: Distribution::from_seconds(ok.iter().filter_map(|r| r.tpot_s()).collect()),
         itl: Distribution::from_seconds(ok.iter().flat_map(|r| r.itl_s.clone()).collect()),
         e2el: Distribution::from_seconds(ok.iter().map(|r| r.e2e_s).collect()),
+        by_priority: by_priority(&ok),
     }
 }
 
@@ -133,6 +165,7 @@ mod tests {
     fn record(success: bool, output_tokens: u64, ttft_s: f64, e2e_s: f64) -> RequestRecord {
         RequestRecord {
             index: 0,
+            priority: None,
             success,
             error: (!success).then(|| "HTTP 500: boom".to_string()),
             prompt_tokens: if success { 10 } else { 0 },
@@ -170,5 +203,31 @@ mod tests {
         assert!((s.e2el.mean_ms - 350.0).abs() < 1e-6);
         assert!((s.e2el.p99_ms - 497.0).abs() < 1e-6);
         assert_eq!(s.request_rate, None);
+        assert!(s.by_priority.is_empty());
+    }
+
+    #[test]
+    fn latencies_are_broken_down_by_priority_highest_first() {
+        let with = |priority, ttft_s| RequestRecord {
+            priority: Some(priority),
+            ..record(true, 2, ttft_s, ttft_s + 1.0)
+        };
+        let records = [with(0, 0.5), with(5, 0.1), with(0, 0.7), with(5, 0.3)];
+        let shape = RunShape {
+            max_concurrency: None,
+            request_rate: f64::INFINITY,
+            duration_s: 1.0,
+        };
+        let s = summarize(&records, shape);
+        let groups: Vec<(i64, usize, f64)> = s
+            .by_priority
+            .iter()
+            .map(|p| (p.priority, p.num_successful, p.ttft.p50_ms))
+            .collect();
+        assert_eq!(groups.len(), 2);
+        assert_eq!((groups[0].0, groups[0].1), (5, 2));
+        assert!((groups[0].2 - 200.0).abs() < 1e-6);
+        assert_eq!((groups[1].0, groups[1].1), (0, 2));
+        assert!((groups[1].2 - 600.0).abs() < 1e-6);
     }
 }
