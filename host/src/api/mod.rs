@@ -28,6 +28,8 @@ pub mod routes;
 pub mod server;
 pub mod stream;
 pub mod submit;
+pub mod tool_calls;
+pub mod tools;
 pub mod validation;
 
 use std::future::Future;

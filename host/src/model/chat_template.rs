@@ -64,6 +64,39 @@ pub struct RenderOptions<'a> {
     pub kwargs: BTreeMap<String, serde_json::Value>,
 }
 
+/// How a model writes a tool call, as its chat template teaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallSyntax {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Qwen, Hermes), also
+    /// what the fallback prompt asks of models whose template shows no tools.
+    Tagged,
+    /// A bare `{"name": ..., "parameters": {...}}` object (Llama 3).
+    Json,
+}
+
+/// What a template's text says about the model's conventions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TemplateTraits {
+    renders_tools: bool,
+    tool_call_syntax: ToolCallSyntax,
+    thinks: bool,
+}
+
+impl TemplateTraits {
+    fn of(source: &str) -> TemplateTraits {
+        let tagged = source.contains("<tool_call>");
+        TemplateTraits {
+            renders_tools: source.contains("tools"),
+            tool_call_syntax: if tagged || !source.contains("parameters") {
+                ToolCallSyntax::Tagged
+            } else {
+                ToolCallSyntax::Json
+            },
+            thinks: source.contains("<think>"),
+        }
+    }
+}
+
 /// A compiled chat template plus the special tokens it may print.
 #[derive(Clone)]
 pub struct ChatTemplate {
@@ -71,6 +104,7 @@ pub struct ChatTemplate {
     /// The file the template text came from, named in every error.
     path: PathBuf,
     special_tokens: Vec<(&'static str, String)>,
+    traits: TemplateTraits,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -176,6 +210,7 @@ impl ChatTemplate {
         special_tokens: Vec<(&'static str, String)>,
     ) -> Result<Self, ModelError> {
         let mut env = hf_environment();
+        let traits = TemplateTraits::of(&source);
         if let Err(e) = env.add_template_owned(TEMPLATE_NAME, source) {
             return Err(ModelError::ChatTemplate {
                 message: describe(&e),
@@ -186,11 +221,27 @@ impl ChatTemplate {
             env,
             path,
             special_tokens,
+            traits,
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether the template shows the request's `tools` to the model.
+    pub fn renders_tools(&self) -> bool {
+        self.traits.renders_tools
+    }
+
+    /// The syntax the model writes tool calls in.
+    pub fn tool_call_syntax(&self) -> ToolCallSyntax {
+        self.traits.tool_call_syntax
+    }
+
+    /// Whether the model reasons in a `<think>` block before it answers.
+    pub fn thinks(&self) -> bool {
+        self.traits.thinks
     }
 
     /// Renders a conversation with no tools and no extra variables.

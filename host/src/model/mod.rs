@@ -12,7 +12,7 @@ mod error;
 mod pyfmt;
 mod tokenizer;
 
-pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall};
+pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall, ToolCallSyntax};
 pub use checkpoint::{Checkpoint, DType, ModelConfig, TensorView};
 pub use error::ModelError;
 pub use tokenizer::{Bounded, DecodeStream, Tokenizer};
