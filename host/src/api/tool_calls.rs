@@ -164,7 +164,7 @@ impl ToolCallParser {
     }
 
     fn call(&self, body: CallBody) -> Option<ParsedToolCall> {
-        if !self.names.iter().any(|n| *n == body.name) {
+        if !self.names.contains(&body.name) {
             return None;
         }
         let arguments = body.arguments.get();
