@@ -11,11 +11,13 @@ use crate::model::Tokenizer;
 
 use super::admission::AdmissionTicket;
 use super::body::ApiJson;
+use super::chat_output::{ChatOutputPlan, ChoiceDelta, ChoiceReader};
 use super::error::ApiError;
 use super::logprobs::chat_logprobs;
 use super::openai::{
     ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-    ChatCompletionResponse, ChatDelta, ChatMessageOut, GenerationBody, Usage,
+    ChatCompletionResponse, ChatDelta, ChatMessageOut, FunctionCallOut, GenerationBody,
+    ToolCallOut, Usage,
 };
 use super::stream::{ChunkFormat, StreamConfig, to_json};
 use super::submit::{self, UsageTally};
@@ -32,7 +34,10 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let summary = app.engine.summary()?;
     let tokenizer = summary.tokenizer.clone();
-    let validated = validate_off_thread(move || validation::validate_chat(body, &summary)).await?;
+    let reasoning_parser = app.config.reasoning_parser;
+    let validated =
+        validate_off_thread(move || validation::validate_chat(body, &summary, reasoning_parser))
+            .await?;
     let (requests, shape) = validated.into_parts();
     ticket.reserve(shape.num_choices())?;
     let events = submit::submit(&app.engine, &request_id, requests)?;
@@ -48,6 +53,9 @@ pub async fn create(
             meta,
             tokenizer,
             logprobs: shape.logprobs,
+            readers: (0..shape.num_choices())
+                .map(|_| shape.chat_output.reader())
+                .collect(),
         };
         return Ok(super::stream::sse(events, format, usage, config));
     }
@@ -55,16 +63,16 @@ pub async fn create(
     let choices = outputs
         .into_iter()
         .enumerate()
-        .map(|(index, output)| ChatChoice {
-            index,
-            message: ChatMessageOut {
-                role: ASSISTANT,
-                content: output.text,
-            },
-            logprobs: shape
-                .logprobs
-                .map(|k| chat_logprobs(&tokenizer, &output.logprobs, k)),
-            finish_reason: output.finish_reason.as_str(),
+        .map(|(index, output)| {
+            let read = shape.chat_output.reader().read_whole(&output.text);
+            ChatChoice {
+                index,
+                finish_reason: finish_reason(output.finish_reason, !read.calls.is_empty()),
+                message: message(&shape.chat_output, read),
+                logprobs: shape
+                    .logprobs
+                    .map(|k| chat_logprobs(&tokenizer, &output.logprobs, k)),
+            }
         })
         .collect();
     let response = ChatCompletionResponse {
@@ -78,10 +86,49 @@ pub async fn create(
     Ok(Json(response).into_response())
 }
 
+/// The whole answer of one choice.
+fn message(plan: &ChatOutputPlan, read: ChoiceDelta) -> ChatMessageOut {
+    let only_calls = read.content.is_empty() && !read.calls.is_empty();
+    ChatMessageOut {
+        role: ASSISTANT,
+        content: (!only_calls).then_some(read.content),
+        reasoning_content: plan.splits_reasoning().then_some(read.reasoning),
+        tool_calls: tool_calls(read.calls, false),
+    }
+}
+
+fn tool_calls(
+    calls: Vec<(usize, crate::api::tool_calls::ParsedToolCall)>,
+    indexed: bool,
+) -> Vec<ToolCallOut> {
+    calls
+        .into_iter()
+        .map(|(index, call)| ToolCallOut {
+            index: indexed.then_some(index),
+            id: call.id,
+            kind: "function",
+            function: FunctionCallOut {
+                name: call.name,
+                arguments: call.arguments,
+            },
+        })
+        .collect()
+}
+
+/// A choice that ended after calling functions finished because of them.
+fn finish_reason(reason: FinishReason, made_calls: bool) -> &'static str {
+    match reason {
+        FinishReason::Stop if made_calls => "tool_calls",
+        other => other.as_str(),
+    }
+}
+
 struct Chunks {
     meta: ResponseMeta,
     tokenizer: Tokenizer,
     logprobs: Option<u32>,
+    /// One per choice.
+    readers: Vec<ChoiceReader>,
 }
 
 impl Chunks {
@@ -97,11 +144,41 @@ impl Chunks {
     }
 }
 
+impl Chunks {
+    /// A chunk of one choice's reasoning, content and calls, each only when present.
+    fn delta_chunk(
+        &self,
+        index: usize,
+        read: ChoiceDelta,
+        logprobs: Option<super::openai::ChatLogprobs>,
+    ) -> String {
+        let delta = ChatDelta {
+            role: None,
+            // Content goes out even when empty if nothing else does, as before the readers.
+            content: (!read.content.is_empty()
+                || (read.reasoning.is_empty() && read.calls.is_empty()))
+            .then_some(read.content),
+            reasoning_content: (!read.reasoning.is_empty()).then_some(read.reasoning),
+            tool_calls: tool_calls(read.calls, true),
+        };
+        self.chunk(
+            vec![ChatChunkChoice {
+                index,
+                delta,
+                logprobs,
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+}
+
 impl ChunkFormat for Chunks {
     fn opening(&mut self, index: usize) -> Option<String> {
         let delta = ChatDelta {
             role: Some(ASSISTANT),
             content: Some(String::new()),
+            ..ChatDelta::default()
         };
         Some(self.chunk(
             vec![ChatChunkChoice {
@@ -118,32 +195,31 @@ impl ChunkFormat for Chunks {
         let logprobs = self
             .logprobs
             .map(|k| chat_logprobs(&self.tokenizer, logprobs, k));
-        if text.is_empty() && logprobs.is_none() {
+        let read = self.readers.get_mut(index)?.push(&text);
+        if read.is_empty() && logprobs.is_none() {
             return None;
         }
-        let delta = ChatDelta {
-            role: None,
-            content: Some(text),
-        };
-        Some(self.chunk(
-            vec![ChatChunkChoice {
-                index,
-                delta,
-                logprobs,
-                finish_reason: None,
-            }],
-            None,
-        ))
+        Some(self.delta_chunk(index, read, logprobs))
     }
 
-    fn finish(&mut self, index: usize, reason: FinishReason) -> String {
+    fn finish(&mut self, index: usize, reason: FinishReason) -> Vec<String> {
+        let mut chunks = Vec::new();
+        let mut made_calls = false;
+        if let Some(reader) = self.readers.get_mut(index) {
+            let rest = reader.finish();
+            made_calls = reader.made_calls();
+            if !rest.is_empty() {
+                chunks.push(self.delta_chunk(index, rest, None));
+            }
+        }
         let choice = ChatChunkChoice {
             index,
             delta: ChatDelta::default(),
             logprobs: None,
-            finish_reason: Some(reason.as_str()),
+            finish_reason: Some(finish_reason(reason, made_calls)),
         };
-        self.chunk(vec![choice], None)
+        chunks.push(self.chunk(vec![choice], None));
+        chunks
     }
 
     fn usage(&mut self, usage: Usage) -> String {

@@ -127,13 +127,13 @@ impl ChunkFormat for Chunks {
         }))
     }
 
-    fn finish(&mut self, index: usize, reason: FinishReason) -> String {
-        self.chunk(CompletionChoice {
+    fn finish(&mut self, index: usize, reason: FinishReason) -> Vec<String> {
+        vec![self.chunk(CompletionChoice {
             index,
             text: String::new(),
             logprobs: None,
             finish_reason: Some(reason.as_str()),
-        })
+        })]
     }
 
     fn usage(&mut self, usage: Usage) -> String {

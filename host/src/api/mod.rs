@@ -15,6 +15,7 @@ pub mod auth;
 pub mod body;
 pub mod browser;
 pub mod chat;
+pub mod chat_output;
 pub mod completions;
 pub mod drain;
 pub mod error;
@@ -67,6 +68,8 @@ pub struct ApiConfig {
     pub admin_keys: ApiKeys,
     /// Set when shutdown begins; `/ready` answers 503 from then on.
     pub drain: drain::Drain,
+    /// Whether chat responses split reasoning from the answer.
+    pub reasoning_parser: options::ReasoningParserChoice,
 }
 
 impl Default for ApiConfig {
@@ -79,6 +82,7 @@ impl Default for ApiConfig {
             max_waiting_requests: 1024,
             admin_keys: ApiKeys::default(),
             drain: drain::Drain::default(),
+            reasoning_parser: options::ReasoningParserChoice::Auto,
         }
     }
 }

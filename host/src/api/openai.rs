@@ -36,8 +36,12 @@ pub struct ChatCompletionRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<i64>,
-    /// Passed to the chat template as `tools`.
+    /// Function tools, passed to the chat template (or a fallback system prompt) as `tools`.
     pub tools: Option<Value>,
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<Value>,
+    /// Whether a required choice may make several calls (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Extra chat-template variables (vLLM's extension), e.g. `enable_thinking`.
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
 }
@@ -177,7 +181,32 @@ pub struct ChatChoice {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is only tool calls.
+    pub content: Option<String>,
+    /// The thinking block of a reasoning model, when the server splits it out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
+}
+
+/// A call the model made, as OpenAI shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallOut {
+    /// Its place among the choice's calls; only in stream chunks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCallOut,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionCallOut {
+    pub name: String,
+    /// The arguments object as JSON text.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -225,6 +254,10 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallOut>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -41,6 +41,19 @@ pub struct HttpArgs {
     /// Largest request body, e.g. `16MiB`; larger ones get 413.
     #[arg(long, value_parser = parse_body_size, default_value = "16MiB")]
     pub max_request_body: usize,
+    /// Split a reasoning model's thinking into `reasoning_content`: `auto` (when the chat
+    /// template writes `<think>`), `qwen3` (`<think>…</think>`, also DeepSeek-R1's) or `none`.
+    #[arg(long, value_enum, default_value_t = ReasoningParserChoice::Auto)]
+    pub reasoning_parser: ReasoningParserChoice,
+}
+
+/// `--reasoning-parser`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReasoningParserChoice {
+    #[default]
+    Auto,
+    Qwen3,
+    None,
 }
 
 fn parse_body_size(text: &str) -> Result<usize, String> {
@@ -64,6 +77,7 @@ impl HttpArgs {
             api_keys,
             allowed_origins: self.allowed_origins.clone(),
             max_waiting_requests: self.max_waiting_requests as usize,
+            reasoning_parser: self.reasoning_parser,
             ..ApiConfig::default()
         })
     }

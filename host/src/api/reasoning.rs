@@ -47,9 +47,13 @@ pub struct ReasoningParser {
 }
 
 impl ReasoningParser {
-    /// A parser for an answer to `prompt`: inside the block already when the prompt opened it.
-    pub fn new(_syntax: ReasoningSyntax, prompt: &str) -> ReasoningParser {
-        let opened = prompt.trim_end().ends_with(OPEN);
+    /// Whether a rendered prompt leaves the model inside an open block.
+    pub fn prompt_opens_block(_syntax: ReasoningSyntax, prompt: &str) -> bool {
+        prompt.trim_end().ends_with(OPEN)
+    }
+
+    /// A parser for one answer; `opened`: the prompt left the model inside the block.
+    pub fn new(_syntax: ReasoningSyntax, opened: bool) -> ReasoningParser {
         ReasoningParser {
             phase: if opened {
                 Phase::Thinking
@@ -145,7 +149,8 @@ impl ReasoningParser {
 
 /// The reasoning and the answer of a whole text.
 pub fn split_whole(syntax: ReasoningSyntax, prompt: &str, text: &str) -> ReasoningDelta {
-    let mut parser = ReasoningParser::new(syntax, prompt);
+    let opened = ReasoningParser::prompt_opens_block(syntax, prompt);
+    let mut parser = ReasoningParser::new(syntax, opened);
     let mut out = parser.push(text);
     let rest = parser.finish();
     out.reasoning.push_str(&rest.reasoning);
@@ -160,7 +165,8 @@ mod tests {
     const QWEN3_ANSWER: &str = "<think>\nThe user asks for the capital of France. That is Paris.\n</think>\n\nThe capital of France is Paris.";
 
     fn streamed(prompt: &str, text: &str, piece: usize) -> ReasoningDelta {
-        let mut parser = ReasoningParser::new(ReasoningSyntax::Think, prompt);
+        let opened = ReasoningParser::prompt_opens_block(ReasoningSyntax::Think, prompt);
+        let mut parser = ReasoningParser::new(ReasoningSyntax::Think, opened);
         let mut out = ReasoningDelta::default();
         let chars: Vec<char> = text.chars().collect();
         for chunk in chars.chunks(piece) {

@@ -26,7 +26,8 @@ pub trait ChunkFormat: Send + 'static {
     fn opening(&mut self, index: usize) -> Option<String>;
     /// New text of one choice; `None` when there is nothing to send.
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String>;
-    fn finish(&mut self, index: usize, reason: FinishReason) -> String;
+    /// The last chunks of one choice: what its readers held back, then its finish reason.
+    fn finish(&mut self, index: usize, reason: FinishReason) -> Vec<String>;
     /// The chunk with no choices and the request's usage.
     fn usage(&mut self, usage: Usage) -> String;
 }
@@ -65,8 +66,9 @@ impl<F: ChunkFormat> State<F> {
             }
             ChoiceEvent::Finished { reason, usage } => {
                 self.usage.add(index, &usage);
-                self.queued
-                    .push_back(Event::default().data(self.format.finish(index, reason)));
+                for chunk in self.format.finish(index, reason) {
+                    self.queued.push_back(Event::default().data(chunk));
+                }
             }
             ChoiceEvent::Failed(error) => {
                 self.queued.push_back(error_event(error));

@@ -96,6 +96,11 @@ impl ChatTools {
         self.tools.iter().any(|t| t.name == name)
     }
 
+    /// The names of the functions offered.
+    pub fn names(&self) -> Vec<String> {
+        self.tools.iter().map(|t| t.name.clone()).collect()
+    }
+
     /// The system text that offers the tools to a model whose template cannot, asking for
     /// calls in the `<tool_call>` syntax the output parser reads.
     pub fn fallback_prompt(&self) -> String {

@@ -10,10 +10,14 @@ use serde_json::Value;
 use crate::engine::{GenerationRequest, ModelSummary, StopConditions};
 use crate::model::{Bounded, ChatMessage, RenderOptions, ToolCall};
 
+use super::chat_output::ChatOutputPlan;
 use super::error::ApiError;
 use super::openai::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, GenerationBody, SamplingFields,
 };
+use super::options::ReasoningParserChoice;
+use super::reasoning::{ReasoningParser, ReasoningSyntax};
+use super::tools::{ChatTools, ToolChoice};
 
 /// Most choices (`n`) per prompt.
 pub const MAX_N: i64 = 128;
@@ -55,6 +59,8 @@ pub struct ResponseShape {
     pub stream: Option<StreamSettings>,
     /// `Some(k)`: return each token's logprob with `k` alternatives.
     pub logprobs: Option<u32>,
+    /// How chat choices are read into reasoning, content and tool calls.
+    pub chat_output: ChatOutputPlan,
 }
 
 impl ResponseShape {
@@ -110,6 +116,7 @@ pub fn validate_completion(
 pub fn validate_chat(
     body: GenerationBody<ChatCompletionRequest>,
     model: &ModelSummary,
+    reasoning_parser: ReasoningParserChoice,
 ) -> Result<ValidatedRequest, ApiError> {
     let GenerationBody { request, sampling } = body;
     check_model(request.model.as_deref(), model)?;
@@ -120,12 +127,14 @@ pub fn validate_chat(
         .ok_or_else(|| ApiError::NoChatTemplate {
             model: model.name.clone(),
         })?;
-    let messages = chat_messages(request.messages.as_deref())?;
-    let tools_json = request
-        .tools
-        .as_ref()
-        .filter(|t| !t.is_null())
-        .map(Value::to_string);
+    let mut messages = chat_messages(request.messages.as_deref())?;
+    let tools = ChatTools::from_request(
+        request.tools.as_ref(),
+        request.tool_choice.as_ref(),
+        request.parallel_tool_calls,
+    )?
+    .filter(ChatTools::in_use);
+    let tools_json = offer_tools(tools.as_ref(), template, &mut messages);
     let options = RenderOptions {
         add_generation_prompt: true,
         tools_json: tools_json.as_deref(),
@@ -143,13 +152,76 @@ pub fn validate_chat(
             "the rendered conversation is empty",
         ));
     }
-    build(
+    let reasoning = match reasoning_parser {
+        ReasoningParserChoice::None => None,
+        ReasoningParserChoice::Qwen3 => Some(ReasoningSyntax::Think),
+        ReasoningParserChoice::Auto => template.thinks().then_some(ReasoningSyntax::Think),
+    }
+    .map(|syntax| (syntax, ReasoningParser::prompt_opens_block(syntax, &text)));
+    if let Some(tools) = &tools
+        && tools.grammar(template.tool_call_syntax()).is_some()
+    {
+        let kind = match tools.choice() {
+            ToolChoice::Named(_) => "a named function",
+            _ => "\"required\"",
+        };
+        return Err(unsupported(
+            "tool_choice",
+            &format!(
+                "`tool_choice` {kind} needs constrained decoding, which this server does not have yet; use \"auto\""
+            ),
+        ));
+    }
+    let chat_output = ChatOutputPlan::new(
+        reasoning,
+        tools
+            .as_ref()
+            .map(|t| (template.tool_call_syntax(), t.names())),
+    );
+    let mut validated = build(
         &sampling,
         vec![tokens],
         logprobs,
         DefaultMaxTokens::ContextEnd,
         model,
-    )
+    )?;
+    validated.shape.chat_output = chat_output;
+    Ok(validated)
+}
+
+/// Shows the request's tools to the model: the template's `tools` JSON when it renders them;
+/// else a system prompt that lists them, with earlier calls written into the assistant turns
+/// in the syntax that prompt asks for.
+fn offer_tools(
+    tools: Option<&ChatTools>,
+    template: &crate::model::ChatTemplate,
+    messages: &mut Vec<ChatMessage>,
+) -> Option<String> {
+    let tools = tools?;
+    if template.renders_tools() {
+        return Some(tools.template_json());
+    }
+    for message in messages.iter_mut() {
+        for call in std::mem::take(&mut message.tool_calls) {
+            if !message.content.is_empty() {
+                message.content.push('\n');
+            }
+            message.content.push_str(&format!(
+                "<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+                Value::String(call.name),
+                call.arguments
+            ));
+        }
+    }
+    let prompt = tools.fallback_prompt();
+    match messages.first_mut() {
+        Some(first) if first.role == "system" => {
+            first.content.push_str("\n\n");
+            first.content.push_str(&prompt);
+        }
+        _ => messages.insert(0, ChatMessage::new("system", prompt)),
+    }
+    None
 }
 
 fn check_model(requested: Option<&str>, model: &ModelSummary) -> Result<(), ApiError> {
@@ -221,6 +293,7 @@ fn build(
         prompt_lens,
         stream,
         logprobs,
+        chat_output: ChatOutputPlan::default(),
     };
     Ok(ValidatedRequest { shape, choices })
 }
@@ -675,7 +748,11 @@ mod tests {
     }
 
     fn chat(json: &str) -> Result<ValidatedRequest, ApiError> {
-        validate_chat(parse_body(json.as_bytes())?, &model())
+        validate_chat(
+            parse_body(json.as_bytes())?,
+            &model(),
+            ReasoningParserChoice::Auto,
+        )
     }
 
     #[test]
@@ -823,7 +900,7 @@ mod tests {
         let body =
             parse_body(br#"{"messages": [{"role": "user", "content": "hi"}]}"#).expect("parse");
         assert!(matches!(
-            validate_chat(body, &no_template),
+            validate_chat(body, &no_template, ReasoningParserChoice::Auto),
             Err(ApiError::NoChatTemplate { .. })
         ));
     }
