@@ -56,8 +56,14 @@ async fn a_client_that_disconnects_aborts_its_requests_and_frees_the_kv_cache() 
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let text = metrics_text(&client, &base).await;
-            let running = metric(&text, "plughost_num_requests_running");
-            let usage = metric(&text, "plughost_kv_cache_usage_permille");
+            let running = metric(
+                &text,
+                &format!("plughost_num_requests_running{{model_name=\"{MODEL}\"}}"),
+            );
+            let usage = metric(
+                &text,
+                &format!("plughost_kv_cache_usage_perc{{model_name=\"{MODEL}\"}}"),
+            );
             let aborted =
                 metric(&text, "plughost_requests_finished_total{reason=\"abort\"}").unwrap_or(0.0);
             if running == Some(0.0) && usage == Some(0.0) && aborted >= 1.0 {

@@ -166,13 +166,19 @@ fn a_kv_pool_too_small_for_everyone_preempts_and_still_gives_the_same_tokens() {
     // Gauges are refreshed at the end of the step that finished the last request, which can
     // be a moment after its final event arrived.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while metric(&engine, "plughost_kv_cache_usage_permille") != 0.0
+    while metric(
+        &engine,
+        "plughost_kv_cache_usage_perc{model_name=\"tiny-qwen3\"}",
+    ) != 0.0
         && std::time::Instant::now() < deadline
     {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     assert_eq!(
-        metric(&engine, "plughost_kv_cache_usage_permille"),
+        metric(
+            &engine,
+            "plughost_kv_cache_usage_perc{model_name=\"tiny-qwen3\"}"
+        ),
         0.0,
         "every block is back"
     );

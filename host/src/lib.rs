@@ -9,6 +9,7 @@ pub mod cli;
 pub mod device;
 pub mod engine;
 pub mod kv;
+pub mod load_metrics;
 pub mod metrics;
 pub mod model;
 pub mod plugin_kit;

@@ -373,7 +373,8 @@ fn serve(
         let addr: SocketAddr = format!("{host}:{port}").parse().map_err(|e| format!("invalid --host/--port {host}:{port}: {e}"))?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         plughost::api::options::warn_if_open(addr, &api_config);
-        let engine = Arc::new(EngineHandle::start(setup, Arc::new(Metrics::new())).map_err(|e| e.to_string())?);
+        let metrics = Arc::new(Metrics::with_names(http.metrics_names));
+        let engine = Arc::new(EngineHandle::start(setup, metrics).map_err(|e| e.to_string())?);
         plughost::engine::triggers::start(&engine, model.reload_source());
         tracing::info!(
             "listening on http://{addr} (the model loads in the background; /health answers 200 once it is ready); up to {} connections, open-file limit {open_files}",

@@ -5,17 +5,20 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-/// Every metric the engine records, registered in one registry.
+use crate::load_metrics::{LoadGauges, MetricNames};
+
+/// Every metric the engine records: plughost's in one registry (names prefixed `plughost_`),
+/// the vLLM-named mirrors of the load gauges, when asked for, in another.
 pub struct Metrics {
     registry: Registry,
+    /// Metrics under names of other servers (no prefix).
+    foreign: Registry,
+    /// Waiting and running requests, KV usage and the cache geometry, per served model.
+    pub load: LoadGauges,
     pub time_to_first_token: Histogram,
     pub inter_token_latency: Histogram,
     pub e2e_latency: Histogram,
     pub queue_time: Histogram,
-    pub requests_running: IntGauge,
-    pub requests_waiting: IntGauge,
-    /// KV blocks held by requests, per mille (a gauge of integers).
-    pub kv_usage_permille: IntGauge,
     pub kv_blocks_free: IntGauge,
     pub prefix_cache_queries: IntCounter,
     pub prefix_cache_hits: IntCounter,
@@ -73,9 +76,16 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
 }
 
 impl Metrics {
+    /// plughost's names only.
     pub fn new() -> Metrics {
+        Metrics::with_names(MetricNames::Plughost)
+    }
+
+    pub fn with_names(names: MetricNames) -> Metrics {
         let registry =
             Registry::new_custom(Some("plughost".into()), None).expect("valid registry prefix");
+        let foreign = Registry::new();
+        let load = LoadGauges::register(&registry, &foreign, names);
         let r = &registry;
         let requests_finished = IntCounterVec::new(
             Opts::new(
@@ -135,6 +145,8 @@ impl Metrics {
             .register(Box::new(plugin_info.clone()))
             .expect("metric names are unique");
         Metrics {
+            foreign,
+            load,
             device,
             deployment_reloads,
             plugin_info,
@@ -166,13 +178,6 @@ impl Metrics {
                 "request_queue_time_seconds",
                 "Arrival to first scheduling",
                 LATENCY_BUCKETS,
-            ),
-            requests_running: gauge(r, "num_requests_running", "Requests holding KV blocks"),
-            requests_waiting: gauge(r, "num_requests_waiting", "Requests waiting or preempted"),
-            kv_usage_permille: gauge(
-                r,
-                "kv_cache_usage_permille",
-                "KV blocks held by requests, per mille",
             ),
             kv_blocks_free: gauge(r, "kv_cache_free_blocks", "KV blocks no request holds"),
             prefix_cache_queries: counter(
@@ -233,10 +238,9 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
-        if TextEncoder::new()
-            .encode(&self.registry.gather(), &mut out)
-            .is_err()
-        {
+        let mut families = self.registry.gather();
+        families.extend(self.foreign.gather());
+        if TextEncoder::new().encode(&families, &mut out).is_err() {
             return String::new();
         }
         String::from_utf8(out).unwrap_or_default()

@@ -9,6 +9,7 @@ use super::ApiConfig;
 use super::auth::ApiKeys;
 use super::browser::AllowedOrigins;
 use crate::cli::parse_bytes;
+use crate::load_metrics::MetricNames;
 
 #[derive(Debug, Clone, Args)]
 pub struct HttpArgs {
@@ -45,6 +46,11 @@ pub struct HttpArgs {
     /// template writes `<think>`), `qwen3` (`<think>…</think>`, also DeepSeek-R1's) or `none`.
     #[arg(long, value_enum, default_value_t = ReasoningParserChoice::Auto)]
     pub reasoning_parser: ReasoningParserChoice,
+    /// `vllm` also exports the load gauges under vLLM's names (`vllm:num_requests_waiting`,
+    /// `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, `vllm:cache_config_info`), as
+    /// a router's endpoint picker reads them by default.
+    #[arg(long, value_enum, default_value_t = MetricNames::Plughost)]
+    pub metrics_names: MetricNames,
 }
 
 /// `--reasoning-parser`.

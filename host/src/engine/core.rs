@@ -686,11 +686,9 @@ impl EngineCore {
         if let Ok(stats) = self.runtime.device().stats() {
             self.metrics.record_device(&stats);
         }
-        self.metrics.requests_running.set(self.running.len() as i64);
-        self.metrics.requests_waiting.set(self.waiting.len() as i64);
         self.metrics
-            .kv_usage_permille
-            .set((self.kv.usage() * 1000.0).round() as i64);
+            .load
+            .set(self.waiting.len(), self.running.len(), self.kv.usage());
         self.metrics
             .kv_blocks_free
             .set(self.kv.num_free_blocks() as i64);

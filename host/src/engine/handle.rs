@@ -11,6 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::device::{Device, DeviceLibrary};
 use crate::kv::{KvCacheConfig, KvCacheManager};
+use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
 use crate::model::{ChatTemplate, ModelConfig, Tokenizer};
 use crate::plugins::generation::{LoadedSampler, UnknownSampler};
@@ -625,6 +626,14 @@ fn load_engine(
     let eos_token_ids = info.eos_token_ids.clone();
     let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)
         .map_err(|e| e.to_string())?;
+    metrics.load.describe_model(
+        &setup.model_name,
+        &CacheConfig {
+            block_size: options.block_size,
+            num_blocks: num_kv_blocks,
+            dtype: kv_cache_dtype.to_string(),
+        },
+    );
     let kv = KvCacheManager::new(KvCacheConfig {
         num_blocks: num_kv_blocks,
         block_size: options.block_size,
