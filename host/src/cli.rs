@@ -133,6 +133,7 @@ fn spec(component: PathBuf) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 

@@ -354,6 +354,7 @@ fn default_spec(plugins_dir: &Path, file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 

@@ -1,33 +1,41 @@
-//! A contained plugin instance: its own Store with a memory cap, a deadline per call, re-made after a trap.
+//! A contained plugin instance: its own Store with a memory cap, a deadline per call, re-made after a trap, under its component's failure policy.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{InstancePre, Linker, ResourceTable};
-use wasmtime::{Store, StoreLimits, StoreLimitsBuilder, Trap};
+use wasmtime::{ResourceLimiter, Store, Trap};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::PluginError;
+use super::generation::Slot;
 use super::logits::LogitsBatch;
+use super::policy::{FaultPolicy, FaultTracker, Unavailable};
 use super::runtime::{EPOCH_TICK, EngineShared};
 
 /// Limits applied to every instance of one plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InstanceLimits {
-    /// The most linear memory the instance may hold.
+    /// The most linear memory the instance may hold, all its memories together.
     pub memory_bytes: usize,
     /// The longest one call may run before it is interrupted.
     pub call_timeout: Duration,
-    /// Faults after which the plugin is no longer re-instantiated.
-    pub max_faults: u32,
 }
+
+/// The default deadline of one call: a step of a small model takes milliseconds, and a plugin
+/// that runs longer holds up every sequence of the batch.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The most linear memory an instance keeps between calls. An instance that grew past it is
+/// dropped after the call (its memory unmapped) and re-made for the next, so a burst inside
+/// one call never stays resident in the host.
+pub const KEPT_MEMORY_BYTES: usize = 64 << 20;
 
 impl Default for InstanceLimits {
     fn default() -> Self {
         InstanceLimits {
             memory_bytes: 256 << 20,
-            call_timeout: Duration::from_millis(500),
-            max_faults: 16,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -38,17 +46,59 @@ pub struct PluginStats {
     pub calls: u64,
     pub faults: u32,
     pub instantiations: u32,
+    /// Instances dropped after a call because they held more than [`KEPT_MEMORY_BYTES`].
+    pub memory_resets: u32,
     /// Wall time spent inside calls, including the boundary crossing.
     pub busy: Duration,
 }
 
+/// Caps the instance's linear memory, all memories together, and knows how much it holds.
+struct MemoryMeter {
+    cap: usize,
+    held: usize,
+}
+
+impl ResourceLimiter for MemoryMeter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let total = self.held - current.min(self.held) + desired;
+        if total > self.cap || maximum.is_some_and(|max| desired > max) {
+            // A trap rather than a failed grow: a guest that cannot allocate would abort anyway,
+            // and the trap names the cause.
+            wasmtime::bail!(
+                "the plugin's linear memory would grow to {total} bytes, past its cap of {} \
+                 bytes (memory_mib)",
+                self.cap
+            );
+        }
+        self.held = total;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(maximum.is_none_or(|max| desired <= max))
+    }
+}
+
 /// What a store holds: WASI for the guest's std, the resource table, the
-/// limits, and the host-owned logits of the current sampling call.
+/// memory limiter, and the host-owned logits of the current sampling call.
 pub struct PluginState {
     wasi: WasiCtx,
     table: ResourceTable,
-    limits: StoreLimits,
+    memory: MemoryMeter,
     pub(crate) logits: LogitsBatch,
+    /// What the current call's penalties overwrote, `(row, token, value)`, so a failed call
+    /// can give the rows back as they came.
+    pub(crate) undo: Vec<(u32, u32, f32)>,
 }
 
 impl WasiView for PluginState {
@@ -133,6 +183,7 @@ pub(crate) struct ContainedInstance<W: World> {
     limits: InstanceLimits,
     live: Option<Live<W>>,
     stats: PluginStats,
+    faults: Arc<FaultTracker>,
 }
 
 impl<W: World> ContainedInstance<W> {
@@ -145,13 +196,28 @@ impl<W: World> ContainedInstance<W> {
     ) -> Self {
         ContainedInstance {
             engine,
-            name,
             pre,
             config,
             limits,
             live: None,
             stats: PluginStats::default(),
+            faults: Arc::new(FaultTracker::new(
+                name.clone(),
+                Slot::Scheduler,
+                FaultPolicy::default_for(Slot::Scheduler),
+            )),
+            name,
         }
+    }
+
+    /// Puts the instance under `policy` as the component of `slot`, with fresh counts.
+    pub(crate) fn set_fault_policy(&mut self, slot: Slot, policy: FaultPolicy) {
+        self.faults = Arc::new(FaultTracker::new(self.name.clone(), slot, policy));
+    }
+
+    /// The component's fault counts and state, shared with status readers.
+    pub(crate) fn fault_tracker(&self) -> &Arc<FaultTracker> {
+        &self.faults
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -159,7 +225,39 @@ impl<W: World> ContainedInstance<W> {
     }
 
     pub(crate) fn stats(&self) -> PluginStats {
-        self.stats
+        PluginStats {
+            faults: u32::try_from(self.faults.faults()).unwrap_or(u32::MAX),
+            ..self.stats
+        }
+    }
+
+    /// Counts a fault the host found in what a call returned (an invalid plan, a bad token);
+    /// the instance itself is still sound.
+    pub(crate) fn record_fault(&self, cause: &dyn std::fmt::Display) {
+        self.faults.record_fault(cause);
+    }
+
+    /// Drops the live instance, so the next call runs on a fresh one.
+    pub(crate) fn reset(&mut self) {
+        self.live = None;
+    }
+
+    /// Why no call may reach the component now, if so.
+    pub(crate) fn unavailable(&self) -> Option<Unavailable> {
+        self.faults.admit().err()
+    }
+
+    fn unavailable_error(&self, unavailable: Unavailable) -> PluginError {
+        match unavailable {
+            Unavailable::BackingOff { remaining } => PluginError::BackingOff {
+                plugin: self.name.clone(),
+                remaining_ms: remaining.as_millis() as u64,
+            },
+            Unavailable::Disabled { backoffs } => PluginError::Disabled {
+                plugin: self.name.clone(),
+                backoffs,
+            },
+        }
     }
 
     fn deadline_ticks(&self) -> u64 {
@@ -168,18 +266,18 @@ impl<W: World> ContainedInstance<W> {
     }
 
     fn new_store(&self) -> Store<PluginState> {
-        let limits = StoreLimitsBuilder::new()
-            .memory_size(self.limits.memory_bytes)
-            .trap_on_grow_failure(true)
-            .build();
         let state = PluginState {
             wasi: WasiCtx::builder().inherit_stderr().build(),
             table: ResourceTable::new(),
-            limits,
+            memory: MemoryMeter {
+                cap: self.limits.memory_bytes,
+                held: 0,
+            },
             logits: LogitsBatch::default(),
+            undo: Vec::new(),
         };
         let mut store = Store::new(&self.engine.engine, state);
-        store.limiter(|s| &mut s.limits);
+        store.limiter(|s| &mut s.memory);
         store.epoch_deadline_trap();
         store
     }
@@ -188,12 +286,6 @@ impl<W: World> ContainedInstance<W> {
     pub(crate) fn ensure_live(&mut self) -> Result<(), PluginError> {
         if self.live.is_some() {
             return Ok(());
-        }
-        if self.stats.faults >= self.limits.max_faults {
-            return Err(PluginError::Disabled {
-                plugin: self.name.clone(),
-                faults: self.stats.faults,
-            });
         }
         let mut store = self.new_store();
         store.set_epoch_deadline(self.deadline_ticks());
@@ -211,10 +303,7 @@ impl<W: World> ContainedInstance<W> {
                     message: format!("init: {message}"),
                 });
             }
-            Err(e) => {
-                self.stats.faults += 1;
-                return Err(self.fault(e));
-            }
+            Err(e) => return Err(self.fault(e)),
         }
         self.stats.instantiations += 1;
         self.live = Some(Live { store, bindings });
@@ -235,12 +324,37 @@ impl<W: World> ContainedInstance<W> {
         }
     }
 
-    /// Runs one call under the deadline. A trap drops the instance; the next call makes a fresh one.
+    /// Runs one call under the deadline, if the failure policy lets calls through. A trap
+    /// drops the instance, counts a fault, and the next call makes a fresh instance.
     pub(crate) fn call<R>(
         &mut self,
         f: impl FnOnce(&W, &mut Store<PluginState>) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
-        self.ensure_live()?;
+        self.call_counting(f, true)
+    }
+
+    /// A call whose failure is not counted as a fault: a re-run of input that already counted one.
+    pub(crate) fn call_uncounted<R>(
+        &mut self,
+        f: impl FnOnce(&W, &mut Store<PluginState>) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        self.call_counting(f, false)
+    }
+
+    fn call_counting<R>(
+        &mut self,
+        f: impl FnOnce(&W, &mut Store<PluginState>) -> wasmtime::Result<R>,
+        count: bool,
+    ) -> Result<R, PluginError> {
+        if let Some(unavailable) = self.unavailable() {
+            return Err(self.unavailable_error(unavailable));
+        }
+        if let Err(e) = self.ensure_live() {
+            if count {
+                self.faults.record_fault(&e);
+            }
+            return Err(e);
+        }
         let ticks = self.deadline_ticks();
         let Some(live) = self.live.as_mut() else {
             return Err(PluginError::Runtime(
@@ -253,12 +367,27 @@ impl<W: World> ContainedInstance<W> {
         self.stats.calls += 1;
         self.stats.busy += started.elapsed();
         match result {
-            Ok(value) => Ok(value),
+            Ok(value) => {
+                if live.store.data().memory.held > KEPT_MEMORY_BYTES {
+                    tracing::debug!(
+                        plugin = %self.name,
+                        bytes = live.store.data().memory.held,
+                        "dropping an instance that grew past the memory kept between calls"
+                    );
+                    self.live = None;
+                    self.stats.memory_resets += 1;
+                }
+                Ok(value)
+            }
             Err(e) => {
                 self.live = None;
-                self.stats.faults += 1;
-                tracing::warn!(plugin = %self.name, faults = self.stats.faults, "plugin fault: {e:#}");
-                Err(self.fault(e))
+                let error = self.fault(e);
+                if count {
+                    self.faults.record_fault(&error);
+                } else {
+                    tracing::debug!(plugin = %self.name, "re-run failed: {error}");
+                }
+                Err(error)
             }
         }
     }
