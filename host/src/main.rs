@@ -266,6 +266,7 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
                 break;
             }
             GenerationEvent::Failed { message } => return Err(message),
+            GenerationEvent::Rejected(rejection) => return Err(rejection.to_string()),
         }
     }
     engine.shutdown();

@@ -78,6 +78,9 @@ fn choice_stream(
             Some(GenerationEvent::Failed { message }) => {
                 ChoiceEvent::Failed(ApiError::GenerationFailed { message })
             }
+            Some(GenerationEvent::Rejected(rejection)) => {
+                ChoiceEvent::Failed(ApiError::PluginRejected(rejection))
+            }
             None => ChoiceEvent::Failed(ApiError::Unavailable(EngineError::Stopped)),
         };
         Some(((index, event), None))

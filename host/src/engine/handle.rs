@@ -247,6 +247,17 @@ impl EngineHandle {
         &self.metrics
     }
 
+    /// The metrics in the Prometheus text format, with the plugin state gauges as of now.
+    pub fn render_metrics(&self) -> String {
+        self.deployments.publish_plugin_state();
+        self.metrics.render()
+    }
+
+    /// What `/health` reports besides its status: each plugin component's failure-policy state.
+    pub fn health_report(&self) -> health::HealthReport {
+        health::HealthReport::new(self.deployments.plugin_health())
+    }
+
     /// The model, once loaded.
     pub fn summary(&self) -> Result<ModelSummary, EngineError> {
         let state = self.load.0.lock().map_err(|_| EngineError::Stopped)?;

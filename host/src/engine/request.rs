@@ -86,4 +86,7 @@ pub enum GenerationEvent {
     Finished { reason: FinishReason, usage: Usage },
     /// The request failed inside the engine; the last event of the request.
     Failed { message: String },
+    /// A plugin failed the request under its `on_failure = "reject"` policy; the last event
+    /// of the request.
+    Rejected(crate::plugins::PluginRejection),
 }

@@ -113,7 +113,9 @@ impl FaultSettings {
             }
         }
         let backoff = self.backoff_s.unwrap_or(DEFAULT_BACKOFF.as_secs_f64());
-        let cap = self.max_backoff_s.unwrap_or(DEFAULT_MAX_BACKOFF.as_secs_f64());
+        let cap = self
+            .max_backoff_s
+            .unwrap_or(DEFAULT_MAX_BACKOFF.as_secs_f64());
         if cap < backoff {
             return Err(format!(
                 "max_backoff_s ({cap}) must be at least backoff_s ({backoff})"
@@ -142,7 +144,10 @@ impl FaultSettings {
 pub enum ComponentState {
     Active,
     /// No call reaches it until `until`.
-    BackingOff { until: SystemTime, remaining: Duration },
+    BackingOff {
+        until: SystemTime,
+        remaining: Duration,
+    },
     /// For good, until a reload loads it again.
     Disabled,
 }
@@ -171,7 +176,8 @@ pub enum Unavailable {
 /// the status from the variant.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PluginRejection {
-    /// The component faulted on this request's own input (found by re-running it alone).
+    /// The component faulted: for a sampler, on this request's own row (found by re-running
+    /// it alone); for a scheduler, on the step that would have admitted it.
     #[error(
         "the {slot} plugin {plugin} failed on this request: {cause} (its deployment sets \
          on_failure = \"reject\")"
