@@ -181,10 +181,22 @@ impl EngineCore {
         );
         let emit_started = Instant::now();
         for (id, row) in emitting.iter().zip(sampled) {
-            match row {
-                SampledRow::Token(sampled) => self.emit(*id, sampled),
-                SampledRow::Rejected(rejection) => self.reject(*id, rejection),
+            let (sampled, fallback, culprit) = match row {
+                SampledRow::Token(sampled) => (sampled, false, false),
+                SampledRow::Fallback { sampled, culprit } => (sampled, true, culprit),
+                SampledRow::Rejected(rejection) => {
+                    self.reject(*id, rejection);
+                    continue;
+                }
+            };
+            if let Some(state) = self.requests.get_mut(id) {
+                let record = &mut state.sampler_fallback;
+                if fallback || record.native_from_now_on {
+                    record.tokens += 1;
+                }
+                record.native_from_now_on |= culprit;
             }
+            self.emit(*id, sampled);
         }
         self.record("emit", Track::Host, emit_started, emit_started.elapsed());
         self.update_gauges();
@@ -472,7 +484,11 @@ impl EngineCore {
                     ..state.request.sampling
                 },
             });
-            samplers.push(state.deployment.sampler().cloned());
+            // A request whose own row failed the plugin under `fallback` stays native.
+            samplers.push(match state.sampler_fallback.native_from_now_on {
+                true => None,
+                false => state.deployment.sampler().cloned(),
+            });
         }
         let same = |a: &Option<Arc<LoadedSampler>>, b: &Option<Arc<LoadedSampler>>| match (a, b) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -563,7 +579,10 @@ impl EngineCore {
                 Err(failure) => match on_failure {
                     OnFailure::Fallback => {
                         self.metrics.sampler_fallbacks.inc();
-                        SampledRow::Token(native_sample_row(batch, sequences, row))
+                        SampledRow::Fallback {
+                            sampled: native_sample_row(batch, sequences, row),
+                            culprit: matches!(failure, RowFailure::Faulted(_)),
+                        }
                     }
                     OnFailure::Reject => {
                         SampledRow::Rejected(sampler_rejection(component, failure))
@@ -673,6 +692,7 @@ impl EngineCore {
             prompt_tokens: state.prompt.len() as u32,
             completion_tokens: state.output.len() as u32,
             cached_tokens: state.num_cached_prefix,
+            plugin_fallback_tokens: state.sampler_fallback.tokens,
         };
         self.metrics
             .e2e_latency
@@ -786,6 +806,12 @@ impl EngineCore {
 #[derive(Debug, Clone)]
 enum SampledRow {
     Token(Sampled),
+    /// Sampled natively because the sampler failed the row (`culprit`: on the row's own
+    /// input) or is backed off, under its `fallback` policy.
+    Fallback {
+        sampled: Sampled,
+        culprit: bool,
+    },
     /// The sampler failed the row and its policy is `reject`.
     Rejected(PluginRejection),
 }

@@ -511,6 +511,7 @@ fn new_request_state(
         events,
         request,
         deployment: core.deployment.clone(),
+        sampler_fallback: Default::default(),
     }
 }
 

@@ -63,6 +63,9 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
+    /// Output tokens the host's built-in sampler chose because the sampler plugin failed
+    /// (`on_failure = "fallback"`).
+    pub plugin_fallback_tokens: u32,
 }
 
 /// One generated token's log-probability and the top alternatives.
