@@ -1041,6 +1041,7 @@ fn spec(file: &str, config: &str) -> plughost::plugins::PluginSpec {
         config: toml::from_str(config).expect("a TOML table"),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
