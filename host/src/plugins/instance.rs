@@ -317,9 +317,16 @@ impl<W: World> ContainedInstance<W> {
                 limit_ms: self.limits.call_timeout.as_millis() as u64,
             }
         } else {
+            // The trap code or the host's own reason, without the wasm backtrace, which goes
+            // to the debug log: the message reaches clients and the admin listing.
+            tracing::debug!(plugin = %self.name, "plugin trapped: {error:?}");
+            let message = match error.downcast_ref::<Trap>() {
+                Some(trap) => trap.to_string(),
+                None => error.root_cause().to_string(),
+            };
             PluginError::Trap {
                 plugin: self.name.clone(),
-                message: format!("{error:#}"),
+                message,
             }
         }
     }
