@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{InstancePre, Linker, ResourceTable};
-use wasmtime::{ResourceLimiter, Store, Trap};
+use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::PluginError;
@@ -25,6 +25,12 @@ pub struct InstanceLimits {
 /// The default deadline of one call: a step of a small model takes milliseconds, and a plugin
 /// that runs longer holds up every sequence of the batch.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// The deadline bounds the plugin's own time. Time in the host's native fast paths (argmax,
+/// top-k, log-softmax over a whole row) is the host's work, which a native sampler would pay
+/// too, so it is not charged; but a call never runs longer than this many deadlines in all,
+/// so a plugin cannot loop forever on host calls either.
+pub const WALL_DEADLINES: u32 = 10;
 
 /// The most linear memory an instance keeps between calls. An instance that grew past it is
 /// dropped after the call (its memory unmapped) and re-made for the next, so a burst inside
@@ -99,6 +105,31 @@ pub struct PluginState {
     /// What the current call's penalties overwrote, `(row, token, value)`, so a failed call
     /// can give the rows back as they came.
     pub(crate) undo: Vec<(u32, u32, f32)>,
+    clock: CallClock,
+}
+
+/// The time of the call under way, split between the guest and the host's fast paths.
+struct CallClock {
+    started: Instant,
+    in_host: Duration,
+    deadline: Duration,
+}
+
+impl CallClock {
+    /// What the epoch check does when a tick passes the deadline: go on while the guest's own
+    /// time is within it (extending to when it would run out), trap once it is not.
+    fn check(&self) -> UpdateDeadline {
+        let elapsed = self.started.elapsed();
+        let guest = elapsed.saturating_sub(self.in_host);
+        if guest >= self.deadline || elapsed >= self.deadline * WALL_DEADLINES {
+            return UpdateDeadline::Interrupt;
+        }
+        UpdateDeadline::Continue(ticks(self.deadline - guest))
+    }
+}
+
+fn ticks(time: Duration) -> u64 {
+    ((time.as_nanos() / EPOCH_TICK.as_nanos()) as u64).max(1)
 }
 
 impl WasiView for PluginState {
@@ -113,6 +144,19 @@ impl WasiView for PluginState {
 impl PluginState {
     pub(crate) fn table(&mut self) -> &mut ResourceTable {
         &mut self.table
+    }
+
+    /// Runs one of the host's fast paths, keeping its time off the plugin's deadline.
+    pub(crate) fn host_work<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
+        let started = Instant::now();
+        let result = work(self);
+        self.clock.in_host += started.elapsed();
+        result
+    }
+
+    fn start_call(&mut self) {
+        self.clock.started = Instant::now();
+        self.clock.in_host = Duration::ZERO;
     }
 }
 
@@ -261,8 +305,7 @@ impl<W: World> ContainedInstance<W> {
     }
 
     fn deadline_ticks(&self) -> u64 {
-        let ticks = self.limits.call_timeout.as_nanos() / EPOCH_TICK.as_nanos();
-        (ticks as u64).max(1)
+        ticks(self.limits.call_timeout)
     }
 
     fn new_store(&self) -> Store<PluginState> {
@@ -275,10 +318,15 @@ impl<W: World> ContainedInstance<W> {
             },
             logits: LogitsBatch::default(),
             undo: Vec::new(),
+            clock: CallClock {
+                started: Instant::now(),
+                in_host: Duration::ZERO,
+                deadline: self.limits.call_timeout,
+            },
         };
         let mut store = Store::new(&self.engine.engine, state);
         store.limiter(|s| &mut s.memory);
-        store.epoch_deadline_trap();
+        store.epoch_deadline_callback(|store| Ok(store.data().clock.check()));
         store
     }
 
@@ -288,12 +336,14 @@ impl<W: World> ContainedInstance<W> {
             return Ok(());
         }
         let mut store = self.new_store();
+        store.data_mut().start_call();
         store.set_epoch_deadline(self.deadline_ticks());
         let bindings =
             W::instantiate(&self.pre, &mut store).map_err(|e| PluginError::Instantiate {
                 plugin: self.name.clone(),
                 message: format!("{e:#}"),
             })?;
+        store.data_mut().start_call();
         store.set_epoch_deadline(self.deadline_ticks());
         match bindings.call_init(&mut store, &self.config) {
             Ok(Ok(())) => {}
@@ -368,6 +418,7 @@ impl<W: World> ContainedInstance<W> {
                 "instance vanished after instantiation".into(),
             ));
         };
+        live.store.data_mut().start_call();
         live.store.set_epoch_deadline(ticks);
         let started = Instant::now();
         let result = f(&live.bindings, &mut live.store);

@@ -45,94 +45,8 @@ impl PluginState {
     }
 }
 
-impl wit::Host for PluginState {}
-impl bindings::plughost::plugin::types::Host for PluginState {}
-
-impl wit::HostLogitsBatch for PluginState {
-    fn rows(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
-        Ok(self.logits.rows() as u32)
-    }
-    fn vocab_size(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
-        Ok(self.logits.vocab() as u32)
-    }
-    fn argmax(&mut self, _: Resource<LogitsBatchHandle>, row: u32) -> wasmtime::Result<u32> {
-        Ok(logits::argmax(self.logits_row(row)?))
-    }
-    fn top_k(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        k: u32,
-    ) -> wasmtime::Result<Vec<wit::Candidate>> {
-        let best = logits::top_k(self.logits_row(row)?, k);
-        Ok(best
-            .into_iter()
-            .map(|c| wit::Candidate {
-                id: c.id,
-                value: c.value,
-            })
-            .collect())
-    }
-    fn read(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        start: u32,
-        len: u32,
-    ) -> wasmtime::Result<Vec<f32>> {
-        Ok(logits::read(self.logits_row(row)?, start, len))
-    }
-    fn log_softmax(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        ids: Vec<u32>,
-        temperature: f32,
-    ) -> wasmtime::Result<Vec<f32>> {
-        Ok(logits::log_softmax(
-            self.logits_row(row)?,
-            &ids,
-            temperature,
-        ))
-    }
-    fn log_sum_exp(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-    ) -> wasmtime::Result<f32> {
-        Ok(logits::log_sum_exp(self.logits_row(row)?, temperature))
-    }
-    fn sample_full(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-        u: f32,
-    ) -> wasmtime::Result<u32> {
-        Ok(logits::sample_full(self.logits_row(row)?, temperature, u))
-    }
-    fn sample_top_p(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-        top_p: f32,
-        u: f32,
-    ) -> wasmtime::Result<u32> {
-        Ok(logits::sample_top_p(
-            self.logits_row(row)?,
-            temperature,
-            top_p,
-            u,
-        ))
-    }
-    fn apply_penalties(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        penalties: wit::Penalties,
-    ) -> wasmtime::Result<()> {
+impl PluginState {
+    fn penalise(&mut self, row: u32, penalties: wit::Penalties) -> wasmtime::Result<()> {
         let (values, history) = self
             .logits
             .row_mut(row as usize)
@@ -152,6 +66,97 @@ impl wit::HostLogitsBatch for PluginState {
         };
         logits::apply_penalties(values, history, &penalties);
         Ok(())
+    }
+}
+
+impl wit::Host for PluginState {}
+impl bindings::plughost::plugin::types::Host for PluginState {}
+
+impl wit::HostLogitsBatch for PluginState {
+    fn rows(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
+        Ok(self.logits.rows() as u32)
+    }
+    fn vocab_size(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
+        Ok(self.logits.vocab() as u32)
+    }
+    fn argmax(&mut self, _: Resource<LogitsBatchHandle>, row: u32) -> wasmtime::Result<u32> {
+        self.host_work(|s| Ok(logits::argmax(s.logits_row(row)?)))
+    }
+    fn top_k(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        k: u32,
+    ) -> wasmtime::Result<Vec<wit::Candidate>> {
+        let best =
+            self.host_work(|s| Ok::<_, wasmtime::Error>(logits::top_k(s.logits_row(row)?, k)))?;
+        Ok(best
+            .into_iter()
+            .map(|c| wit::Candidate {
+                id: c.id,
+                value: c.value,
+            })
+            .collect())
+    }
+    fn read(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        start: u32,
+        len: u32,
+    ) -> wasmtime::Result<Vec<f32>> {
+        self.host_work(|s| Ok(logits::read(s.logits_row(row)?, start, len)))
+    }
+    fn log_softmax(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        ids: Vec<u32>,
+        temperature: f32,
+    ) -> wasmtime::Result<Vec<f32>> {
+        self.host_work(|s| Ok(logits::log_softmax(s.logits_row(row)?, &ids, temperature)))
+    }
+    fn log_sum_exp(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        temperature: f32,
+    ) -> wasmtime::Result<f32> {
+        self.host_work(|s| Ok(logits::log_sum_exp(s.logits_row(row)?, temperature)))
+    }
+    fn sample_full(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        temperature: f32,
+        u: f32,
+    ) -> wasmtime::Result<u32> {
+        self.host_work(|s| Ok(logits::sample_full(s.logits_row(row)?, temperature, u)))
+    }
+    fn sample_top_p(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        temperature: f32,
+        top_p: f32,
+        u: f32,
+    ) -> wasmtime::Result<u32> {
+        self.host_work(|s| {
+            Ok(logits::sample_top_p(
+                s.logits_row(row)?,
+                temperature,
+                top_p,
+                u,
+            ))
+        })
+    }
+    fn apply_penalties(
+        &mut self,
+        _: Resource<LogitsBatchHandle>,
+        row: u32,
+        penalties: wit::Penalties,
+    ) -> wasmtime::Result<()> {
+        self.host_work(|s| s.penalise(row, penalties))
     }
     fn drop(&mut self, handle: Resource<LogitsBatchHandle>) -> wasmtime::Result<()> {
         self.table().delete(handle)?;
