@@ -129,7 +129,7 @@ fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), Str
             &runtime,
             &spec.component,
             &spec.config_json(),
-            spec.limits(),
+            spec.glue_limits(),
         )
         .map_err(|e| e.to_string())?;
         println!("glue       ok  {}", spec.component.display());

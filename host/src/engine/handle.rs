@@ -535,7 +535,7 @@ fn load_engine(
         &plugins,
         &setup.glue.component,
         &setup.glue.config_json(),
-        setup.glue.limits(),
+        setup.glue.glue_limits(),
     )
     .map_err(|e| format!("[glue] {}: {e}", setup.glue.component.display()))?;
     deployments.set_glue(&plugins, &setup.glue);

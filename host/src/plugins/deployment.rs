@@ -107,9 +107,19 @@ impl PluginSpec {
         serde_json::to_string(&self.config).unwrap_or_else(|_| "{}".to_string())
     }
 
-    /// The instance limits, with the defaults where the file is silent.
+    /// The instance limits of a scheduler or sampler, called every step, with the defaults
+    /// where the file is silent.
     pub fn limits(&self) -> InstanceLimits {
-        let mut limits = InstanceLimits::default();
+        self.limits_over(InstanceLimits::default())
+    }
+
+    /// The instance limits of the model glue, called only at prepare time.
+    pub fn glue_limits(&self) -> InstanceLimits {
+        self.limits_over(InstanceLimits::for_prepare())
+    }
+
+    fn limits_over(&self, defaults: InstanceLimits) -> InstanceLimits {
+        let mut limits = defaults;
         if let Some(mib) = self.memory_mib {
             limits.memory_bytes = (mib as usize).saturating_mul(1 << 20);
         }

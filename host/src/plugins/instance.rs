@@ -26,6 +26,14 @@ pub struct InstanceLimits {
 /// that runs longer holds up every sequence of the batch.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// The default deadline of a call made once at prepare time (the model glue's), never on a
+/// step: it may compute for a while.
+pub const PREPARE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The least deadline of instantiating an instance and running its `init`, which happen at
+/// load and after a fault, not on every step.
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// The deadline bounds the plugin's own time. Time in the host's native fast paths (argmax,
 /// top-k, log-softmax over a whole row) is the host's work, which a native sampler would pay
 /// too, so it is not charged; but a call never runs longer than this many deadlines in all,
@@ -43,6 +51,20 @@ impl Default for InstanceLimits {
             memory_bytes: 256 << 20,
             call_timeout: DEFAULT_CALL_TIMEOUT,
         }
+    }
+}
+
+impl InstanceLimits {
+    /// The defaults of a plugin called only at prepare time (the model glue).
+    pub fn for_prepare() -> Self {
+        InstanceLimits {
+            call_timeout: PREPARE_CALL_TIMEOUT,
+            ..InstanceLimits::default()
+        }
+    }
+
+    fn init_timeout(&self) -> Duration {
+        self.call_timeout.max(INIT_TIMEOUT)
     }
 }
 
@@ -154,9 +176,10 @@ impl PluginState {
         result
     }
 
-    fn start_call(&mut self) {
+    fn start_call(&mut self, deadline: Duration) {
         self.clock.started = Instant::now();
         self.clock.in_host = Duration::ZERO;
+        self.clock.deadline = deadline;
     }
 }
 
@@ -336,15 +359,16 @@ impl<W: World> ContainedInstance<W> {
             return Ok(());
         }
         let mut store = self.new_store();
-        store.data_mut().start_call();
-        store.set_epoch_deadline(self.deadline_ticks());
+        let init_timeout = self.limits.init_timeout();
+        store.data_mut().start_call(init_timeout);
+        store.set_epoch_deadline(ticks(init_timeout));
         let bindings =
             W::instantiate(&self.pre, &mut store).map_err(|e| PluginError::Instantiate {
                 plugin: self.name.clone(),
                 message: format!("{e:#}"),
             })?;
-        store.data_mut().start_call();
-        store.set_epoch_deadline(self.deadline_ticks());
+        store.data_mut().start_call(init_timeout);
+        store.set_epoch_deadline(ticks(init_timeout));
         match bindings.call_init(&mut store, &self.config) {
             Ok(Ok(())) => {}
             Ok(Err(message)) => {
@@ -418,7 +442,7 @@ impl<W: World> ContainedInstance<W> {
                 "instance vanished after instantiation".into(),
             ));
         };
-        live.store.data_mut().start_call();
+        live.store.data_mut().start_call(self.limits.call_timeout);
         live.store.set_epoch_deadline(ticks);
         let started = Instant::now();
         let result = f(&live.bindings, &mut live.store);
