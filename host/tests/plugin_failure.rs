@@ -480,3 +480,30 @@ async fn an_empty_plan_while_requests_wait_runs_fcfs_and_counts_a_fault() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rejecting_scheduler_fails_the_waiting_request_it_trapped_on() {
+    let scheduler = format!(
+        "[scheduler]\ncomponent = {:?}\non_failure = \"reject\"\n",
+        plugins_dir()
+            .join("plughost_scheduler_faulty.wasm")
+            .display()
+            .to_string()
+    );
+    let server = serve("reject-scheduler", "on_failure = \"fallback\"", &scheduler);
+    let base = server.base();
+    let client = reqwest::Client::new();
+    let mut trap = body(1, None, 4, false);
+    trap["priority"] = json!(-1001);
+    let (status, answer) = post(&client, &base, &trap).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+    assert_eq!(error_code(&answer), "plugin_failed", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("scheduler plugin plughost_scheduler_faulty"),
+        "{message}"
+    );
+    // The next request plans normally.
+    let (status, answer) = post(&client, &base, &body(2, None, 4, false)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}

@@ -368,6 +368,29 @@ mod tests {
                 },
                 405,
             ),
+            (
+                ApiError::PluginRejected(PluginRejection::Faulted {
+                    slot: crate::plugins::Slot::Sampler,
+                    plugin: "s".into(),
+                    cause: "trapped".into(),
+                }),
+                500,
+            ),
+            (
+                ApiError::PluginRejected(PluginRejection::BackingOff {
+                    slot: crate::plugins::Slot::Sampler,
+                    plugin: "s".into(),
+                    retry_after_s: 3,
+                }),
+                503,
+            ),
+            (
+                ApiError::PluginRejected(PluginRejection::Disabled {
+                    slot: crate::plugins::Slot::Scheduler,
+                    plugin: "s".into(),
+                }),
+                503,
+            ),
         ];
         for (error, want) in cases {
             let (status, body) = status_of(error);

@@ -146,6 +146,16 @@ impl<P> LoadedComponent<P> {
     }
 }
 
+impl LoadedComponent<SamplerPlugin> {
+    /// Records that the host found one row of this sampler's output at fault on its own (a
+    /// token the grammar mask forbids, say): one fault under the component's policy, which
+    /// may back it off. Returns what the row gets.
+    pub fn row_faulted(&self, cause: &dyn fmt::Display) -> super::OnFailure {
+        self.faults.record_fault(cause);
+        self.faults.on_failure()
+    }
+}
+
 fn component_name(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
