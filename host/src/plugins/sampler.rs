@@ -6,9 +6,10 @@ use std::time::Duration;
 use plughost_sdk::sampler::{Candidate, Sampled, SamplingParams};
 use wasmtime::component::Resource;
 
+use super::generation::Slot;
 use super::instance::{ContainedInstance, PluginState};
 use super::logits::{self, LogitsBatch, LogitsBatchHandle, TokenHistory};
-use super::policy::Unavailable;
+use super::policy::{FaultPolicy, Unavailable};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
@@ -255,8 +256,10 @@ impl SamplerPlugin {
         config: &str,
         limits: InstanceLimits,
     ) -> Result<Self, PluginError> {
+        let mut instance = runtime.instantiate(path, config, limits)?;
+        instance.set_fault_policy(Slot::Sampler, FaultPolicy::default_for(Slot::Sampler));
         Ok(SamplerPlugin {
-            instance: runtime.instantiate(path, config, limits)?,
+            instance,
             undo: Vec::new(),
         })
     }
@@ -315,7 +318,7 @@ impl SamplerPlugin {
             return sequences.iter().map(|_| Err(failure.clone())).collect();
         }
         match self.sample_batch(logits, sequences, true) {
-            Ok(sampled) => self.check_tokens(sampled, logits.vocab()),
+            Ok(sampled) => self.check_tokens(sampled, logits),
             Err(BatchFailure::Unavailable(error)) => {
                 let failure = RowFailure::from(error);
                 sequences.iter().map(|_| Err(failure.clone())).collect()
@@ -377,18 +380,21 @@ impl SamplerPlugin {
         }
     }
 
-    /// Rows whose token is outside the vocabulary are at fault (one fault for the call); the
-    /// others keep their token.
+    /// Rows whose token is outside the vocabulary are at fault (one fault for the call) and
+    /// get their logits back as they came; the others keep their token.
     fn check_tokens(
         &mut self,
         sampled: Vec<Sampled>,
-        vocab: usize,
+        logits: &mut LogitsBatch,
     ) -> Vec<Result<Sampled, RowFailure>> {
+        let vocab = logits.vocab();
         let Some(bad) = sampled.iter().find(|s| s.token >= vocab as u32) else {
             return sampled.into_iter().map(Ok).collect();
         };
         let error = self.out_of_vocabulary(bad.token, vocab);
         self.instance.record_fault(&error);
+        let bad_rows: Vec<bool> = sampled.iter().map(|s| s.token >= vocab as u32).collect();
+        self.restore_rows(logits, |row| bad_rows.get(row).copied().unwrap_or(false));
         sampled
             .into_iter()
             .map(|s| {
@@ -404,7 +410,15 @@ impl SamplerPlugin {
     /// Puts back what the last call's penalties overwrote, newest first, so each value ends
     /// as it came.
     fn restore(&mut self, logits: &mut LogitsBatch) {
+        self.restore_rows(logits, |_| true);
+    }
+
+    /// [`SamplerPlugin::restore`] for the rows `which` picks.
+    fn restore_rows(&mut self, logits: &mut LogitsBatch, which: impl Fn(usize) -> bool) {
         for &(row, token, value) in self.undo.iter().rev() {
+            if !which(row as usize) {
+                continue;
+            }
             if let Some((values, _)) = logits.row_mut(row as usize)
                 && let Some(v) = values.get_mut(token as usize)
             {
