@@ -12,6 +12,7 @@ use crate::model::Tokenizer;
 use crate::plugins::generation::{LoadedComponent, Slot};
 use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
 use crate::plugins::sampler::{RowFailure, SamplerPlugin, SequenceToSample};
+use crate::plugins::scheduler::SchedulerPlugin;
 use crate::plugins::{Generation, OnFailure, PluginError, PluginRejection};
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
@@ -289,7 +290,7 @@ impl EngineCore {
 
     /// The component's checked plan; a fault is counted against its failure policy.
     fn plan_from(
-        component: &LoadedComponent<crate::plugins::scheduler::SchedulerPlugin>,
+        component: &LoadedComponent<SchedulerPlugin>,
         views: &[RequestView],
         resources: &Resources,
     ) -> Result<Plan, PluginError> {
@@ -307,10 +308,10 @@ impl EngineCore {
             }
         };
         let refused = match sched::validate_plan(&plan, views, resources) {
-            Err(e) => Some(format!("its plan was refused: {e}")),
+            Err(e) => Some(format!("invalid plan: {e}")),
             Ok(()) if plan.run.is_empty() && plan.preempt.is_empty() && !views.is_empty() => {
                 Some(format!(
-                    "it ran nothing with {} requests queued or running",
+                    "a plan that runs nothing with {} requests queued or running",
                     views.len()
                 ))
             }
@@ -319,7 +320,7 @@ impl EngineCore {
         match refused {
             None => Ok(plan),
             Some(message) => {
-                let error = PluginError::Plugin {
+                let error = PluginError::Refused {
                     plugin: component.name(),
                     message,
                 };
@@ -830,7 +831,7 @@ fn sampler_rejection(component: &LoadedSampler, failure: RowFailure) -> PluginRe
 }
 
 fn scheduler_rejection(
-    component: &LoadedComponent<crate::plugins::scheduler::SchedulerPlugin>,
+    component: &LoadedComponent<SchedulerPlugin>,
     error: PluginError,
 ) -> PluginRejection {
     match RowFailure::from(error) {

@@ -28,6 +28,10 @@ pub enum PluginError {
     /// The plugin ran and returned an error of its own; the instance stays usable.
     #[error("plugin {plugin} returned an error: {message}")]
     Plugin { plugin: String, message: String },
+    /// The plugin answered, but with output the host refuses (an invalid plan, a token outside
+    /// the vocabulary, the wrong number of tokens); the instance stays usable.
+    #[error("plugin {plugin} gave output the host refuses: {message}")]
+    Refused { plugin: String, message: String },
     /// The call exceeded its deadline; the instance was dropped.
     #[error("plugin {plugin} exceeded its {limit_ms} ms call deadline")]
     Timeout { plugin: String, limit_ms: u64 },

@@ -374,9 +374,9 @@ impl SamplerPlugin {
     }
 
     fn out_of_vocabulary(&self, token: u32, vocab: usize) -> PluginError {
-        PluginError::Plugin {
+        PluginError::Refused {
             plugin: self.instance.name().to_string(),
-            message: format!("returned token {token} outside the vocabulary of {vocab}"),
+            message: format!("token {token} is outside the vocabulary of {vocab}"),
         }
     }
 
@@ -478,13 +478,9 @@ impl SamplerPlugin {
             Ok(sampled) if sampled.len() == sequences.len() => {
                 return Ok(sampled.into_iter().map(sampled_from_wit).collect());
             }
-            Ok(sampled) => PluginError::Plugin {
+            Ok(sampled) => PluginError::Refused {
                 plugin,
-                message: format!(
-                    "returned {} tokens for {} sequences",
-                    sampled.len(),
-                    sequences.len()
-                ),
+                message: format!("{} tokens for {} sequences", sampled.len(), sequences.len()),
             },
             Err(message) => PluginError::Plugin { plugin, message },
         };
