@@ -159,6 +159,7 @@ async fn a_model_that_failed_to_load_answers_503() {
             config: Default::default(),
             memory_mib: None,
             call_timeout_ms: None,
+            failure: Default::default(),
         },
         scheduler: None,
         sampler: None,

@@ -29,6 +29,7 @@ fn plugin(file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 

@@ -19,6 +19,7 @@ fn plugin(file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
@@ -73,6 +74,7 @@ fn collect(receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>>
                         return tokens;
                     }
                     GenerationEvent::Failed { message } => panic!("request failed: {message}"),
+                    GenerationEvent::Rejected(r) => panic!("request rejected: {r}"),
                 }
             }
         })

@@ -200,7 +200,7 @@ fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime
         &plugins,
         &common::plugin_path("plughost_model_qwen3.wasm"),
         "",
-        InstanceLimits::default(),
+        InstanceLimits::for_prepare(),
     )
     .expect("glue loads");
     let config = RuntimeConfig {
@@ -656,7 +656,7 @@ fn loading_a_bad_checkpoint_names_the_problem() {
             &plugins,
             &common::plugin_path("plughost_model_qwen3.wasm"),
             "",
-            InstanceLimits::default(),
+            InstanceLimits::for_prepare(),
         )
         .expect("glue loads");
         let device = Device::open(&library, "").expect("device opens");

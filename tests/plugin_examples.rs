@@ -21,6 +21,7 @@ fn plugin(file: &str, config: &str) -> PluginSpec {
         config: toml::from_str(config).expect("a TOML config table"),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
@@ -104,6 +105,7 @@ fn generate(engine: &EngineHandle, request: GenerationRequest) -> Result<Vec<u32
             GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
             GenerationEvent::Finished { .. } => return Ok(tokens),
             GenerationEvent::Failed { message } => return Err(message),
+            GenerationEvent::Rejected(r) => return Err(r.to_string()),
         }
     }
     Err("the event stream ended without Finished".into())
@@ -149,6 +151,7 @@ async fn start_order(scheduler: PluginSpec, priorities: &[i32]) -> Vec<i32> {
         match event {
             GenerationEvent::Finished { .. } => finished += 1,
             GenerationEvent::Failed { message } => panic!("request {index} failed: {message}"),
+            GenerationEvent::Rejected(r) => panic!("request {index} rejected: {r}"),
             GenerationEvent::Delta { .. } => {}
         }
     }
@@ -271,6 +274,7 @@ fn requests_choose_a_named_sampler_and_an_unknown_name_is_refused() {
                 GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
                 GenerationEvent::Finished { .. } => break,
                 GenerationEvent::Failed { message } => panic!("failed: {message}"),
+                GenerationEvent::Rejected(r) => panic!("rejected: {r}"),
             }
         }
         tokens

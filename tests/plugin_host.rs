@@ -290,7 +290,6 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     let limits = InstanceLimits {
         memory_bytes: 32 << 20,
         call_timeout: Duration::from_millis(200),
-        max_faults: 10,
     };
     let mut scheduler =
         SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
@@ -349,14 +348,10 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
 }
 
 #[test]
-fn a_plugin_that_keeps_faulting_is_disabled() {
+fn a_plugin_that_keeps_faulting_is_backed_off() {
     let path = common::plugin_path("plughost_scheduler_faulty.wasm");
-    let limits = InstanceLimits {
-        max_faults: 2,
-        ..InstanceLimits::default()
-    };
-    let mut scheduler =
-        SchedulerPlugin::load(&runtime(), &path, "", limits).expect("faulty scheduler loads");
+    let mut scheduler = SchedulerPlugin::load(&runtime(), &path, "", InstanceLimits::default())
+        .expect("faulty scheduler loads");
     let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
     bad.priority = -1001;
     let resources = Resources {
@@ -366,18 +361,16 @@ fn a_plugin_that_keeps_faulting_is_disabled() {
         free_blocks: 10,
         total_blocks: 10,
     };
-    for _ in 0..2 {
-        assert!(
-            scheduler
-                .schedule(std::slice::from_ref(&bad), &resources)
-                .is_err()
-        );
+    // The default policy: 5 faults within 60 s back the plugin off for 10 s.
+    for _ in 0..5 {
+        let err = scheduler
+            .schedule(std::slice::from_ref(&bad), &resources)
+            .expect_err("traps");
+        assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     }
     let err = scheduler
         .schedule(&[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources)
-        .expect_err("disabled");
-    assert!(
-        matches!(err, PluginError::Disabled { faults: 2, .. }),
-        "{err}"
-    );
+        .expect_err("backed off");
+    assert!(matches!(err, PluginError::BackingOff { .. }), "{err}");
+    assert_eq!(scheduler.stats().faults, 5);
 }

@@ -23,7 +23,7 @@ fn mock_runtime() -> Runtime {
         &plugins,
         &common::plugin_path("plughost_model_qwen3.wasm"),
         "",
-        InstanceLimits::default(),
+        InstanceLimits::for_prepare(),
     )
     .expect("glue loads");
     let config = RuntimeConfig {

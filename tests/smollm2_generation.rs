@@ -25,6 +25,7 @@ fn plugin(file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
@@ -107,6 +108,7 @@ fn greedy_continuations_and_logprobs_match_transformers() {
                 }
                 GenerationEvent::Finished { .. } => break,
                 GenerationEvent::Failed { message } => panic!("{}: {message}", case.name),
+                GenerationEvent::Rejected(r) => panic!("{}: {r}", case.name),
             }
         }
         let want = reference_top1_logprobs(&case.name);

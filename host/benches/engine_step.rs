@@ -139,6 +139,7 @@ fn main() {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     };
     let metrics = Arc::new(Metrics::new());
     let setup = EngineSetup {

@@ -133,6 +133,7 @@ fn spec(component: PathBuf) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
@@ -164,7 +165,7 @@ fn find_glue(dir: &Path, model_dir: &Path, runtime: &PluginRuntime) -> Result<Pl
     candidates.sort();
     let mut refusals = Vec::new();
     for path in candidates {
-        match GluePlugin::load(runtime, &path, "", InstanceLimits::default())
+        match GluePlugin::load(runtime, &path, "", InstanceLimits::for_prepare())
             .and_then(|mut g| g.describe(&config_json))
         {
             Ok(_) => return Ok(spec(path)),

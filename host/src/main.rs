@@ -139,7 +139,7 @@ fn check(config: &std::path::Path, cache_dir: Option<PathBuf>) -> Result<(), Str
             &runtime,
             &spec.component,
             &spec.config_json(),
-            spec.limits(),
+            spec.glue_limits(),
         )
         .map_err(|e| e.to_string())?;
         println!("glue       ok  {}", spec.component.display());
@@ -277,6 +277,7 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
                 break;
             }
             GenerationEvent::Failed { message } => return Err(message),
+            GenerationEvent::Rejected(rejection) => return Err(rejection.to_string()),
         }
     }
     engine.shutdown();

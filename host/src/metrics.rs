@@ -39,6 +39,11 @@ pub struct Metrics {
     pub deployment_generation: IntGauge,
     /// 1 for each component of the active deployment, by slot, file, sha256 and WIT version.
     pub plugin_info: IntGaugeVec,
+    /// Per component of the active deployment (slot, file stem), 1 for its failure-policy
+    /// state (`active`, `backing_off`, `disabled`) and 0 for the others.
+    pub plugin_state: IntGaugeVec,
+    /// Faults of each component of the active deployment since it loaded.
+    pub plugin_faults: IntGaugeVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -144,12 +149,36 @@ impl Metrics {
         registry
             .register(Box::new(plugin_info.clone()))
             .expect("metric names are unique");
+        let plugin_state = IntGaugeVec::new(
+            Opts::new(
+                "plugin_state",
+                "Failure-policy state of each active component: 1 for its state, 0 for the others",
+            ),
+            &["slot", "component", "state"],
+        )
+        .expect("valid gauge options");
+        registry
+            .register(Box::new(plugin_state.clone()))
+            .expect("metric names are unique");
+        let plugin_faults = IntGaugeVec::new(
+            Opts::new(
+                "plugin_faults",
+                "Faults of each active component since it loaded (traps, timeouts, errors, refused output)",
+            ),
+            &["slot", "component"],
+        )
+        .expect("valid gauge options");
+        registry
+            .register(Box::new(plugin_faults.clone()))
+            .expect("metric names are unique");
         Metrics {
             foreign,
             load,
             device,
             deployment_reloads,
             plugin_info,
+            plugin_state,
+            plugin_faults,
             deployment_generation: gauge(
                 r,
                 "deployment_generation",
@@ -201,12 +230,12 @@ impl Metrics {
             scheduler_fallbacks: counter(
                 r,
                 "scheduler_fallbacks_total",
-                "Steps scheduled by the built-in FCFS after an invalid plan or a plugin fault",
+                "Steps scheduled by the built-in FCFS after a scheduler plugin fault, a refused or empty plan, or while it is backed off",
             ),
             sampler_fallbacks: counter(
                 r,
                 "sampler_fallbacks_total",
-                "Steps sampled natively after a sampler plugin fault",
+                "Rows sampled natively because the sampler plugin failed them or was backed off (on_failure = \"fallback\")",
             ),
             device_step_retries: counter(
                 r,

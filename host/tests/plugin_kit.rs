@@ -253,6 +253,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
             config: Default::default(),
             memory_mib: None,
             call_timeout_ms: None,
+            failure: Default::default(),
         },
         scheduler: None,
         sampler: None,
@@ -296,6 +297,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
             GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
             GenerationEvent::Finished { .. } => break,
             GenerationEvent::Failed { message } => panic!("generation failed: {message}"),
+            GenerationEvent::Rejected(r) => panic!("generation rejected: {r}"),
         }
     }
     engine.shutdown();

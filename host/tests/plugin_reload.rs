@@ -57,13 +57,15 @@ fn fcfs() -> String {
 }
 
 /// The faulty test scheduler, and the standard sampler under other limits: a new sampler
-/// instance, so requests in flight and new ones sample with different instances.
+/// instance, so requests in flight and new ones sample with different instances. The faulty
+/// scheduler plans every request, so with more streams than seats its plans are refused, each
+/// a fault; a high `max_faults` keeps it from being backed off here.
 fn faulty() -> String {
     format!(
         "{}call_timeout_ms = 400\n",
         deployment(
             "plughost_scheduler_faulty.wasm",
-            "{}",
+            "{}\nmax_faults = 1000000",
             "plughost_sampler_standard.wasm",
         )
     )
@@ -1167,6 +1169,7 @@ fn spec(file: &str, config: &str) -> plughost::plugins::PluginSpec {
         config: toml::from_str(config).expect("a TOML table"),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 

@@ -488,6 +488,7 @@ fn plugin(file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 
@@ -543,6 +544,7 @@ async fn run_all(
                     return Outcome::Finished { reason, tokens };
                 }
                 GenerationEvent::Failed { message } => return Outcome::Failed(message),
+                GenerationEvent::Rejected(r) => return Outcome::Failed(r.to_string()),
             }
         }
         Outcome::Failed("the event stream ended without a last event".into())

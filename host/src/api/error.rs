@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::engine::EngineError;
+use crate::plugins::PluginRejection;
 
 /// Everything a request can fail with. [`From<ApiError> for (StatusCode, Json<ErrorResponse>)`]
 /// is the only place that decides statuses, for plain responses and stream error events alike.
@@ -102,6 +103,9 @@ pub enum ApiError {
     Unavailable(#[from] EngineError),
     #[error("generation failed: {message}")]
     GenerationFailed { message: String },
+    /// A plugin whose failure policy is `reject` failed the request, or is backed off.
+    #[error(transparent)]
+    PluginRejected(PluginRejection),
     #[error("internal error: {message}")]
     Internal { message: String },
 }
@@ -206,6 +210,11 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             Unavailable(EngineError::Faulted(_)) =>    (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_failed"), None),
             Unavailable(EngineError::UnknownSampler(_)) => (S::BAD_REQUEST, INVALID_REQUEST, Some("unknown_sampler"), Some("sampler".into())),
             GenerationFailed { .. } =>      (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, Some("generation_failed"), None),
+            // The plugin failed on this request's input: a server fault, not a retryable one.
+            PluginRejected(PluginRejection::Faulted { .. }) =>    (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, Some("plugin_failed"), None),
+            // The plugin sits out its back-off: unavailable for that long, Retry-After says.
+            PluginRejected(PluginRejection::BackingOff { .. }) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("plugin_backing_off"), None),
+            PluginRejected(PluginRejection::Disabled { .. }) =>   (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("plugin_disabled"), None),
             Internal { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
         };
         (status, Json(ErrorResponse { error: ErrorBody { message, kind, param, code } }))
@@ -222,6 +231,9 @@ impl ApiError {
             }
             ApiError::Overloaded { .. } => {
                 headers.insert(RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECONDS));
+            }
+            ApiError::PluginRejected(PluginRejection::BackingOff { retry_after_s, .. }) => {
+                headers.insert(RETRY_AFTER, HeaderValue::from(*retry_after_s));
             }
             _ => {}
         }
@@ -356,6 +368,29 @@ mod tests {
                     path: "/v1/completions".into(),
                 },
                 405,
+            ),
+            (
+                ApiError::PluginRejected(PluginRejection::Faulted {
+                    slot: crate::plugins::Slot::Sampler,
+                    plugin: "s".into(),
+                    cause: "trapped".into(),
+                }),
+                500,
+            ),
+            (
+                ApiError::PluginRejected(PluginRejection::BackingOff {
+                    slot: crate::plugins::Slot::Sampler,
+                    plugin: "s".into(),
+                    retry_after_s: 3,
+                }),
+                503,
+            ),
+            (
+                ApiError::PluginRejected(PluginRejection::Disabled {
+                    slot: crate::plugins::Slot::Scheduler,
+                    plugin: "s".into(),
+                }),
+                503,
             ),
         ];
         for (error, want) in cases {

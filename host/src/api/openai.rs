@@ -110,6 +110,14 @@ pub struct Usage {
     pub completion_tokens: u64,
     pub total_tokens: u64,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// Output tokens the host's built-in sampler chose because the deployment's sampler plugin
+    /// failed or was backed off (`on_failure = "fallback"`); absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub plugin_fallback_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

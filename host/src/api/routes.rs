@@ -11,6 +11,7 @@ use axum::response::IntoResponse;
 use super::AppState;
 use super::error::ApiError;
 use super::openai::{ModelCard, ModelList};
+use crate::engine::HealthReport;
 
 /// The Prometheus text exposition format.
 const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -31,10 +32,11 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>,
 }
 
 /// 200 once the model is ready; 503 while it loads, when it failed to load, and when the
-/// engine died, stalled or hung on the device (then the process is on its way out).
-pub async fn health(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
+/// engine died, stalled or hung on the device (then the process is on its way out). The 200
+/// body lists each plugin component's failure-policy state, which never changes the status.
+pub async fn health(State(app): State<Arc<AppState>>) -> Result<Json<HealthReport>, ApiError> {
     app.engine.summary()?;
-    Ok(StatusCode::OK)
+    Ok(Json(app.engine.health_report()))
 }
 
 /// Readiness: 200 while the server takes new work; 503 while the model loads, after an engine
@@ -50,7 +52,7 @@ pub async fn ready(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiEr
 pub async fn metrics(State(app): State<Arc<AppState>>) -> impl IntoResponse {
     (
         [(CONTENT_TYPE, METRICS_CONTENT_TYPE)],
-        app.engine.metrics().render(),
+        app.engine.render_metrics(),
     )
 }
 

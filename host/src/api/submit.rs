@@ -78,6 +78,9 @@ fn choice_stream(
             Some(GenerationEvent::Failed { message }) => {
                 ChoiceEvent::Failed(ApiError::GenerationFailed { message })
             }
+            Some(GenerationEvent::Rejected(rejection)) => {
+                ChoiceEvent::Failed(ApiError::PluginRejected(rejection))
+            }
             None => ChoiceEvent::Failed(ApiError::Unavailable(EngineError::Stopped)),
         };
         Some(((index, event), None))
@@ -139,6 +142,7 @@ pub struct UsageTally {
     completion_tokens: u64,
     /// Per prompt, the most prompt tokens any of its choices found in the prefix cache.
     cached_tokens: Vec<u32>,
+    plugin_fallback_tokens: u64,
 }
 
 impl UsageTally {
@@ -148,11 +152,13 @@ impl UsageTally {
             prompt_lens: shape.prompt_lens.clone(),
             completion_tokens: 0,
             cached_tokens: vec![0; shape.prompt_lens.len()],
+            plugin_fallback_tokens: 0,
         }
     }
 
     pub fn add(&mut self, choice: usize, usage: &Usage) {
         self.completion_tokens += usage.completion_tokens as u64;
+        self.plugin_fallback_tokens += usage.plugin_fallback_tokens as u64;
         if let Some(cached) = self.cached_tokens.get_mut(choice / self.n) {
             *cached = (*cached).max(usage.cached_tokens);
         }
@@ -167,6 +173,7 @@ impl UsageTally {
             prompt_tokens_details: openai::PromptTokensDetails {
                 cached_tokens: self.cached_tokens.iter().map(|&c| c as u64).sum(),
             },
+            plugin_fallback_tokens: self.plugin_fallback_tokens,
         }
     }
 }

@@ -9,10 +9,11 @@ use plughost_sdk::sampler::{Sampled, SamplingParams};
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
-use crate::plugins::Generation;
-use crate::plugins::generation::LoadedSampler;
+use crate::plugins::generation::{LoadedComponent, LoadedSampler, Slot};
 use crate::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
-use crate::plugins::sampler::SequenceToSample;
+use crate::plugins::sampler::{RowFailure, SequenceToSample};
+use crate::plugins::scheduler::SchedulerPlugin;
+use crate::plugins::{Generation, OnFailure, PluginError, PluginRejection};
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
@@ -178,7 +179,22 @@ impl EngineCore {
             sample_started.elapsed(),
         );
         let emit_started = Instant::now();
-        for (id, sampled) in emitting.iter().zip(sampled) {
+        for (id, row) in emitting.iter().zip(sampled) {
+            let (sampled, fallback, culprit) = match row {
+                SampledRow::Token(sampled) => (sampled, false, false),
+                SampledRow::Fallback { sampled, culprit } => (sampled, true, culprit),
+                SampledRow::Rejected(rejection) => {
+                    self.reject(*id, rejection);
+                    continue;
+                }
+            };
+            if let Some(state) = self.requests.get_mut(id) {
+                let record = &mut state.sampler_fallback;
+                if fallback || record.native_from_now_on {
+                    record.tokens += 1;
+                }
+                record.native_from_now_on |= culprit;
+            }
             self.emit(*id, sampled);
         }
         self.record("emit", Track::Host, emit_started, emit_started.elapsed());
@@ -243,8 +259,10 @@ impl EngineCore {
 
     /// The scheduler plugin's plan for this step, checked. A refused plan, a plugin fault, and a
     /// plan that neither runs nor preempts anything while requests are queued or running (it
-    /// would stop the engine for good, since nothing changes between steps) are faults: the
-    /// built-in FCFS decides that step.
+    /// would stop the engine for good, since nothing changes between steps) are faults of the
+    /// component. A faulted or backed-off scheduler gets its failure policy: under `fallback`
+    /// the built-in FCFS decides the step; under `reject` the waiting requests fail and FCFS
+    /// runs on the ones already running.
     fn schedule(&mut self) -> Plan {
         let views = self.views();
         let resources = self.resources();
@@ -252,31 +270,61 @@ impl EngineCore {
         let Some(component) = deployment.scheduler() else {
             return sched::fallback_plan(&views, &resources);
         };
-        let checked = component
-            .plugin()
-            .schedule(&views, &resources)
-            .map_err(|e| format!("scheduler plugin failed: {e}"))
-            .and_then(|plan| {
-                sched::validate_plan(&plan, &views, &resources)
-                    .map(|()| plan)
-                    .map_err(|e| format!("scheduler plugin plan refused: {e}"))
-            })
-            .and_then(|plan| {
-                if plan.run.is_empty() && plan.preempt.is_empty() && !views.is_empty() {
-                    Err(format!(
-                        "scheduler plugin ran nothing with {} requests queued or running",
-                        views.len()
-                    ))
-                } else {
-                    Ok(plan)
-                }
-            });
-        match checked {
+        let failure = match Self::plan_from(component, &views, &resources) {
+            Ok(plan) => return plan,
+            Err(failure) => failure,
+        };
+        self.metrics.scheduler_fallbacks.inc();
+        if component.faults().on_failure() == OnFailure::Reject {
+            let rejection = scheduler_rejection(component, failure);
+            let waiting = self.waiting.clone();
+            for id in waiting {
+                self.reject(id, rejection.clone());
+            }
+            return sched::fallback_plan(&self.views(), &resources);
+        }
+        sched::fallback_plan(&views, &resources)
+    }
+
+    /// The component's checked plan; a fault is counted against its failure policy.
+    fn plan_from(
+        component: &LoadedComponent<SchedulerPlugin>,
+        views: &[RequestView],
+        resources: &Resources,
+    ) -> Result<Plan, PluginError> {
+        let plan = match component.plugin().schedule(views, resources) {
             Ok(plan) => plan,
-            Err(reason) => {
-                tracing::warn!("{reason}; built-in FCFS decides this step");
-                self.metrics.scheduler_fallbacks.inc();
-                sched::fallback_plan(&views, &resources)
+            Err(e) => {
+                if e.is_unavailable() {
+                    tracing::debug!("{e}; the scheduler's failure policy decides this step");
+                } else {
+                    tracing::warn!(
+                        "scheduler plugin failed: {e}; its failure policy decides this step"
+                    );
+                }
+                return Err(e);
+            }
+        };
+        let refused = match sched::validate_plan(&plan, views, resources) {
+            Err(e) => Some(format!("invalid plan: {e}")),
+            Ok(()) if plan.run.is_empty() && plan.preempt.is_empty() && !views.is_empty() => {
+                Some(format!(
+                    "a plan that runs nothing with {} requests queued or running",
+                    views.len()
+                ))
+            }
+            Ok(()) => None,
+        };
+        match refused {
+            None => Ok(plan),
+            Some(message) => {
+                let error = PluginError::Refused {
+                    plugin: component.name(),
+                    message,
+                };
+                tracing::warn!("{error}; its failure policy decides this step");
+                component.faults().record_fault(&error);
+                Err(error)
             }
         }
     }
@@ -408,7 +456,7 @@ impl EngineCore {
     /// Samples one token per emitting request, each with the sampler of the generation it
     /// started with. One generation (the usual case) samples the whole batch in one call;
     /// while requests of several generations run, each generation samples its own rows.
-    fn sample(&mut self, emitting: &[u64]) -> Vec<Sampled> {
+    fn sample(&mut self, emitting: &[u64]) -> Vec<SampledRow> {
         let vocab = self.runtime.model_info().vocab_size as usize;
         let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
         let mut sequences = Vec::with_capacity(emitting.len());
@@ -435,7 +483,11 @@ impl EngineCore {
                     ..state.request.sampling
                 },
             });
-            samplers.push(state.sampler.clone());
+            // A request whose own row failed the plugin under `fallback` stays native.
+            samplers.push(match state.sampler_fallback.native_from_now_on {
+                true => None,
+                false => state.sampler.clone(),
+            });
         }
         let same = |a: &Option<Arc<LoadedSampler>>, b: &Option<Arc<LoadedSampler>>| match (a, b) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
@@ -462,9 +514,9 @@ impl EngineCore {
         sequences: &[SequenceToSample],
         samplers: &[Option<Arc<LoadedSampler>>],
         same: impl Fn(&Option<Arc<LoadedSampler>>, &Option<Arc<LoadedSampler>>) -> bool,
-    ) -> Vec<Sampled> {
+    ) -> Vec<SampledRow> {
         let vocab = batch.vocab();
-        let mut out: Vec<Option<Sampled>> = vec![None; sequences.len()];
+        let mut out: Vec<Option<SampledRow>> = vec![None; sequences.len()];
         let mut done = vec![false; sequences.len()];
         for first in 0..sequences.len() {
             if done[first] {
@@ -493,33 +545,51 @@ impl EngineCore {
         }
         out.into_iter()
             .map(|s| {
-                s.unwrap_or(Sampled {
+                s.unwrap_or(SampledRow::Token(Sampled {
                     token: 0,
                     logprob: f32::NEG_INFINITY,
                     top_logprobs: Vec::new(),
-                })
+                }))
             })
             .collect()
     }
 
-    /// Samples `batch` with `sampler`, or natively when there is none or it fails.
+    /// Samples `batch` with `sampler`, or natively when there is none. A row the plugin failed
+    /// (alone: the plugin isolates its culprits) or could not take (backed off, disabled) gets
+    /// the component's failure policy: the native standard sampler under `fallback`, a
+    /// rejection under `reject`. The other rows keep the plugin's tokens.
     fn sample_with(
         &mut self,
         sampler: Option<&LoadedSampler>,
         batch: &mut LogitsBatch,
         sequences: &[SequenceToSample],
-    ) -> Vec<Sampled> {
-        let from_plugin = sampler.map(|c| c.plugin().sample(batch, sequences));
-        match from_plugin {
-            Some(Ok(sampled)) => sampled,
-            other => {
-                if let Some(Err(e)) = other {
-                    tracing::warn!("sampler plugin failed, sampling natively this step: {e}");
-                    self.metrics.sampler_fallbacks.inc();
-                }
-                native_sample(batch, sequences)
-            }
+    ) -> Vec<SampledRow> {
+        let Some(component) = sampler else {
+            return (0..sequences.len())
+                .map(|row| SampledRow::Token(native_sample_row(batch, sequences, row)))
+                .collect();
+        };
+        let rows = component.plugin().sample_rows(batch, sequences);
+        let on_failure = component.faults().on_failure();
+        let mut out = Vec::with_capacity(rows.len());
+        for (row, result) in rows.into_iter().enumerate() {
+            out.push(match result {
+                Ok(sampled) => SampledRow::Token(sampled),
+                Err(failure) => match on_failure {
+                    OnFailure::Fallback => {
+                        self.metrics.sampler_fallbacks.inc();
+                        SampledRow::Fallback {
+                            sampled: native_sample_row(batch, sequences, row),
+                            culprit: matches!(failure, RowFailure::Faulted(_)),
+                        }
+                    }
+                    OnFailure::Reject => {
+                        SampledRow::Rejected(sampler_rejection(component, failure))
+                    }
+                },
+            });
         }
+        out
     }
 
     fn emit(&mut self, id: u64, sampled: Sampled) {
@@ -621,6 +691,7 @@ impl EngineCore {
             prompt_tokens: state.prompt.len() as u32,
             completion_tokens: state.output.len() as u32,
             cached_tokens: state.num_cached_prefix,
+            plugin_fallback_tokens: state.sampler_fallback.tokens,
         };
         self.metrics
             .e2e_latency
@@ -682,6 +753,27 @@ impl EngineCore {
         self.health.liveness.progressed();
     }
 
+    /// Ends `id` with a plugin's rejection; the engine keeps serving the others.
+    fn reject(&mut self, id: u64, rejection: PluginRejection) {
+        self.health.in_flight.remove(id);
+        self.kv.free(id);
+        self.running.retain(|r| *r != id);
+        self.waiting.retain(|r| *r != id);
+        if let Some(state) = self.requests.remove(&id) {
+            tracing::warn!(
+                request = id,
+                request_id = state.request_id(),
+                "request rejected: {rejection}"
+            );
+            self.metrics
+                .requests_finished
+                .with_label_values(&["error"])
+                .inc();
+            let _ = state.events.send(GenerationEvent::Rejected(rejection));
+        }
+        self.health.liveness.progressed();
+    }
+
     fn update_gauges(&mut self) {
         if let Ok(stats) = self.runtime.device().stats() {
             self.metrics.record_device(&stats);
@@ -707,27 +799,71 @@ impl EngineCore {
     }
 }
 
-/// The standard sampler run natively: the fallback when no plugin is loaded or it faults.
-fn native_sample(batch: &mut LogitsBatch, sequences: &[SequenceToSample]) -> Vec<Sampled> {
-    sequences
-        .iter()
-        .enumerate()
-        .map(|(row, seq)| match batch.row_mut(row) {
-            Some((values, history)) => {
-                let history = history.clone();
-                let native = NativeRow::new(values, &history);
-                plughost_sampler_standard::sample_sequence(
-                    &native,
-                    &seq.params,
-                    seq.request,
-                    seq.position,
-                )
-            }
-            None => Sampled {
-                token: 0,
-                logprob: f32::NEG_INFINITY,
-                top_logprobs: Vec::new(),
-            },
-        })
-        .collect()
+/// What sampling gave one emitting row.
+#[derive(Debug, Clone)]
+enum SampledRow {
+    Token(Sampled),
+    /// Sampled natively because the sampler failed the row (`culprit`: on the row's own
+    /// input) or is backed off, under its `fallback` policy.
+    Fallback {
+        sampled: Sampled,
+        culprit: bool,
+    },
+    /// The sampler failed the row and its policy is `reject`.
+    Rejected(PluginRejection),
+}
+
+fn sampler_rejection(component: &LoadedSampler, failure: RowFailure) -> PluginRejection {
+    match failure {
+        RowFailure::Unavailable(u) => {
+            PluginRejection::unavailable(Slot::Sampler, &component.name(), u)
+        }
+        RowFailure::Faulted(cause) => PluginRejection::Faulted {
+            slot: Slot::Sampler,
+            plugin: component.name(),
+            cause,
+        },
+    }
+}
+
+fn scheduler_rejection(
+    component: &LoadedComponent<SchedulerPlugin>,
+    error: PluginError,
+) -> PluginRejection {
+    match RowFailure::from(error) {
+        RowFailure::Unavailable(u) => {
+            PluginRejection::unavailable(Slot::Scheduler, &component.name(), u)
+        }
+        RowFailure::Faulted(cause) => PluginRejection::Faulted {
+            slot: Slot::Scheduler,
+            plugin: component.name(),
+            cause,
+        },
+    }
+}
+
+/// The standard sampler run natively on one row: what a deployment without a sampler plugin
+/// runs, and the fallback of one that fails.
+fn native_sample_row(
+    batch: &mut LogitsBatch,
+    sequences: &[SequenceToSample],
+    row: usize,
+) -> Sampled {
+    match (batch.row_mut(row), sequences.get(row)) {
+        (Some((values, history)), Some(seq)) => {
+            let history = history.clone();
+            let native = NativeRow::new(values, &history);
+            plughost_sampler_standard::sample_sequence(
+                &native,
+                &seq.params,
+                seq.request,
+                seq.position,
+            )
+        }
+        _ => Sampled {
+            token: 0,
+            logprob: f32::NEG_INFINITY,
+            top_logprobs: Vec::new(),
+        },
+    }
 }

@@ -257,6 +257,17 @@ impl EngineHandle {
         &self.metrics
     }
 
+    /// The metrics in the Prometheus text format, with the plugin state gauges as of now.
+    pub fn render_metrics(&self) -> String {
+        self.deployments.publish_plugin_state();
+        self.metrics.render()
+    }
+
+    /// What `/health` reports besides its status: each plugin component's failure-policy state.
+    pub fn health_report(&self) -> health::HealthReport {
+        health::HealthReport::new(self.deployments.plugin_health())
+    }
+
     /// The model, once loaded.
     pub fn summary(&self) -> Result<ModelSummary, EngineError> {
         let state = self.load.0.lock().map_err(|_| EngineError::Stopped)?;
@@ -534,6 +545,7 @@ fn new_request_state(
         request,
         _deployment: deployment,
         sampler,
+        sampler_fallback: Default::default(),
     }
 }
 
@@ -557,7 +569,7 @@ fn load_engine(
         &plugins,
         &setup.glue.component,
         &setup.glue.config_json(),
-        setup.glue.limits(),
+        setup.glue.glue_limits(),
     )
     .map_err(|e| format!("[glue] {}: {e}", setup.glue.component.display()))?;
     deployments.set_glue(&plugins, &setup.glue);

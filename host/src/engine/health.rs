@@ -12,9 +12,31 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::request::{GenerationEvent, RequestId};
+use crate::plugins::generation::ComponentHealth;
+
+/// The body of a 200 `/health`: the engine serves. A plugin backed off or disabled is reported
+/// here but keeps the status 200: the host's built-in policy or the plugin's `reject` policy
+/// still answers every request, so restarting the process would not help.
+#[derive(Debug, Clone, Serialize)]
+pub struct HealthReport {
+    /// `ok`, or `degraded` while a plugin component is backed off or disabled.
+    pub status: &'static str,
+    pub plugins: Vec<ComponentHealth>,
+}
+
+impl HealthReport {
+    pub fn new(plugins: Vec<ComponentHealth>) -> HealthReport {
+        let degraded = plugins.iter().any(|p| p.state != "active");
+        HealthReport {
+            status: if degraded { "degraded" } else { "ok" },
+            plugins,
+        }
+    }
+}
 
 /// Why the engine can no longer serve.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

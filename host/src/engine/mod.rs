@@ -15,7 +15,7 @@ mod stop;
 pub mod triggers;
 
 pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
-pub use health::EngineFault;
+pub use health::{EngineFault, HealthReport};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
     Usage,

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::metrics::Metrics;
-use crate::plugins::generation::unix_seconds;
+use crate::plugins::generation::{ComponentHealth, unix_seconds};
 use crate::plugins::{
-    ComponentStatus, Deployment, DeploymentError, Generation, GenerationError, PluginError,
-    PluginRuntime, PluginSpec, RuntimeOptions,
+    ComponentState, ComponentStatus, Deployment, DeploymentError, Generation, GenerationError,
+    PluginError, PluginRuntime, PluginSpec, RuntimeOptions,
 };
 
 use super::handle::EngineError;
@@ -220,6 +220,31 @@ impl Deployments {
         }
     }
 
+    /// Each active component's failure-policy state, as of now; never waits for a plugin call.
+    pub(crate) fn plugin_health(&self) -> Vec<ComponentHealth> {
+        self.current()
+            .map(|g| g.component_health())
+            .unwrap_or_default()
+    }
+
+    /// Sets the plugin state and fault gauges from the active components, as of now.
+    pub(crate) fn publish_plugin_state(&self) {
+        let m = &self.metrics;
+        m.plugin_state.reset();
+        m.plugin_faults.reset();
+        for c in self.plugin_health() {
+            let slot = c.slot.as_str();
+            for state in ComponentState::NAMES {
+                m.plugin_state
+                    .with_label_values(&[slot, &c.component, state])
+                    .set(i64::from(state == c.state));
+            }
+            m.plugin_faults
+                .with_label_values(&[slot, &c.component])
+                .set(i64::try_from(c.faults).unwrap_or(i64::MAX));
+        }
+    }
+
     pub(crate) fn status(&self) -> Option<DeploymentStatus> {
         let generation = self.current()?;
         Some(DeploymentStatus {
@@ -363,6 +388,7 @@ fn default_spec(plugins_dir: &Path, file: &str) -> PluginSpec {
         config: Default::default(),
         memory_mib: None,
         call_timeout_ms: None,
+        failure: Default::default(),
     }
 }
 

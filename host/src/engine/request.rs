@@ -65,6 +65,9 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: u32,
+    /// Output tokens the host's built-in sampler chose because the sampler plugin failed
+    /// (`on_failure = "fallback"`).
+    pub plugin_fallback_tokens: u32,
 }
 
 /// One generated token's log-probability and the top alternatives.
@@ -88,4 +91,7 @@ pub enum GenerationEvent {
     Finished { reason: FinishReason, usage: Usage },
     /// The request failed inside the engine; the last event of the request.
     Failed { message: String },
+    /// A plugin failed the request under its `on_failure = "reject"` policy; the last event
+    /// of the request.
+    Rejected(crate::plugins::PluginRejection),
 }

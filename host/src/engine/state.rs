@@ -42,6 +42,18 @@ pub struct RequestState {
     /// The sampler of that generation the request chose: it samples every token of the
     /// request, whatever reloads happen meanwhile. `None`: the built-in one, run natively.
     pub sampler: Option<Arc<LoadedSampler>>,
+    /// Tokens the host's built-in sampler chose in place of a failed sampler plugin.
+    pub sampler_fallback: SamplerFallback,
+}
+
+/// How much of a request the built-in sampler served under a sampler's `fallback` policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SamplerFallback {
+    /// The plugin failed this request's own row (found by re-running it alone): the host
+    /// samples it natively from then on, so it cannot fault the plugin again.
+    pub native_from_now_on: bool,
+    /// Tokens sampled natively, for the response's usage.
+    pub tokens: u32,
 }
 
 impl RequestState {

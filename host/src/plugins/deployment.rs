@@ -11,6 +11,9 @@
 //!
 //! [samplers.creative]                          # chosen per request: "sampler": "creative"
 //! component = "plughost_sampler_banned.wasm"
+//! on_failure = "fallback"      # the failure policy: see `policy`
+//! max_faults = 3
+//! fault_window_s = 30
 //! ```
 //!
 //! A top-level `default_sampler = "NAME"` (before the first table) makes requests that name
@@ -22,6 +25,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::InstanceLimits;
+use super::generation::Slot;
+use super::policy::{FaultPolicy, FaultSettings, OnFailure};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeploymentError {
@@ -36,7 +41,7 @@ pub enum DeploymentError {
 
 /// One plugin of a deployment.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "SectionKeys")]
 pub struct PluginSpec {
     /// The component file; a relative path is taken from the deployment file's folder.
     pub component: PathBuf,
@@ -47,6 +52,55 @@ pub struct PluginSpec {
     pub memory_mib: Option<u64>,
     /// Deadline of one call.
     pub call_timeout_ms: Option<u64>,
+    /// The failure policy's keys (`max_faults`, `on_failure`, ...), as written.
+    pub failure: FaultSettings,
+}
+
+/// Every key a section may hold, flat as in the file; the failure policy's keys are gathered
+/// into [`FaultSettings`] (serde's `flatten` would lose `deny_unknown_fields`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SectionKeys {
+    component: PathBuf,
+    #[serde(default = "empty_table")]
+    config: toml::Table,
+    memory_mib: Option<u64>,
+    call_timeout_ms: Option<u64>,
+    max_faults: Option<u32>,
+    fault_window_s: Option<f64>,
+    backoff_s: Option<f64>,
+    max_backoff_s: Option<f64>,
+    disable_after: Option<u32>,
+    on_failure: Option<OnFailure>,
+}
+
+impl TryFrom<SectionKeys> for PluginSpec {
+    type Error = String;
+
+    fn try_from(keys: SectionKeys) -> Result<Self, String> {
+        let failure = FaultSettings {
+            max_faults: keys.max_faults,
+            fault_window_s: keys.fault_window_s,
+            backoff_s: keys.backoff_s,
+            max_backoff_s: keys.max_backoff_s,
+            disable_after: keys.disable_after,
+            on_failure: keys.on_failure,
+        };
+        failure.validate()?;
+        if keys.call_timeout_ms == Some(0) {
+            return Err("call_timeout_ms must be at least 1".into());
+        }
+        if keys.memory_mib == Some(0) {
+            return Err("memory_mib must be at least 1".into());
+        }
+        Ok(PluginSpec {
+            component: keys.component,
+            config: keys.config,
+            memory_mib: keys.memory_mib,
+            call_timeout_ms: keys.call_timeout_ms,
+            failure,
+        })
+    }
 }
 
 fn empty_table() -> toml::Table {
@@ -59,9 +113,19 @@ impl PluginSpec {
         serde_json::to_string(&self.config).unwrap_or_else(|_| "{}".to_string())
     }
 
-    /// The instance limits, with the defaults where the file is silent.
+    /// The instance limits of a scheduler or sampler, called every step, with the defaults
+    /// where the file is silent.
     pub fn limits(&self) -> InstanceLimits {
-        let mut limits = InstanceLimits::default();
+        self.limits_over(InstanceLimits::default())
+    }
+
+    /// The instance limits of the model glue, called only at prepare time.
+    pub fn glue_limits(&self) -> InstanceLimits {
+        self.limits_over(InstanceLimits::for_prepare())
+    }
+
+    fn limits_over(&self, defaults: InstanceLimits) -> InstanceLimits {
+        let mut limits = defaults;
         if let Some(mib) = self.memory_mib {
             limits.memory_bytes = (mib as usize).saturating_mul(1 << 20);
         }
@@ -69,6 +133,12 @@ impl PluginSpec {
             limits.call_timeout = Duration::from_millis(ms);
         }
         limits
+    }
+
+    /// The failure policy of this component in `slot`, with the slot's defaults where the
+    /// file is silent.
+    pub fn fault_policy(&self, slot: Slot) -> FaultPolicy {
+        self.failure.resolve(slot)
     }
 }
 
@@ -212,6 +282,10 @@ mod tests {
             [sampler]
             component = "/abs/sampler.wasm"
             memory_mib = 64
+            on_failure = "fallback"
+            max_faults = 2
+            fault_window_s = 0.5
+            backoff_s = 1
         "#;
         let d = Deployment::from_str_in(text, Path::new("/deploy")).expect("valid file");
         let scheduler = d.scheduler.expect("scheduler section");
@@ -225,6 +299,15 @@ mod tests {
         assert_eq!(sampler.component, PathBuf::from("/abs/sampler.wasm"));
         assert_eq!(sampler.config_json(), "{}");
         assert_eq!(sampler.limits().memory_bytes, 64 << 20);
+        let policy = sampler.fault_policy(Slot::Sampler);
+        assert_eq!(policy.on_failure, OnFailure::Fallback);
+        assert_eq!(policy.max_faults, 2);
+        assert_eq!(policy.fault_window, Duration::from_millis(500));
+        assert_eq!(policy.backoff, Duration::from_secs(1));
+        assert_eq!(
+            scheduler.fault_policy(Slot::Scheduler),
+            FaultPolicy::default_for(Slot::Scheduler)
+        );
         assert!(d.glue.is_none());
     }
 
@@ -281,6 +364,9 @@ mod tests {
             "[scheduler]\ncomponent = 'a'\ncolour = 1",
             "[sampler]\nconfig = {}",
             "[router]\ncomponent='x'",
+            "[sampler]\ncomponent = 'a'\non_failure = 'retry'",
+            "[sampler]\ncomponent = 'a'\nmax_faults = 0",
+            "[sampler]\ncomponent = 'a'\nbackoff_s = 20\nmax_backoff_s = 5",
         ] {
             assert!(
                 Deployment::from_str_in(text, Path::new(".")).is_err(),

@@ -15,8 +15,9 @@ use plughost_sdk::sampler::SamplingParams;
 use serde::Serialize;
 
 use super::deployment::{DEFAULT_SAMPLER_NAME, NamedSamplers};
-use super::instance::World;
+use super::instance::{ContainedInstance, World};
 use super::logits::LogitsBatch;
+use super::policy::{ComponentState, FaultPolicy, FaultTracker};
 use super::sampler::{SamplerPlugin, SequenceToSample};
 use super::scheduler::SchedulerPlugin;
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginSpec, PluginStats};
@@ -88,6 +89,7 @@ struct Identity {
     wit_version: String,
     config_json: String,
     limits: InstanceLimits,
+    policy: FaultPolicy,
     /// The generation that loaded it; later generations may share it.
     generation: u64,
     loaded_at: SystemTime,
@@ -99,6 +101,7 @@ impl Identity {
             && self.sha256 == sha256
             && self.config_json == spec.config_json()
             && self.limits == spec.limits()
+            && self.policy == spec.fault_policy(self.slot)
     }
 }
 
@@ -106,6 +109,8 @@ impl Identity {
 pub struct LoadedComponent<P> {
     identity: Identity,
     plugin: Mutex<P>,
+    /// The plugin's fault counts and state, readable without waiting for a call to end.
+    faults: Arc<FaultTracker>,
 }
 
 impl<P> LoadedComponent<P> {
@@ -127,6 +132,98 @@ impl<P> LoadedComponent<P> {
 
     pub fn path(&self) -> &Path {
         &self.identity.path
+    }
+
+    pub fn slot(&self) -> Slot {
+        self.identity.slot
+    }
+
+    /// The component's failure policy, fault counts and state.
+    pub fn faults(&self) -> &FaultTracker {
+        &self.faults
+    }
+
+    /// The file's stem, as error messages and metric labels name the component.
+    pub fn name(&self) -> String {
+        component_name(&self.identity.path)
+    }
+}
+
+impl LoadedComponent<SamplerPlugin> {
+    /// Records that the host found one row of this sampler's output at fault on its own (a
+    /// token the grammar mask forbids, say): one fault under the component's policy, which
+    /// may back it off. Returns what the row gets.
+    pub fn row_faulted(&self, cause: &dyn fmt::Display) -> super::OnFailure {
+        self.faults.record_fault(cause);
+        self.faults.on_failure()
+    }
+}
+
+fn component_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// A component's failure policy as `/admin/deployment` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicyStatus {
+    pub on_failure: &'static str,
+    pub max_faults: u32,
+    pub fault_window_s: f64,
+    pub backoff_s: f64,
+    pub max_backoff_s: f64,
+    /// Back-offs after which the component is disabled; `null`: never.
+    pub disable_after: Option<u32>,
+}
+
+impl From<&FaultPolicy> for PolicyStatus {
+    fn from(p: &FaultPolicy) -> Self {
+        PolicyStatus {
+            on_failure: p.on_failure.as_str(),
+            max_faults: p.max_faults,
+            fault_window_s: p.fault_window.as_secs_f64(),
+            backoff_s: p.backoff.as_secs_f64(),
+            max_backoff_s: p.max_backoff.as_secs_f64(),
+            disable_after: p.disable_after,
+        }
+    }
+}
+
+/// A component's state as `/health` and `/metrics` show it, read without touching the plugin.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComponentHealth {
+    pub slot: Slot,
+    /// The file's stem.
+    pub component: String,
+    /// `active`, `backing_off` or `disabled`.
+    pub state: &'static str,
+    /// Unix seconds (with a fraction) when the back-off ends; only while `backing_off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_off_until: Option<f64>,
+    pub faults: u64,
+    pub backoffs: u32,
+}
+
+fn component_health<P>(c: &LoadedComponent<P>) -> ComponentHealth {
+    let state = c.faults.state();
+    ComponentHealth {
+        slot: c.identity.slot,
+        component: c.name(),
+        state: state.as_str(),
+        backing_off_until: backing_off_until(&state),
+        faults: c.faults.faults(),
+        backoffs: c.faults.backoffs(),
+    }
+}
+
+fn backing_off_until(state: &ComponentState) -> Option<f64> {
+    match state {
+        ComponentState::BackingOff { until, .. } => until
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .map(|d| (d.as_secs_f64() * 1e3).round() / 1e3),
+        _ => None,
     }
 }
 
@@ -150,8 +247,18 @@ pub struct ComponentStatus {
     pub loaded_at: u64,
     pub calls: u64,
     pub faults: u32,
-    /// `active`, or `disabled` once its faults reached the limit.
+    /// `active`; `backing_off` after `max_faults` faults within the window, until
+    /// `backing_off_until`; `disabled` after `disable_after` back-offs.
     pub state: &'static str,
+    /// Unix seconds (with a fraction) when the back-off ends; only while `backing_off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backing_off_until: Option<f64>,
+    /// Back-offs so far.
+    pub backoffs: u32,
+    /// Instances dropped after a call because they kept more memory than the host lets an
+    /// instance keep between calls.
+    pub memory_resets: u32,
+    pub failure_policy: PolicyStatus,
 }
 
 pub type LoadedSampler = LoadedComponent<SamplerPlugin>;
@@ -307,6 +414,20 @@ impl Generation {
         generation == Some(self.number)
     }
 
+    /// Each component's state, scheduler first; never waits for a plugin call.
+    pub fn component_health(&self) -> Vec<ComponentHealth> {
+        let mut list = Vec::new();
+        if let Some(c) = &self.scheduler {
+            list.push(component_health(c));
+        }
+        for sampler in &self.samplers {
+            if let Some(c) = &sampler.component {
+                list.push(component_health(c));
+            }
+        }
+        list
+    }
+
     /// The components with their counters, scheduler first, then the samplers by name.
     pub fn components(&self) -> Vec<ComponentStatus> {
         let mut list = Vec::new();
@@ -328,11 +449,12 @@ impl Generation {
 pub(crate) trait PluginWorld: Sized {
     const WORLD: &'static str;
     type Bindings: World;
-    fn from_instance(instance: super::instance::ContainedInstance<Self::Bindings>) -> Self;
+    fn from_instance(instance: ContainedInstance<Self::Bindings>) -> Self;
 }
 
 fn status<P>(c: &LoadedComponent<P>, world: &'static str, stats: PluginStats) -> ComponentStatus {
     let id = &c.identity;
+    let state = c.faults.state();
     ComponentStatus {
         slot: id.slot,
         name: id.name.clone(),
@@ -344,12 +466,12 @@ fn status<P>(c: &LoadedComponent<P>, world: &'static str, stats: PluginStats) ->
         generation: id.generation,
         loaded_at: unix_seconds(id.loaded_at),
         calls: stats.calls,
-        faults: stats.faults,
-        state: if stats.faults >= id.limits.max_faults {
-            "disabled"
-        } else {
-            "active"
-        },
+        faults: u32::try_from(c.faults.faults()).unwrap_or(u32::MAX),
+        state: state.as_str(),
+        backing_off_until: backing_off_until(&state),
+        backoffs: c.faults.backoffs(),
+        memory_resets: stats.memory_resets,
+        failure_policy: PolicyStatus::from(&id.policy),
     }
 }
 
@@ -384,9 +506,12 @@ fn load<P: PluginWorld>(
     }
     let config_json = spec.config_json();
     let limits = spec.limits();
-    let instance = runtime
+    let policy = spec.fault_policy(slot);
+    let mut instance = runtime
         .instantiate_component::<P::Bindings>(&path, &compiled, &config_json, limits)
         .map_err(failed)?;
+    instance.set_fault_policy(slot, policy);
+    let faults = instance.fault_tracker().clone();
     let mut plugin = P::from_instance(instance);
     dry_run(&mut plugin).map_err(|message| GenerationError::DryRun {
         slot,
@@ -402,10 +527,12 @@ fn load<P: PluginWorld>(
             wit_version: compiled.wit_version,
             config_json,
             limits,
+            policy,
             generation: number,
             loaded_at,
         },
         plugin: Mutex::new(plugin),
+        faults,
     }))
 }
 

@@ -4,6 +4,7 @@
 //! owns every resource. A plugin instance lives in its own `Store` with a
 //! memory cap and a per-call deadline; a trap poisons only that instance,
 //! which is dropped and re-made from its `InstancePre` on the next call.
+//! Each component's failure policy (`policy`) backs it off after repeated faults.
 
 mod cache;
 mod contract;
@@ -13,6 +14,7 @@ pub mod generation;
 pub mod glue;
 mod instance;
 pub mod logits;
+pub mod policy;
 mod records;
 mod runtime;
 pub mod sampler;
@@ -24,5 +26,6 @@ pub use deployment::{
 };
 pub use error::PluginError;
 pub use generation::{ComponentStatus, Generation, GenerationError, Slot};
-pub use instance::{InstanceLimits, PluginStats};
+pub use instance::{DEFAULT_CALL_TIMEOUT, InstanceLimits, KEPT_MEMORY_BYTES, PluginStats};
+pub use policy::{ComponentState, FaultPolicy, FaultSettings, OnFailure, PluginRejection};
 pub use runtime::{PluginRuntime, RuntimeOptions};

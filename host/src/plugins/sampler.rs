@@ -1,12 +1,15 @@
 //! The sampler world on the host side: one call per step for the whole batch, logits kept in host memory.
 
 use std::path::Path;
+use std::time::Duration;
 
 use plughost_sdk::sampler::{Candidate, Sampled, SamplingParams};
 use wasmtime::component::Resource;
 
+use super::generation::Slot;
 use super::instance::{ContainedInstance, PluginState};
-use super::logits::{self, LogitsBatch, LogitsBatchHandle};
+use super::logits::{self, LogitsBatch, LogitsBatchHandle, TokenHistory};
+use super::policy::{FaultPolicy, Unavailable};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
 mod bindings {
@@ -43,6 +46,30 @@ impl PluginState {
     }
 }
 
+impl PluginState {
+    fn penalise(&mut self, row: u32, penalties: wit::Penalties) -> wasmtime::Result<()> {
+        let (values, history) = self
+            .logits
+            .row_mut(row as usize)
+            .ok_or_else(|| out_of_range(row))?;
+        // Penalties rewrite the row in place; keep what they overwrite, so a failed call can
+        // hand the rows back as they came (culprit isolation and the fallback need them).
+        let undo = &mut self.undo;
+        for &t in history.prompt.iter().chain(&history.output) {
+            if let Some(&v) = values.get(t as usize) {
+                undo.push((row, t, v));
+            }
+        }
+        let penalties = plughost_sdk::sampler::Penalties {
+            presence: penalties.presence,
+            frequency: penalties.frequency,
+            repetition: penalties.repetition,
+        };
+        logits::apply_penalties(values, history, &penalties);
+        Ok(())
+    }
+}
+
 impl wit::Host for PluginState {}
 impl bindings::plughost::plugin::types::Host for PluginState {}
 
@@ -54,7 +81,7 @@ impl wit::HostLogitsBatch for PluginState {
         Ok(self.logits.vocab() as u32)
     }
     fn argmax(&mut self, _: Resource<LogitsBatchHandle>, row: u32) -> wasmtime::Result<u32> {
-        Ok(logits::argmax(self.logits_row(row)?))
+        self.host_work(|s| Ok(logits::argmax(s.logits_row(row)?)))
     }
     fn top_k(
         &mut self,
@@ -62,7 +89,8 @@ impl wit::HostLogitsBatch for PluginState {
         row: u32,
         k: u32,
     ) -> wasmtime::Result<Vec<wit::Candidate>> {
-        let best = logits::top_k(self.logits_row(row)?, k);
+        let best =
+            self.host_work(|s| Ok::<_, wasmtime::Error>(logits::top_k(s.logits_row(row)?, k)))?;
         Ok(best
             .into_iter()
             .map(|c| wit::Candidate {
@@ -78,7 +106,7 @@ impl wit::HostLogitsBatch for PluginState {
         start: u32,
         len: u32,
     ) -> wasmtime::Result<Vec<f32>> {
-        Ok(logits::read(self.logits_row(row)?, start, len))
+        self.host_work(|s| Ok(logits::read(s.logits_row(row)?, start, len)))
     }
     fn log_softmax(
         &mut self,
@@ -87,11 +115,7 @@ impl wit::HostLogitsBatch for PluginState {
         ids: Vec<u32>,
         temperature: f32,
     ) -> wasmtime::Result<Vec<f32>> {
-        Ok(logits::log_softmax(
-            self.logits_row(row)?,
-            &ids,
-            temperature,
-        ))
+        self.host_work(|s| Ok(logits::log_softmax(s.logits_row(row)?, &ids, temperature)))
     }
     fn log_sum_exp(
         &mut self,
@@ -99,7 +123,7 @@ impl wit::HostLogitsBatch for PluginState {
         row: u32,
         temperature: f32,
     ) -> wasmtime::Result<f32> {
-        Ok(logits::log_sum_exp(self.logits_row(row)?, temperature))
+        self.host_work(|s| Ok(logits::log_sum_exp(s.logits_row(row)?, temperature)))
     }
     fn sample_full(
         &mut self,
@@ -108,7 +132,7 @@ impl wit::HostLogitsBatch for PluginState {
         temperature: f32,
         u: f32,
     ) -> wasmtime::Result<u32> {
-        Ok(logits::sample_full(self.logits_row(row)?, temperature, u))
+        self.host_work(|s| Ok(logits::sample_full(s.logits_row(row)?, temperature, u)))
     }
     fn sample_top_p(
         &mut self,
@@ -118,12 +142,14 @@ impl wit::HostLogitsBatch for PluginState {
         top_p: f32,
         u: f32,
     ) -> wasmtime::Result<u32> {
-        Ok(logits::sample_top_p(
-            self.logits_row(row)?,
-            temperature,
-            top_p,
-            u,
-        ))
+        self.host_work(|s| {
+            Ok(logits::sample_top_p(
+                s.logits_row(row)?,
+                temperature,
+                top_p,
+                u,
+            ))
+        })
     }
     fn apply_penalties(
         &mut self,
@@ -131,17 +157,7 @@ impl wit::HostLogitsBatch for PluginState {
         row: u32,
         penalties: wit::Penalties,
     ) -> wasmtime::Result<()> {
-        let (values, history) = self
-            .logits
-            .row_mut(row as usize)
-            .ok_or_else(|| out_of_range(row))?;
-        let penalties = plughost_sdk::sampler::Penalties {
-            presence: penalties.presence,
-            frequency: penalties.frequency,
-            repetition: penalties.repetition,
-        };
-        logits::apply_penalties(values, history, &penalties);
-        Ok(())
+        self.host_work(|s| s.penalise(row, penalties))
     }
     fn drop(&mut self, handle: Resource<LogitsBatchHandle>) -> wasmtime::Result<()> {
         self.table().delete(handle)?;
@@ -184,14 +200,53 @@ fn sampled_from_wit(s: wit::Sampled) -> Sampled {
 /// A loaded sampler plugin.
 pub struct SamplerPlugin {
     instance: ContainedInstance<bindings::Sampler>,
+    /// The values the last call's penalties overwrote, `(row, token, value)` in write order;
+    /// its capacity is reused from call to call.
+    undo: Vec<(u32, u32, f32)>,
 }
 
 impl super::generation::PluginWorld for SamplerPlugin {
     const WORLD: &'static str = "sampler";
     type Bindings = bindings::Sampler;
     fn from_instance(instance: ContainedInstance<bindings::Sampler>) -> Self {
-        SamplerPlugin { instance }
+        SamplerPlugin {
+            instance,
+            undo: Vec::new(),
+        }
     }
+}
+
+/// Why the sampler gave a row no token. Either way the row's logits are as they came.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowFailure {
+    /// No call reached the plugin: it is backed off or disabled.
+    Unavailable(Unavailable),
+    /// The plugin failed on this row; the text names the plugin and the cause.
+    Faulted(String),
+}
+
+impl From<PluginError> for RowFailure {
+    fn from(error: PluginError) -> Self {
+        match error {
+            PluginError::BackingOff { remaining_ms, .. } => {
+                RowFailure::Unavailable(Unavailable::BackingOff {
+                    remaining: Duration::from_millis(remaining_ms),
+                })
+            }
+            PluginError::Disabled { backoffs, .. } => {
+                RowFailure::Unavailable(Unavailable::Disabled { backoffs })
+            }
+            other => RowFailure::Faulted(other.to_string()),
+        }
+    }
+}
+
+/// How a batch call went wrong as a whole.
+enum BatchFailure {
+    /// The call never reached the plugin: it is backed off or disabled.
+    Unavailable(PluginError),
+    /// The plugin trapped, timed out, returned an error or the wrong number of tokens.
+    Faulted(PluginError),
 }
 
 impl SamplerPlugin {
@@ -201,8 +256,11 @@ impl SamplerPlugin {
         config: &str,
         limits: InstanceLimits,
     ) -> Result<Self, PluginError> {
+        let mut instance = runtime.instantiate(path, config, limits)?;
+        instance.set_fault_policy(Slot::Sampler, FaultPolicy::default_for(Slot::Sampler));
         Ok(SamplerPlugin {
-            instance: runtime.instantiate(path, config, limits)?,
+            instance,
+            undo: Vec::new(),
         })
     }
 
@@ -210,7 +268,9 @@ impl SamplerPlugin {
         self.instance.stats()
     }
 
-    /// Samples one token per row of `logits`; `sequences[i]` describes row i.
+    /// Samples one token per row of `logits`; `sequences[i]` describes row i. Any failure
+    /// fails the whole batch (and counts one fault); [`SamplerPlugin::sample_rows`] finds the
+    /// rows at fault instead.
     ///
     /// The logits move into the plugin's store for the call and back out,
     /// without copying; penalties rewrite them in place.
@@ -219,7 +279,6 @@ impl SamplerPlugin {
         logits: &mut LogitsBatch,
         sequences: &[SequenceToSample],
     ) -> Result<Vec<Sampled>, PluginError> {
-        let plugin = self.instance.name().to_string();
         if logits.rows() != sequences.len() {
             return Err(PluginError::Runtime(format!(
                 "sampling {} sequences over {} logits rows",
@@ -227,6 +286,157 @@ impl SamplerPlugin {
                 logits.rows()
             )));
         }
+        let sampled = self
+            .sample_batch(logits, sequences, true)
+            .map_err(|(BatchFailure::Unavailable(e) | BatchFailure::Faulted(e))| e)?;
+        let vocab = logits.vocab();
+        if let Some(bad) = sampled.iter().find(|s| s.token >= vocab as u32) {
+            let error = self.out_of_vocabulary(bad.token, vocab);
+            self.instance.record_fault(&error);
+            return Err(error);
+        }
+        Ok(sampled)
+    }
+
+    /// Samples one token per row, keeping a fault to the rows that cause it: after a batch
+    /// fails (a trap, a timeout, an error, a wrong count), its rows are re-run one by one on a
+    /// fresh instance, from their values as they came; only the rows that fail again get an
+    /// error, the others keep the plugin's token. A batch failure counts one fault whatever
+    /// the number of rows at fault; a row whose token falls outside the vocabulary counts one.
+    /// On an error, the row's logits are as they came, so a fallback can sample them.
+    pub fn sample_rows(
+        &mut self,
+        logits: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+    ) -> Vec<Result<Sampled, RowFailure>> {
+        if logits.rows() != sequences.len() {
+            let failure = RowFailure::Faulted(format!(
+                "sampling {} sequences over {} logits rows",
+                sequences.len(),
+                logits.rows()
+            ));
+            return sequences.iter().map(|_| Err(failure.clone())).collect();
+        }
+        match self.sample_batch(logits, sequences, true) {
+            Ok(sampled) => self.check_tokens(sampled, logits),
+            Err(BatchFailure::Unavailable(error)) => {
+                let failure = RowFailure::from(error);
+                sequences.iter().map(|_| Err(failure.clone())).collect()
+            }
+            Err(BatchFailure::Faulted(error)) => {
+                self.restore(logits);
+                if sequences.len() == 1 {
+                    return vec![Err(error.into())];
+                }
+                tracing::warn!(
+                    plugin = %self.instance.name(),
+                    rows = sequences.len(),
+                    "the sampler failed a batch ({error}); re-running its rows one by one"
+                );
+                self.instance.reset();
+                (0..sequences.len())
+                    .map(|row| self.sample_alone(logits, sequences, row))
+                    .collect()
+            }
+        }
+    }
+
+    /// Re-runs `row` by itself on the values it came with; the batch's row is left untouched.
+    fn sample_alone(
+        &mut self,
+        logits: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+        row: usize,
+    ) -> Result<Sampled, RowFailure> {
+        let vocab = logits.vocab();
+        let (values, history) = match logits.row_mut(row) {
+            Some((values, history)) => (values.to_vec(), history.clone()),
+            None => (vec![f32::NEG_INFINITY; vocab], TokenHistory::default()),
+        };
+        let mut single = LogitsBatch::new(values, vocab);
+        single.set_history(0, history);
+        let sampled = match self.sample_batch(&mut single, &sequences[row..=row], false) {
+            Ok(sampled) => sampled,
+            Err(BatchFailure::Unavailable(e) | BatchFailure::Faulted(e)) => {
+                // A fresh instance for the next row, whatever this one left behind.
+                self.instance.reset();
+                return Err(e.into());
+            }
+        };
+        match sampled.into_iter().next() {
+            Some(s) if s.token < vocab as u32 => Ok(s),
+            Some(s) => Err(self.out_of_vocabulary(s.token, vocab).into()),
+            None => Err(RowFailure::Faulted(format!(
+                "plugin {} returned no token for a single sequence",
+                self.instance.name()
+            ))),
+        }
+    }
+
+    fn out_of_vocabulary(&self, token: u32, vocab: usize) -> PluginError {
+        PluginError::Refused {
+            plugin: self.instance.name().to_string(),
+            message: format!("token {token} is outside the vocabulary of {vocab}"),
+        }
+    }
+
+    /// Rows whose token is outside the vocabulary are at fault (one fault for the call) and
+    /// get their logits back as they came; the others keep their token.
+    fn check_tokens(
+        &mut self,
+        sampled: Vec<Sampled>,
+        logits: &mut LogitsBatch,
+    ) -> Vec<Result<Sampled, RowFailure>> {
+        let vocab = logits.vocab();
+        let Some(bad) = sampled.iter().find(|s| s.token >= vocab as u32) else {
+            return sampled.into_iter().map(Ok).collect();
+        };
+        let error = self.out_of_vocabulary(bad.token, vocab);
+        self.instance.record_fault(&error);
+        let bad_rows: Vec<bool> = sampled.iter().map(|s| s.token >= vocab as u32).collect();
+        self.restore_rows(logits, |row| bad_rows.get(row).copied().unwrap_or(false));
+        sampled
+            .into_iter()
+            .map(|s| {
+                if s.token < vocab as u32 {
+                    Ok(s)
+                } else {
+                    Err(self.out_of_vocabulary(s.token, vocab).into())
+                }
+            })
+            .collect()
+    }
+
+    /// Puts back what the last call's penalties overwrote, newest first, so each value ends
+    /// as it came.
+    fn restore(&mut self, logits: &mut LogitsBatch) {
+        self.restore_rows(logits, |_| true);
+    }
+
+    /// [`SamplerPlugin::restore`] for the rows `which` picks.
+    fn restore_rows(&mut self, logits: &mut LogitsBatch, which: impl Fn(usize) -> bool) {
+        for &(row, token, value) in self.undo.iter().rev() {
+            if !which(row as usize) {
+                continue;
+            }
+            if let Some((values, _)) = logits.row_mut(row as usize)
+                && let Some(v) = values.get_mut(token as usize)
+            {
+                *v = value;
+            }
+        }
+        self.undo.clear();
+    }
+
+    /// One call over the whole of `logits`. `count` says whether a failure counts as a fault
+    /// of the component (a re-run of a batch that already counted one does not).
+    fn sample_batch(
+        &mut self,
+        logits: &mut LogitsBatch,
+        sequences: &[SequenceToSample],
+        count: bool,
+    ) -> Result<Vec<Sampled>, BatchFailure> {
+        let plugin = self.instance.name().to_string();
         let batch: Vec<wit::Sequence> = sequences
             .iter()
             .map(|s| wit::Sequence {
@@ -235,8 +445,11 @@ impl SamplerPlugin {
                 params: params_to_wit(&s.params),
             })
             .collect();
-        let result = self.instance.call(|world, store| {
+        let undo = &mut self.undo;
+        undo.clear();
+        let call = |world: &bindings::Sampler, store: &mut wasmtime::Store<PluginState>| {
             std::mem::swap(&mut store.data_mut().logits, logits);
+            std::mem::swap(&mut store.data_mut().undo, undo);
             let outcome = (|| {
                 let handle = store.data_mut().table().push(LogitsBatchHandle)?;
                 let borrowed = Resource::<LogitsBatchHandle>::new_borrow(handle.rep());
@@ -245,32 +458,35 @@ impl SamplerPlugin {
                 result
             })();
             std::mem::swap(&mut store.data_mut().logits, logits);
+            std::mem::swap(&mut store.data_mut().undo, undo);
             outcome
-        })?;
-        let sampled = result.map_err(|message| PluginError::Plugin {
-            plugin: plugin.clone(),
-            message,
-        })?;
-        if sampled.len() != sequences.len() {
-            return Err(PluginError::Plugin {
+        };
+        let result = if count {
+            self.instance.call(call)
+        } else {
+            self.instance.call_uncounted(call)
+        };
+        let failed = |error: PluginError| {
+            if error.is_unavailable() {
+                BatchFailure::Unavailable(error)
+            } else {
+                BatchFailure::Faulted(error)
+            }
+        };
+        let returned = result.map_err(failed)?;
+        let fault = match returned {
+            Ok(sampled) if sampled.len() == sequences.len() => {
+                return Ok(sampled.into_iter().map(sampled_from_wit).collect());
+            }
+            Ok(sampled) => PluginError::Refused {
                 plugin,
-                message: format!(
-                    "returned {} tokens for {} sequences",
-                    sampled.len(),
-                    sequences.len()
-                ),
-            });
+                message: format!("{} tokens for {} sequences", sampled.len(), sequences.len()),
+            },
+            Err(message) => PluginError::Plugin { plugin, message },
+        };
+        if count {
+            self.instance.record_fault(&fault);
         }
-        let vocab = logits.vocab() as u32;
-        if let Some(bad) = sampled.iter().find(|s| s.token >= vocab) {
-            return Err(PluginError::Plugin {
-                plugin,
-                message: format!(
-                    "returned token {} outside the vocabulary of {vocab}",
-                    bad.token
-                ),
-            });
-        }
-        Ok(sampled.into_iter().map(sampled_from_wit).collect())
+        Err(BatchFailure::Faulted(fault))
     }
 }
