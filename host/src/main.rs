@@ -48,6 +48,16 @@ fn purge_freed_memory_at_once() {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// `json` writes one JSON object per log line (with the request's span fields);
+    /// `RUST_LOG` picks the levels either way.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -461,13 +471,16 @@ async fn engine_fault(engine: Arc<EngineHandle>) -> EngineError {
 
 fn main() -> ExitCode {
     purge_freed_memory_at_once();
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
-        .init();
-    let cli = Cli::parse();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     let result = match &cli.command {
         Command::Serve {
             model,

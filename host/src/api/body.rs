@@ -32,7 +32,7 @@ impl<R: DeserializeOwned> FromJsonBody for GenerationBody<R> {
     }
 }
 
-fn typed<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
+pub(super) fn typed<T: DeserializeOwned>(value: &Value) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(ApiError::from_json_error)
 }
 

@@ -9,6 +9,7 @@ use axum::{Extension, Json};
 use crate::engine::{FinishReason, TokenLogprob};
 use crate::model::Tokenizer;
 
+use super::access_log::AccessRecord;
 use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::chat_output::{ChatOutputPlan, ChoiceDelta, ChoiceReader};
@@ -30,6 +31,7 @@ pub async fn create(
     State(app): State<Arc<AppState>>,
     Extension(request_id): Extension<RequestId>,
     Extension(ticket): Extension<AdmissionTicket>,
+    Extension(access): Extension<AccessRecord>,
     ApiJson(body): ApiJson<GenerationBody<ChatCompletionRequest>>,
 ) -> Result<Response, ApiError> {
     let summary = app.engine.summary()?;
@@ -42,7 +44,7 @@ pub async fn create(
     ticket.reserve(shape.num_choices())?;
     let events = submit::submit(&app.engine, &request_id, requests)?;
     let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model);
-    let mut usage = UsageTally::new(&shape);
+    let mut usage = UsageTally::new(&shape).reporting_to(access);
     if let Some(settings) = shape.stream {
         let config = StreamConfig {
             num_choices: shape.num_choices(),

@@ -9,6 +9,7 @@
 //! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
 //! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
 
+pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod auth;
@@ -29,6 +30,7 @@ pub mod routes;
 pub mod server;
 pub mod stream;
 pub mod submit;
+pub mod tokenize;
 pub mod tool_calls;
 pub mod tools;
 pub mod validation;
@@ -120,6 +122,9 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
         .merge(generation)
         .merge(admin)
         .route("/v1/models", get(routes::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/version", get(routes::version))
         .route("/health", get(routes::health))
         .route("/ready", get(routes::ready))
         .route("/metrics", get(routes::metrics))

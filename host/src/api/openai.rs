@@ -280,5 +280,9 @@ pub struct ModelCard {
     pub object: &'static str,
     pub created: u64,
     pub owned_by: &'static str,
+    /// The model folder the server loaded.
+    pub root: String,
+    /// Always `null`: no served model derives from another here.
+    pub parent: Option<String>,
     pub max_model_len: u32,
 }

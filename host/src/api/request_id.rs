@@ -9,6 +9,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
+use super::access_log::{AccessLine, AccessRecord, log_at_end};
+
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Longest client-chosen id kept; a longer one is replaced, since it ends up in every log line
@@ -68,20 +70,21 @@ pub async fn assign(mut request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let span = tracing::info_span!("request", id = %id);
+    let record = AccessRecord::start();
     request.extensions_mut().insert(id.clone());
+    request.extensions_mut().insert(record.clone());
     let mut response = next.run(request).instrument(span.clone()).await;
-    let status = response.status().as_u16();
-    span.in_scope(|| {
-        if is_probe(&path) {
-            tracing::debug!(status, "{method} {path}");
-        } else {
-            tracing::info!(status, "{method} {path}");
-        }
-    });
     if let Ok(value) = HeaderValue::from_str(id.as_str()) {
         response.headers_mut().insert(X_REQUEST_ID, value);
     }
-    response
+    let line = AccessLine {
+        method: method.to_string(),
+        status: response.status().as_u16(),
+        quiet: is_probe(&path),
+        route: path,
+        span,
+    };
+    log_at_end(response, record, line)
 }
 
 #[cfg(test)]

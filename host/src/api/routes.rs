@@ -23,12 +23,19 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>,
         object: "model",
         created: app.started,
         owned_by: "plughost",
+        root: summary.root,
+        parent: None,
         max_model_len: summary.max_model_len,
     };
     Ok(Json(ModelList {
         object: "list",
         data: vec![card],
     }))
+}
+
+/// The server's version, as vLLM's `/version` answers.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "version": env!("CARGO_PKG_VERSION") }))
 }
 
 /// 200 once the model is ready; 503 while it loads, when it failed to load, and when the

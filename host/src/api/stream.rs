@@ -60,6 +60,7 @@ impl<F: ChunkFormat> State<F> {
     fn on_event(&mut self, index: usize, event: ChoiceEvent) {
         match event {
             ChoiceEvent::Delta { text, logprobs } => {
+                self.usage.first_text();
                 if let Some(chunk) = self.format.delta(index, text, &logprobs) {
                     self.queued.push_back(Event::default().data(chunk));
                 }

@@ -15,6 +15,7 @@ use crate::engine::{
     Usage,
 };
 
+use super::access_log::AccessRecord;
 use super::error::ApiError;
 use super::openai;
 use super::request_id::RequestId;
@@ -109,6 +110,7 @@ pub async fn collect(
     while let Some((index, event)) = events.next().await {
         match event {
             ChoiceEvent::Delta { text, logprobs: l } => {
+                usage.first_text();
                 texts[index].push_str(&text);
                 logprobs[index].extend(l);
             }
@@ -143,6 +145,8 @@ pub struct UsageTally {
     /// Per prompt, the most prompt tokens any of its choices found in the prefix cache.
     cached_tokens: Vec<u32>,
     plugin_fallback_tokens: u64,
+    /// The request's access-log record, told the same counts and the first token's time.
+    access: Option<AccessRecord>,
 }
 
 impl UsageTally {
@@ -153,11 +157,30 @@ impl UsageTally {
             completion_tokens: 0,
             cached_tokens: vec![0; shape.prompt_lens.len()],
             plugin_fallback_tokens: 0,
+            access: None,
+        }
+    }
+
+    /// Also reports to the request's access log.
+    pub fn reporting_to(mut self, access: AccessRecord) -> UsageTally {
+        let prompt_tokens: u64 = self.prompt_lens.iter().map(|&l| l as u64).sum();
+        access.set_prompt_tokens(prompt_tokens);
+        self.access = Some(access);
+        self
+    }
+
+    /// Some choice produced text.
+    pub fn first_text(&self) {
+        if let Some(access) = &self.access {
+            access.first_token();
         }
     }
 
     pub fn add(&mut self, choice: usize, usage: &Usage) {
         self.completion_tokens += usage.completion_tokens as u64;
+        if let Some(access) = &self.access {
+            access.add_completion_tokens(usage.completion_tokens as u64);
+        }
         self.plugin_fallback_tokens += usage.plugin_fallback_tokens as u64;
         if let Some(cached) = self.cached_tokens.get_mut(choice / self.n) {
             *cached = (*cached).max(usage.cached_tokens);

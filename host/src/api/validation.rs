@@ -224,7 +224,7 @@ fn offer_tools(
     None
 }
 
-fn check_model(requested: Option<&str>, model: &ModelSummary) -> Result<(), ApiError> {
+pub(super) fn check_model(requested: Option<&str>, model: &ModelSummary) -> Result<(), ApiError> {
     match requested {
         Some(name) if name != model.name => Err(ApiError::ModelNotFound {
             model: name.to_string(),
@@ -534,7 +534,7 @@ fn max_tokens(
     }
 }
 
-fn token_id(name: &str, id: i64, model: &ModelSummary) -> Result<u32, ApiError> {
+pub(super) fn token_id(name: &str, id: i64, model: &ModelSummary) -> Result<u32, ApiError> {
     if id < 0 || id >= model.vocab_size as i64 {
         let message = format!(
             "token id {id} in `{name}` is outside the vocabulary (0..{})",
@@ -623,7 +623,9 @@ fn token_list(items: &[Value], model: &ModelSummary) -> Result<Vec<u32>, ApiErro
 }
 
 /// The conversation as the chat template reads it.
-fn chat_messages(messages: Option<&[ChatMessageIn]>) -> Result<Vec<ChatMessage>, ApiError> {
+pub(super) fn chat_messages(
+    messages: Option<&[ChatMessageIn]>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let messages =
         messages.ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
     if messages.is_empty() {
@@ -735,6 +737,7 @@ mod tests {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
         ModelSummary {
             name: "tiny".into(),
+            root: dir.display().to_string(),
             max_model_len: 64,
             vocab_size: 448,
             eos_token_ids: vec![447],

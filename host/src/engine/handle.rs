@@ -108,6 +108,8 @@ pub struct EngineSetup {
 #[derive(Debug, Clone)]
 pub struct ModelSummary {
     pub name: String,
+    /// The model folder, as `/v1/models` shows it.
+    pub root: String,
     pub max_model_len: u32,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<u32>,
@@ -653,6 +655,7 @@ fn load_engine(
     });
     let summary = ModelSummary {
         name: setup.model_name.clone(),
+        root: setup.model_dir.display().to_string(),
         max_model_len,
         vocab_size,
         eos_token_ids: eos_token_ids.clone(),
