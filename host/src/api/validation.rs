@@ -8,7 +8,7 @@ use plughost_sdk::sampler::{Penalties, SamplingParams};
 use serde_json::Value;
 
 use crate::engine::{GenerationRequest, ModelSummary, StopConditions};
-use crate::model::{Bounded, ChatMessage, RenderOptions, ToolCall};
+use crate::model::{Bounded, ChatMessage, GenerationDefaults, RenderOptions, ToolCall};
 
 use super::chat_output::ChatOutputPlan;
 use super::error::ApiError;
@@ -248,6 +248,11 @@ fn build(
     default_max_tokens: DefaultMaxTokens,
     model: &ModelSummary,
 ) -> Result<ValidatedRequest, ApiError> {
+    let fields = &with_model_defaults(fields, &model.generation_defaults);
+    let default_max_tokens = match model.generation_defaults.max_new_tokens {
+        Some(n) => DefaultMaxTokens::UpTo(n),
+        None => default_max_tokens,
+    };
     let sampling = SamplingParams {
         num_top_logprobs: logprobs.unwrap_or(0),
         ..sampling_params(fields)?
@@ -296,6 +301,18 @@ fn build(
         chat_output: ChatOutputPlan::default(),
     };
     Ok(ValidatedRequest { shape, choices })
+}
+
+/// The request's sampling fields, with the model's `generation_config.json` values where the
+/// request is silent (OpenAI's defaults apply after both).
+fn with_model_defaults(fields: &SamplingFields, model: &GenerationDefaults) -> SamplingFields {
+    let mut fields = fields.clone();
+    fields.temperature = fields.temperature.or(model.temperature);
+    fields.top_p = fields.top_p.or(model.top_p);
+    fields.top_k = fields.top_k.or(model.top_k);
+    fields.min_p = fields.min_p.or(model.min_p);
+    fields.repetition_penalty = fields.repetition_penalty.or(model.repetition_penalty);
+    fields
 }
 
 /// Checks an optional number against a rule; `rule` completes "`name` must be ...".
@@ -738,12 +755,52 @@ mod tests {
         ModelSummary {
             name: "tiny".into(),
             root: dir.display().to_string(),
+            generation_defaults: Default::default(),
             max_model_len: 64,
             vocab_size: 448,
             eos_token_ids: vec![447],
             tokenizer: Tokenizer::from_dir(&dir).expect("tokenizer"),
             chat_template: Some(Arc::new(ChatTemplate::from_dir(&dir).expect("template"))),
         }
+    }
+
+    #[test]
+    fn generation_config_fills_what_the_request_leaves_out() {
+        let mut qwen3_like = model();
+        qwen3_like.generation_defaults = GenerationDefaults {
+            temperature: Some(0.6),
+            top_p: Some(0.95),
+            top_k: Some(20),
+            max_new_tokens: Some(8),
+            ..Default::default()
+        };
+        let silent = validate_completion(
+            parse_body(br#"{"prompt": "hi"}"#).expect("body"),
+            &qwen3_like,
+        )
+        .expect("valid");
+        let choice = &silent.choices()[0];
+        assert_eq!(choice.sampling.temperature, 0.6);
+        assert_eq!((choice.sampling.top_k, choice.sampling.top_p), (20, 0.95));
+        assert_eq!(
+            choice.max_tokens, 8,
+            "max_new_tokens comes before OpenAI's 16"
+        );
+        let explicit = validate_completion(
+            parse_body(br#"{"prompt": "hi", "temperature": 0, "top_k": -1, "max_tokens": 3}"#)
+                .expect("body"),
+            &qwen3_like,
+        )
+        .expect("valid");
+        let choice = &explicit.choices()[0];
+        assert_eq!(
+            (choice.sampling.temperature, choice.sampling.top_k),
+            (0.0, 0)
+        );
+        assert_eq!(choice.max_tokens, 3);
+        let plain = completion(r#"{"prompt": "hi"}"#).expect("valid");
+        assert_eq!(plain.choices()[0].sampling.temperature, 1.0);
+        assert_eq!(plain.choices()[0].max_tokens, 16);
     }
 
     fn completion(json: &str) -> Result<ValidatedRequest, ApiError> {

@@ -13,7 +13,7 @@ use crate::device::{Device, DeviceLibrary};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
-use crate::model::{ChatTemplate, ModelConfig, Tokenizer};
+use crate::model::{ChatTemplate, GenerationDefaults, ModelConfig, Tokenizer};
 use crate::plugins::generation::{LoadedSampler, UnknownSampler};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Generation, NamedSamplers, PluginSpec};
@@ -110,6 +110,8 @@ pub struct ModelSummary {
     pub name: String,
     /// The model folder, as `/v1/models` shows it.
     pub root: String,
+    /// `generation_config.json`'s defaults, for requests silent on them.
+    pub generation_defaults: GenerationDefaults,
     pub max_model_len: u32,
     pub vocab_size: u32,
     pub eos_token_ids: Vec<u32>,
@@ -565,6 +567,8 @@ fn load_engine(
         return Err("--block-size must be at least 1".into());
     }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
+    let generation_defaults =
+        GenerationDefaults::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
     let plugins = deployments.runtime().map_err(|e| e.to_string())?;
     let mut glue = GluePlugin::load(
@@ -637,7 +641,14 @@ fn load_engine(
         kv_cache_dtype,
     };
     let vocab_size = info.vocab_size;
-    let eos_token_ids = info.eos_token_ids.clone();
+    // generation_config.json may name more end tokens than config.json (Qwen3 adds
+    // `<|im_end|>`); a sequence ends at any of them.
+    let mut eos_token_ids = info.eos_token_ids.clone();
+    for &id in &generation_defaults.eos_token_ids {
+        if !eos_token_ids.contains(&id) && id < info.vocab_size {
+            eos_token_ids.push(id);
+        }
+    }
     let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)
         .map_err(|e| e.to_string())?;
     metrics.load.describe_model(
@@ -656,6 +667,7 @@ fn load_engine(
     let summary = ModelSummary {
         name: setup.model_name.clone(),
         root: setup.model_dir.display().to_string(),
+        generation_defaults,
         max_model_len,
         vocab_size,
         eos_token_ids: eos_token_ids.clone(),

@@ -28,6 +28,10 @@ pub enum ModelError {
         second: String,
     },
 
+    /// A value of `generation_config.json` out of its range.
+    #[error("{}: {message}", path.display())]
+    GenerationConfig { path: PathBuf, message: String },
+
     #[error(
         "no weights in {}: expected model.safetensors or model.safetensors.index.json",
         dir.display()

@@ -9,10 +9,12 @@
 mod chat_template;
 mod checkpoint;
 mod error;
+mod generation_config;
 mod pyfmt;
 mod tokenizer;
 
 pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall, ToolCallSyntax};
 pub use checkpoint::{Checkpoint, DType, ModelConfig, TensorView};
 pub use error::ModelError;
+pub use generation_config::GenerationDefaults;
 pub use tokenizer::{Bounded, DecodeStream, Tokenizer};

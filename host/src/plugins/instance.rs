@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cpu_time::ThreadTime;
 use wasmtime::component::{InstancePre, Linker, ResourceTable};
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
@@ -36,11 +37,16 @@ pub const PREPARE_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// load and after a fault, not on every step.
 pub const INIT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The deadline bounds the plugin's own time. Time in the host's native fast paths (argmax,
-/// top-k, log-softmax over a whole row) is the host's work, which a native sampler would pay
-/// too, so it is not charged; but a call never runs longer than this many deadlines in all,
-/// so a plugin cannot loop forever on host calls either.
-pub const WALL_DEADLINES: u32 = 10;
+/// The deadline bounds the plugin's own time: the CPU time of the calling thread, so time the
+/// thread spends descheduled on a busy machine is not charged. Time in the host's native fast
+/// paths (argmax, top-k, log-softmax over a whole row) is the host's work, which a native
+/// sampler would pay too, so it is not charged either; but a call never takes more than this
+/// many deadlines of CPU time in all, so a plugin cannot loop forever on host calls.
+pub const CPU_DEADLINES: u32 = 10;
+
+/// The last resort, in wall-clock time: a call is interrupted after this many deadlines
+/// whatever its CPU time says.
+pub const WALL_DEADLINES: u32 = 100;
 
 /// The most linear memory an instance keeps between calls. An instance that grew past it is
 /// dropped after the call (its memory unmapped) and re-made for the next, so a burst inside
@@ -132,24 +138,45 @@ pub struct PluginState {
     clock: CallClock,
 }
 
-/// The time of the call under way, split between the guest and the host's fast paths.
+/// The time of the call under way: wall and CPU time, the CPU time split between the guest and
+/// the host's fast paths.
 struct CallClock {
     started: Instant,
-    in_host: Duration,
+    /// The calling thread's CPU time when the call started.
+    cpu_started: Duration,
+    cpu_in_host: Duration,
     deadline: Duration,
 }
 
 impl CallClock {
-    /// What the epoch check does when a tick passes the deadline: go on while the guest's own
-    /// time is within it (extending to when it would run out), trap once it is not.
+    fn new() -> CallClock {
+        CallClock {
+            started: Instant::now(),
+            cpu_started: thread_cpu_time(),
+            cpu_in_host: Duration::ZERO,
+            deadline: DEFAULT_CALL_TIMEOUT,
+        }
+    }
+
+    /// What the epoch check does when a tick passes the deadline (it runs on the calling
+    /// thread): go on while the guest's own CPU time is within it (extending to when it could
+    /// run out), trap once it is not.
     fn check(&self) -> UpdateDeadline {
-        let elapsed = self.started.elapsed();
-        let guest = elapsed.saturating_sub(self.in_host);
-        if guest >= self.deadline || elapsed >= self.deadline * WALL_DEADLINES {
+        let cpu = thread_cpu_time().saturating_sub(self.cpu_started);
+        let guest = cpu.saturating_sub(self.cpu_in_host);
+        if guest >= self.deadline
+            || cpu >= self.deadline * CPU_DEADLINES
+            || self.started.elapsed() >= self.deadline * WALL_DEADLINES
+        {
             return UpdateDeadline::Interrupt;
         }
         UpdateDeadline::Continue(ticks(self.deadline - guest))
     }
+}
+
+/// The CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    ThreadTime::now().as_duration()
 }
 
 fn ticks(time: Duration) -> u64 {
@@ -172,16 +199,17 @@ impl PluginState {
 
     /// Runs one of the host's fast paths, keeping its time off the plugin's deadline.
     pub(crate) fn host_work<R>(&mut self, work: impl FnOnce(&mut Self) -> R) -> R {
-        let started = Instant::now();
+        let started = thread_cpu_time();
         let result = work(self);
-        self.clock.in_host += started.elapsed();
+        self.clock.cpu_in_host += thread_cpu_time().saturating_sub(started);
         result
     }
 
     fn start_call(&mut self, deadline: Duration) {
-        self.clock.started = Instant::now();
-        self.clock.in_host = Duration::ZERO;
-        self.clock.deadline = deadline;
+        self.clock = CallClock {
+            deadline,
+            ..CallClock::new()
+        };
     }
 }
 
@@ -344,9 +372,8 @@ impl<W: World> ContainedInstance<W> {
             logits: LogitsBatch::default(),
             undo: Vec::new(),
             clock: CallClock {
-                started: Instant::now(),
-                in_host: Duration::ZERO,
                 deadline: self.limits.call_timeout,
+                ..CallClock::new()
             },
         };
         let mut store = Store::new(&self.engine.engine, state);
