@@ -42,8 +42,8 @@ pub async fn create(
             .await?;
     let (requests, shape) = validated.into_parts();
     ticket.reserve(shape.num_choices())?;
-    let events = submit::submit(&app.engine, &request_id, requests)?;
-    let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model);
+    let (events, fingerprint) = submit::submit(&app.engine, &request_id, requests)?;
+    let meta = ResponseMeta::new("chatcmpl", &request_id, &shape.model, fingerprint);
     let mut usage = UsageTally::new(&shape).reporting_to(access);
     if let Some(settings) = shape.stream {
         let config = StreamConfig {
@@ -82,6 +82,7 @@ pub async fn create(
         object: "chat.completion",
         created: meta.created,
         model: meta.model,
+        system_fingerprint: meta.system_fingerprint,
         choices,
         usage: usage.usage(),
     };
@@ -140,6 +141,7 @@ impl Chunks {
             object: "chat.completion.chunk",
             created: self.meta.created,
             model: self.meta.model.clone(),
+            system_fingerprint: self.meta.system_fingerprint.clone(),
             choices,
             usage,
         })

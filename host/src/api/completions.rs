@@ -36,8 +36,8 @@ pub async fn create(
         validate_off_thread(move || validation::validate_completion(body, &summary)).await?;
     let (requests, shape) = validated.into_parts();
     ticket.reserve(shape.num_choices())?;
-    let events = submit::submit(&app.engine, &request_id, requests)?;
-    let meta = ResponseMeta::new("cmpl", &request_id, &shape.model);
+    let (events, fingerprint) = submit::submit(&app.engine, &request_id, requests)?;
+    let meta = ResponseMeta::new("cmpl", &request_id, &shape.model, fingerprint);
     let mut usage = UsageTally::new(&shape).reporting_to(access);
     if let Some(settings) = shape.stream {
         let config = StreamConfig {
@@ -83,6 +83,7 @@ fn response(
         object: OBJECT,
         created: meta.created,
         model: meta.model.clone(),
+        system_fingerprint: meta.system_fingerprint.clone(),
         choices,
         usage,
     }

@@ -165,15 +165,22 @@ pub struct ResponseMeta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    pub system_fingerprint: String,
 }
 
 impl ResponseMeta {
     /// `prefix-<request id>`, e.g. `chatcmpl-<X-Request-Id>`.
-    pub fn new(prefix: &str, request_id: &RequestId, model: &str) -> ResponseMeta {
+    pub fn new(
+        prefix: &str,
+        request_id: &RequestId,
+        model: &str,
+        system_fingerprint: String,
+    ) -> ResponseMeta {
         ResponseMeta {
             id: format!("{prefix}-{request_id}"),
             created: unix_seconds(),
             model: model.to_string(),
+            system_fingerprint,
         }
     }
 }

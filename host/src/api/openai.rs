@@ -132,6 +132,8 @@ pub struct CompletionResponse {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    /// The deployment fingerprint: the same value means the same tokens for the same request.
+    pub system_fingerprint: String,
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -174,6 +176,8 @@ pub struct ChatCompletionResponse {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    /// The deployment fingerprint: the same value means the same tokens for the same request.
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
 }
@@ -243,6 +247,8 @@ pub struct ChatCompletionChunk {
     pub object: &'static str,
     pub created: u64,
     pub model: String,
+    /// The deployment fingerprint: the same value means the same tokens for the same request.
+    pub system_fingerprint: String,
     pub choices: Vec<ChatChunkChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -284,5 +290,7 @@ pub struct ModelCard {
     pub root: String,
     /// Always `null`: no served model derives from another here.
     pub parent: Option<String>,
+    /// What requests that start now report as `system_fingerprint`.
+    pub system_fingerprint: String,
     pub max_model_len: u32,
 }

@@ -25,6 +25,7 @@ pub async fn models(State(app): State<Arc<AppState>>) -> Result<Json<ModelList>,
         owned_by: "plughost",
         root: summary.root,
         parent: None,
+        system_fingerprint: app.engine.pin()?.fingerprint().to_string(),
         max_model_len: summary.max_model_len,
     };
     Ok(Json(ModelList {

@@ -39,24 +39,26 @@ pub enum ChoiceEvent {
 /// Every choice's events, interleaved as they arrive.
 pub type ChoiceEvents = SelectAll<BoxStream<'static, (usize, ChoiceEvent)>>;
 
-/// Submits each choice (in index order), tagged with the API request's id for the engine's
-/// log lines, and merges their channels.
+/// Submits each choice (in index order) under one deployment, tagged with the API request's
+/// id for the engine's log lines, and merges their channels; with the deployment's
+/// `system_fingerprint`.
 pub fn submit(
     engine: &EngineHandle,
     request_id: &RequestId,
     requests: Vec<GenerationRequest>,
-) -> Result<ChoiceEvents, ApiError> {
+) -> Result<(ChoiceEvents, String), ApiError> {
     let tag: Arc<str> = Arc::from(request_id.as_str());
+    let pinned = engine.pin()?;
     let mut merged = SelectAll::new();
     for (index, mut request) in requests.into_iter().enumerate() {
         request.request_id = Some(tag.clone());
         // On an error, `merged` drops with the choices already submitted, aborting them.
-        let (engine_id, receiver) = engine.submit(request)?;
+        let (engine_id, receiver) = engine.submit_pinned(&pinned, request)?;
         // The engine's own log lines name both ids; this line ties them to the request's span.
         tracing::debug!(engine_request = engine_id, choice = index, "submitted");
         merged.push(choice_stream(index, receiver));
     }
-    Ok(merged)
+    Ok((merged, pinned.fingerprint().to_string()))
 }
 
 /// One choice's events; ends after its last event and reports a channel that closed early.

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use super::fingerprint::ModelIdentity;
 use crate::device::{Device, DeviceLibrary};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
@@ -102,6 +103,17 @@ pub struct EngineSetup {
     pub options: EngineOptions,
     /// Write a Chrome trace of every step here at shutdown.
     pub profile_output: Option<PathBuf>,
+}
+
+/// A deployment generation requests can be submitted under; holding it keeps it alive.
+#[derive(Clone)]
+pub struct PinnedDeployment(Arc<Generation>);
+
+impl PinnedDeployment {
+    /// The `system_fingerprint` of the requests submitted under it.
+    pub fn fingerprint(&self) -> &str {
+        self.0.fingerprint()
+    }
 }
 
 /// What the rest of the host needs to know about the loaded model.
@@ -318,8 +330,25 @@ impl EngineHandle {
         &self,
         request: GenerationRequest,
     ) -> Result<(RequestId, UnboundedReceiver<GenerationEvent>), EngineError> {
+        let pinned = self.pin()?;
+        self.submit_pinned(&pinned, request)
+    }
+
+    /// The active deployment, for requests that must all start under the same one (the
+    /// choices of one API request) and report its fingerprint.
+    pub fn pin(&self) -> Result<PinnedDeployment, EngineError> {
         self.summary()?;
         let deployment = self.deployments.current().ok_or(EngineError::NotReady)?;
+        Ok(PinnedDeployment(deployment))
+    }
+
+    /// [`EngineHandle::submit`] under a deployment [`EngineHandle::pin`] returned.
+    pub fn submit_pinned(
+        &self,
+        pinned: &PinnedDeployment,
+        request: GenerationRequest,
+    ) -> Result<(RequestId, UnboundedReceiver<GenerationEvent>), EngineError> {
+        let deployment = pinned.0.clone();
         let sampler = deployment.sampler_for(request.sampler.as_deref())?.cloned();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (events, receiver) = unbounded_channel();
@@ -579,17 +608,15 @@ fn load_engine(
     )
     .map_err(|e| format!("[glue] {}: {e}", setup.glue.component.display()))?;
     deployments.set_glue(&plugins, &setup.glue);
-    let deployment = Arc::new(
-        Generation::build(
-            &plugins,
-            1,
-            setup.scheduler.as_ref(),
-            setup.sampler.as_ref(),
-            &setup.named_samplers,
-            None,
-        )
-        .map_err(|e| e.to_string())?,
-    );
+    let mut deployment = Generation::build(
+        &plugins,
+        1,
+        setup.scheduler.as_ref(),
+        setup.sampler.as_ref(),
+        &setup.named_samplers,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
     let config_path = setup.model_dir.join("config.json");
     let config_json = std::fs::read_to_string(&config_path)
         .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
@@ -651,6 +678,22 @@ fn load_engine(
     }
     let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)
         .map_err(|e| e.to_string())?;
+    let hashing = Instant::now();
+    deployments.set_identity(ModelIdentity::new(
+        &setup.model_dir,
+        &kv_cache_dtype.to_string(),
+        options.block_size,
+        &setup.device_library,
+        &setup.device_config,
+        setup.component_cache.as_deref(),
+    ));
+    deployments.stamp(&mut deployment);
+    let deployment = Arc::new(deployment);
+    tracing::info!(
+        system_fingerprint = deployment.fingerprint(),
+        seconds = hashing.elapsed().as_secs_f64(),
+        "deployment fingerprint"
+    );
     metrics.load.describe_model(
         &setup.model_name,
         &CacheConfig {

@@ -6,6 +6,7 @@
 //! detokenize, check stops and stream each request's delta.
 
 mod core;
+mod fingerprint;
 mod handle;
 mod health;
 pub mod reload;
@@ -14,7 +15,10 @@ mod state;
 mod stop;
 pub mod triggers;
 
-pub use handle::{EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary};
+pub use fingerprint::ModelIdentity;
+pub use handle::{
+    EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary, PinnedDeployment,
+};
 pub use health::{EngineFault, HealthReport};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,

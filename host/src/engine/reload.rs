@@ -18,6 +18,7 @@ use crate::plugins::{
     PluginError, PluginRuntime, PluginSpec, RuntimeOptions,
 };
 
+use super::fingerprint::ModelIdentity;
 use super::handle::EngineError;
 
 /// The built-in components a deployment file that omits a section gets.
@@ -92,6 +93,8 @@ pub struct DeploymentStatus {
     pub loaded_at: u64,
     /// The file reloads read; `None` when the server runs without one.
     pub config: Option<String>,
+    /// The `system_fingerprint` of requests that start now.
+    pub system_fingerprint: String,
     pub components: Vec<ComponentStatus>,
     /// The names requests may send as `"sampler"`, `default` first.
     pub samplers: Vec<String>,
@@ -113,6 +116,7 @@ pub struct DrainingGeneration {
 struct GlueIdentity {
     path: PathBuf,
     sha256: String,
+    wit_version: String,
     config_json: String,
 }
 
@@ -124,6 +128,8 @@ pub(crate) struct Deployments {
     replaced: Mutex<Vec<Weak<Generation>>>,
     source: Mutex<Option<ReloadSource>>,
     glue: Mutex<Option<GlueIdentity>>,
+    /// What the fingerprint covers besides the components, once the model is loaded.
+    identity: Mutex<Option<ModelIdentity>>,
     /// Held for a whole reload, so two never build at once.
     reloading: Mutex<()>,
     runtime_options: RuntimeOptions,
@@ -137,6 +143,7 @@ impl Deployments {
             replaced: Mutex::new(Vec::new()),
             source: Mutex::new(None),
             glue: Mutex::new(None),
+            identity: Mutex::new(None),
             reloading: Mutex::new(()),
             runtime_options: RuntimeOptions {
                 cache_dir: component_cache,
@@ -171,10 +178,27 @@ impl Deployments {
                 *lock(&self.glue) = Some(GlueIdentity {
                     path: spec.component.clone(),
                     sha256: compiled.sha256,
+                    wit_version: compiled.wit_version,
                     config_json: spec.config_json(),
                 });
             }
             Err(e) => tracing::warn!("cannot identify the model glue: {e}"),
+        }
+    }
+
+    /// Records what the loaded model contributes to the fingerprint.
+    pub(crate) fn set_identity(&self, identity: ModelIdentity) {
+        *lock(&self.identity) = Some(identity);
+    }
+
+    /// Gives `generation` its fingerprint: the model's identity, its glue and its components.
+    pub(crate) fn stamp(&self, generation: &mut Generation) {
+        let glue = lock(&self.glue)
+            .as_ref()
+            .map(|g| format!("{} {}", g.sha256, g.wit_version))
+            .unwrap_or_default();
+        if let Some(identity) = lock(&self.identity).as_ref() {
+            generation.set_fingerprint(identity.fingerprint(&glue, &generation.components()));
         }
     }
 
@@ -250,6 +274,7 @@ impl Deployments {
         Some(DeploymentStatus {
             generation: generation.number(),
             loaded_at: unix_seconds(generation.loaded_at()),
+            system_fingerprint: generation.fingerprint().to_string(),
             config: self
                 .source()
                 .and_then(|s| s.config)
@@ -329,7 +354,7 @@ impl Deployments {
             .sampler
             .unwrap_or_else(|| default_spec(&source.plugins_dir, DEFAULT_SAMPLER));
         let started = Instant::now();
-        let generation = Generation::build(
+        let mut generation = Generation::build(
             &runtime,
             previous.number() + 1,
             Some(&scheduler),
@@ -337,6 +362,7 @@ impl Deployments {
             &named_samplers,
             Some(&previous),
         )?;
+        self.stamp(&mut generation);
         Ok((Arc::new(generation), started.elapsed()))
     }
 

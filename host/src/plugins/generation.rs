@@ -286,6 +286,8 @@ pub struct Generation {
     samplers: Vec<NamedSampler>,
     /// Which of `samplers` requests that name none get.
     default_sampler: usize,
+    /// The deployment fingerprint with these components; set once the model is known.
+    fingerprint: String,
 }
 
 impl Generation {
@@ -348,7 +350,18 @@ impl Generation {
             scheduler,
             samplers,
             default_sampler,
+            fingerprint: String::new(),
         })
+    }
+
+    /// Records the deployment fingerprint, before the generation is shared.
+    pub fn set_fingerprint(&mut self, fingerprint: String) {
+        self.fingerprint = fingerprint;
+    }
+
+    /// The `system_fingerprint` of requests that start under this generation.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     pub fn number(&self) -> u64 {
