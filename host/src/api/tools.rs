@@ -148,7 +148,12 @@ impl ChatTools {
                 })
             })
             .collect();
-        let schema = json!({"anyOf": calls});
+        // Python's `json.dumps` layout and no free whitespace, so a model cannot pad a call
+        // with blanks until `max_tokens` runs out.
+        let schema = json!({
+            "anyOf": calls,
+            "x-guidance": {"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "},
+        });
         let several = self.parallel && self.choice == ToolChoice::Required;
         let call = match syntax {
             ToolCallSyntax::Tagged => {
