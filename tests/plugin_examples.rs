@@ -73,6 +73,8 @@ fn request(
         logprobs: false,
         priority,
         request_id: None,
+        constraint: None,
+        logit_bias: Default::default(),
     }
 }
 

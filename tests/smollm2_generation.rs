@@ -90,6 +90,8 @@ fn greedy_continuations_and_logprobs_match_transformers() {
             logprobs: true,
             priority: 0,
             request_id: None,
+            constraint: None,
+            logit_bias: Default::default(),
         };
         let (_, mut events) = engine.submit(request).expect("submitted");
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());

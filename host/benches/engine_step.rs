@@ -176,6 +176,8 @@ fn main() {
                 logprobs: false,
                 priority: 0,
                 request_id: None,
+                constraint: None,
+                logit_bias: Default::default(),
             };
             engine.submit(request).expect("submitted").1
         })

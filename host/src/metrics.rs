@@ -25,6 +25,11 @@ pub struct Metrics {
     pub requests_finished: IntCounterVec,
     pub scheduler_fallbacks: IntCounter,
     pub sampler_fallbacks: IntCounter,
+    /// Tokens a sampler plugin returned that the request's grammar forbids, each replaced by a
+    /// native draw from the masked row.
+    pub grammar_rejections: IntCounter,
+    /// Requests that ended at a grammar dead end (no token allowed).
+    pub grammar_dead_ends: IntCounter,
     pub device_step_retries: IntCounter,
     /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
     pub step_seconds: HistogramVec,
@@ -202,6 +207,16 @@ impl Metrics {
                 r,
                 "sampler_fallbacks_total",
                 "Steps sampled natively after a sampler plugin fault",
+            ),
+            grammar_rejections: counter(
+                r,
+                "grammar_rejections_total",
+                "Sampled tokens the request's grammar forbids, rejected and drawn again natively",
+            ),
+            grammar_dead_ends: counter(
+                r,
+                "grammar_dead_ends_total",
+                "Requests ended because their grammar allowed no token",
             ),
             device_step_retries: counter(
                 r,

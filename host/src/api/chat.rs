@@ -65,6 +65,7 @@ pub async fn create(
                 .logprobs
                 .map(|k| chat_logprobs(&tokenizer, &output.logprobs, k)),
             finish_reason: output.finish_reason.as_str(),
+            stop_reason: output.finish_reason.stop_reason(),
         })
         .collect();
     let response = ChatCompletionResponse {
@@ -109,6 +110,7 @@ impl ChunkFormat for Chunks {
                 delta,
                 logprobs: None,
                 finish_reason: None,
+                stop_reason: None,
             }],
             None,
         ))
@@ -131,6 +133,7 @@ impl ChunkFormat for Chunks {
                 delta,
                 logprobs,
                 finish_reason: None,
+                stop_reason: None,
             }],
             None,
         ))
@@ -142,6 +145,7 @@ impl ChunkFormat for Chunks {
             delta: ChatDelta::default(),
             logprobs: None,
             finish_reason: Some(reason.as_str()),
+            stop_reason: reason.stop_reason(),
         };
         self.chunk(vec![choice], None)
     }

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::engine::EngineError;
+use crate::grammar::GrammarError;
 
 /// Everything a request can fail with. [`From<ApiError> for (StatusCode, Json<ErrorResponse>)`]
 /// is the only place that decides statuses, for plain responses and stream error events alike.
@@ -104,6 +105,12 @@ pub enum ApiError {
     GenerationFailed { message: String },
     #[error("internal error: {message}")]
     Internal { message: String },
+    /// A constraint llguidance could not compile, or a model whose vocabulary it cannot read.
+    #[error("`{param}`: {source}")]
+    Grammar { param: String, source: GrammarError },
+    /// Two fields each constrain the output; only one may.
+    #[error("`{first}` and `{second}` both constrain the output; set only one of them")]
+    ConflictingConstraints { first: String, second: String },
 }
 
 impl ApiError {
@@ -206,6 +213,12 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             Unavailable(EngineError::Faulted(_)) =>    (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_failed"), None),
             GenerationFailed { .. } =>      (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, Some("generation_failed"), None),
             Internal { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
+            Grammar { param, source: GrammarError::Invalid(_) } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("invalid_grammar"), Some(param)),
+            Grammar { param, source: GrammarError::Unavailable(_) } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("unsupported_value"), Some(param)),
+            ConflictingConstraints { second, .. } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("conflicting_constraints"), Some(second)),
         };
         (status, Json(ErrorResponse { error: ErrorBody { message, kind, param, code } }))
     }

@@ -16,6 +16,7 @@ pub mod body;
 pub mod browser;
 pub mod chat;
 pub mod completions;
+pub mod constraints;
 pub mod drain;
 pub mod error;
 pub mod logprobs;

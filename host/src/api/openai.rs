@@ -72,6 +72,13 @@ pub struct SamplingFields {
     pub priority: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    // Output shaping, read by `constraints.rs`: kept as JSON so each rule names its field.
+    /// OpenAI's `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<Value>,
+    /// vLLM's `{"json" | "regex" | "choice" | "grammar": ...}`.
+    pub structured_outputs: Option<Value>,
+    /// Token ids (as strings) to offsets in [-100, 100].
+    pub logit_bias: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -129,6 +136,10 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 /// The legacy completions logprobs: parallel lists, one entry per token.
@@ -170,6 +181,10 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -215,6 +230,10 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use plughost_sdk::sampler::{Sampled, SamplingParams};
 
+use crate::grammar::{GrammarMatcher, MaskState, Progress};
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
@@ -18,6 +19,7 @@ use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
 
 use super::health::EngineHealth;
+use super::masks::StepMasks;
 use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
 use super::state::RequestState;
 use super::stop::StopOutcome;
@@ -53,6 +55,8 @@ pub struct EngineCore {
     pub num_steps: u64,
     /// Progress stamps for the watchdog, and the requests it fails if the engine cannot.
     pub health: Arc<EngineHealth>,
+    /// Constrained decoding's mask thread and per-step buffers.
+    pub masks: StepMasks,
 }
 
 impl EngineCore {
@@ -127,7 +131,13 @@ impl EngineCore {
     }
 
     /// Records one part of the step in the metrics and, when profiling, as a trace span.
-    fn record(&mut self, part: &'static str, track: Track, start: Instant, duration: Duration) {
+    pub(super) fn record(
+        &mut self,
+        part: &'static str,
+        track: Track,
+        start: Instant,
+        duration: Duration,
+    ) {
         self.metrics
             .step_seconds
             .with_label_values(&[part])
@@ -160,7 +170,10 @@ impl EngineCore {
             self.update_gauges();
             return;
         }
-        let emitting = match self.execute_with_retry(&scheduled) {
+        self.begin_masks(&scheduled);
+        let executed = self.execute_with_retry(&scheduled);
+        self.finish_masks();
+        let emitting = match executed {
             Ok(emitting) => emitting,
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
@@ -412,6 +425,7 @@ impl EngineCore {
     /// while requests of several generations run, each generation samples its own rows.
     fn sample(&mut self, emitting: &[u64]) -> Vec<Sampled> {
         let vocab = self.runtime.model_info().vocab_size as usize;
+        self.shape_rows(emitting);
         let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
         let mut sequences = Vec::with_capacity(emitting.len());
         let mut samplers: Vec<Option<Arc<LoadedSampler>>> = Vec::with_capacity(emitting.len());
@@ -444,7 +458,7 @@ impl EngineCore {
             (None, None) => true,
             _ => false,
         };
-        let sampled = match samplers.first() {
+        let mut sampled = match samplers.first() {
             Some(first) if samplers.iter().any(|s| !same(s, first)) => {
                 self.sample_by_generation(&mut batch, &sequences, &samplers, same)
             }
@@ -453,7 +467,9 @@ impl EngineCore {
                 self.sample_with(sampler.as_deref(), &mut batch, &sequences)
             }
         };
+        self.enforce_masks(&mut batch, emitting, &sequences, &mut sampled);
         self.logits = batch.into_values();
+        self.fail_lost_grammars();
         sampled
     }
 
@@ -528,6 +544,12 @@ impl EngineCore {
         let Some(state) = self.requests.get_mut(&id) else {
             return;
         };
+        if let Some(MaskState::DeadEnd(cause)) = state.grammar.as_deref().map(GrammarMatcher::state)
+        {
+            let cause = cause.clone();
+            self.end_at_dead_end(id, &cause);
+            return;
+        }
         let now = Instant::now();
         match state.last_token {
             None => self
@@ -545,16 +567,23 @@ impl EngineCore {
         state.output.push(token);
         state.tokens.push(token);
         let logprobs = if state.request.logprobs {
+            // Masked tokens (-inf) are not alternatives; no JSON carries -inf or NaN.
+            let mut top = sampled.top_logprobs;
+            top.retain(|c| c.value.is_finite());
             vec![TokenLogprob {
                 token,
                 logprob: sampled.logprob,
-                top: sampled.top_logprobs,
+                top,
             }]
         } else {
             Vec::new()
         };
         let is_eos = !state.request.stop.ignore_eos && self.eos_token_ids.contains(&token);
         let is_stop_token = state.request.stop.stop_token_ids.contains(&token);
+        let progress = match state.grammar.as_mut() {
+            Some(grammar) if !is_eos && !is_stop_token => grammar.commit(token),
+            _ => Progress::Continue,
+        };
         let mut finish = None;
         let mut stop_string_matched = false;
         let mut text = String::new();
@@ -576,6 +605,16 @@ impl EngineCore {
                     request_id = state.request_id(),
                     "detokenizing failed: {e}"
                 ),
+            }
+        }
+        if finish.is_none() {
+            match progress {
+                Progress::Continue => {}
+                Progress::Complete => finish = Some(FinishReason::Stop),
+                Progress::DeadEnd(cause) => {
+                    tracing::warn!(request = id, request_id = state.request_id(), "{cause}");
+                    finish = Some(FinishReason::GrammarDeadEnd);
+                }
             }
         }
         if finish.is_none()
@@ -610,7 +649,7 @@ impl EngineCore {
         }
     }
 
-    fn finish(&mut self, id: u64, reason: FinishReason) {
+    pub(super) fn finish(&mut self, id: u64, reason: FinishReason) {
         self.health.in_flight.remove(id);
         self.health.liveness.progressed();
         self.kv.free(id);
@@ -631,6 +670,9 @@ impl EngineCore {
             .requests_finished
             .with_label_values(&[reason.as_str()])
             .inc();
+        if reason == FinishReason::GrammarDeadEnd {
+            self.metrics.grammar_dead_ends.inc();
+        }
         let _ = state
             .events
             .send(GenerationEvent::Finished { reason, usage });

@@ -8,6 +8,7 @@
 mod core;
 mod handle;
 mod health;
+mod masks;
 pub mod reload;
 mod request;
 mod state;

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::grammar::GrammarMatcher;
 use crate::kv::ComputedPrefix;
 use crate::model::DecodeStream;
 use crate::plugins::Generation;
@@ -38,6 +39,9 @@ pub struct RequestState {
     /// The deployment generation active when the request arrived: its sampler samples every
     /// token of the request, whatever reloads happen meanwhile.
     pub deployment: Arc<Generation>,
+    /// Where the output stands in the request's grammar; `None` for unconstrained requests,
+    /// and while the mask worker holds it during a step.
+    pub grammar: Option<Box<GrammarMatcher>>,
 }
 
 impl RequestState {

@@ -1,0 +1,112 @@
+//! One request's place in its grammar: the mask of tokens allowed next, and committing the token sampled.
+
+use llguidance::{Matcher, TokenParser};
+use toktrie::SimpleVob;
+
+/// Whether the mask of the coming step is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MaskState {
+    /// Not computed since the last commit.
+    Pending,
+    /// Computed: at least one token is allowed.
+    Ready,
+    /// No token can continue the grammar; the cause, for the response.
+    DeadEnd(String),
+}
+
+/// What committing a token did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// The grammar goes on.
+    Continue,
+    /// The grammar is complete: nothing but the end of the sequence can follow.
+    Complete,
+    /// The token could not be committed; the cause.
+    DeadEnd(String),
+}
+
+/// A request's grammar state. Owned by the request; moved to the mask worker and back each step.
+pub struct GrammarMatcher {
+    matcher: Matcher,
+    /// The last computed mask: bit `t` set when token `t` may come next.
+    mask: SimpleVob,
+    state: MaskState,
+}
+
+impl GrammarMatcher {
+    pub(super) fn new(parser: TokenParser) -> GrammarMatcher {
+        GrammarMatcher {
+            matcher: Matcher::new(Ok(parser)),
+            mask: SimpleVob::new(),
+            state: MaskState::Pending,
+        }
+    }
+
+    pub fn state(&self) -> &MaskState {
+        &self.state
+    }
+
+    /// Computes the mask of the next token (the expensive part, meant for the mask worker).
+    pub fn compute_mask(&mut self) {
+        if self.state != MaskState::Pending {
+            return;
+        }
+        self.state = match self.matcher.compute_mask() {
+            Ok(mask) if mask.is_zero() => {
+                MaskState::DeadEnd("grammar dead end: no token can continue the output".into())
+            }
+            Ok(mask) => {
+                self.mask = mask;
+                MaskState::Ready
+            }
+            Err(e) => MaskState::DeadEnd(format!("grammar dead end: {e}")),
+        };
+    }
+
+    /// Whether the computed mask allows `token`.
+    pub fn allows(&self, token: u32) -> bool {
+        self.state == MaskState::Ready && self.mask.is_allowed(token)
+    }
+
+    /// Sets every token the mask forbids to `-inf` in `row`, a logits row of the model.
+    pub fn apply_mask(&self, row: &mut [f32]) {
+        if self.state != MaskState::Ready {
+            row.fill(f32::NEG_INFINITY);
+            return;
+        }
+        for (word_index, &word) in self.mask.as_slice().iter().enumerate() {
+            if word == u32::MAX {
+                continue;
+            }
+            let start = word_index * 32;
+            let Some(chunk) = row.get_mut(start..(start + 32).min(row.len())) else {
+                break;
+            };
+            for (bit, logit) in chunk.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        // A mask shorter than the row allows nothing past its end.
+        let covered = self.mask.as_slice().len() * 32;
+        if let Some(rest) = row.get_mut(covered..) {
+            rest.fill(f32::NEG_INFINITY);
+        }
+    }
+
+    /// Advances the grammar by `token`, which the mask allowed.
+    pub fn commit(&mut self, token: u32) -> Progress {
+        self.state = MaskState::Pending;
+        match self.matcher.consume_token(token) {
+            Ok(()) if self.matcher.is_stopped() => Progress::Complete,
+            Ok(()) => Progress::Continue,
+            Err(e) => Progress::DeadEnd(format!("grammar dead end: {e}")),
+        }
+    }
+
+    /// Whether the output so far is a complete match, so the end of the sequence may come.
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+}
