@@ -41,10 +41,12 @@ impl Constraint {
     /// The grammar llguidance compiles for this constraint.
     pub(super) fn to_grammar(&self) -> TopLevelGrammar {
         match self {
-            Constraint::JsonObject => {
-                TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"}))
+            Constraint::JsonObject => TopLevelGrammar::from_json_schema(with_layout(
+                serde_json::json!({"type": "object"}),
+            )),
+            Constraint::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(with_layout(schema.clone()))
             }
-            Constraint::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
             Constraint::Regex(regex) => TopLevelGrammar::from_regex(regex),
             Constraint::Choice(choices) => {
                 let alternatives: Vec<String> =
@@ -54,6 +56,25 @@ impl Constraint {
             Constraint::Lark(grammar) => TopLevelGrammar::from_lark(grammar.clone()),
         }
     }
+}
+
+/// Fixes the JSON layout to Python's `json.dumps` style (`, ` and `: `, no other whitespace)
+/// unless the schema chooses its own through llguidance's `x-guidance` options. Free
+/// whitespace would let a model pad its output with blanks until `max_tokens` runs out.
+fn with_layout(mut schema: Value) -> Value {
+    if let Value::Object(object) = &mut schema
+        && !object.contains_key("x-guidance")
+    {
+        object.insert(
+            "x-guidance".into(),
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            }),
+        );
+    }
+    schema
 }
 
 #[cfg(test)]
