@@ -266,6 +266,42 @@ fn choice_and_regex_outputs_match() {
 }
 
 #[test]
+fn a_grammar_dead_end_stops_with_its_reason() {
+    let base = &server().base;
+    // A regex whose language is empty: no token can ever start it.
+    let body = completion_body("x", json!({"structured_outputs": {"regex": "[^\\s\\S]"}}));
+    let (status, response) = post(base, "/v1/completions", &body);
+    assert_eq!(status, 200, "{response}");
+    let choice = &response["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{response}");
+    assert_eq!(choice["stop_reason"], "grammar_dead_end", "{response}");
+    assert_eq!(choice["text"], "");
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let text = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&stream)
+        .send()
+        .expect("the server answers")
+        .text()
+        .expect("a body");
+    let events = api_support::sse_data(&text);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("a chunk");
+    assert_eq!(
+        last["choices"][0]["stop_reason"], "grammar_dead_end",
+        "{text}"
+    );
+    // Ordinary stops carry no stop reason.
+    let (_, plain) = post(
+        base,
+        "/v1/completions",
+        &completion_body("x", json!({"max_tokens": 2})),
+    );
+    assert!(plain["choices"][0].get("stop_reason").is_none(), "{plain}");
+}
+
+#[test]
 fn masked_tokens_never_appear_among_top_logprobs() {
     let (status, body) = post(
         &server().base,

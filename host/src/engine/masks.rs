@@ -61,7 +61,7 @@ impl EngineCore {
     /// Takes the matchers back from the mask worker, their masks computed.
     pub(super) fn finish_masks(&mut self) {
         let started = std::time::Instant::now();
-        let Some(worker) = self.masks.worker.as_mut() else {
+        let Some(worker) = self.masks.worker.as_mut().filter(|w| w.is_busy()) else {
             return;
         };
         let jobs = worker.finish();

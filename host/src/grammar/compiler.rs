@@ -20,7 +20,7 @@ const CACHE_ENTRIES: usize = 256;
 /// copies into its own [`GrammarMatcher`]. Cloning is cheap.
 #[derive(Clone)]
 pub struct CompiledGrammar {
-    parser: Arc<TokenParser>,
+    pub(super) parser: Arc<TokenParser>,
 }
 
 impl std::fmt::Debug for CompiledGrammar {

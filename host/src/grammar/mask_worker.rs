@@ -57,6 +57,11 @@ impl MaskWorker {
         }
     }
 
+    /// Whether a batch is out with the worker.
+    pub fn is_busy(&self) -> bool {
+        self.busy
+    }
+
     /// Waits for the batch [`MaskWorker::begin`] handed over; empty if none is out or the
     /// worker died (llguidance catches its own panics, so that takes a bug here).
     pub fn finish(&mut self) -> MaskJobs {

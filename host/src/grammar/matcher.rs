@@ -59,7 +59,7 @@ impl GrammarMatcher {
                 self.mask = mask;
                 MaskState::Ready
             }
-            Err(e) => MaskState::DeadEnd(format!("grammar dead end: {e}")),
+            Err(e) => MaskState::DeadEnd(dead_end(&e)),
         };
     }
 
@@ -101,12 +101,103 @@ impl GrammarMatcher {
         match self.matcher.consume_token(token) {
             Ok(()) if self.matcher.is_stopped() => Progress::Complete,
             Ok(()) => Progress::Continue,
-            Err(e) => Progress::DeadEnd(format!("grammar dead end: {e}")),
+            Err(e) => Progress::DeadEnd(dead_end(&e)),
         }
     }
 
     /// Whether the output so far is a complete match, so the end of the sequence may come.
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+/// The cause of a dead end from llguidance's error: its first line (the rest dumps the
+/// parser's state).
+fn dead_end(error: &impl std::fmt::Display) -> String {
+    let text = error.to_string();
+    let first = text.lines().next().unwrap_or("the grammar failed");
+    format!("grammar dead end: {first}")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::grammar::{Constraint, GrammarCompiler};
+    use crate::model::Tokenizer;
+
+    fn compiler() -> GrammarCompiler {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
+        let tokenizer = Tokenizer::from_dir(&dir).expect("tokenizer");
+        GrammarCompiler::new(tokenizer, 448, vec![447])
+    }
+
+    fn tokens(text: &str) -> Vec<u32> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
+        Tokenizer::from_dir(&dir)
+            .expect("tokenizer")
+            .encode(text, false)
+            .expect("tokens")
+    }
+
+    #[test]
+    fn a_choice_masks_commits_and_completes() {
+        let compiler = compiler();
+        let grammar = compiler
+            .compile(&Constraint::Choice(vec!["yes".into(), "no".into()]))
+            .expect("compiles");
+        let mut matcher = grammar.matcher();
+        matcher.compute_mask();
+        assert_eq!(matcher.state(), &MaskState::Ready);
+        let z = tokens("z")[0];
+        assert!(!matcher.allows(z), "`z` starts neither choice");
+        let mut row = vec![1.0f32; 448];
+        matcher.apply_mask(&mut row);
+        assert_eq!(row[z as usize], f32::NEG_INFINITY);
+        assert!(
+            !matcher.allows(447),
+            "EOS is not allowed before a choice is complete"
+        );
+        let mut progress = Progress::Continue;
+        for token in tokens("no") {
+            matcher.compute_mask();
+            assert!(matcher.allows(token));
+            progress = matcher.commit(token);
+        }
+        assert!(progress == Progress::Complete || matcher.is_accepting());
+    }
+
+    #[test]
+    fn an_empty_language_is_a_dead_end_with_a_one_line_cause() {
+        let grammar = compiler()
+            .compile(&Constraint::Regex("[^\\s\\S]".into()))
+            .expect("compiles");
+        let mut matcher = grammar.matcher();
+        matcher.compute_mask();
+        match matcher.state() {
+            MaskState::DeadEnd(cause) => assert!(
+                cause.starts_with("grammar dead end") && !cause.contains('\n'),
+                "{cause}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let mut row = vec![0.0f32; 448];
+        matcher.apply_mask(&mut row);
+        assert!(row.iter().all(|v| *v == f32::NEG_INFINITY));
+    }
+
+    #[test]
+    fn the_cache_compiles_each_constraint_once() {
+        let compiler = compiler();
+        let schema = Constraint::JsonSchema(serde_json::json!({"type": "integer"}));
+        let a = compiler.compile(&schema).expect("compiles");
+        let b = compiler.compile(&schema).expect("compiles");
+        assert!(std::sync::Arc::ptr_eq(&a.parser, &b.parser));
+        let bad = Constraint::JsonSchema(serde_json::json!({"type": "no-such-type"}));
+        assert!(matches!(
+            compiler.compile(&bad),
+            Err(crate::grammar::GrammarError::Invalid(_))
+        ));
     }
 }
