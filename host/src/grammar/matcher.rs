@@ -74,17 +74,18 @@ impl GrammarMatcher {
             row.fill(f32::NEG_INFINITY);
             return;
         }
-        for (word_index, &word) in self.mask.as_slice().iter().enumerate() {
-            if word == u32::MAX {
-                continue;
-            }
-            let start = word_index * 32;
-            let Some(chunk) = row.get_mut(start..(start + 32).min(row.len())) else {
-                break;
-            };
-            for (bit, logit) in chunk.iter_mut().enumerate() {
-                if word & (1 << bit) == 0 {
-                    *logit = f32::NEG_INFINITY;
+        // Most words of a grammar's mask are all-forbidden or all-allowed: those take a fill
+        // or nothing, and only mixed words go bit by bit.
+        for (chunk, &word) in row.chunks_mut(32).zip(self.mask.as_slice()) {
+            match word {
+                u32::MAX => {}
+                0 => chunk.fill(f32::NEG_INFINITY),
+                // Branch-free, so the loop compiles to vector blends.
+                _ => {
+                    for (bit, logit) in chunk.iter_mut().enumerate() {
+                        let allowed = (word >> bit) & 1 != 0;
+                        *logit = if allowed { *logit } else { f32::NEG_INFINITY };
+                    }
                 }
             }
         }
