@@ -57,6 +57,8 @@ fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
         sampler: None,
         priority: 0,
         request_id: None,
+        constraint: None,
+        logit_bias: Default::default(),
     }
 }
 

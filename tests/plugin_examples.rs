@@ -93,6 +93,8 @@ fn request(
         sampler: None,
         priority,
         request_id: None,
+        constraint: None,
+        logit_bias: Default::default(),
     }
 }
 

@@ -93,6 +93,8 @@ fn greedy_continuations_and_logprobs_match_transformers() {
             sampler: None,
             priority: 0,
             request_id: None,
+            constraint: None,
+            logit_bias: Default::default(),
         };
         let (_, mut events) = engine.submit(request).expect("submitted");
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());

@@ -6,6 +6,10 @@
 //! the logits, sampling (a plugin call over 64 rows of 151,936 logits) and
 //! emitting. The figures are means over every step, from the engine's own
 //! step metrics.
+//!
+//! `-- --json-schema` gives every request a JSON schema (`response_format`): the masks are
+//! then computed each step on the grammar thread, and since the mock device leaves nothing
+//! to overlap them with, `mask_wait` shows their whole cost.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +18,7 @@ use std::time::Instant;
 use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
 };
+use plughost::grammar::Constraint;
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::SamplingParams;
@@ -163,7 +168,18 @@ fn main() {
         profile_output: None,
     };
     let engine = EngineHandle::start(setup, metrics.clone()).expect("engine starts");
-    engine.wait_ready().expect("model loads");
+    let summary = engine.wait_ready().expect("model loads");
+    let with_schema = std::env::args().any(|a| a == "--json-schema");
+    // Long enough that no output completes it within NEW_TOKENS.
+    let schema = serde_json::json!({
+        "type": "array", "items": {"type": "string", "maxLength": 24}, "minItems": 200
+    });
+    let constraint = with_schema.then(|| {
+        summary
+            .grammars
+            .compile(&Constraint::JsonSchema(schema))
+            .expect("the schema compiles")
+    });
     let started = Instant::now();
     let receivers: Vec<_> = (0..SEQUENCES as u32)
         .map(|i| {
@@ -179,6 +195,8 @@ fn main() {
                 sampler: None,
                 priority: 0,
                 request_id: None,
+                constraint: constraint.clone(),
+                logit_bias: Default::default(),
             };
             engine.submit(request).expect("submitted").1
         })
@@ -197,7 +215,8 @@ fn main() {
     let text = metrics.render();
     let (_, steps) = metric_sum_count(&text, "device");
     println!(
-        "{SEQUENCES} sequences x {NEW_TOKENS} tokens, vocabulary {VOCAB}, mock device: {steps} steps in {:.2} s",
+        "{SEQUENCES} sequences x {NEW_TOKENS} tokens, vocabulary {VOCAB}, mock device{}: {steps} steps in {:.2} s",
+        if with_schema { ", JSON schema" } else { "" },
         wall.as_secs_f64()
     );
     println!("{:<16} {:>12}", "part", "µs per step");
@@ -207,6 +226,7 @@ fn main() {
         "prepare_inputs",
         "dispatch",
         "read_logits",
+        "mask_wait",
         "sample",
         "emit",
         "device",

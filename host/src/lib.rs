@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod engine;
+pub mod grammar;
 pub mod kv;
 pub mod load_metrics;
 pub mod metrics;

@@ -258,6 +258,8 @@ fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), String> {
         priority: 0,
         sampler: None,
         request_id: None,
+        constraint: None,
+        logit_bias: Default::default(),
     };
     let submitted = std::time::Instant::now();
     let (_, mut events) = engine.submit(request).map_err(|e| e.to_string())?;

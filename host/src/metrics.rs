@@ -28,6 +28,11 @@ pub struct Metrics {
     pub requests_finished: IntCounterVec,
     pub scheduler_fallbacks: IntCounter,
     pub sampler_fallbacks: IntCounter,
+    /// Tokens a sampler plugin returned that the request's grammar forbids, each replaced by a
+    /// native draw from the masked row.
+    pub grammar_rejections: IntCounter,
+    /// Requests that ended at a grammar dead end (no token allowed).
+    pub grammar_dead_ends: IntCounter,
     pub device_step_retries: IntCounter,
     /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
     pub step_seconds: HistogramVec,
@@ -236,6 +241,16 @@ impl Metrics {
                 r,
                 "sampler_fallbacks_total",
                 "Rows sampled natively because the sampler plugin failed them or was backed off (on_failure = \"fallback\")",
+            ),
+            grammar_rejections: counter(
+                r,
+                "grammar_rejections_total",
+                "Sampled tokens the request's grammar forbids, rejected and drawn again natively",
+            ),
+            grammar_dead_ends: counter(
+                r,
+                "grammar_dead_ends_total",
+                "Requests ended because their grammar allowed no token",
             ),
             device_step_retries: counter(
                 r,

@@ -289,6 +289,8 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
             sampler: None,
             priority: 0,
             request_id: None,
+            constraint: None,
+            logit_bias: Default::default(),
         })
         .expect("submitted");
     let mut tokens = Vec::new();

@@ -616,6 +616,8 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
                 sampler: None,
                 priority: 0,
                 request_id: None,
+                constraint: None,
+                logit_bias: Default::default(),
             });
             expected.push(fits.then_some(max_tokens));
         }
@@ -656,6 +658,8 @@ fn request(prompt_len: u32, max_tokens: u32, priority: i32) -> GenerationRequest
         sampler: None,
         priority,
         request_id: None,
+        constraint: None,
+        logit_bias: Default::default(),
     }
 }
 

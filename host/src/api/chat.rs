@@ -71,6 +71,7 @@ pub async fn create(
                 index,
                 finish_reason: finish_reason(output.finish_reason, !read.calls.is_empty()),
                 message: message(&shape.chat_output, read),
+                stop_reason: output.finish_reason.stop_reason(),
                 logprobs: shape
                     .logprobs
                     .map(|k| chat_logprobs(&tokenizer, &output.logprobs, k)),
@@ -171,6 +172,7 @@ impl Chunks {
                 delta,
                 logprobs,
                 finish_reason: None,
+                stop_reason: None,
             }],
             None,
         )
@@ -190,6 +192,7 @@ impl ChunkFormat for Chunks {
                 delta,
                 logprobs: None,
                 finish_reason: None,
+                stop_reason: None,
             }],
             None,
         ))
@@ -221,6 +224,7 @@ impl ChunkFormat for Chunks {
             delta: ChatDelta::default(),
             logprobs: None,
             finish_reason: Some(finish_reason(reason, made_calls)),
+            stop_reason: reason.stop_reason(),
         };
         chunks.push(self.chunk(vec![choice], None));
         chunks

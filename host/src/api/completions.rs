@@ -67,6 +67,7 @@ pub async fn create(
                 text: output.text,
                 logprobs,
                 finish_reason: Some(output.finish_reason.as_str()),
+                stop_reason: output.finish_reason.stop_reason(),
             }
         })
         .collect();
@@ -127,6 +128,7 @@ impl ChunkFormat for Chunks {
             text,
             logprobs,
             finish_reason: None,
+            stop_reason: None,
         }))
     }
 
@@ -136,6 +138,7 @@ impl ChunkFormat for Chunks {
             text: String::new(),
             logprobs: None,
             finish_reason: Some(reason.as_str()),
+            stop_reason: reason.stop_reason(),
         })]
     }
 

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::engine::EngineError;
+use crate::grammar::GrammarError;
 use crate::plugins::PluginRejection;
 
 /// Everything a request can fail with. [`From<ApiError> for (StatusCode, Json<ErrorResponse>)`]
@@ -108,6 +109,12 @@ pub enum ApiError {
     PluginRejected(PluginRejection),
     #[error("internal error: {message}")]
     Internal { message: String },
+    /// A constraint llguidance could not compile, or a model whose vocabulary it cannot read.
+    #[error("`{param}`: {source}")]
+    Grammar { param: String, source: GrammarError },
+    /// Two fields each constrain the output; only one may.
+    #[error("`{first}` and `{second}` both constrain the output; set only one of them")]
+    ConflictingConstraints { first: String, second: String },
 }
 
 impl ApiError {
@@ -216,6 +223,12 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             PluginRejected(PluginRejection::BackingOff { .. }) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("plugin_backing_off"), None),
             PluginRejected(PluginRejection::Disabled { .. }) =>   (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("plugin_disabled"), None),
             Internal { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
+            Grammar { param, source: GrammarError::Invalid(_) } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("invalid_grammar"), Some(param)),
+            Grammar { param, source: GrammarError::Unavailable(_) } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("unsupported_value"), Some(param)),
+            ConflictingConstraints { second, .. } =>
+                                            (S::BAD_REQUEST, INVALID_REQUEST, Some("conflicting_constraints"), Some(second)),
         };
         (status, Json(ErrorResponse { error: ErrorBody { message, kind, param, code } }))
     }

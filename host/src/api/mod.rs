@@ -18,6 +18,7 @@ pub mod browser;
 pub mod chat;
 pub mod chat_output;
 pub mod completions;
+pub mod constraints;
 pub mod drain;
 pub mod error;
 pub mod logprobs;

@@ -78,6 +78,13 @@ pub struct SamplingFields {
     pub sampler: Option<String>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    // Output shaping, read by `constraints.rs`: kept as JSON so each rule names its field.
+    /// OpenAI's `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<Value>,
+    /// vLLM's `{"json" | "regex" | "choice" | "grammar": ...}`.
+    pub structured_outputs: Option<Value>,
+    /// Token ids (as strings) to offsets in [-100, 100].
+    pub logit_bias: Option<Value>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -145,6 +152,10 @@ pub struct CompletionChoice {
     pub text: String,
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 /// The legacy completions logprobs: parallel lists, one entry per token.
@@ -188,6 +199,10 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: &'static str,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -260,6 +275,10 @@ pub struct ChatChunkChoice {
     pub delta: ChatDelta,
     pub logprobs: Option<ChatLogprobs>,
     pub finish_reason: Option<&'static str>,
+    /// Why a `"stop"` happened when no stop condition caused it (vLLM's extra field), e.g.
+    /// `grammar_dead_end`; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<&'static str>,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -270,6 +270,7 @@ fn build(
         })?,
     };
     let seed = seed(fields.seed.as_ref())?;
+    let shaping = super::constraints::output_shaping(fields, model)?;
     let requested = fields.max_completion_tokens.or(fields.max_tokens);
     let mut choices = Vec::with_capacity(prompts.len() * n);
     let mut prompt_lens = Vec::with_capacity(prompts.len());
@@ -289,6 +290,8 @@ fn build(
                 sampler: fields.sampler.clone(),
                 // Set at submission, where the request's id is known.
                 request_id: None,
+                constraint: shaping.constraint.clone(),
+                logit_bias: shaping.logit_bias.clone(),
             });
         }
     }
@@ -748,10 +751,12 @@ mod tests {
 
     use super::*;
     use crate::api::body::parse_body;
+    use crate::grammar::GrammarCompiler;
     use crate::model::{ChatTemplate, Tokenizer};
 
     fn model() -> ModelSummary {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
+        let tokenizer = Tokenizer::from_dir(&dir).expect("tokenizer");
         ModelSummary {
             name: "tiny".into(),
             root: dir.display().to_string(),
@@ -759,7 +764,8 @@ mod tests {
             max_model_len: 64,
             vocab_size: 448,
             eos_token_ids: vec![447],
-            tokenizer: Tokenizer::from_dir(&dir).expect("tokenizer"),
+            grammars: Arc::new(GrammarCompiler::new(tokenizer.clone(), 448, vec![447])),
+            tokenizer,
             chat_template: Some(Arc::new(ChatTemplate::from_dir(&dir).expect("template"))),
         }
     }
@@ -861,6 +867,97 @@ mod tests {
                 }
                 other => panic!("{json}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn output_constraints_are_checked_and_compiled() {
+        let ok: &[&str] = &[
+            r#"{"prompt": "hi", "response_format": {"type": "text"}}"#,
+            r#"{"prompt": "hi", "response_format": {"type": "json_object"}}"#,
+            r#"{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}"#,
+            r#"{"prompt": "hi", "structured_outputs": {"regex": "[a-c]+"}}"#,
+            r#"{"prompt": "hi", "structured_outputs": {"choice": ["yes", "no"]}}"#,
+            r#"{"prompt": "hi", "structured_outputs": {"grammar": "start: \"a\" | \"b\""}}"#,
+            r#"{"prompt": "hi", "structured_outputs": {"json": "{\"type\": \"string\"}"}}"#,
+            r#"{"prompt": "hi", "logit_bias": {"5": -100, "7": 100, "9": 0.5}}"#,
+        ];
+        for json in ok {
+            completion(json).unwrap_or_else(|e| panic!("{json}: {e:?}"));
+        }
+        let v = completion(r#"{"prompt": "hi", "response_format": {"type": "json_object"}}"#)
+            .expect("valid");
+        assert!(v.choices()[0].constraint.is_some());
+        let text =
+            completion(r#"{"prompt": "hi", "response_format": {"type": "text"}}"#).expect("valid");
+        assert!(text.choices()[0].constraint.is_none());
+
+        let refused: &[(&str, &str)] = &[
+            (
+                r#"{"prompt": "hi", "logit_bias": {"5": 101}}"#,
+                "logit_bias",
+            ),
+            (
+                r#"{"prompt": "hi", "logit_bias": {"5": "x"}}"#,
+                "logit_bias",
+            ),
+            (
+                r#"{"prompt": "hi", "logit_bias": {"448": 1}}"#,
+                "logit_bias",
+            ),
+            (r#"{"prompt": "hi", "logit_bias": {"a": 1}}"#, "logit_bias"),
+            (r#"{"prompt": "hi", "logit_bias": [1]}"#, "logit_bias"),
+            (
+                r#"{"prompt": "hi", "response_format": {"type": "xml"}}"#,
+                "response_format.type",
+            ),
+            (
+                r#"{"prompt": "hi", "response_format": {"type": "json_schema"}}"#,
+                "response_format.json_schema",
+            ),
+            (
+                r#"{"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (
+                r#"{"prompt": "hi", "structured_outputs": {"regex": "a", "choice": ["a"]}}"#,
+                "structured_outputs",
+            ),
+            (
+                r#"{"prompt": "hi", "structured_outputs": {}}"#,
+                "structured_outputs",
+            ),
+            (
+                r#"{"prompt": "hi", "structured_outputs": {"choice": []}}"#,
+                "structured_outputs.choice",
+            ),
+            (
+                r#"{"prompt": "hi", "structured_outputs": {"regex": 5}}"#,
+                "structured_outputs.regex",
+            ),
+        ];
+        for (json, param) in refused {
+            match completion(json) {
+                Err(ApiError::InvalidParam { param: Some(p), .. }) => {
+                    assert_eq!(p, *param, "{json}")
+                }
+                other => panic!("{json}: {other:?}"),
+            }
+        }
+        match completion(r#"{"prompt": "hi", "structured_outputs": {"regex": "(a"}}"#) {
+            Err(ApiError::Grammar { param, .. }) => assert_eq!(param, "structured_outputs.regex"),
+            other => panic!("{other:?}"),
+        }
+        match completion(
+            r#"{"prompt": "hi", "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}"#,
+        ) {
+            Err(ApiError::ConflictingConstraints { first, second }) => {
+                assert_eq!(
+                    (first.as_str(), second.as_str()),
+                    ("response_format", "structured_outputs.regex")
+                )
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -87,6 +87,10 @@ pub struct BenchOptions {
     /// Keep generating past end-of-sequence so every request yields `output-len` tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// A JSON schema file: every request then carries it as `response_format` (`json_schema`),
+    /// to measure what constrained decoding costs.
+    #[arg(long, value_name = "FILE", value_parser = read_json_schema)]
+    pub json_schema: Option<Value>,
     /// Seconds one request may take from sending to the end of its stream; a request still
     /// unfinished then counts as failed, so a hung server cannot hang the benchmark.
     #[arg(long, value_name = "SECS", default_value_t = 600.0)]
@@ -391,6 +395,12 @@ fn request_body(
     if let Some(top_k) = options.top_k {
         body["top_k"] = json!(top_k);
     }
+    if let Some(schema) = &options.json_schema {
+        body["response_format"] = json!({
+            "type": "json_schema",
+            "json_schema": {"name": "bench", "schema": schema},
+        });
+    }
     if let Some(priority) = options.priority(index) {
         body["priority"] = json!(priority);
     }
@@ -399,6 +409,12 @@ fn request_body(
         body[key] = value;
     }
     body
+}
+
+/// `--json-schema FILE`: the file's JSON, read once at start.
+fn read_json_schema(path: &str) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"))?;
+    serde_json::from_str(&text).map_err(|e| format!("{path} is not JSON: {e}"))
 }
 
 /// Seconds after the start at which each request arrives.

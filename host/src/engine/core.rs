@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use plughost_sdk::sampler::{Sampled, SamplingParams};
 
+use crate::grammar::{GrammarMatcher, MaskState, Progress};
 use crate::kv::KvCacheManager;
 use crate::metrics::Metrics;
 use crate::model::Tokenizer;
@@ -19,6 +20,7 @@ use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use crate::sched::{self, Phase, Plan, RequestView, Resources};
 
 use super::health::EngineHealth;
+use super::masks::StepMasks;
 use super::request::{FinishReason, GenerationEvent, TokenLogprob, Usage};
 use super::state::RequestState;
 use super::stop::StopOutcome;
@@ -52,6 +54,8 @@ pub struct EngineCore {
     pub num_steps: u64,
     /// Progress stamps for the watchdog, and the requests it fails if the engine cannot.
     pub health: Arc<EngineHealth>,
+    /// Constrained decoding's mask thread and per-step buffers.
+    pub masks: StepMasks,
 }
 
 impl EngineCore {
@@ -126,7 +130,13 @@ impl EngineCore {
     }
 
     /// Records one part of the step in the metrics and, when profiling, as a trace span.
-    fn record(&mut self, part: &'static str, track: Track, start: Instant, duration: Duration) {
+    pub(super) fn record(
+        &mut self,
+        part: &'static str,
+        track: Track,
+        start: Instant,
+        duration: Duration,
+    ) {
         self.metrics
             .step_seconds
             .with_label_values(&[part])
@@ -159,7 +169,10 @@ impl EngineCore {
             self.update_gauges();
             return;
         }
-        let emitting = match self.execute_with_retry(&scheduled) {
+        self.begin_masks(&scheduled);
+        let executed = self.execute_with_retry(&scheduled);
+        self.finish_masks();
+        let emitting = match executed {
             Ok(emitting) => emitting,
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
@@ -458,6 +471,7 @@ impl EngineCore {
     /// while requests of several generations run, each generation samples its own rows.
     fn sample(&mut self, emitting: &[u64]) -> Vec<SampledRow> {
         let vocab = self.runtime.model_info().vocab_size as usize;
+        self.shape_rows(emitting);
         let mut batch = LogitsBatch::new(std::mem::take(&mut self.logits), vocab);
         let mut sequences = Vec::with_capacity(emitting.len());
         let mut samplers: Vec<Option<Arc<LoadedSampler>>> = Vec::with_capacity(emitting.len());
@@ -494,7 +508,7 @@ impl EngineCore {
             (None, None) => true,
             _ => false,
         };
-        let sampled = match samplers.first() {
+        let mut sampled = match samplers.first() {
             Some(first) if samplers.iter().any(|s| !same(s, first)) => {
                 self.sample_by_generation(&mut batch, &sequences, &samplers, same)
             }
@@ -503,7 +517,9 @@ impl EngineCore {
                 self.sample_with(sampler.as_deref(), &mut batch, &sequences)
             }
         };
+        self.enforce_masks(&mut batch, emitting, &sequences, &samplers, &mut sampled);
         self.logits = batch.into_values();
+        self.fail_lost_grammars();
         sampled
     }
 
@@ -596,6 +612,12 @@ impl EngineCore {
         let Some(state) = self.requests.get_mut(&id) else {
             return;
         };
+        if let Some(MaskState::DeadEnd(cause)) = state.grammar.as_deref().map(GrammarMatcher::state)
+        {
+            let cause = cause.clone();
+            self.end_at_dead_end(id, &cause);
+            return;
+        }
         let now = Instant::now();
         match state.last_token {
             None => self
@@ -613,16 +635,23 @@ impl EngineCore {
         state.output.push(token);
         state.tokens.push(token);
         let logprobs = if state.request.logprobs {
+            // Masked tokens (-inf) are not alternatives; no JSON carries -inf or NaN.
+            let mut top = sampled.top_logprobs;
+            top.retain(|c| c.value.is_finite());
             vec![TokenLogprob {
                 token,
                 logprob: sampled.logprob,
-                top: sampled.top_logprobs,
+                top,
             }]
         } else {
             Vec::new()
         };
         let is_eos = !state.request.stop.ignore_eos && self.eos_token_ids.contains(&token);
         let is_stop_token = state.request.stop.stop_token_ids.contains(&token);
+        let progress = match state.grammar.as_mut() {
+            Some(grammar) if !is_eos && !is_stop_token => grammar.commit(token),
+            _ => Progress::Continue,
+        };
         let mut finish = None;
         let mut stop_string_matched = false;
         let mut text = String::new();
@@ -644,6 +673,16 @@ impl EngineCore {
                     request_id = state.request_id(),
                     "detokenizing failed: {e}"
                 ),
+            }
+        }
+        if finish.is_none() {
+            match progress {
+                Progress::Continue => {}
+                Progress::Complete => finish = Some(FinishReason::Stop),
+                Progress::DeadEnd(cause) => {
+                    tracing::warn!(request = id, request_id = state.request_id(), "{cause}");
+                    finish = Some(FinishReason::GrammarDeadEnd);
+                }
             }
         }
         if finish.is_none()
@@ -678,7 +717,7 @@ impl EngineCore {
         }
     }
 
-    fn finish(&mut self, id: u64, reason: FinishReason) {
+    pub(super) fn finish(&mut self, id: u64, reason: FinishReason) {
         self.health.in_flight.remove(id);
         self.health.liveness.progressed();
         self.kv.free(id);
@@ -700,6 +739,9 @@ impl EngineCore {
             .requests_finished
             .with_label_values(&[reason.as_str()])
             .inc();
+        if reason == FinishReason::GrammarDeadEnd {
+            self.metrics.grammar_dead_ends.inc();
+        }
         let _ = state
             .events
             .send(GenerationEvent::Finished { reason, usage });
@@ -801,7 +843,7 @@ impl EngineCore {
 
 /// What sampling gave one emitting row.
 #[derive(Debug, Clone)]
-enum SampledRow {
+pub(super) enum SampledRow {
     Token(Sampled),
     /// Sampled natively because the sampler failed the row (`culprit`: on the row's own
     /// input) or is backed off, under its `fallback` policy.

@@ -11,6 +11,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use super::fingerprint::ModelIdentity;
 use crate::device::{Device, DeviceLibrary};
+use crate::grammar::GrammarCompiler;
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
@@ -129,6 +130,8 @@ pub struct ModelSummary {
     pub eos_token_ids: Vec<u32>,
     pub tokenizer: Tokenizer,
     pub chat_template: Option<Arc<ChatTemplate>>,
+    /// Compiles the request's output constraints against this model's vocabulary.
+    pub grammars: Arc<GrammarCompiler>,
 }
 
 enum Command {
@@ -575,6 +578,10 @@ fn new_request_state(
         detokenizer: core.tokenizer.decode_stream(true),
         stop: StopMatcher::new(&request.stop.stop_strings),
         events,
+        grammar: request
+            .constraint
+            .as_ref()
+            .map(|grammar| Box::new(grammar.matcher())),
         request,
         _deployment: deployment,
         sampler,
@@ -707,6 +714,12 @@ fn load_engine(
         block_size: options.block_size,
         enable_prefix_caching: options.enable_prefix_caching,
     });
+    let grammars = Arc::new(GrammarCompiler::new(
+        tokenizer.clone(),
+        vocab_size,
+        eos_token_ids.clone(),
+    ));
+    prepare_grammars_in_background(&grammars);
     let summary = ModelSummary {
         name: setup.model_name.clone(),
         root: setup.model_dir.display().to_string(),
@@ -716,6 +729,7 @@ fn load_engine(
         eos_token_ids: eos_token_ids.clone(),
         tokenizer: tokenizer.clone(),
         chat_template,
+        grammars,
     };
     deployments.activate(deployment.clone());
     let core = EngineCore {
@@ -738,8 +752,26 @@ fn load_engine(
         profiler: setup.profile_output.as_ref().map(|_| Profiler::default()),
         num_steps: 0,
         health,
+        masks: Default::default(),
     };
     Ok((core, summary))
+}
+
+/// Builds the token environment of constrained decoding off the start path: tens of
+/// milliseconds for a large vocabulary that only constrained requests need. A request that
+/// comes first waits for it; a tokenizer llguidance cannot read is reported to those requests.
+fn prepare_grammars_in_background(grammars: &Arc<GrammarCompiler>) {
+    let grammars = grammars.clone();
+    let spawned = std::thread::Builder::new()
+        .name("grammar-prepare".into())
+        .spawn(move || {
+            if let Err(e) = grammars.prepare() {
+                tracing::warn!("{e}");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start the thread that prepares constrained decoding: {e}");
+    }
 }
 
 /// The longest sequence the engine accepts: one sequence of that length must fit the KV cache,

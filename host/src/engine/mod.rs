@@ -9,6 +9,7 @@ mod core;
 mod fingerprint;
 mod handle;
 mod health;
+mod masks;
 pub mod reload;
 mod request;
 mod state;

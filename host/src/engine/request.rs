@@ -4,6 +4,8 @@ use std::sync::Arc;
 
 use plughost_sdk::sampler::{Candidate, SamplingParams};
 
+use crate::grammar::{CompiledGrammar, LogitBias};
+
 pub type RequestId = u64;
 
 /// When generation stops, besides `max_tokens`.
@@ -35,6 +37,10 @@ pub struct GenerationRequest {
     /// The id of the API request this sequence serves (its `X-Request-Id`), named by every
     /// engine log line about the sequence; `None` outside the API.
     pub request_id: Option<Arc<str>>,
+    /// The grammar the output must follow (structured outputs); each choice gets its own matcher.
+    pub constraint: Option<CompiledGrammar>,
+    /// Offsets added to the logits before the grammar mask and the sampler.
+    pub logit_bias: LogitBias,
 }
 
 /// Why a request finished.
@@ -46,6 +52,9 @@ pub enum FinishReason {
     Length,
     /// The client went away or the engine shut down.
     Abort,
+    /// The request's grammar allowed no token: reported as `"stop"`, with the cause in
+    /// [`FinishReason::stop_reason`].
+    GrammarDeadEnd,
 }
 
 impl FinishReason {
@@ -54,6 +63,16 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::GrammarDeadEnd => "stop",
+        }
+    }
+
+    /// Why a `"stop"` that no stop condition caused happened, for the response's extra
+    /// `stop_reason` field.
+    pub fn stop_reason(self) -> Option<&'static str> {
+        match self {
+            FinishReason::GrammarDeadEnd => Some("grammar_dead_end"),
+            _ => None,
         }
     }
 }

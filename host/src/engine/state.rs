@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::grammar::GrammarMatcher;
 use crate::kv::ComputedPrefix;
 use crate::model::DecodeStream;
 use crate::plugins::Generation;
@@ -44,6 +45,9 @@ pub struct RequestState {
     pub sampler: Option<Arc<LoadedSampler>>,
     /// Tokens the host's built-in sampler chose in place of a failed sampler plugin.
     pub sampler_fallback: SamplerFallback,
+    /// Where the output stands in the request's grammar; `None` for unconstrained requests,
+    /// and while the mask worker holds it during a step.
+    pub grammar: Option<Box<GrammarMatcher>>,
 }
 
 /// How much of a request the built-in sampler served under a sampler's `fallback` policy.

@@ -238,13 +238,14 @@ where
     lanes.into_iter().sum()
 }
 
-/// `exp(x)` for `x <= 0` (a logit minus the row's maximum), within a few ulp; 0 below -87.
+/// `exp(x)` for `x <= 0` (a logit minus the row's maximum), within a few ulp; 0 below -87 and for NaN.
 /// Branch-free and call-free: `2^n · p(r)` with `x = n·ln 2 + r`, `|r| <= ln 2 / 2`.
 #[inline(always)]
 fn exp_below_zero(x: f32) -> f32 {
-    // Below -87 the result is under f32's normal range: flush to 0 (NaN compares false and
-    // also maps to -87, whose exponential is negligible next to the maximum's 1).
-    let x = if x > -87.0 { x } else { -87.0 };
+    // Below -87 the result is under f32's normal range: flush to 0, as for NaN. Masked tokens
+    // (-inf) must weigh exactly 0, so that no draw can land on them.
+    let in_range = x >= -87.0;
+    let x = if in_range { x } else { -87.0 };
     // Round `x / ln 2` to an integer by adding 1.5 · 2^23 (round to nearest, no SSE4.1).
     const ROUNDER: f32 = 12_582_912.0;
     let shifted = x * std::f32::consts::LOG2_E + ROUNDER;
@@ -257,7 +258,8 @@ fn exp_below_zero(x: f32) -> f32 {
         p = p * r + coefficient;
     }
     // `n` lies in [-126, 0], so `2^n` is a normal f32 built from its exponent bits.
-    p * f32::from_bits(((n_bits + 127) as u32) << 23)
+    let value = p * f32::from_bits(((n_bits + 127) as u32) << 23);
+    if in_range { value } else { 0.0 }
 }
 
 pub fn log_softmax(row: &[f32], ids: &[u32], temperature: f32) -> Vec<f32> {
@@ -611,7 +613,12 @@ mod tests {
             worst < 4.0 * f64::from(f32::EPSILON),
             "relative error {worst}"
         );
-        assert_eq!(exp_below_zero(-1000.0), exp_below_zero(-87.0));
+        assert_eq!(exp_below_zero(-1000.0), 0.0);
+        assert_eq!(
+            exp_below_zero(f32::NEG_INFINITY),
+            0.0,
+            "a masked token weighs nothing"
+        );
         assert!(exp_below_zero(f32::NAN) < 1e-37);
     }
 
