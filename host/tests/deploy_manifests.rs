@@ -765,8 +765,8 @@ fn the_image_ships_built_plugins_runs_unprivileged_and_builds_where_an_engine_ru
     }
     let user = dockerfile
         .lines()
-        .filter_map(|l| l.strip_prefix("USER "))
-        .last()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
         .expect("a USER line");
     let uid: u32 = user
         .split(':')
