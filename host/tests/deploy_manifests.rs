@@ -584,19 +584,7 @@ fn the_replicas_flags_serve_the_config_map_and_the_probes_and_epp_metrics_answer
         .clone();
     assert_eq!(volume["configMap"]["name"], "plughost-deployment");
 
-    // The manifest's own flags, but the model, device, address and port of this machine.
-    let local_only = ["model", "host", "port", "device-config", "config"];
-    let mut flags: Vec<String> = server_args[1..]
-        .iter()
-        .filter(|a| {
-            !local_only
-                .iter()
-                .any(|f| a.starts_with(&format!("--{f}=")) || **a == format!("--{f}"))
-        })
-        .cloned()
-        .collect();
-    flags.push("--config".into());
-    flags.push(deployment_file.display().to_string());
+    let flags = local_serve_flags(&server_args, &deployment_file);
     let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
     let running = Server::start(&flag_refs);
 
@@ -735,6 +723,106 @@ fn the_config_map_deployment_passes_plughost_check() {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The manifest's `serve` flags with the model, device, address, port and deployment file of
+/// this machine instead of the pod's (the test server adds its own model, device and port).
+fn local_serve_flags(server_args: &[String], deployment_file: &Path) -> Vec<String> {
+    let local_only = ["model", "host", "port", "device-config", "config"];
+    let mut flags: Vec<String> = server_args[1..]
+        .iter()
+        .filter(|a| {
+            !local_only
+                .iter()
+                .any(|f| a.starts_with(&format!("--{f}=")) || **a == format!("--{f}"))
+        })
+        .cloned()
+        .collect();
+    flags.push("--config".into());
+    flags.push(deployment_file.display().to_string());
+    flags
+}
+
+/// Writes `deploy.toml` into `dir` as the kubelet lays out a ConfigMap volume: the file is a
+/// symlink through `..data`, which points at a timestamped folder and is swapped in one
+/// rename when the ConfigMap changes.
+fn project_config_map(dir: &Path, generation: u32, toml: &str) {
+    let data = format!("..2026_01_01_00_00_0{generation}.000000000");
+    std::fs::create_dir_all(dir.join(&data)).expect("a data folder");
+    std::fs::write(dir.join(&data).join("deploy.toml"), toml).expect("write deploy.toml");
+    let staged = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&data, &staged).expect("stage ..data");
+    std::fs::rename(&staged, dir.join("..data")).expect("swap ..data");
+    if generation == 1 {
+        std::os::unix::fs::symlink("..data/deploy.toml", dir.join("deploy.toml"))
+            .expect("link deploy.toml");
+    }
+}
+
+fn metric_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn an_edited_config_map_reloads_the_replicas_plugins_without_a_restart() {
+    let documents = manifests();
+    let (_, server) = plughost_deployment(&documents);
+    let config_map = find(&documents, "ConfigMap", "plughost-deployment");
+    let local = format!("{}/", serve_support::plugins_dir().display());
+    let toml = text(&config_map, "/data/deploy.toml").replace(IMAGE_PLUGINS_DIR, &local);
+    let dir = std::env::temp_dir().join(format!("plughost-config-map-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a mount folder");
+    project_config_map(&dir, 1, &toml);
+    let flags = local_serve_flags(&args(&server), &dir.join("deploy.toml"));
+    assert!(flags.iter().any(|f| f == "--watch-config"), "{flags:?}");
+    let flag_refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let running = Server::start(&flag_refs);
+    let metrics = running.try_get("/metrics").expect("metrics").body;
+    assert_eq!(
+        metric_value(&metrics, "plughost_deployment_generation"),
+        Some(1.0)
+    );
+
+    // The edit an operator makes: another scheduler.
+    assert!(toml.contains("plughost_scheduler_priority.wasm"), "{toml}");
+    let edited = toml
+        .replace(
+            "plughost_scheduler_priority.wasm",
+            "plughost_scheduler_fcfs.wasm",
+        )
+        .replace(
+            "config = { aging_rate = 0.05, max_prefill_chunk = 512 }",
+            "config = {}",
+        );
+    project_config_map(&dir, 2, &edited);
+    let deadline = std::time::Instant::now() + serve_support::LOAD_DEADLINE;
+    loop {
+        let metrics = running.try_get("/metrics").expect("metrics").body;
+        if metric_value(&metrics, "plughost_deployment_generation") == Some(2.0) {
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("plughost_plugin_info")
+                        && l.contains("plughost_scheduler_fcfs.wasm")
+                        && l.contains("slot=\"scheduler\"")),
+                "{metrics}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ConfigMap swap never reloaded:\n{}",
+            running.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let health = running.try_get("/ready").expect("ready answers");
+    assert_eq!(health.status, 200);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
