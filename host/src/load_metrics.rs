@@ -4,7 +4,7 @@
 //! cache's block size from every replica; its metric names are flags whose defaults are
 //! vLLM's. `--metrics-names vllm` exports the same values a second time under those names.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use prometheus::{Gauge, GaugeVec, Opts, Registry};
 
@@ -83,6 +83,9 @@ struct ModelGauges {
 pub struct LoadGauges {
     families: Vec<Family>,
     model: OnceLock<ModelGauges>,
+    /// Held while the namings are updated and while they are read, so a scrape never sees
+    /// one naming a step ahead of the other.
+    consistent: Mutex<()>,
 }
 
 impl LoadGauges {
@@ -96,6 +99,7 @@ impl LoadGauges {
         LoadGauges {
             families,
             model: OnceLock::new(),
+            consistent: Mutex::new(()),
         }
     }
 
@@ -130,6 +134,7 @@ impl LoadGauges {
         let Some(gauges) = self.model.get() else {
             return;
         };
+        let _consistent = self.consistent.lock().unwrap_or_else(|p| p.into_inner());
         for g in &gauges.waiting {
             g.set(waiting as f64);
         }
@@ -139,5 +144,11 @@ impl LoadGauges {
         for g in &gauges.kv_usage {
             g.set(kv_usage.clamp(0.0, 1.0));
         }
+    }
+
+    /// Runs `read` (a scrape) with every naming at the same update.
+    pub fn read_consistently<R>(&self, read: impl FnOnce() -> R) -> R {
+        let _consistent = self.consistent.lock().unwrap_or_else(|p| p.into_inner());
+        read()
     }
 }

@@ -282,8 +282,11 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = Vec::new();
-        let mut families = self.registry.gather();
-        families.extend(self.foreign.gather());
+        let families = self.load.read_consistently(|| {
+            let mut families = self.registry.gather();
+            families.extend(self.foreign.gather());
+            families
+        });
         if TextEncoder::new().encode(&families, &mut out).is_err() {
             return String::new();
         }

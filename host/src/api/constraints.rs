@@ -63,14 +63,17 @@ pub struct OutputShaping {
     pub logit_bias: LogitBias,
 }
 
-/// Reads `response_format`, `structured_outputs` and `logit_bias` and compiles the constraint.
+/// Reads `response_format`, `structured_outputs` and `logit_bias`, takes the grammar a
+/// required tool call needs, refuses more than one constraint, and compiles the one there is.
 pub fn output_shaping(
     fields: &SamplingFields,
     model: &ModelSummary,
+    forced_tool_call: Option<ConstraintSource>,
 ) -> Result<OutputShaping, ApiError> {
     let source = single_source([
         response_format(fields.response_format.as_ref())?,
         structured_outputs(fields.structured_outputs.as_ref())?,
+        forced_tool_call,
     ])?;
     let logit_bias = logit_bias(fields.logit_bias.as_ref(), model.vocab_size)?;
     let constraint = source.map(|s| s.compile(model)).transpose()?;

@@ -11,13 +11,15 @@ use crate::engine::{GenerationRequest, ModelSummary, StopConditions};
 use crate::model::{Bounded, ChatMessage, GenerationDefaults, RenderOptions, ToolCall};
 
 use super::chat_output::ChatOutputPlan;
+use super::constraints::ConstraintSource;
 use super::error::ApiError;
 use super::openai::{
     ChatCompletionRequest, ChatMessageIn, CompletionRequest, GenerationBody, SamplingFields,
 };
 use super::options::ReasoningParserChoice;
 use super::reasoning::{ReasoningParser, ReasoningSyntax};
-use super::tools::{ChatTools, ToolChoice};
+use super::tools::ChatTools;
+use crate::grammar::Constraint;
 
 /// Most choices (`n`) per prompt.
 pub const MAX_N: i64 = 128;
@@ -110,7 +112,7 @@ pub fn validate_completion(
     };
     let prompts = completion_prompts(request.prompt.as_ref(), model)?;
     let default = DefaultMaxTokens::UpTo(COMPLETIONS_DEFAULT_MAX_TOKENS);
-    build(&sampling, prompts, logprobs, default, model)
+    build(&sampling, prompts, logprobs, default, model, None)
 }
 
 pub fn validate_chat(
@@ -158,20 +160,14 @@ pub fn validate_chat(
         ReasoningParserChoice::Auto => template.thinks().then_some(ReasoningSyntax::Think),
     }
     .map(|syntax| (syntax, ReasoningParser::prompt_opens_block(syntax, &text)));
-    if let Some(tools) = &tools
-        && tools.grammar(template.tool_call_syntax()).is_some()
-    {
-        let kind = match tools.choice() {
-            ToolChoice::Named(_) => "a named function",
-            _ => "\"required\"",
-        };
-        return Err(unsupported(
-            "tool_choice",
-            &format!(
-                "`tool_choice` {kind} needs constrained decoding, which this server does not have yet; use \"auto\""
-            ),
-        ));
-    }
+    // A required or named call is forced by a grammar, so its arguments always parse.
+    let forced_tool_call = tools
+        .as_ref()
+        .and_then(|t| t.grammar(template.tool_call_syntax()))
+        .map(|grammar| ConstraintSource {
+            field: "tool_choice".into(),
+            constraint: Constraint::Lark(grammar),
+        });
     let chat_output = ChatOutputPlan::new(
         reasoning,
         tools
@@ -184,6 +180,7 @@ pub fn validate_chat(
         logprobs,
         DefaultMaxTokens::ContextEnd,
         model,
+        forced_tool_call,
     )?;
     validated.shape.chat_output = chat_output;
     Ok(validated)
@@ -247,6 +244,7 @@ fn build(
     logprobs: Option<u32>,
     default_max_tokens: DefaultMaxTokens,
     model: &ModelSummary,
+    forced_tool_call: Option<ConstraintSource>,
 ) -> Result<ValidatedRequest, ApiError> {
     let fields = &with_model_defaults(fields, &model.generation_defaults);
     let default_max_tokens = match model.generation_defaults.max_new_tokens {
@@ -270,7 +268,7 @@ fn build(
         })?,
     };
     let seed = seed(fields.seed.as_ref())?;
-    let shaping = super::constraints::output_shaping(fields, model)?;
+    let shaping = super::constraints::output_shaping(fields, model, forced_tool_call)?;
     let requested = fields.max_completion_tokens.or(fields.max_tokens);
     let mut choices = Vec::with_capacity(prompts.len() * n);
     let mut prompt_lens = Vec::with_capacity(prompts.len());
