@@ -42,6 +42,18 @@ pub struct ChatCompletionRequest {
     pub tool_choice: Option<Value>,
     /// Whether a required choice may make several calls (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// OpenAI fields this server cannot honour unless they ask for nothing beyond text: each
+    /// is refused with 400 naming it when set otherwise (see `validation`).
+    pub modalities: Option<Value>,
+    pub audio: Option<Value>,
+    pub prediction: Option<Value>,
+    pub reasoning_effort: Option<Value>,
+    pub service_tier: Option<Value>,
+    pub web_search_options: Option<Value>,
+    pub functions: Option<Value>,
+    pub function_call: Option<Value>,
+    pub verbosity: Option<Value>,
+    pub store: Option<Value>,
     /// Extra chat-template variables (vLLM's extension), e.g. `enable_thinking`.
     pub chat_template_kwargs: Option<BTreeMap<String, Value>>,
 }

@@ -122,6 +122,7 @@ pub fn validate_chat(
 ) -> Result<ValidatedRequest, ApiError> {
     let GenerationBody { request, sampling } = body;
     check_model(request.model.as_deref(), model)?;
+    refuse_what_chat_cannot_honour(&request)?;
     let logprobs = chat_logprobs(request.logprobs, request.top_logprobs)?;
     let template = model
         .chat_template
@@ -184,6 +185,71 @@ pub fn validate_chat(
     )?;
     validated.shape.chat_output = chat_output;
     Ok(validated)
+}
+
+/// OpenAI chat fields this server cannot honour: each is fine absent, null or asking for
+/// nothing beyond plain text generation, and refused with 400 naming it otherwise.
+fn refuse_what_chat_cannot_honour(request: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let set = |v: &Option<Value>| v.as_ref().filter(|v| !v.is_null()).cloned();
+    if let Some(modalities) = set(&request.modalities)
+        && modalities != serde_json::json!(["text"])
+    {
+        return Err(unsupported(
+            "modalities",
+            "only the text modality is supported: `[\"text\"]`",
+        ));
+    }
+    let refused: [(&str, &Option<Value>, &str); 7] = [
+        ("audio", &request.audio, "audio output is not supported"),
+        (
+            "prediction",
+            &request.prediction,
+            "predicted outputs are not supported",
+        ),
+        (
+            "reasoning_effort",
+            &request.reasoning_effort,
+            "`reasoning_effort` is not supported; a thinking model's `chat_template_kwargs: {\"enable_thinking\": false}` turns its reasoning off",
+        ),
+        (
+            "web_search_options",
+            &request.web_search_options,
+            "web search is not supported",
+        ),
+        (
+            "functions",
+            &request.functions,
+            "`functions` is deprecated and not supported; use `tools`",
+        ),
+        (
+            "function_call",
+            &request.function_call,
+            "`function_call` is deprecated and not supported; use `tool_choice`",
+        ),
+        (
+            "verbosity",
+            &request.verbosity,
+            "`verbosity` is not supported",
+        ),
+    ];
+    if let Some((param, _, message)) = refused.into_iter().find(|(_, v, _)| set(v).is_some()) {
+        return Err(unsupported(param, message));
+    }
+    if let Some(tier) = set(&request.service_tier)
+        && !matches!(tier.as_str(), Some("auto" | "default"))
+    {
+        return Err(unsupported(
+            "service_tier",
+            "this server has one service tier: `auto` or `default`",
+        ));
+    }
+    if set(&request.store).is_some_and(|s| s != Value::Bool(false)) {
+        return Err(unsupported(
+            "store",
+            "stored completions are not supported; `store` may only be false",
+        ));
+    }
+    Ok(())
 }
 
 /// Shows the request's tools to the model: the template's `tools` JSON when it renders them;
@@ -765,6 +831,42 @@ mod tests {
             grammars: Arc::new(GrammarCompiler::new(tokenizer.clone(), 448, vec![447])),
             tokenizer,
             chat_template: Some(Arc::new(ChatTemplate::from_dir(&dir).expect("template"))),
+        }
+    }
+
+    #[test]
+    fn chat_fields_beyond_text_are_refused_naming_them() {
+        let messages = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        for (field, value) in [
+            ("modalities", r#"["text", "audio"]"#),
+            ("audio", r#"{"voice": "alloy", "format": "wav"}"#),
+            ("prediction", r#"{"type": "content", "content": "x"}"#),
+            ("reasoning_effort", r#""low""#),
+            ("web_search_options", "{}"),
+            ("functions", r#"[{"name": "f"}]"#),
+            ("function_call", r#""auto""#),
+            ("verbosity", r#""low""#),
+            ("service_tier", r#""flex""#),
+            ("store", "true"),
+        ] {
+            let body = format!(r#"{{{messages}, "{field}": {value}}}"#);
+            let error = chat(&body).expect_err(&body);
+            let (status, axum::Json(shown)) = <(
+                axum::http::StatusCode,
+                axum::Json<super::super::ErrorResponse>,
+            )>::from(error);
+            assert_eq!(status, 400, "{body}");
+            assert_eq!(shown.error.param.as_deref(), Some(field), "{body}");
+        }
+        for (field, value) in [
+            ("modalities", r#"["text"]"#),
+            ("service_tier", r#""auto""#),
+            ("store", "false"),
+            ("audio", "null"),
+            ("user", r#""someone""#),
+        ] {
+            let body = format!(r#"{{{messages}, "{field}": {value}}}"#);
+            assert!(chat(&body).is_ok(), "{body}");
         }
     }
 
