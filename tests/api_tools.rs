@@ -181,3 +181,46 @@ fn the_qwen3_template_turns_reasoning_on_and_enable_thinking_off_leaves_content_
     );
     assert_eq!(off["usage"]["completion_tokens"], 12);
 }
+
+#[test]
+fn a_schema_starts_after_the_reasoning_block_and_at_once_without_thinking() {
+    let messages = json!([{"role": "user", "content": "Give me an object."}]);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "a", "schema": schema}});
+    // Thinking off: the prompt closed the block, so the whole answer is the schema's JSON.
+    let (status, off) = chat(json!({
+        "model": MODEL, "messages": messages, "max_tokens": 40, "temperature": 0,
+        "response_format": format, "chat_template_kwargs": {"enable_thinking": false},
+    }));
+    assert_eq!(status, 200, "{off}");
+    let content = off["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content");
+    let value: Value = serde_json::from_str(content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+    assert!(
+        value["a"].as_i64().is_some_and(|a| (0..=9).contains(&a)),
+        "{value}"
+    );
+    // Thinking on: the prompt opens the block and the model reasons freely; this random model
+    // never closes it, so no token is forced into JSON and everything is reasoning.
+    let (status, on) = chat(json!({
+        "model": MODEL, "messages": messages, "max_tokens": 24, "temperature": 0,
+        "response_format": format,
+    }));
+    assert_eq!(status, 200, "{on}");
+    let message = &on["choices"][0]["message"];
+    assert_eq!(on["choices"][0]["finish_reason"], "length", "{on}");
+    assert!(
+        message["reasoning_content"]
+            .as_str()
+            .is_some_and(|r| !r.is_empty()),
+        "{on}"
+    );
+    assert_eq!(message["content"], "", "{on}");
+    assert_eq!(
+        on["usage"]["prompt_tokens"]
+            .as_u64()
+            .map(|n| n > off["usage"]["prompt_tokens"].as_u64().unwrap_or(0) - 10),
+        Some(true)
+    );
+}

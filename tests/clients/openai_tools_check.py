@@ -34,6 +34,9 @@ TOOLS = [
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+# The test model is random and would never end a reasoning block, after which a forced call
+# starts: thinking off, so the call is forced from the first token.
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
 
 def fail(message):
@@ -62,7 +65,7 @@ def check_calls(calls, allowed, where):
 def whole(tool_choice, seed):
     response = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice,
-        parallel_tool_calls=False, max_tokens=300, temperature=0.8, seed=seed)
+        parallel_tool_calls=False, max_tokens=300, temperature=0.8, seed=seed, extra_body=NO_THINKING)
     choice = response.choices[0]
     if choice.finish_reason != "tool_calls":
         fail(f"{tool_choice}: finish_reason {choice.finish_reason}: {choice}")
@@ -74,7 +77,8 @@ def whole(tool_choice, seed):
 def streamed(tool_choice, seed):
     stream = client.chat.completions.create(
         model=model, messages=MESSAGES, tools=TOOLS, tool_choice=tool_choice,
-        parallel_tool_calls=False, max_tokens=300, temperature=0.8, seed=seed, stream=True)
+        parallel_tool_calls=False, max_tokens=300, temperature=0.8, seed=seed, stream=True,
+        extra_body=NO_THINKING)
     calls, finish = {}, None
     for chunk in stream:
         for choice in chunk.choices:

@@ -18,6 +18,22 @@ pub enum ReasoningSyntax {
     Think,
 }
 
+impl ReasoningSyntax {
+    /// The text that opens a block.
+    pub fn open(self) -> &'static str {
+        match self {
+            ReasoningSyntax::Think => OPEN,
+        }
+    }
+
+    /// The text that closes a block.
+    pub fn close(self) -> &'static str {
+        match self {
+            ReasoningSyntax::Think => CLOSE,
+        }
+    }
+}
+
 /// One piece of parsed output.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ReasoningDelta {

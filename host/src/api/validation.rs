@@ -19,7 +19,7 @@ use super::openai::{
 use super::options::ReasoningParserChoice;
 use super::reasoning::{ReasoningParser, ReasoningSyntax};
 use super::tools::ChatTools;
-use crate::grammar::Constraint;
+use crate::grammar::{Constraint, ReasoningBlock};
 
 /// Most choices (`n`) per prompt.
 pub const MAX_N: i64 = 128;
@@ -143,24 +143,17 @@ pub fn validate_chat(
         tools_json: tools_json.as_deref(),
         kwargs: request.chat_template_kwargs.unwrap_or_default(),
     };
-    let text = template
-        .render_with(&messages, &options)
-        .map_err(|e| ApiError::ChatTemplate {
-            message: e.to_string(),
-        })?;
-    let tokens = encode(&text, false, model)?;
-    if tokens.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "the rendered conversation is empty",
-        ));
-    }
-    let reasoning = match reasoning_parser {
+    let mut text =
+        template
+            .render_with(&messages, &options)
+            .map_err(|e| ApiError::ChatTemplate {
+                message: e.to_string(),
+            })?;
+    let syntax = match reasoning_parser {
         ReasoningParserChoice::None => None,
         ReasoningParserChoice::Qwen3 => Some(ReasoningSyntax::Think),
         ReasoningParserChoice::Auto => template.thinks().then_some(ReasoningSyntax::Think),
-    }
-    .map(|syntax| (syntax, ReasoningParser::prompt_opens_block(syntax, &text)));
+    };
     // A required or named call is forced by a grammar, so its arguments always parse.
     let forced_tool_call = tools
         .as_ref()
@@ -169,6 +162,35 @@ pub fn validate_chat(
             field: "tool_choice".into(),
             constraint: Constraint::Lark(grammar),
         });
+    // A constrained answer of a model that reasons first starts after its reasoning block.
+    // The prompt opens the block when the template left that to the model, so the grammar
+    // never has to guess whether the model's first words are reasoning or the answer.
+    let constrained = forced_tool_call.is_some()
+        || sampling
+            .structured_outputs
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+        || sampling
+            .response_format
+            .as_ref()
+            .is_some_and(|f| !f.is_null() && f.get("type").and_then(Value::as_str) != Some("text"));
+    if let Some(syntax) = syntax
+        && constrained
+        && !ReasoningParser::prompt_opens_block(syntax, &text)
+        && !text.trim_end().ends_with(syntax.close())
+    {
+        text.push_str(syntax.open());
+        text.push('\n');
+    }
+    let tokens = encode(&text, false, model)?;
+    if tokens.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "the rendered conversation is empty",
+        ));
+    }
+    let reasoning =
+        syntax.map(|syntax| (syntax, ReasoningParser::prompt_opens_block(syntax, &text)));
     let chat_output = ChatOutputPlan::new(
         reasoning,
         tools
@@ -184,6 +206,22 @@ pub fn validate_chat(
         forced_tool_call,
     )?;
     validated.shape.chat_output = chat_output;
+    // A model that reasons first gets its grammar after the reasoning block, unless the
+    // prompt already closed it (`enable_thinking: false`).
+    if let Some((syntax, opened)) = reasoning
+        && !text.trim_end().ends_with(syntax.close())
+    {
+        let block = ReasoningBlock {
+            open: (!opened).then(|| syntax.open().to_string()),
+            close: syntax.close().to_string(),
+        };
+        for choice in &mut validated.choices {
+            choice.constraint = choice
+                .constraint
+                .take()
+                .map(|grammar| grammar.after_reasoning(block.clone()));
+        }
+    }
     Ok(validated)
 }
 

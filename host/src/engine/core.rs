@@ -675,6 +675,13 @@ impl EngineCore {
                 ),
             }
         }
+        if let Some(dormant) = state.dormant_grammar.as_mut()
+            && let Some(matcher) = dormant.read(&text)
+        {
+            // The reasoning block ended: the grammar applies from the next token on.
+            state.grammar = Some(matcher);
+            state.dormant_grammar = None;
+        }
         if finish.is_none() {
             match progress {
                 Progress::Continue => {}

@@ -27,7 +27,7 @@ use super::core::{EngineCore, EngineLimits};
 use super::health::{self, EngineHealth, Timeouts};
 use super::reload::{DeploymentStatus, Deployments, ReloadError, ReloadReport, ReloadSource};
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
-use super::state::RequestState;
+use super::state::{DormantGrammar, RequestState};
 use super::stop::StopMatcher;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -581,7 +581,12 @@ fn new_request_state(
         grammar: request
             .constraint
             .as_ref()
+            .filter(|grammar| grammar.starts_after().is_none())
             .map(|grammar| Box::new(grammar.matcher())),
+        dormant_grammar: request.constraint.as_ref().and_then(|grammar| {
+            let block = grammar.starts_after()?.clone();
+            Some(DormantGrammar::new(Box::new(grammar.matcher()), block))
+        }),
         request,
         _deployment: deployment,
         sampler,

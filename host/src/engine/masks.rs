@@ -118,7 +118,10 @@ impl EngineCore {
                         }
                     }
                 }
-                None if state.request.constraint.is_some() => self.masks.lost.push(*id),
+                // A grammar waiting out a reasoning block applies no mask yet.
+                None if state.request.constraint.is_some() && state.dormant_grammar.is_none() => {
+                    self.masks.lost.push(*id)
+                }
                 None => {}
             }
         }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::grammar::GrammarMatcher;
+use crate::grammar::{GrammarMatcher, ReasoningBlock};
 use crate::kv::ComputedPrefix;
 use crate::model::DecodeStream;
 use crate::plugins::Generation;
@@ -46,8 +46,10 @@ pub struct RequestState {
     /// Tokens the host's built-in sampler chose in place of a failed sampler plugin.
     pub sampler_fallback: SamplerFallback,
     /// Where the output stands in the request's grammar; `None` for unconstrained requests,
-    /// and while the mask worker holds it during a step.
+    /// while the mask worker holds it during a step, and while it waits out a reasoning block.
     pub grammar: Option<Box<GrammarMatcher>>,
+    /// The grammar of a request that reasons first, until its reasoning block ends.
+    pub dormant_grammar: Option<DormantGrammar>,
 }
 
 /// How much of a request the built-in sampler served under a sampler's `fallback` policy.
@@ -84,5 +86,101 @@ impl RequestState {
     /// Whether the client is gone.
     pub fn is_abandoned(&self) -> bool {
         self.events.is_closed()
+    }
+}
+
+/// A grammar waiting for the model's reasoning block to end: it starts with the next token.
+pub struct DormantGrammar {
+    /// Taken when the grammar starts.
+    matcher: Option<Box<GrammarMatcher>>,
+    block: ReasoningBlock,
+    /// The output's text so far, trimmed to what a marker split across pieces needs.
+    seen: String,
+    /// Whether any output text came yet (an open marker must come first).
+    started: bool,
+}
+
+impl DormantGrammar {
+    pub fn new(matcher: Box<GrammarMatcher>, block: ReasoningBlock) -> DormantGrammar {
+        DormantGrammar {
+            matcher: Some(matcher),
+            block,
+            seen: String::new(),
+            started: false,
+        }
+    }
+
+    /// Reads the next piece of output; gives the matcher back once the grammar applies: after
+    /// the block's end, or at once when the answer does not open a block it had to open.
+    pub fn read(&mut self, text: &str) -> Option<Box<GrammarMatcher>> {
+        self.seen.push_str(text);
+        let trimmed = self.seen.trim_start();
+        if !self.started {
+            if trimmed.is_empty() {
+                return None;
+            }
+            if let Some(open) = &self.block.open {
+                if open.starts_with(trimmed) && trimmed.len() < open.len() {
+                    return None;
+                }
+                if !trimmed.starts_with(open.as_str()) {
+                    return self.matcher.take();
+                }
+            }
+            self.started = true;
+        }
+        if self.seen.contains(&self.block.close) {
+            return self.matcher.take();
+        }
+        let keep = self.block.close.len();
+        if self.seen.len() > keep {
+            let mut cut = self.seen.len() - keep;
+            while !self.seen.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            self.seen.drain(..cut);
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether the grammar starts at the end of `pieces` (the last one that made it start).
+    fn starts_at(block: ReasoningBlock, pieces: &[&str]) -> Option<usize> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tiny-qwen3");
+        let tokenizer = crate::model::Tokenizer::from_dir(&dir).expect("tokenizer");
+        let compiler = crate::grammar::GrammarCompiler::new(tokenizer, 448, vec![447]);
+        let compiled = compiler
+            .compile(&crate::grammar::Constraint::JsonObject)
+            .expect("compiles");
+        let mut dormant = DormantGrammar::new(Box::new(compiled.matcher()), block);
+        pieces.iter().position(|p| dormant.read(p).is_some())
+    }
+
+    #[test]
+    fn the_grammar_starts_after_the_block_ends_even_split_across_pieces() {
+        let inside = ReasoningBlock {
+            open: None,
+            close: "</think>".into(),
+        };
+        assert_eq!(
+            starts_at(inside.clone(), &["hmm, ", "so </th", "ink>", "\n\n{"]),
+            Some(2)
+        );
+        assert_eq!(starts_at(inside.clone(), &["still thinking", " é"]), None);
+        let opening = ReasoningBlock {
+            open: Some("<think>".into()),
+            close: "</think>".into(),
+        };
+        assert_eq!(
+            starts_at(opening.clone(), &["\n<thi", "nk>x", "</think>"]),
+            Some(2)
+        );
+        // An answer that does not open the block it had to open is constrained at once.
+        assert_eq!(starts_at(opening, &["{\"a\""]), Some(0));
     }
 }

@@ -21,6 +21,17 @@ const CACHE_ENTRIES: usize = 256;
 #[derive(Clone)]
 pub struct CompiledGrammar {
     pub(super) parser: Arc<TokenParser>,
+    /// Set for a model that reasons first: the grammar starts after the reasoning block.
+    after: Option<Arc<ReasoningBlock>>,
+}
+
+/// A reasoning block the grammar waits out: it starts with the text after `close`. `open` is
+/// set when the model must still open the block; an answer that starts with anything else
+/// does not reason, and the grammar applies from its first token on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReasoningBlock {
+    pub open: Option<String>,
+    pub close: String,
 }
 
 impl std::fmt::Debug for CompiledGrammar {
@@ -34,6 +45,17 @@ impl CompiledGrammar {
     /// requests of the same schema find its states already built.
     pub fn matcher(&self) -> GrammarMatcher {
         GrammarMatcher::new(TokenParser::clone(&self.parser))
+    }
+
+    /// This grammar, starting only after `block`.
+    pub fn after_reasoning(mut self, block: ReasoningBlock) -> CompiledGrammar {
+        self.after = Some(Arc::new(block));
+        self
+    }
+
+    /// The reasoning block the grammar waits out, if any.
+    pub fn starts_after(&self) -> Option<&ReasoningBlock> {
+        self.after.as_deref()
     }
 }
 
@@ -130,6 +152,7 @@ impl GrammarCompiler {
             .map_err(|e| GrammarError::Invalid(e.to_string()))?;
         Ok(CompiledGrammar {
             parser: Arc::new(parser),
+            after: None,
         })
     }
 

@@ -16,7 +16,7 @@ mod mask_worker;
 mod matcher;
 mod token_env;
 
-pub use compiler::{CompiledGrammar, GrammarCompiler};
+pub use compiler::{CompiledGrammar, GrammarCompiler, ReasoningBlock};
 pub use constraint::Constraint;
 pub use error::GrammarError;
 pub use logit_bias::{LogitBias, MAX_LOGIT_BIAS};
