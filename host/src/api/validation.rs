@@ -873,6 +873,51 @@ mod tests {
     }
 
     #[test]
+    fn a_template_without_tools_gets_them_in_a_fallback_system_prompt() {
+        // The tiny model's template renders only roles and contents, as SmolLM2's does.
+        let body = r#"{"messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]}"#;
+        let roomy = || ModelSummary {
+            max_model_len: 4096,
+            ..model()
+        };
+        let validate = |body: &str| {
+            validate_chat(
+                parse_body(body.as_bytes()).expect("body"),
+                &roomy(),
+                ReasoningParserChoice::Auto,
+            )
+            .expect("valid")
+        };
+        let validated = validate(body);
+        let prompt = model()
+            .tokenizer
+            .decode(&validated.choices()[0].prompt_tokens, false)
+            .expect("decodes");
+        let system = prompt.find("<|im_start|>system\nYou can call the functions");
+        assert_eq!(system, Some(0), "{prompt}");
+        assert!(prompt.contains(r#""name":"get_weather""#), "{prompt}");
+        assert!(
+            prompt.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
+            "the earlier call is written into its turn: {prompt}"
+        );
+        assert!(prompt.contains("<|im_start|>tool\nsunny"), "{prompt}");
+        // tool_choice "none": no tools shown, the answer is not read for calls.
+        let none = body.replace(r#""tools""#, r#""tool_choice": "none", "tools""#);
+        let validated = validate(&none);
+        let prompt = model()
+            .tokenizer
+            .decode(&validated.choices()[0].prompt_tokens, false)
+            .expect("decodes");
+        assert!(!prompt.contains("You can call the functions"), "{prompt}");
+    }
+
+    #[test]
     fn chat_fields_beyond_text_are_refused_naming_them() {
         let messages = r#""messages": [{"role": "user", "content": "hi"}]"#;
         for (field, value) in [
