@@ -1,14 +1,12 @@
 //! One access-log line per request, written when its response ends (the last byte sent, or the client gone): id, method, route, status, prompt and completion tokens, time to first token and total time.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use axum::body::{Body, Bytes};
 use axum::response::Response;
-use http_body::{Frame, SizeHint};
+
+use super::held_body::HeldBody;
 
 /// What the handlers tell the access log about one request; shared through the request's
 /// extensions, so it is filled while the response streams.
@@ -64,16 +62,16 @@ pub struct AccessLine {
 
 /// `response` with a body that writes the access line when it is dropped.
 pub fn log_at_end(response: Response, record: AccessRecord, line: AccessLine) -> Response {
-    response.map(|body| Body::new(LoggedBody { body, record, line }))
+    HeldBody::around(response, AccessLog { record, line })
 }
 
-struct LoggedBody {
-    body: Body,
+/// Writes its line when dropped, with the response body that holds it.
+struct AccessLog {
     record: AccessRecord,
     line: AccessLine,
 }
 
-impl Drop for LoggedBody {
+impl Drop for AccessLog {
     fn drop(&mut self) {
         let counts = &self.record.0;
         let total_ms = counts.started.elapsed().as_secs_f64() * 1e3;
@@ -103,25 +101,5 @@ impl Drop for LoggedBody {
                 );
             }
         });
-    }
-}
-
-impl http_body::Body for LoggedBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }

@@ -7,18 +7,16 @@
 //! the engine and while its response streams, and gives them back however it ends (finished,
 //! failed, or the client gone), because they live in the response body.
 
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use http_body::{Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
+use super::held_body::HeldBody;
 
 /// How many sequences may be in the server at once.
 #[derive(Debug, Clone)]
@@ -96,39 +94,9 @@ pub async fn admit(
         held: Arc::new(Mutex::new(permit)),
     };
     request.extensions_mut().insert(ticket.clone());
-    next.run(request).await.map(|body| {
-        Body::new(PermitBody {
-            body,
-            _ticket: ticket,
-        })
-    })
-}
-
-/// A response body that returns its request's permits when it is dropped: after the last
-/// byte was sent, or when the connection closed.
-struct PermitBody {
-    body: Body,
-    _ticket: AdmissionTicket,
-}
-
-impl http_body::Body for PermitBody {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
+    next.run(request)
+        .await
+        .map(|body| Body::new(HeldBody::new(body, ticket)))
 }
 
 #[cfg(test)]
@@ -163,10 +131,8 @@ mod tests {
             })
         ));
         assert!(ticket(&admission).is_none());
-        let body = PermitBody {
-            body: Body::from("done"),
-            _ticket: first.clone(),
-        };
+        // A response body returns its request's permits when it is dropped.
+        let body = HeldBody::new(Body::from("done"), first.clone());
         drop(first);
         assert_eq!(admission.num_in_flight(), 4, "the body still holds them");
         drop(body);

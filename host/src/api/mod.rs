@@ -21,6 +21,7 @@ pub mod completions;
 pub mod constraints;
 pub mod drain;
 pub mod error;
+pub mod held_body;
 pub mod logprobs;
 pub mod marker;
 pub mod openai;
