@@ -134,6 +134,16 @@ async fn version_models_tokenize_detokenize_and_the_access_log() {
         ),
         ("/detokenize", json!({"tokens": [100000]}), "tokens"),
         ("/detokenize", json!({}), "tokens"),
+        (
+            "/tokenize",
+            json!({"messages": messages, "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            "/tokenize",
+            json!({"messages": messages, "chat_template": "{{ x }}"}),
+            "chat_template",
+        ),
     ] {
         let (status, error) = post(&client, &base, path, body.clone()).await;
         assert!(status.is_client_error(), "{path} {body}: {status} {error}");
@@ -187,7 +197,7 @@ async fn version_models_tokenize_detokenize_and_the_access_log() {
         .count();
     assert_eq!(
         tokenize_lines,
-        2 + 3,
+        2 + 5,
         "one per /tokenize request:\n{lines:?}"
     );
 }

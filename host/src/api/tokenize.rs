@@ -28,6 +28,10 @@ pub struct TokenizeRequest {
     pub tools: Option<Value>,
     /// Also return each token's text.
     pub return_token_strs: Option<bool>,
+    /// vLLM's; refused when set, since this server renders only the model's own template
+    /// and always ends with a fresh turn.
+    pub continue_final_message: Option<bool>,
+    pub chat_template: Option<Value>,
 }
 
 impl FromJsonBody for TokenizeRequest {
@@ -68,6 +72,18 @@ pub async fn tokenize(
 ) -> Result<Json<TokenizeResponse>, ApiError> {
     let model = app.engine.summary()?;
     validation::check_model(request.model.as_deref(), &model)?;
+    if request.continue_final_message == Some(true) {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            "`continue_final_message` is not supported",
+        ));
+    }
+    if request.chat_template.as_ref().is_some_and(|t| !t.is_null()) {
+        return Err(ApiError::invalid(
+            "chat_template",
+            "a request's own `chat_template` is not supported; the model's template is used",
+        ));
+    }
     let tokens = match (&request.prompt, &request.messages) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(

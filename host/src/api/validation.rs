@@ -165,15 +165,10 @@ pub fn validate_chat(
     // A constrained answer of a model that reasons first starts after its reasoning block.
     // The prompt opens the block when the template left that to the model, so the grammar
     // never has to guess whether the model's first words are reasoning or the answer.
+    // The same readers `build` uses decide whether the request is constrained.
     let constrained = forced_tool_call.is_some()
-        || sampling
-            .structured_outputs
-            .as_ref()
-            .is_some_and(|v| !v.is_null())
-        || sampling
-            .response_format
-            .as_ref()
-            .is_some_and(|f| !f.is_null() && f.get("type").and_then(Value::as_str) != Some("text"));
+        || super::constraints::response_format(sampling.response_format.as_ref())?.is_some()
+        || super::constraints::structured_outputs(sampling.structured_outputs.as_ref())?.is_some();
     if let Some(syntax) = syntax
         && constrained
         && !ReasoningParser::prompt_opens_block(syntax, &text)
