@@ -13,6 +13,7 @@ use super::generation::Slot;
 use super::logits::LogitsBatch;
 use super::policy::{FaultPolicy, FaultTracker, Unavailable};
 use super::runtime::{EPOCH_TICK, EngineShared};
+use super::sandbox::{CallRandom, deterministic_wasi};
 
 /// Limits applied to every instance of one plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,6 +130,8 @@ impl ResourceLimiter for MemoryMeter {
 /// memory limiter, and the host-owned logits of the current sampling call.
 pub struct PluginState {
     wasi: WasiCtx,
+    /// Restarted at every call: a plugin's `wasi:random` depends only on the call.
+    random: CallRandom,
     table: ResourceTable,
     memory: MemoryMeter,
     pub(crate) logits: LogitsBatch,
@@ -206,6 +209,7 @@ impl PluginState {
     }
 
     fn start_call(&mut self, deadline: Duration) {
+        self.random.restart();
         self.clock = CallClock {
             deadline,
             ..CallClock::new()
@@ -362,8 +366,10 @@ impl<W: World> ContainedInstance<W> {
     }
 
     fn new_store(&self) -> Store<PluginState> {
+        let (wasi, random) = deterministic_wasi();
         let state = PluginState {
-            wasi: WasiCtx::builder().inherit_stderr().build(),
+            wasi,
+            random,
             table: ResourceTable::new(),
             memory: MemoryMeter {
                 cap: self.limits.memory_bytes,

@@ -18,6 +18,7 @@ pub mod policy;
 mod records;
 mod runtime;
 pub mod sampler;
+mod sandbox;
 pub mod scheduler;
 
 pub use contract::{ComponentContract, ContractError, check_component};

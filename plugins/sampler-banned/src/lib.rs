@@ -95,7 +95,7 @@ impl BannedTokens {
                 &ranked,
                 &logprobs,
                 params.top_p,
-                uniform(params.seed, sequence.position),
+                sequence.rng().next().as_f32(),
             )
         };
         Ok(Sampled {
@@ -156,15 +156,6 @@ fn draw(ids: &[u32], logprobs: &[f32], top_p: f32, u: f32) -> u32 {
         }
     }
     ids[nucleus - 1]
-}
-
-/// A uniform number in [0, 1) fixed by the seed and the position (splitmix64).
-fn uniform(seed: u64, position: u32) -> f32 {
-    let mut z = seed ^ u64::from(position).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
 impl Sampler for BannedTokens {

@@ -5,10 +5,8 @@
 //! natively over their own rows; only the wasm32 build exports the `sampler`
 //! world. The SDK's `plughost_sdk::sampler::testing::VecRow` is an in-memory row.
 
-mod rng;
 pub mod sample;
 
-pub use rng::Uniform;
 pub use sample::{MIN_TEMPERATURE, sample_sequence};
 
 use plughost_sdk::sampler::{Sampled, Sampler, Sequence};

@@ -32,7 +32,7 @@
 use plughost_sdk::sampler::{Candidate, LogitsRow, Sampled, SamplingParams};
 use plughost_sdk::scheduler::RequestId;
 
-use crate::rng::Uniform;
+use plughost_sdk::sampler::Uniform;
 
 /// Temperatures below this sample greedily: dividing by them overflows the
 /// logits, and the distribution is one-hot long before.

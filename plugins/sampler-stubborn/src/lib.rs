@@ -45,7 +45,7 @@ impl Stubborn {
         } else if params.temperature <= 0.0 {
             row.argmax()
         } else {
-            row.sample_full(params.temperature, uniform(params.seed, sequence.position))
+            row.sample_full(params.temperature, sequence.rng().next().as_f32())
         };
         Sampled {
             token,
@@ -57,15 +57,6 @@ impl Stubborn {
             top_logprobs: Vec::new(),
         }
     }
-}
-
-/// A uniform number in [0, 1) fixed by the seed and the position (splitmix64).
-fn uniform(seed: u64, position: u32) -> f32 {
-    let mut z = seed ^ u64::from(position).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
 impl Sampler for Stubborn {

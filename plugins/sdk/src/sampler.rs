@@ -2,7 +2,10 @@
 
 use crate::scheduler::RequestId;
 
+mod rng;
 pub mod testing;
+
+pub use rng::{RowRng, Uniform};
 
 /// A candidate token with a score (a raw logit or a log-probability).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -108,6 +111,14 @@ pub struct Sequence<'a> {
     pub position: u32,
     pub params: SamplingParams,
     pub logits: &'a dyn LogitsRow,
+}
+
+impl Sequence<'_> {
+    /// This sequence's random stream at this position, keyed by the request's seed: the same
+    /// numbers whatever batch or step the sequence lands in.
+    pub fn rng(&self) -> RowRng {
+        RowRng::new(self.params.seed, self.position)
+    }
 }
 
 /// Implemented by a sampler plugin. One value lives per plugin instance.

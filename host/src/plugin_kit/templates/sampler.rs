@@ -65,7 +65,7 @@ impl TopK {
             let ids: Vec<u32> = candidates.iter().map(|c| c.id).collect();
             let logprobs = row.log_softmax(&ids, params.temperature);
             // Renormalise over the candidates and walk their cumulative mass.
-            let u = uniform(params.seed, sequence.position);
+            let u = sequence.rng().next().as_f32();
             let total: f32 = logprobs.iter().map(|lp| lp.exp()).sum();
             let mut mass = 0.0;
             let mut chosen = ids[ids.len() - 1];
@@ -100,16 +100,6 @@ fn top_logprobs(row: &dyn LogitsRow, n: u32) -> Vec<Candidate> {
         .zip(logprobs)
         .map(|(id, value)| Candidate { id, value })
         .collect()
-}
-
-/// A uniform number in [0, 1) fixed by the seed and the position (splitmix64), so a seeded
-/// request gives the same tokens however batches form.
-fn uniform(seed: u64, position: u32) -> f32 {
-    let mut z = seed ^ (u64::from(position)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    (z >> 40) as f32 / (1u64 << 24) as f32
 }
 
 #[cfg(target_arch = "wasm32")]
