@@ -87,16 +87,28 @@ impl Scheduler for Chaotic {
             }
         }
         if planned == 0 {
-            // Nothing fitted at the sizes drawn: run whatever fits, oldest first.
-            let mut oldest: Vec<&RequestView> = requests.iter().collect();
-            oldest.sort_by_key(|r| (r.arrival_us, r.id));
-            for request in oldest {
-                if plan.run(request, request.pending_len()) > 0 {
-                    break;
-                }
-            }
+            run_something(&mut plan, requests);
         }
         plan.finish()
+    }
+}
+
+/// Nothing fitted at the sizes drawn: runs whatever fits, oldest first, preempting the
+/// youngest running requests one by one while nothing does.
+fn run_something(plan: &mut PlanBuilder, requests: &[RequestView]) {
+    let mut oldest: Vec<&RequestView> = requests.iter().collect();
+    oldest.sort_by_key(|r| (r.arrival_us, r.id));
+    let mut victims = oldest.iter().rev();
+    loop {
+        for request in &oldest {
+            if plan.run(request, request.pending_len()) > 0 {
+                return;
+            }
+        }
+        let Some(victim) = victims.next() else {
+            return;
+        };
+        plan.preempt(victim);
     }
 }
 
