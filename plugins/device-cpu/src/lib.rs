@@ -18,19 +18,22 @@
 //! problems (an out-of-range token id, slot or block) come back as LAUNCH_FAILED before any
 //! output is written.
 
-pub mod attention;
-pub mod config;
-pub mod elementwise;
-pub mod gather;
+// Private to the crate: the kernels are reached through the device ABI, whose export layer
+// checks every shape, and the instruction-set-specific code only through an `Isa` the crate
+// made. `isa` is public so tools can name and detect the levels `isa=` takes.
+pub(crate) mod attention;
+pub(crate) mod config;
+pub(crate) mod elementwise;
+pub(crate) mod gather;
 pub mod isa;
-pub mod kv_cache;
-pub mod linear;
-pub mod norm;
-pub mod rotary;
-pub mod step_inputs;
-pub mod vector;
-pub mod widen;
-pub mod workers;
+pub(crate) mod kv_cache;
+pub(crate) mod linear;
+pub(crate) mod norm;
+pub(crate) mod rotary;
+pub(crate) mod step_inputs;
+pub(crate) mod vector;
+pub(crate) mod widen;
+pub(crate) mod workers;
 
 #[cfg(test)]
 mod abi_tests;
