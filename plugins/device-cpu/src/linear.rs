@@ -52,6 +52,8 @@ mod tests;
 use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use arrangement::arrange_weights;
+#[cfg(test)]
+pub(crate) use arrangement::faults;
 pub(crate) use arrangement::{WeightOrder, restore, restore_arrangement};
 use dispatch::matmul;
 #[cfg(test)]

@@ -136,6 +136,7 @@ pub(crate) mod faults {
         PANIC_AT_TASK.set(task);
     }
 
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub(super) fn panic_if_armed(task: usize) {
         if PANIC_AT_TASK.get() == Some(task) {
             panic!("arrangement task {task} panicked, as the test asked");
