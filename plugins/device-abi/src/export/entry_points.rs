@@ -467,6 +467,7 @@ mod tests {
         fn open(config: &str) -> Result<Caller, (i32, String)> {
             let config = CString::new(config).unwrap();
             let mut handle = ptr::null_mut();
+            // SAFETY: a NUL-terminated config and a writable out pointer.
             let code = unsafe { (TABLE.open.unwrap())(config.as_ptr(), &mut handle) };
             if code != status::OK {
                 return Err((code, Caller::error_of(ptr::null_mut())));
@@ -475,8 +476,10 @@ mod tests {
         }
 
         fn error_of(handle: *mut DeviceHandle) -> String {
+            // SAFETY: a null or live handle; a null buffer asks for the length only.
             let len = unsafe { (TABLE.last_error.unwrap())(handle, ptr::null_mut(), 0) };
             let mut buf = vec![0u8; len + 1];
+            // SAFETY: as above; `buf` is writable for its length.
             unsafe { (TABLE.last_error.unwrap())(handle, buf.as_mut_ptr().cast(), buf.len()) };
             String::from_utf8(buf[..len].to_vec()).unwrap()
         }
@@ -491,12 +494,14 @@ mod tests {
 
         fn alloc(&self, bytes: u64) -> Result<u64, (i32, String)> {
             let mut id = 0;
+            // SAFETY: a live handle and a writable out pointer.
             self.check(unsafe { (TABLE.alloc.unwrap())(self.handle, bytes, &mut id) })?;
             Ok(id)
         }
 
         fn write_f32(&self, id: u64, values: &[f32]) -> Result<(), (i32, String)> {
             let bytes = elements::encode_f32(values);
+            // SAFETY: a live handle; `bytes` is readable for its length.
             self.check(unsafe {
                 (TABLE.write.unwrap())(self.handle, id, 0, bytes.as_ptr(), bytes.len() as u64)
             })
@@ -504,6 +509,7 @@ mod tests {
 
         fn read_f32(&self, id: u64, count: usize) -> Result<Vec<f32>, (i32, String)> {
             let mut bytes = vec![0u8; count * 4];
+            // SAFETY: a live handle; `bytes` is writable for its length.
             self.check(unsafe {
                 (TABLE.read.unwrap())(self.handle, id, 0, bytes.as_mut_ptr(), bytes.len() as u64)
             })?;
@@ -516,6 +522,7 @@ mod tests {
                 TensorArg::new(y, 0, DType::F32, &[1, len], ArgTag::Input).unwrap(),
             ];
             let (index, _) = callables::by_name("add").unwrap();
+            // SAFETY: a live handle; `args` holds the two arguments passed, and no params.
             self.check(unsafe {
                 (TABLE.launch.unwrap())(self.handle, index as u32, args.as_ptr(), 2, ptr::null(), 0)
             })
@@ -523,6 +530,7 @@ mod tests {
 
         fn stats(&self) -> DeviceStats {
             let mut stats = DeviceStats::default();
+            // SAFETY: a live handle and a writable out pointer.
             self.check(unsafe { (TABLE.stats.unwrap())(self.handle, &mut stats) })
                 .unwrap();
             stats
@@ -531,6 +539,7 @@ mod tests {
 
     impl Drop for Caller {
         fn drop(&mut self) {
+            // SAFETY: the handle came from `open` and is closed once.
             unsafe { (TABLE.close.unwrap())(self.handle) };
         }
     }
@@ -617,6 +626,7 @@ mod tests {
     fn last_error_truncates_and_terminates() {
         let message = "hello";
         let mut buf = [0x7f as c_char; 4];
+        // SAFETY: `buf` is writable for its length.
         let len = unsafe { copy_message(message, buf.as_mut_ptr(), buf.len()) };
         assert_eq!(len, 5);
         assert_eq!(buf.map(|byte| byte as u8), *b"hel\0");
