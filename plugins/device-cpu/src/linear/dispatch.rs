@@ -8,7 +8,9 @@ use plughost_device_abi::export::{DeviceFailure, FloatSlice};
 use super::elements::{Bf16Bits, F16Bits};
 #[cfg(target_arch = "x86_64")]
 use super::elements::{Typed, as_wide, bf16_bits, f16_bits, f32_values, typed};
-use super::plan::{Plan, token_block_len};
+use super::plan::Plan;
+#[cfg(target_arch = "x86_64")]
+use super::plan::token_block_len;
 use super::sink::{Sink, drive};
 use super::{Kernel, NR, WeightOrder, portable};
 #[cfg(target_arch = "x86_64")]
