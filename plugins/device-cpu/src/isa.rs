@@ -111,8 +111,10 @@ pub fn environment_cap() -> Result<Option<IsaLevel>, String> {
     }
 }
 
-/// A level this CPU has. Only [`Isa::detect`] and [`Isa::at`] make one, so a kernel handed an
-/// `Isa` may run every instruction its level implies.
+/// A level this CPU has: a capability token. Only detection ([`Isa::detect`], [`Isa::every`])
+/// and the config check ([`Isa::at`]) make one, and its field is private to this module, so no
+/// other module or crate can make one from a bare [`IsaLevel`]: a kernel handed an `Isa` may
+/// run every instruction its level implies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Isa(IsaLevel);
 
