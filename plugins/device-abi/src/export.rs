@@ -4,10 +4,10 @@
 //! and calls [`export_device!`](crate::export_device); everything else about the ABI lives here,
 //! so every Rust device counts, checks and reports errors the same way.
 //!
-//! One concept per module: [`failure`] (the status and message of a failure),
-//! [`buffers`] (device memory and the order its bytes are in), [`launch`] (one launch's
-//! resolved arguments), [`views`] (those arguments borrowed in place), [`state`] (everything
-//! behind a handle) and [`entry_points`] (the C functions of the table, with panic
+//! One concept per module: `failure` (the status and message of a failure),
+//! `buffers` (device memory and the order its bytes are in), `launch` (one launch's
+//! resolved arguments), `views` (those arguments borrowed in place), `state` (everything
+//! behind a handle) and `entry_points` (the C functions of the table, with panic
 //! containment).
 
 mod buffers;
@@ -37,7 +37,9 @@ pub trait DeviceBackend: Send + Sized + 'static {
 
     /// Puts a buffer that a launch left in an arrangement of the backend's own (see
     /// [`Launch::rearrange`]) back in the order the host wrote it; called before the host reads
-    /// or writes any of its bytes. Backends that never rearrange are never asked.
+    /// or writes part of its bytes (a write of the whole buffer replaces them instead). Backends
+    /// that never rearrange are never asked. A panic or failure here poisons the buffer, as in
+    /// [`Launch::rearrange`].
     fn restore(&mut self, arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
         let _ = bytes;
         Err(DeviceFailure::internal(format!(

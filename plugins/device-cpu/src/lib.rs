@@ -2,16 +2,16 @@
 //!
 //! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
 //! available parallelism), `isa=` the instruction-set level (default: the highest the CPU
-//! has, see [`isa`]) and `bf16_products=`, see [`config`]. Launches run synchronously on those threads, so the
+//! has, see [`isa`]) and `bf16_products=`, see `config`. Launches run synchronously on those threads, so the
 //! device time `synchronize` reports is the time spent inside launches.
 //!
-//! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
-//! (RMSNorm over rows, after a residual add, and per head), [`linear`] (plain, q/k/v in one launch, and the gated MLP's gate and up with SiLU; batch-invariant: a token's output does not
-//! depend on the rest of its batch), [`rotary`], [`kv_cache`] (writing the paged
-//! cache), [`attention`] (paged attention), [`elementwise`] (SiLU-and-mul, residual add),
-//! [`step_inputs`] (device-maintained seq lens, positions and slot mappings). Shared pieces:
-//! [`vector`] (dot products and axpy, AVX2 when the CPU has it), [`widen`] (f16/bf16 to f32)
-//! and [`workers`] (threads and scratch).
+//! Layout, one kernel family per module: `gather` (embedding and row gathers), `norm`
+//! (RMSNorm over rows, after a residual add, and per head), `linear` (plain, q/k/v in one launch, and the gated MLP's gate and up with SiLU; batch-invariant: a token's output does not
+//! depend on the rest of its batch), `rotary`, `kv_cache` (writing the paged
+//! cache), `attention` (paged attention), `elementwise` (SiLU-and-mul, residual add),
+//! `step_inputs` (device-maintained seq lens, positions and slot mappings). Shared pieces:
+//! `vector` (dot products and axpy, AVX2 when the CPU has it), `widen` (f16/bf16 to f32)
+//! and `workers` (threads and scratch).
 //!
 //! Kernels borrow their arguments in place through `Launch::views` instead of copying them,
 //! and never panic on input: the export layer has checked every shape, and data-dependent
