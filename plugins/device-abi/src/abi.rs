@@ -35,7 +35,8 @@ pub mod status {
     pub const OUT_OF_BOUNDS: i32 = 4;
     /// The callable ran and failed (bad data such as an out-of-range token id, or an injected fault).
     pub const LAUNCH_FAILED: i32 = 5;
-    /// A bug inside the device, including a caught panic.
+    /// A bug inside the device, including a caught panic, and any later use of a buffer such a
+    /// panic left half-rearranged (poisoned, until the host writes it whole or frees it).
     pub const INTERNAL: i32 = 6;
 
     /// The constant's name for a code, `None` for codes this ABI version does not define.

@@ -111,8 +111,10 @@ pub fn environment_cap() -> Result<Option<IsaLevel>, String> {
     }
 }
 
-/// A level this CPU has. Only [`Isa::detect`] and [`Isa::at`] make one, so a kernel handed an
-/// `Isa` may run every instruction its level implies.
+/// A level this CPU has: a capability token. Only detection ([`Isa::detect`], [`Isa::every`])
+/// and the config check ([`Isa::at`]) make one, and its field is private to this module, so no
+/// other module or crate can make one from a bare [`IsaLevel`]: a kernel handed an `Isa` may
+/// run every instruction its level implies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Isa(IsaLevel);
 
@@ -192,7 +194,7 @@ impl Isa {
     }
 
     /// The vector instructions this level's kernels are written in.
-    pub fn vectors(self) -> Vectors {
+    pub(crate) fn vectors(self) -> Vectors {
         #[cfg(target_arch = "x86_64")]
         {
             if self.has(IsaLevel::Avx512) {
@@ -207,9 +209,10 @@ impl Isa {
 }
 
 /// The vector instructions a kernel family has a body in: 16-lane AVX-512, 8-lane AVX2, or
-/// portable code. A value comes from [`Isa::vectors`], so its instructions are the CPU's.
+/// portable code. Kernels take a value only from [`Isa::vectors`], so its instructions are
+/// the CPU's; the type is private to the crate, so no other crate can make one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vectors {
+pub(crate) enum Vectors {
     #[cfg(target_arch = "x86_64")]
     Avx512,
     #[cfg(target_arch = "x86_64")]

@@ -2,35 +2,38 @@
 //!
 //! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
 //! available parallelism), `isa=` the instruction-set level (default: the highest the CPU
-//! has, see [`isa`]) and `bf16_products=`, see [`config`]. Launches run synchronously on those threads, so the
+//! has, see [`isa`]) and `bf16_products=`, see `config`. Launches run synchronously on those threads, so the
 //! device time `synchronize` reports is the time spent inside launches.
 //!
-//! Layout, one kernel family per module: [`gather`] (embedding and row gathers), [`norm`]
-//! (RMSNorm over rows, after a residual add, and per head), [`linear`] (plain, q/k/v in one launch, and the gated MLP's gate and up with SiLU; batch-invariant: a token's output does not
-//! depend on the rest of its batch), [`rotary`], [`kv_cache`] (writing the paged
-//! cache), [`attention`] (paged attention), [`elementwise`] (SiLU-and-mul, residual add),
-//! [`step_inputs`] (device-maintained seq lens, positions and slot mappings). Shared pieces:
-//! [`vector`] (dot products and axpy, AVX2 when the CPU has it), [`widen`] (f16/bf16 to f32)
-//! and [`workers`] (threads and scratch).
+//! Layout, one kernel family per module: `gather` (embedding and row gathers), `norm`
+//! (RMSNorm over rows, after a residual add, and per head), `linear` (plain, q/k/v in one launch, and the gated MLP's gate and up with SiLU; batch-invariant: a token's output does not
+//! depend on the rest of its batch), `rotary`, `kv_cache` (writing the paged
+//! cache), `attention` (paged attention), `elementwise` (SiLU-and-mul, residual add),
+//! `step_inputs` (device-maintained seq lens, positions and slot mappings). Shared pieces:
+//! `vector` (dot products and axpy, AVX2 when the CPU has it), `widen` (f16/bf16 to f32)
+//! and `workers` (threads and scratch).
 //!
 //! Kernels borrow their arguments in place through `Launch::views` instead of copying them,
 //! and never panic on input: the export layer has checked every shape, and data-dependent
 //! problems (an out-of-range token id, slot or block) come back as LAUNCH_FAILED before any
 //! output is written.
 
-pub mod attention;
-pub mod config;
-pub mod elementwise;
-pub mod gather;
+// Private to the crate: the kernels are reached through the device ABI, whose export layer
+// checks every shape, and the instruction-set-specific code only through an `Isa` the crate
+// made. `isa` is public so tools can name and detect the levels `isa=` takes.
+pub(crate) mod attention;
+pub(crate) mod config;
+pub(crate) mod elementwise;
+pub(crate) mod gather;
 pub mod isa;
-pub mod kv_cache;
-pub mod linear;
-pub mod norm;
-pub mod rotary;
-pub mod step_inputs;
-pub mod vector;
-pub mod widen;
-pub mod workers;
+pub(crate) mod kv_cache;
+pub(crate) mod linear;
+pub(crate) mod norm;
+pub(crate) mod rotary;
+pub(crate) mod step_inputs;
+pub(crate) mod vector;
+pub(crate) mod widen;
+pub(crate) mod workers;
 
 #[cfg(test)]
 mod abi_tests;

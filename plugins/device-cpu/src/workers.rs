@@ -224,10 +224,6 @@ impl Workers {
         })
     }
 
-    pub fn threads(&self) -> usize {
-        self.threads
-    }
-
     /// Runs `task(i)` for every `i` in `0..num_tasks`, spread over the workers; the calling
     /// thread takes tasks too. A panic in any task is re-raised here once all tasks are done.
     pub fn for_each(&self, num_tasks: usize, task: impl Fn(usize) + Sync + Send) {

@@ -40,6 +40,8 @@ pub trait Wide: Copy {
 }
 
 impl Wide for f32 {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx")]
     unsafe fn load(p: *const f32) -> __m256 {
@@ -52,6 +54,8 @@ impl Wide for f32 {
 }
 
 impl Wide for Bf16Bits {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx2")]
     unsafe fn load(p: *const Bf16Bits) -> __m256 {
@@ -68,6 +72,8 @@ impl Wide for Bf16Bits {
 }
 
 impl Wide for F16Bits {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx,f16c")]
     unsafe fn load(p: *const F16Bits) -> __m256 {
@@ -138,11 +144,14 @@ unsafe fn finish<W: Wide, const M: usize, const R: usize>(
         x, x_stride, inner, ..
     } = *tile;
     let whole = inner / 8 * 8;
-    // SAFETY (all blocks): full steps stay below `whole`; the tail reads only the row's rest.
+    // Full steps stay below `whole`; the tail reads only the row's rest.
     while k < whole {
-        let xv: [__m256; M] =
-            std::array::from_fn(|m| unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + k)) });
+        let xv: [__m256; M] = std::array::from_fn(|m| {
+            // SAFETY: row `m` of `x` has `inner` elements, and `k + 8 <= whole <= inner`.
+            unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + k)) }
+        });
         for j in 0..R {
+            // SAFETY: row `j` has `inner` elements, and `k + 8 <= inner`; the CPU has AVX2.
             let wv = unsafe { W::load(w[j].wrapping_add(k)) };
             for m in 0..M {
                 acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
@@ -157,12 +166,20 @@ unsafe fn finish<W: Wide, const M: usize, const R: usize>(
             for (i, lane) in lanes.iter_mut().enumerate().take(rest) {
                 *lane = read(i);
             }
+            // SAFETY: `lanes` holds the 8 elements loaded.
             unsafe { _mm256_loadu_ps(lanes.as_ptr()) }
         };
-        let xv: [__m256; M] =
-            std::array::from_fn(|m| padded(&|i| unsafe { *x.add(m * x_stride + whole + i) }));
+        let xv: [__m256; M] = std::array::from_fn(|m| {
+            padded(&|i| {
+                // SAFETY: `whole + i < inner`, inside row `m`.
+                unsafe { *x.add(m * x_stride + whole + i) }
+            })
+        });
         for j in 0..R {
-            let wv = padded(&|i| unsafe { (*w[j].add(whole + i)).to_f32() });
+            let wv = padded(&|i| {
+                // SAFETY: `whole + i < inner`, inside row `j`.
+                unsafe { (*w[j].add(whole + i)).to_f32() }
+            });
             for m in 0..M {
                 acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
             }
@@ -238,16 +255,18 @@ unsafe fn bf16_rows<const M: usize, const R: usize>(tile: &Tile<Bf16Bits>, j0: u
     let mut acc = [[_mm256_setzero_ps(); R]; M];
     let blocks = inner / 16 * 16;
     let mut k = 0;
-    // SAFETY: full blocks stay below `blocks`.
+    // Full blocks stay below `blocks`.
     while k < blocks {
         // The low halves, then the high ones: the weights are loaded again for the second
         // pass (from L1) so six rows' widened halves need not all be held in registers.
         for high in [false, true] {
             let at = k + if high { 8 } else { 0 };
-            let xv: [__m256; M] = std::array::from_fn(|m| unsafe {
-                _mm256_loadu_ps(x.wrapping_add(m * x_stride + at))
+            let xv: [__m256; M] = std::array::from_fn(|m| {
+                // SAFETY: `at + 8 <= k + 16 <= blocks <= inner`, inside row `m` of `x`.
+                unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + at)) }
             });
             for j in 0..R {
+                // SAFETY: `k + 16 <= inner`, inside row `j`: 16 bf16 weights, 32 bytes.
                 let v = unsafe { _mm256_loadu_si256(w[j].wrapping_add(k).cast()) };
                 let wv = _mm256_castsi256_ps(if high {
                     _mm256_unpackhi_epi16(zero, v)

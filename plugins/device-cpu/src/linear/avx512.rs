@@ -101,20 +101,25 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
 /// Weights that widen to f32 sixteen at a time.
 pub trait Wide: Copy {
     /// # Safety
-    /// `p` starts 16 readable elements.
+    /// `p` starts 16 readable elements; the CPU has isa level `avx512`.
     unsafe fn load(p: *const Self) -> __m512;
     /// # Safety
-    /// `p` starts as many readable elements as `mask` has bits set, from bit 0.
+    /// `p` starts as many readable elements as `mask` has bits set, from bit 0; the CPU has
+    /// isa level `avx512`.
     unsafe fn load_masked(p: *const Self, mask: __mmask16) -> __m512;
 }
 
 impl Wide for f32 {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const f32) -> __m512 {
         // SAFETY: the trait's contract.
         unsafe { _mm512_loadu_ps(p) }
     }
+    /// # Safety
+    /// As [`Wide::load_masked`].
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load_masked(p: *const f32, mask: __mmask16) -> __m512 {
@@ -124,6 +129,8 @@ impl Wide for f32 {
 }
 
 impl Wide for Bf16Bits {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const Bf16Bits) -> __m512 {
@@ -134,6 +141,8 @@ impl Wide for Bf16Bits {
             )))
         }
     }
+    /// # Safety
+    /// As [`Wide::load_masked`].
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn load_masked(p: *const Bf16Bits, mask: __mmask16) -> __m512 {
@@ -147,12 +156,16 @@ impl Wide for Bf16Bits {
 }
 
 impl Wide for F16Bits {
+    /// # Safety
+    /// As [`Wide::load`].
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn load(p: *const F16Bits) -> __m512 {
         // SAFETY: the trait's contract.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
     }
+    /// # Safety
+    /// As [`Wide::load_masked`].
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     unsafe fn load_masked(p: *const F16Bits, mask: __mmask16) -> __m512 {
@@ -175,10 +188,12 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
     let mut acc = [[_mm512_setzero_ps(); NR]; M];
     let whole = inner / 16 * 16;
     let mut k = 0;
-    // SAFETY (all blocks): full steps stay below `whole`, the tail is masked to the row.
+    // Full steps stay below `whole`, the tail is masked to the row.
     while k < whole {
-        let xv: [__m512; M] =
-            std::array::from_fn(|m| unsafe { _mm512_loadu_ps(x.wrapping_add(m * x_stride + k)) });
+        let xv: [__m512; M] = std::array::from_fn(|m| {
+            // SAFETY: row `m` of `x` has `inner` elements, and `k + 16 <= whole <= inner`.
+            unsafe { _mm512_loadu_ps(x.wrapping_add(m * x_stride + k)) }
+        });
         for j in 0..NR {
             if M == 1 && k % 32 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(
@@ -187,6 +202,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
             } else if M > 1 && tile.prefetch_next_panel && k % 32 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(w[j].wrapping_add(k + NR * inner).cast());
             }
+            // SAFETY: row `j` has `inner` elements, and `k + 16 <= inner`; the CPU has AVX-512.
             let wv = unsafe { W::load(w[j].wrapping_add(k)) };
             for m in 0..M {
                 acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);
@@ -196,10 +212,12 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
     }
     if whole < inner {
         let mask: __mmask16 = ((1u32 << (inner - whole)) - 1) as __mmask16;
-        let xv: [__m512; M] = std::array::from_fn(|m| unsafe {
-            _mm512_maskz_loadu_ps(mask, x.wrapping_add(m * x_stride + k))
+        let xv: [__m512; M] = std::array::from_fn(|m| {
+            // SAFETY: the mask covers the `inner - whole` elements left in row `m`.
+            unsafe { _mm512_maskz_loadu_ps(mask, x.wrapping_add(m * x_stride + k)) }
         });
         for j in 0..NR {
+            // SAFETY: the mask covers the `inner - whole` elements left in row `j`.
             let wv = unsafe { W::load_masked(w[j].wrapping_add(k), mask) };
             for m in 0..M {
                 acc[m][j] = _mm512_fmadd_ps(xv[m], wv, acc[m][j]);

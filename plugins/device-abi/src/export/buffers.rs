@@ -1,0 +1,239 @@
+//! Device memory behind one handle: zeroed, 64-byte aligned buffers by id ([`BufferTable`]), the order each one's bytes are in, and which ones an unfinished rearrangement left poisoned.
+
+use std::alloc::{self, Layout};
+use std::collections::{HashMap, HashSet};
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::slice;
+
+use crate::abi::status;
+
+use super::{AS_WRITTEN, DeviceFailure};
+
+/// The bytes of one device buffer: zeroed when allocated and 64-byte aligned, so a device can
+/// view them in place as f32, i32 or 16-bit elements, with rows starting on a cache line.
+pub(super) struct AlignedBytes {
+    /// The start of the allocation, or an aligned dangling pointer when `len` is 0.
+    start: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `AlignedBytes` owns its allocation exclusively, as a `Vec<u8>` does.
+unsafe impl Send for AlignedBytes {}
+// SAFETY: shared access only reads, as with a `Vec<u8>`.
+unsafe impl Sync for AlignedBytes {}
+
+impl AlignedBytes {
+    pub(super) const ALIGN: usize = 64;
+
+    /// `len` zero bytes. Large allocations come from the allocator's zeroed pages, so memory
+    /// is touched only when used.
+    pub(super) fn zeroed(len: usize) -> Result<AlignedBytes, String> {
+        if len == 0 {
+            #[repr(align(64))]
+            struct CacheLine;
+            return Ok(AlignedBytes {
+                start: NonNull::<CacheLine>::dangling().cast(),
+                len,
+            });
+        }
+        let layout = Layout::from_size_align(len, Self::ALIGN).map_err(|e| e.to_string())?;
+        // SAFETY: the layout's size is not zero.
+        let start = unsafe { alloc::alloc_zeroed(layout) };
+        let start = NonNull::new(start).ok_or("the system allocator has no memory left")?;
+        Ok(AlignedBytes { start, len })
+    }
+
+    pub(super) fn copy_of(bytes: &[u8]) -> Result<AlignedBytes, String> {
+        let mut copy = AlignedBytes::zeroed(bytes.len())?;
+        copy.copy_from_slice(bytes);
+        Ok(copy)
+    }
+
+    /// The start of the allocation, without making a reference to its bytes.
+    pub(super) fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.start.as_ptr()
+    }
+}
+
+impl Drop for AlignedBytes {
+    fn drop(&mut self) {
+        if self.len != 0 {
+            // SAFETY: allocated in `zeroed` with this layout, which was valid then.
+            unsafe {
+                let layout = Layout::from_size_align_unchecked(self.len, Self::ALIGN);
+                alloc::dealloc(self.start.as_ptr(), layout);
+            }
+        }
+    }
+}
+
+impl Deref for AlignedBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `start` is valid for `len` initialized bytes (or dangling and aligned for 0).
+        unsafe { slice::from_raw_parts(self.start.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for AlignedBytes {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { slice::from_raw_parts_mut(self.start.as_ptr(), self.len) }
+    }
+}
+
+/// Device buffers by id. Ids start at 1 and are never reused, so a stale id cannot alias a
+/// newer buffer.
+///
+/// A buffer is poisoned while a rearrangement of its bytes runs, and stays so if that
+/// rearrangement panics or fails: its bytes are then half in one order and half in another,
+/// and reading them as either would give wrong numbers. Every launch or read of a poisoned
+/// buffer is refused (INTERNAL) until the host writes it whole or frees it.
+#[derive(Default)]
+pub(super) struct BufferTable {
+    last_id: u64,
+    buffers: HashMap<u64, AlignedBytes>,
+    /// The buffers a launch rearranged, with their arrangement; the rest are as written.
+    arrangements: HashMap<u64, u64>,
+    /// The buffers whose bytes are in no known order.
+    poisoned: HashSet<u64>,
+}
+
+impl BufferTable {
+    pub(super) fn insert(&mut self, storage: AlignedBytes) -> u64 {
+        self.last_id += 1;
+        self.buffers.insert(self.last_id, storage);
+        self.last_id
+    }
+
+    pub(super) fn remove(&mut self, id: u64) -> Result<AlignedBytes, DeviceFailure> {
+        self.arrangements.remove(&id);
+        self.poisoned.remove(&id);
+        self.buffers.remove(&id).ok_or_else(|| unknown_buffer(id))
+    }
+
+    pub(super) fn arrangement(&self, id: u64) -> u64 {
+        self.arrangements.get(&id).copied().unwrap_or(AS_WRITTEN)
+    }
+
+    fn set_arrangement(&mut self, id: u64, arrangement: u64) {
+        if arrangement == AS_WRITTEN {
+            self.arrangements.remove(&id);
+        } else {
+            self.arrangements.insert(id, arrangement);
+        }
+    }
+
+    /// Runs `change` over the bytes of buffer `id` (one a launch already resolved) and records
+    /// that they are now in `arrangement`. The buffer is poisoned until `change` returns `Ok`,
+    /// so a panic or failure inside it leaves the buffer refused rather than misread.
+    pub(super) fn rearrange(
+        &mut self,
+        id: u64,
+        arrangement: u64,
+        change: impl FnOnce(&mut [u8]) -> Result<(), DeviceFailure>,
+    ) -> Result<(), DeviceFailure> {
+        self.poisoned.insert(id);
+        change(self.storage_mut(id))?;
+        self.poisoned.remove(&id);
+        self.set_arrangement(id, arrangement);
+        Ok(())
+    }
+
+    /// Fails with INTERNAL if buffer `id` is poisoned.
+    pub(super) fn check_not_poisoned(&self, id: u64) -> Result<(), DeviceFailure> {
+        if self.poisoned.contains(&id) {
+            return Err(DeviceFailure::internal(format!(
+                "buffer {id} is poisoned: a rearrangement of its bytes did not finish, so they \
+                 are in no known order; write it whole or free it"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forgets the order of buffer `id`'s bytes, poisoned or arranged: the host is about to
+    /// overwrite all of them.
+    pub(super) fn forget_order(&mut self, id: u64) {
+        self.poisoned.remove(&id);
+        self.arrangements.remove(&id);
+    }
+
+    /// Whether the table keeps an arrangement or a poisoning for any buffer.
+    #[cfg(test)]
+    pub(super) fn tracks_any_order(&self) -> bool {
+        !self.arrangements.is_empty() || !self.poisoned.is_empty()
+    }
+
+    pub(super) fn get(&self, id: u64) -> Result<&AlignedBytes, DeviceFailure> {
+        self.buffers.get(&id).ok_or_else(|| unknown_buffer(id))
+    }
+
+    pub(super) fn get_mut(&mut self, id: u64) -> Result<&mut AlignedBytes, DeviceFailure> {
+        self.buffers.get_mut(&id).ok_or_else(|| unknown_buffer(id))
+    }
+
+    /// A buffer that a launch already resolved; its absence is a bug in this module.
+    pub(super) fn storage(&self, id: u64) -> &[u8] {
+        self.buffers.get(&id).expect("launch buffers stay alive")
+    }
+
+    pub(super) fn storage_mut(&mut self, id: u64) -> &mut [u8] {
+        self.buffers
+            .get_mut(&id)
+            .expect("launch buffers stay alive")
+    }
+
+    /// The start of a buffer that a launch already resolved, as a raw pointer.
+    pub(super) fn base_ptr(&mut self, id: u64) -> *mut u8 {
+        self.buffers
+            .get_mut(&id)
+            .expect("launch buffers stay alive")
+            .as_mut_ptr()
+    }
+}
+
+fn unknown_buffer(id: u64) -> DeviceFailure {
+    DeviceFailure::new(status::UNKNOWN_BUFFER, format!("unknown buffer {id}"))
+}
+
+/// The byte range `offset..offset+len` of a buffer of `buffer_len` bytes, if it fits.
+pub(super) fn checked_range(
+    buffer: u64,
+    buffer_len: usize,
+    offset: u64,
+    len: u64,
+) -> Result<Range<usize>, DeviceFailure> {
+    let out_of_bounds = || {
+        let end = offset as u128 + len as u128;
+        DeviceFailure::new(
+            status::OUT_OF_BOUNDS,
+            format!("bytes {offset}..{end} do not fit in buffer {buffer} of {buffer_len} bytes"),
+        )
+    };
+    let end = offset.checked_add(len).ok_or_else(out_of_bounds)?;
+    let start = usize::try_from(offset).map_err(|_| out_of_bounds())?;
+    let end = usize::try_from(end).map_err(|_| out_of_bounds())?;
+    if end > buffer_len {
+        return Err(out_of_bounds());
+    }
+    Ok(start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_bytes_are_zeroed_and_aligned() {
+        for len in [0, 1, 63, 64, 4097] {
+            let bytes = AlignedBytes::zeroed(len).unwrap();
+            assert_eq!(bytes.len(), len);
+            assert_eq!(bytes.as_ptr() as usize % AlignedBytes::ALIGN, 0, "{len}");
+            assert!(bytes.iter().all(|&byte| byte == 0));
+            let copy = AlignedBytes::copy_of(&bytes).unwrap();
+            assert_eq!(&copy[..], &bytes[..]);
+        }
+    }
+}
