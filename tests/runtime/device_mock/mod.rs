@@ -3,8 +3,6 @@
 //! Needs `libplughost_device_mock.so` and `libplughost_device_wrong_abi.so` in the plugins
 //! folder (`cargo xtask build-plugins`).
 
-mod common;
-
 use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,6 +12,8 @@ use plughost::device::{
     tensor_arg,
 };
 use plughost_device_abi::callables;
+
+use crate::common;
 
 fn library_file(crate_name: &str) -> String {
     format!("{DLL_PREFIX}{}{DLL_SUFFIX}", crate_name.replace('-', "_"))

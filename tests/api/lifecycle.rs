@@ -1,19 +1,17 @@
 //! The server around requests: a client that disconnects frees the engine, shutdown drains, a failed load answers 503.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use api_support::{MODEL, metric, spawn_server, sse_data, start_engine, start_engine_on};
 use futures::StreamExt;
 use plughost::api::{ApiConfig, serve};
 use plughost::engine::{EngineHandle, EngineOptions, EngineSetup};
 use plughost::metrics::Metrics;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+
+use crate::common;
+use crate::common::api::{MODEL, metric, spawn_server, sse_data, start_engine, start_engine_on};
 
 fn long_stream() -> Value {
     json!({"model": MODEL, "prompt": [39, 68, 299, 78, 11, 260], "max_tokens": 400, "ignore_eos": true, "stream": true})
