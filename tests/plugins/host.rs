@@ -1,6 +1,6 @@
 //! Contract tests: every built component loaded through the host and called with real data.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plughost::plugins::logits::{self, LogitsBatch};
 use plughost::plugins::sampler::{SamplerPlugin, SequenceToSample};
@@ -321,8 +321,9 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     type IsExpected = fn(&PluginError) -> bool;
     let cases: [(&str, i32, IsExpected); 3] = [
         ("trap", -1001, |e| matches!(e, PluginError::Trap { .. })),
+        // The loop ends because the call's own 200 ms epoch deadline fired, not by luck.
         ("infinite loop", -1002, |e| {
-            matches!(e, PluginError::Timeout { .. })
+            matches!(e, PluginError::Timeout { limit_ms: 200, .. })
         }),
         ("unbounded memory", -1003, |e| {
             matches!(e, PluginError::Trap { .. })
@@ -331,14 +332,11 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     for (i, (name, priority, is_expected)) in cases.into_iter().enumerate() {
         let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
         bad.priority = priority;
-        let started = Instant::now();
         let err = scheduler
             .schedule(&[bad], &resources)
             .err()
             .unwrap_or_else(|| panic!("{name}: must fail"));
-        let took = started.elapsed();
         assert!(is_expected(&err), "{name}: unexpected error {err}");
-        assert!(took < Duration::from_secs(1), "{name}: took {took:?}");
         let after = scheduler
             .schedule(&ordinary, &resources)
             .expect("next call on a fresh instance");
