@@ -1,4 +1,10 @@
-//! Locates the folder of built plugins (native device libraries and wasm components) that the end-to-end tests load.
+//! Helpers every test group shares: the folder of built plugins (native device libraries and wasm components) the end-to-end tests load, a real server on the tiny fixture ([`api`]) and the SmolLM2 folder with its references ([`smollm2`]).
+
+// Each group binary compiles all of these and calls its own part of them.
+#![allow(dead_code)]
+
+pub mod api;
+pub mod smollm2;
 
 use std::path::{Path, PathBuf};
 

@@ -177,6 +177,8 @@ mod tests {
     };
 
     fn check(table: &PlughostDeviceV1) -> String {
+        // SAFETY: a reference to a whole table: readable for its full size, whatever its
+        // header claims.
         match unsafe { check_table(Path::new("/x/libdev.so"), table) } {
             Ok(_) => "ok".to_string(),
             Err(error) => error.to_string(),
@@ -213,6 +215,7 @@ mod tests {
             let message = check(&table);
             assert!(message.contains(&expected), "{message}");
         }
+        // SAFETY: a null table is allowed and refused before any read.
         let message = unsafe { check_table(Path::new("/x/libdev.so"), std::ptr::null()) }
             .err()
             .map(|error| error.to_string());

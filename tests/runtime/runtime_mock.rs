@@ -1,13 +1,13 @@
 //! Runtime guarantees on the mock device's counters: no device allocation after prepare, minimal step-input writes, full release.
 
-mod common;
-
 use std::path::Path;
 
 use plughost::device::{DType, Device, DeviceLibrary, DeviceStats};
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
+
+use crate::common;
 
 const BLOCK_SIZE: u32 = 4;
 

@@ -1,12 +1,8 @@
 //! The official `openai` Python client against a real server: completions and chat, streaming and not, with usage.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
 use std::process::Command;
 
-use api_support::{MODEL, server};
+use crate::common::api::{MODEL, server};
 
 #[test]
 fn the_openai_python_client_works_unchanged() {

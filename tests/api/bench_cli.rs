@@ -1,10 +1,6 @@
 //! End-to-end tests of `plughost bench`: the load generator against a real server on the tiny
 //! fixture, a stand-in server that records what it receives, and a server that never answers.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +10,8 @@ use std::time::{Duration, Instant};
 use plughost::api::ApiConfig;
 use plughost::bench::{BenchOptions, report, run};
 use serde_json::Value;
+
+use crate::common::api;
 
 fn options(base: &str, dir: &std::path::Path, extra: &[&str]) -> BenchOptions {
     let json = dir.join("result.json");
@@ -60,8 +58,8 @@ async fn metrics(base: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_measures_a_real_server_and_writes_json_and_svg() {
-    let engine = api_support::start_engine();
-    let addr = api_support::spawn_server(engine, ApiConfig::default());
+    let engine = api::start_engine();
+    let addr = api::spawn_server(engine, ApiConfig::default());
     let base = format!("http://{addr}");
     let dir = scratch("run");
 
@@ -72,7 +70,7 @@ async fn bench_measures_a_real_server_and_writes_json_and_svg() {
     ))
     .await
     .expect("the bench runs");
-    assert_eq!(report.model.as_deref(), Some(api_support::MODEL));
+    assert_eq!(report.model.as_deref(), Some(api::MODEL));
     let summary = &report.runs[0].summary;
     assert_eq!(summary.first_error, None);
     assert_eq!((summary.num_successful, summary.num_failed), (8, 0));
@@ -105,11 +103,11 @@ async fn bench_measures_a_real_server_and_writes_json_and_svg() {
     );
     assert_eq!(summary.num_requests, 8);
     let served = metrics(&base).await;
-    let finished = api_support::metric(&served, "plughost_e2e_request_latency_seconds_count");
+    let finished = api::metric(&served, "plughost_e2e_request_latency_seconds_count");
     assert_eq!(finished, Some(10.0), "{served}");
-    let queried = api_support::metric(&served, "plughost_prefix_cache_queries_total");
+    let queried = api::metric(&served, "plughost_prefix_cache_queries_total");
     assert!(queried.is_some_and(|q| q > 0.0), "{served}");
-    let hits = api_support::metric(&served, "plughost_prefix_cache_hits_total");
+    let hits = api::metric(&served, "plughost_prefix_cache_hits_total");
     assert_eq!(hits, Some(0.0), "{served}");
 
     let json: Value =
@@ -143,12 +141,12 @@ async fn bench_measures_a_real_server_and_writes_json_and_svg() {
 /// included), and a wrong one makes every request fail with the server's 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_reaches_a_server_that_needs_one() {
-    let engine = api_support::start_engine();
+    let engine = api::start_engine();
     let config = ApiConfig {
         api_keys: plughost::api::auth::ApiKeys::new(["sk-bench"]).expect("a valid key"),
         ..ApiConfig::default()
     };
-    let addr = api_support::spawn_server(engine, config);
+    let addr = api::spawn_server(engine, config);
     let base = format!("http://{addr}");
     let dir = scratch("api-key");
 
@@ -159,7 +157,7 @@ async fn the_api_key_reaches_a_server_that_needs_one() {
     ))
     .await
     .expect("the bench runs");
-    assert_eq!(report.model.as_deref(), Some(api_support::MODEL));
+    assert_eq!(report.model.as_deref(), Some(api::MODEL));
     let summary = &report.runs[0].summary;
     assert_eq!((summary.num_successful, summary.num_failed), (8, 0));
     let written = std::fs::read_to_string(dir.join("result.json")).expect("the JSON");
@@ -174,7 +172,7 @@ async fn the_api_key_reaches_a_server_that_needs_one() {
             "--warmup",
             "0",
             "--model",
-            api_support::MODEL,
+            api::MODEL,
         ],
     ))
     .await

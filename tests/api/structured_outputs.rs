@@ -1,16 +1,8 @@
 //! Structured outputs over HTTP: JSON schemas, regexes, choices and `logit_bias` enforced by the host on the tiny Qwen3 and on SmolLM2, with the standard sampler and with a sampler that proposes forbidden tokens; and the real Qwen3 tokenizer's token environment.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-#[path = "smollm2_support.rs"]
-#[allow(dead_code)]
-mod smollm2_support;
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use api_support::{MODEL, metric, server, spawn_server, tokenizer};
 use plughost::api::ApiConfig;
 use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest,
@@ -21,6 +13,9 @@ use plughost::model::Tokenizer;
 use plughost::plugins::{FaultSettings, OnFailure, PluginSpec};
 use plughost_sdk::sampler::SamplingParams;
 use serde_json::{Value, json};
+
+use crate::common::api::{MODEL, metric, server, spawn_server, tokenizer};
+use crate::common::{self, api, smollm2};
 
 /// Generous: a constrained request of at most a few hundred tokens on a tiny model.
 const DEADLINE: Duration = Duration::from_secs(300);
@@ -285,7 +280,7 @@ fn a_grammar_dead_end_stops_with_its_reason() {
         .expect("the server answers")
         .text()
         .expect("a body");
-    let events = api_support::sse_data(&text);
+    let events = api::sse_data(&text);
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{text}");
     let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("a chunk");
     assert_eq!(
@@ -494,7 +489,7 @@ fn stubborn_server() -> &'static (String, Arc<EngineHandle>) {
         config.insert("token_id".into(), toml::Value::Integer(im_start[0].into()));
         config.insert("every".into(), toml::Value::Integer(2));
         let setup = EngineSetup {
-            model_dir: api_support::model_dir(),
+            model_dir: api::model_dir(),
             model_name: MODEL.into(),
             device_library: common::plugin_path("libplughost_device_mock.so"),
             device_config: String::new(),
@@ -564,7 +559,7 @@ fn smollm2_server() -> &'static str {
             failure: Default::default(),
         };
         let setup = EngineSetup {
-            model_dir: smollm2_support::model_dir(),
+            model_dir: smollm2::model_dir(),
             model_name: "smollm2-135m-instruct".into(),
             device_library: common::plugin_path("libplughost_device_cpu.so"),
             device_config: String::new(),

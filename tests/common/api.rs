@@ -1,6 +1,4 @@
-//! Shared by the `api_*` tests: a real engine on the CPU device behind a real HTTP server, and SSE helpers.
-
-#![allow(dead_code)]
+//! Shared by the tests that serve the tiny fixture: a real engine on the CPU device behind a real HTTP server, and SSE helpers.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

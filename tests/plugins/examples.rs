@@ -1,9 +1,5 @@
 //! The example plugins in a running engine on the mock device: the priority scheduler admits by priority where FCFS admits by arrival, the banned-tokens sampler never emits a banned id, and requests choose among a deployment's named samplers.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -14,6 +10,8 @@ use plughost::engine::{
 use plughost::metrics::Metrics;
 use plughost::plugins::{Deployment, NamedSamplers, PluginSpec};
 use plughost_sdk::sampler::SamplingParams;
+
+use crate::common::{self, api};
 
 fn plugin(file: &str, config: &str) -> PluginSpec {
     PluginSpec {
@@ -51,8 +49,8 @@ fn start_named(
     device_config: &str,
 ) -> Arc<EngineHandle> {
     let setup = EngineSetup {
-        model_dir: api_support::model_dir(),
-        model_name: api_support::MODEL.into(),
+        model_dir: api::model_dir(),
+        model_name: api::MODEL.into(),
         device_library: common::plugin_path("libplughost_device_mock.so"),
         device_config: device_config.into(),
         glue: plugin("plughost_model_qwen3.wasm", ""),
@@ -166,6 +164,7 @@ async fn start_order(scheduler: PluginSpec, priorities: &[i32]) -> Vec<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_scheduler_starts_requests_by_priority_where_fcfs_keeps_arrival_order() {
+    let _process = crate::shared_process_async().await;
     let arrivals = [1, 10, -2, 5, 3];
     let fcfs = start_order(plugin("plughost_scheduler_fcfs.wasm", ""), &arrivals).await;
     assert_eq!(fcfs, [100, 1, 10, -2, 5, 3], "FCFS keeps arrival order");
@@ -180,6 +179,7 @@ async fn the_priority_scheduler_starts_requests_by_priority_where_fcfs_keeps_arr
 
 #[test]
 fn the_banned_sampler_never_emits_a_banned_token() {
+    let _process = crate::shared_process();
     let prompt = [21, 22, 23, 24, 25, 26];
     let fcfs = || plugin("plughost_scheduler_fcfs.wasm", "");
     let (baseline, most_frequent) = most_frequent_greedy_token(&prompt);
@@ -235,6 +235,7 @@ fn most_frequent_greedy_token(prompt: &[u32]) -> (Vec<u32>, u32) {
 
 #[test]
 fn requests_choose_a_named_sampler_and_an_unknown_name_is_refused() {
+    let _process = crate::shared_process();
     let prompt = [21, 22, 23, 24, 25, 26];
     let (baseline, banned_token) = most_frequent_greedy_token(&prompt);
     let file = format!(

@@ -2,18 +2,18 @@
 //! re-run from the values they came with, and a plugin's memory does not stay resident in the
 //! host after the call that grew it.
 //!
-//! One test binary of its own: the memory test reads this process's resident set, which
-//! other tests running in the same process would disturb.
+//! The memory test reads this process's resident set, which other tests running in the same
+//! process would disturb: it takes the process alone (see [`crate::whole_process`]).
 
-mod common;
-
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use plughost::plugins::logits::{LogitsBatch, TokenHistory};
 use plughost::plugins::sampler::{RowFailure, SamplerPlugin, SequenceToSample};
 use plughost::plugins::{InstanceLimits, PluginError, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::{Penalties, SamplingParams};
+
+use crate::common;
 
 /// The faulty sampler's seeds (plugins/sampler-faulty).
 const SEED_TRAP: u64 = 66_601;
@@ -23,9 +23,6 @@ const SEED_HOARD: u64 = 66_605;
 const SEED_GROW: u64 = 66_606;
 const HOARD_MIB: u64 = 512;
 const VOCAB: usize = 64;
-
-/// The memory test measures the whole process; the others wait for it.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn faulty(limits: InstanceLimits) -> SamplerPlugin {
     let runtime = PluginRuntime::new(RuntimeOptions {
@@ -79,7 +76,7 @@ fn batch(rows: usize) -> LogitsBatch {
 
 #[test]
 fn the_culprit_row_fails_alone_and_the_others_are_re_run_from_their_original_values() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _process = crate::shared_process();
     let mut sampler = faulty(InstanceLimits::default());
     // The plugin penalises row 0 in place, then traps on row 1; row 2 is never reached.
     let sequences = [
@@ -115,7 +112,7 @@ fn the_culprit_row_fails_alone_and_the_others_are_re_run_from_their_original_val
 
 #[test]
 fn a_looping_row_costs_its_deadline_and_the_rest_keep_their_tokens() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _process = crate::shared_process();
     let mut sampler = faulty(InstanceLimits {
         call_timeout: Duration::from_millis(50),
         ..InstanceLimits::default()
@@ -142,7 +139,7 @@ fn rss_mib() -> u64 {
 
 #[test]
 fn memory_a_call_grew_does_not_stay_resident_after_it() {
-    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _alone = crate::whole_process();
     let limits = InstanceLimits {
         memory_bytes: 2048 << 20,
         call_timeout: Duration::from_secs(30),

@@ -1,8 +1,6 @@
 //! Contract tests: every built component loaded through the host and called with real data.
 
-mod common;
-
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plughost::plugins::logits::{self, LogitsBatch};
 use plughost::plugins::sampler::{SamplerPlugin, SequenceToSample};
@@ -10,6 +8,8 @@ use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{InstanceLimits, PluginError, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::SamplingParams;
 use plughost_sdk::scheduler::{Phase, Plan, RequestView, Resources, Scheduled};
+
+use crate::common;
 
 const VOCAB: usize = 151_936;
 
@@ -74,6 +74,7 @@ fn sampler() -> SamplerPlugin {
 
 #[test]
 fn fcfs_plan_for_a_synthetic_queue() {
+    let _process = crate::shared_process();
     let path = common::plugin_path("plughost_scheduler_fcfs.wasm");
     let mut fcfs = SchedulerPlugin::load(
         &runtime(),
@@ -180,6 +181,7 @@ fn fcfs_plan_for_a_synthetic_queue() {
 
 #[test]
 fn sampler_returns_the_argmax_at_temperature_zero() {
+    let _process = crate::shared_process();
     let mut sampler = sampler();
     let rows = 16;
     let values = random_logits(rows, 7);
@@ -232,6 +234,7 @@ fn seeded_stream(sampler: &mut SamplerPlugin, seed: u64) -> Vec<u32> {
 
 #[test]
 fn a_seed_fixes_the_token_stream() {
+    let _process = crate::shared_process();
     let mut sampler = sampler();
     let first = seeded_stream(&mut sampler, 42);
     let again = seeded_stream(&mut sampler, 42);
@@ -247,6 +250,7 @@ fn a_seed_fixes_the_token_stream() {
 
 #[test]
 fn a_component_of_another_world_is_refused() {
+    let _process = crate::shared_process();
     let path = common::plugin_path("plughost_sampler_standard.wasm");
     let err = SchedulerPlugin::load(&runtime(), &path, "", InstanceLimits::default())
         .err()
@@ -271,6 +275,7 @@ fn a_component_of_another_world_is_refused() {
 
 #[test]
 fn a_bad_plugin_config_is_refused_with_the_plugin_message() {
+    let _process = crate::shared_process();
     let path = common::plugin_path("plughost_scheduler_fcfs.wasm");
     let err = SchedulerPlugin::load(
         &runtime(),
@@ -286,6 +291,7 @@ fn a_bad_plugin_config_is_refused_with_the_plugin_message() {
 
 #[test]
 fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
+    let _process = crate::shared_process();
     let path = common::plugin_path("plughost_scheduler_faulty.wasm");
     let limits = InstanceLimits {
         memory_bytes: 32 << 20,
@@ -315,8 +321,9 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     type IsExpected = fn(&PluginError) -> bool;
     let cases: [(&str, i32, IsExpected); 3] = [
         ("trap", -1001, |e| matches!(e, PluginError::Trap { .. })),
+        // The loop ends because the call's own 200 ms epoch deadline fired, not by luck.
         ("infinite loop", -1002, |e| {
-            matches!(e, PluginError::Timeout { .. })
+            matches!(e, PluginError::Timeout { limit_ms: 200, .. })
         }),
         ("unbounded memory", -1003, |e| {
             matches!(e, PluginError::Trap { .. })
@@ -325,14 +332,11 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     for (i, (name, priority, is_expected)) in cases.into_iter().enumerate() {
         let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
         bad.priority = priority;
-        let started = Instant::now();
         let err = scheduler
             .schedule(&[bad], &resources)
             .err()
             .unwrap_or_else(|| panic!("{name}: must fail"));
-        let took = started.elapsed();
         assert!(is_expected(&err), "{name}: unexpected error {err}");
-        assert!(took < Duration::from_secs(1), "{name}: took {took:?}");
         let after = scheduler
             .schedule(&ordinary, &resources)
             .expect("next call on a fresh instance");
@@ -349,6 +353,7 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
 
 #[test]
 fn a_plugin_that_keeps_faulting_is_backed_off() {
+    let _process = crate::shared_process();
     let path = common::plugin_path("plughost_scheduler_faulty.wasm");
     let mut scheduler = SchedulerPlugin::load(&runtime(), &path, "", InstanceLimits::default())
         .expect("faulty scheduler loads");

@@ -1,13 +1,5 @@
 //! SmolLM2-135M-Instruct end to end on the CPU device: greedy continuations and log-probabilities against `transformers`, and a chat answer over HTTP.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-// Only part of the shared support module is used here.
-#[allow(dead_code)]
-#[path = "smollm2_support.rs"]
-mod smollm2_support;
-
 use std::sync::Arc;
 
 use plughost::api::ApiConfig;
@@ -18,6 +10,8 @@ use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::SamplingParams;
 use serde_json::json;
+
+use crate::common::{self, api, smollm2};
 
 fn plugin(file: &str) -> PluginSpec {
     PluginSpec {
@@ -31,7 +25,7 @@ fn plugin(file: &str) -> PluginSpec {
 
 fn start_engine() -> Arc<EngineHandle> {
     let setup = EngineSetup {
-        model_dir: smollm2_support::model_dir(),
+        model_dir: smollm2::model_dir(),
         model_name: "smollm2-135m-instruct".into(),
         device_library: common::plugin_path("libplughost_device_cpu.so"),
         // The device's defaults: the highest level this CPU has. The weights are f32, so bf16
@@ -80,7 +74,7 @@ fn reference_top1_logprobs(name: &str) -> Vec<f32> {
 #[test]
 fn greedy_continuations_and_logprobs_match_transformers() {
     let engine = start_engine();
-    for case in smollm2_support::reference().generation {
+    for case in smollm2::reference().generation {
         let request = GenerationRequest {
             prompt_tokens: case.token_ids.clone(),
             sampling: SamplingParams::GREEDY,
@@ -137,7 +131,7 @@ async fn the_chat_api_knows_the_capital_of_france() {
         .expect("engine thread");
     let base = format!(
         "http://{}",
-        api_support::spawn_server(engine.clone(), ApiConfig::default())
+        api::spawn_server(engine.clone(), ApiConfig::default())
     );
     let body = json!({
         "model": "smollm2-135m-instruct",
@@ -160,7 +154,7 @@ async fn the_chat_api_knows_the_capital_of_france() {
     assert!(answer.contains("Paris"), "answer: {response}");
     assert_eq!(
         answer,
-        smollm2_support::reference().answer.text,
+        smollm2::reference().answer.text,
         "the same answer as transformers"
     );
     tokio::task::spawn_blocking(move || engine.shutdown())

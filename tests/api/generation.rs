@@ -1,12 +1,9 @@
 //! Generation over HTTP: completions and chat, JSON and streamed, against the model's reference outputs.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
-use api_support::{MODEL, reference_prompts, server, sse_data, tokenizer};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+
+use crate::common::api::{MODEL, reference_prompts, server, sse_data, tokenizer};
 
 async fn post(path: &str, body: Value) -> Value {
     let response = reqwest::Client::new()

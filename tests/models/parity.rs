@@ -7,8 +7,6 @@
 //! the references, four ways of running the same prompts (one at a time, one
 //! batch, 3-token prefill chunks, a shared prefix already cached) must agree.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -19,6 +17,8 @@ use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{KvCacheDtype, Runtime, RuntimeConfig, StepSequence, load_model};
 use serde::Deserialize;
+
+use crate::common;
 
 const BLOCK_SIZE: u32 = 4;
 const NEW_TOKENS: usize = 32;

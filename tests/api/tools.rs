@@ -1,9 +1,5 @@
 //! Tool calling and reasoning through the API on the tiny Qwen3 with the real Qwen3 chat template: forced calls through the official openai client (streaming and not) parse and match their schemas, bad tool requests get 400 naming the field, and `<think>` blocks come back as `reasoning_content`.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
@@ -14,7 +10,8 @@ use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use serde_json::{Value, json};
 
-use api_support::{MODEL, model_dir, spawn_server};
+use crate::common;
+use crate::common::api::{MODEL, model_dir, spawn_server};
 
 /// The tiny Qwen3 with the real Qwen3 chat template (from the tokenizer reference, rendered
 /// by `transformers`) and room for its tool prompt, in a scratch folder.

@@ -1,12 +1,9 @@
 //! Serving on the mock device: a hundred sequential HTTP requests allocate nothing after the first, and shutdown frees everything.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
-use api_support::{MODEL, metric, spawn_server, start_engine_on};
 use plughost::api::ApiConfig;
 use serde_json::json;
+
+use crate::common::api::{MODEL, metric, spawn_server, start_engine_on};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_sequential_requests_allocate_nothing_after_the_first_and_shutdown_frees_all() {

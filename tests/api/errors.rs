@@ -1,12 +1,9 @@
 //! The HTTP API refuses bad input with the right status and an OpenAI error body, and keeps serving.
 
-#[path = "api_support.rs"]
-mod api_support;
-mod common;
-
-use api_support::{MODEL, server};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
+
+use crate::common::api::{MODEL, server};
 
 enum Body {
     None,

@@ -1,7 +1,5 @@
 //! The engine under load on the CPU device: continuous batching, preemption and the prefix cache give the same tokens as solo runs.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 
@@ -12,6 +10,8 @@ use plughost::engine::{
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::SamplingParams;
+
+use crate::common;
 
 fn plugin(file: &str) -> PluginSpec {
     PluginSpec {

@@ -1,10 +1,8 @@
 //! SmolLM2-135M-Instruct as `cargo xtask fetch-model` converts it: the host opens the folder, and the weights match `transformers`' dequantized, un-permuted GGUF.
 
-#[path = "smollm2_support.rs"]
-#[allow(dead_code)]
-mod support;
-
 use plughost::model::{Checkpoint, DType};
+
+use crate::common::smollm2;
 
 const LAYERS: u64 = 30;
 
@@ -36,7 +34,7 @@ fn llama_tensors() -> Vec<(String, Vec<u64>)> {
 
 #[test]
 fn the_folder_opens_as_a_tied_llama_checkpoint() {
-    let checkpoint = Checkpoint::open(support::model_dir()).expect("checkpoint opens");
+    let checkpoint = Checkpoint::open(smollm2::model_dir()).expect("checkpoint opens");
     let expected = llama_tensors();
     checkpoint.check(&expected).expect("every Llama tensor");
     assert_eq!(
@@ -69,8 +67,8 @@ fn the_folder_opens_as_a_tied_llama_checkpoint() {
 
 #[test]
 fn weights_match_the_reference_probes() {
-    let reference = support::reference();
-    let checkpoint = Checkpoint::open(support::model_dir()).expect("checkpoint opens");
+    let reference = smollm2::reference();
+    let checkpoint = Checkpoint::open(smollm2::model_dir()).expect("checkpoint opens");
     for probe in &reference.weight_probes {
         let view = checkpoint.tensor(&probe.name).expect(&probe.name);
         assert_eq!(

@@ -1,18 +1,16 @@
 //! SmolLM2-135M-Instruct as `cargo xtask fetch-model` converts it: tokenizer and chat template against `transformers` loading the GGUF.
 
-#[path = "smollm2_support.rs"]
-#[allow(dead_code)]
-mod support;
-
 use plughost::model::{ChatMessage, ChatTemplate, Tokenizer};
 
+use crate::common::smollm2;
+
 fn tokenizer() -> Tokenizer {
-    Tokenizer::from_dir(support::model_dir()).expect("tokenizer.json loads")
+    Tokenizer::from_dir(smollm2::model_dir()).expect("tokenizer.json loads")
 }
 
 #[test]
 fn texts_encode_and_decode_as_the_reference() {
-    let reference = support::reference();
+    let reference = smollm2::reference();
     let tokenizer = tokenizer();
     assert_eq!(tokenizer.vocab_size(), reference.vocab_size);
     let mut failures = Vec::new();
@@ -47,8 +45,8 @@ fn texts_encode_and_decode_as_the_reference() {
 
 #[test]
 fn chat_template_renders_and_tokenizes_as_the_reference() {
-    let reference = support::reference();
-    let dir = support::model_dir();
+    let reference = smollm2::reference();
+    let dir = smollm2::model_dir();
     let template = ChatTemplate::from_dir(&dir).expect("chat template loads");
     let tokenizer = tokenizer();
     for case in &reference.chat {
@@ -68,7 +66,7 @@ fn chat_template_renders_and_tokenizes_as_the_reference() {
 
 #[test]
 fn prompts_and_generations_round_trip() {
-    let reference = support::reference();
+    let reference = smollm2::reference();
     let tokenizer = tokenizer();
     for case in &reference.generation {
         let ids = tokenizer.encode(&case.text, false).expect("encode");

@@ -1,0 +1,12 @@
+//! Model tests in one binary, so the test build links wasmtime once for them: checkpoints, tokenizers, Qwen3 parity with `transformers`, and SmolLM2-135M-Instruct end to end.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod checkpoint;
+mod parity;
+mod qwen3;
+mod smollm2_checkpoint;
+mod smollm2_generation;
+mod smollm2_tokenizer;
+mod tokenizer;
