@@ -1,7 +1,5 @@
 //! Tokens depend only on the request: a chaotic scheduler, random arrival schedules, chunk budgets, KV pool sizes and shared prefixes change none of them, on the mock and the CPU device.
 
-mod common;
-
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +12,8 @@ use plughost::engine::{
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::{RowRng, SamplingParams};
+
+use crate::common;
 
 const CPU: &str = "libplughost_device_cpu.so";
 const MOCK: &str = "libplughost_device_mock.so";
