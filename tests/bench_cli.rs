@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plughost::api::ApiConfig;
-use plughost::bench::{BenchOptions, report, run};
+use plughost_bench::{BenchOptions, report, run};
 use serde_json::Value;
 
 fn options(base: &str, dir: &std::path::Path, extra: &[&str]) -> BenchOptions {

@@ -18,9 +18,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::gguf::Gguf;
 use crate::gguf_llama::{LlamaParams, WeightDtype, write_safetensors};
 use crate::gguf_tokenizer::GgufTokenizer;
+use plughost::model::gguf::Gguf;
 
 /// Bump when the converted files change, so folders written by an older converter are rebuilt.
 const CONVERTER_VERSION: u32 = 1;

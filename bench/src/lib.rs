@@ -147,6 +147,8 @@ pub enum BenchError {
     InvalidOption(String),
     #[error("cannot build the HTTP client: {0}")]
     Client(#[from] reqwest::Error),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
     #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
@@ -605,10 +607,9 @@ pub async fn run(options: BenchOptions) -> Result<BenchReport, BenchError> {
 }
 
 /// The `plughost bench` command: run on a fresh runtime and print the report.
-pub fn main(options: BenchOptions) -> Result<(), String> {
-    let runtime = tokio::runtime::Runtime::new()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let report = runtime.block_on(run(options)).map_err(|e| e.to_string())?;
+pub fn main(options: BenchOptions) -> Result<(), BenchError> {
+    let runtime = tokio::runtime::Runtime::new().map_err(BenchError::Runtime)?;
+    let report = runtime.block_on(run(options))?;
     print!("{}", report::text(&report));
     Ok(())
 }

@@ -9,7 +9,73 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, Result, bail, ensure};
+pub use writer::GgufWriter;
+
+mod writer;
+
+/// Why a GGUF file could not be read, or a metadata value is missing or not of the type asked for.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GgufError {
+    /// The bytes do not follow the format: truncated, corrupt, or a type this reader does not know.
+    #[error("{0}")]
+    Malformed(String),
+    #[error("GGUF metadata has no {0}")]
+    MissingKey(String),
+    /// A metadata value of another type or range than the one asked for.
+    #[error("{0}")]
+    Metadata(String),
+    /// What was being read when the inner error happened.
+    #[error("{context}: {source}")]
+    While {
+        context: String,
+        source: Box<GgufError>,
+    },
+}
+
+type Result<T, E = GgufError> = std::result::Result<T, E>;
+
+/// Returns a [`GgufError::Malformed`] built from a format string.
+macro_rules! bail {
+    ($($message:tt)*) => {
+        return Err(GgufError::Malformed(format!($($message)*)))
+    };
+}
+
+/// Returns a [`GgufError::Malformed`] unless the condition holds.
+macro_rules! ensure {
+    ($condition:expr, $($message:tt)*) => {
+        if !$condition {
+            bail!($($message)*);
+        }
+    };
+}
+
+/// Names what was being read when a step fails, as the error's outer layer.
+trait Context<T> {
+    fn with_context(self, context: impl FnOnce() -> String) -> Result<T>;
+
+    fn context(self, context: &str) -> Result<T>
+    where
+        Self: Sized,
+    {
+        self.with_context(|| context.to_string())
+    }
+}
+
+impl<T> Context<T> for Result<T> {
+    fn with_context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| GgufError::While {
+            context: context(),
+            source: Box::new(source),
+        })
+    }
+}
+
+impl<T> Context<T> for Option<T> {
+    fn with_context(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.ok_or_else(|| GgufError::Malformed(context()))
+    }
+}
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -27,7 +93,7 @@ pub enum Value {
     Array(Vec<Value>),
 }
 
-/// The ggml element types this converter can read.
+/// The ggml element types this reader can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GgmlType {
     F32,
@@ -168,39 +234,50 @@ impl Gguf {
         match self.required(key)? {
             Value::Uint(v) => Ok(*v),
             Value::Int(v) if *v >= 0 => Ok(*v as u64),
-            other => bail!("GGUF metadata {key} is {other:?}, expected an unsigned integer"),
+            other => Err(GgufError::Metadata(format!(
+                "GGUF metadata {key} is {other:?}, expected an unsigned integer"
+            ))),
         }
     }
 
     pub fn usize(&self, key: &str) -> Result<usize> {
-        usize::try_from(self.u64(key)?).with_context(|| format!("GGUF metadata {key} is too large"))
+        usize::try_from(self.u64(key)?)
+            .map_err(|_| GgufError::Metadata(format!("GGUF metadata {key} is too large")))
     }
 
     pub fn f64(&self, key: &str) -> Result<f64> {
         match self.required(key)? {
             Value::Float(v) => Ok(*v),
-            other => bail!("GGUF metadata {key} is {other:?}, expected a float"),
+            other => Err(GgufError::Metadata(format!(
+                "GGUF metadata {key} is {other:?}, expected a float"
+            ))),
         }
     }
 
     pub fn bool(&self, key: &str) -> Result<bool> {
         match self.required(key)? {
             Value::Bool(v) => Ok(*v),
-            other => bail!("GGUF metadata {key} is {other:?}, expected a bool"),
+            other => Err(GgufError::Metadata(format!(
+                "GGUF metadata {key} is {other:?}, expected a bool"
+            ))),
         }
     }
 
     pub fn str(&self, key: &str) -> Result<&str> {
         match self.required(key)? {
             Value::Str(v) => Ok(v),
-            other => bail!("GGUF metadata {key} is {other:?}, expected a string"),
+            other => Err(GgufError::Metadata(format!(
+                "GGUF metadata {key} is {other:?}, expected a string"
+            ))),
         }
     }
 
     pub fn array(&self, key: &str) -> Result<&[Value]> {
         match self.required(key)? {
             Value::Array(v) => Ok(v),
-            other => bail!("GGUF metadata {key} is {other:?}, expected an array"),
+            other => Err(GgufError::Metadata(format!(
+                "GGUF metadata {key} is {other:?}, expected an array"
+            ))),
         }
     }
 
@@ -209,7 +286,9 @@ impl Gguf {
             .iter()
             .map(|v| match v {
                 Value::Str(s) => Ok(s.as_str()),
-                other => bail!("GGUF metadata {key} holds {other:?}, expected strings"),
+                other => Err(GgufError::Metadata(format!(
+                    "GGUF metadata {key} holds {other:?}, expected strings"
+                ))),
             })
             .collect()
     }
@@ -219,8 +298,12 @@ impl Gguf {
             .iter()
             .map(|v| match v {
                 Value::Int(i) => Ok(*i),
-                Value::Uint(u) => i64::try_from(*u).context("integer out of range"),
-                other => bail!("GGUF metadata {key} holds {other:?}, expected integers"),
+                Value::Uint(u) => i64::try_from(*u).map_err(|_| {
+                    GgufError::Metadata(format!("GGUF metadata {key} holds {u}, out of range"))
+                }),
+                other => Err(GgufError::Metadata(format!(
+                    "GGUF metadata {key} holds {other:?}, expected integers"
+                ))),
             })
             .collect()
     }
@@ -228,7 +311,7 @@ impl Gguf {
     fn required(&self, key: &str) -> Result<&Value> {
         self.metadata
             .get(key)
-            .with_context(|| format!("GGUF metadata has no {key}"))
+            .ok_or_else(|| GgufError::MissingKey(key.to_string()))
     }
 }
 
@@ -244,7 +327,7 @@ impl RawTensor {
         let name = self.name;
         let kind = GgmlType::from_id(self.kind).with_context(|| {
             format!(
-                "tensor {name} has ggml type {}, which this converter cannot read \
+                "tensor {name} has ggml type {}, which this reader cannot read \
                  (it reads F32, F16, Q4_1 and Q8_0)",
                 self.kind
             )
@@ -345,8 +428,9 @@ impl<'a> Cursor<'a> {
     fn string(&mut self) -> Result<String> {
         let len = self.length(1)?;
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec())
-            .with_context(|| format!("string at byte {} is not UTF-8", self.pos - len))
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            GgufError::Malformed(format!("string at byte {} is not UTF-8", self.pos - len))
+        })
     }
 
     fn value(&mut self, kind: u32, depth: u32) -> Result<Value> {
@@ -404,119 +488,15 @@ impl<'a> Cursor<'a> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// Builds a small GGUF file in memory, the way llama.cpp's writer lays it out.
-    #[derive(Default)]
-    pub(crate) struct Builder {
-        metadata: Vec<u8>,
-        num_metadata: u64,
-        infos: Vec<u8>,
-        data: Vec<u8>,
-        num_tensors: u64,
-    }
-
-    fn put_string(out: &mut Vec<u8>, s: &str) {
-        out.extend((s.len() as u64).to_le_bytes());
-        out.extend(s.as_bytes());
-    }
-
-    impl Builder {
-        pub(crate) fn u32(mut self, key: &str, v: u32) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(4u32.to_le_bytes());
-            self.metadata.extend(v.to_le_bytes());
-            self.num_metadata += 1;
-            self
-        }
-
-        pub(crate) fn f32(mut self, key: &str, v: f32) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(6u32.to_le_bytes());
-            self.metadata.extend(v.to_le_bytes());
-            self.num_metadata += 1;
-            self
-        }
-
-        pub(crate) fn bool(mut self, key: &str, v: bool) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(7u32.to_le_bytes());
-            self.metadata.push(v.into());
-            self.num_metadata += 1;
-            self
-        }
-
-        pub(crate) fn str(mut self, key: &str, v: &str) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(8u32.to_le_bytes());
-            put_string(&mut self.metadata, v);
-            self.num_metadata += 1;
-            self
-        }
-
-        pub(crate) fn strs(mut self, key: &str, items: &[&str]) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(9u32.to_le_bytes());
-            self.metadata.extend(8u32.to_le_bytes());
-            self.metadata.extend((items.len() as u64).to_le_bytes());
-            for item in items {
-                put_string(&mut self.metadata, item);
-            }
-            self.num_metadata += 1;
-            self
-        }
-
-        pub(crate) fn i32s(mut self, key: &str, items: &[i32]) -> Self {
-            put_string(&mut self.metadata, key);
-            self.metadata.extend(9u32.to_le_bytes());
-            self.metadata.extend(5u32.to_le_bytes());
-            self.metadata.extend((items.len() as u64).to_le_bytes());
-            for item in items {
-                self.metadata.extend(item.to_le_bytes());
-            }
-            self.num_metadata += 1;
-            self
-        }
-
-        /// A tensor of ggml type `kind` with `dims` in ggml order and its raw bytes.
-        pub(crate) fn tensor(mut self, name: &str, dims: &[u64], kind: u32, bytes: &[u8]) -> Self {
-            put_string(&mut self.infos, name);
-            self.infos.extend((dims.len() as u32).to_le_bytes());
-            for d in dims {
-                self.infos.extend(d.to_le_bytes());
-            }
-            self.infos.extend(kind.to_le_bytes());
-            self.infos.extend((self.data.len() as u64).to_le_bytes());
-            self.data.extend(bytes);
-            self.data.resize(
-                self.data.len().next_multiple_of(DEFAULT_ALIGNMENT as usize),
-                0,
-            );
-            self.num_tensors += 1;
-            self
-        }
-
-        pub(crate) fn build(self) -> Vec<u8> {
-            let mut out = Vec::new();
-            out.extend(MAGIC);
-            out.extend(3u32.to_le_bytes());
-            out.extend(self.num_tensors.to_le_bytes());
-            out.extend(self.num_metadata.to_le_bytes());
-            out.extend(self.metadata);
-            out.extend(self.infos);
-            out.resize(out.len().next_multiple_of(DEFAULT_ALIGNMENT as usize), 0);
-            out.extend(self.data);
-            out
-        }
-    }
 
     fn sample() -> Vec<u8> {
         let f32_bytes: Vec<u8> = [1.0f32, -2.0, 3.5, 0.25, 5.0, 6.0]
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();
-        Builder::default()
+        GgufWriter::default()
             .str("general.architecture", "llama")
             .u32("llama.block_count", 2)
             .f32("llama.rope.freq_base", 10000.0)
@@ -577,7 +557,7 @@ pub(crate) mod tests {
 
     #[test]
     fn unsupported_tensor_types_are_named() {
-        let bytes = Builder::default()
+        let bytes = GgufWriter::default()
             .tensor("blk.0.attn_q.weight", &[32], 12, &[0u8; 144])
             .build();
         let err = format!("{:#}", Gguf::parse(bytes).unwrap_err());

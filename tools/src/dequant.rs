@@ -8,7 +8,7 @@
 
 use half::f16;
 
-use crate::gguf::GgmlType;
+use plughost::model::gguf::GgmlType;
 
 /// Appends the values of `bytes` (whole blocks of `kind`) to `out`.
 pub fn dequantize_into(kind: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {

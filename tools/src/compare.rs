@@ -1,6 +1,7 @@
-//! `cargo xtask compare`: plughost and llama.cpp's `llama-server` on the same SmolLM2-135M-Instruct
-//! weights in bf16, one server at a time under the same `plughost bench` loads, written up in
-//! `docs/benchmarks.md` with a throughput chart beside it.
+//! `plughost-tools compare` (run by `cargo xtask compare`): plughost and llama.cpp's
+//! `llama-server` on the same SmolLM2-135M-Instruct weights in bf16, one server at a time under
+//! the same `plughost bench` loads, written up in `docs/benchmarks.md` with a throughput chart
+//! beside it.
 //!
 //! Both servers are up for the whole run and every load goes to one and then the other, never
 //! to both at once, in several rounds, so they never share the cores and a drift in the
@@ -23,12 +24,30 @@ use plughost_device_cpu::isa::{Isa, IsaLevel};
 use serde_json::json;
 
 use crate::bandwidth::{self, Bandwidth};
-use crate::gguf_llama::WeightDtype;
-use crate::plugins::Workspace;
 use loads::{Load, SAMPLING, Shape, Summary};
 use model::ModelFacts;
 use report::{GREEDY, Machine, Report, SAMPLED, SINGLE, ServerResult};
 use server::{RunningServer, ServerSpec, display_path, shell_word};
+
+/// What the comparison serves, built and fetched before it starts, and where the workspace is.
+#[derive(Debug, clap::Args)]
+pub struct CompareInputs {
+    /// The workspace root: the page is written relative to it, and reports name paths below it.
+    #[arg(long)]
+    pub workspace_root: PathBuf,
+    /// The target folder: llama.cpp is built and raw results are kept below it.
+    #[arg(long)]
+    pub target_dir: PathBuf,
+    /// The release `plughost` binary.
+    #[arg(long)]
+    pub plughost_bin: PathBuf,
+    /// The folder of built plugins.
+    #[arg(long)]
+    pub plugins_dir: PathBuf,
+    /// SmolLM2-135M-Instruct in bf16, as `fetch-model smollm2-135m-instruct --dtype bf16` writes it.
+    #[arg(long)]
+    pub model_dir: PathBuf,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct CompareArgs {
@@ -228,9 +247,9 @@ fn sweep_key(concurrency: usize) -> String {
 }
 
 /// Runs the comparison and writes the page.
-pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
+pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     args.validate()?;
-    let root = workspace.root();
+    let root = inputs.workspace_root.as_path();
     let threads = match args.threads {
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -245,8 +264,8 @@ pub fn run(workspace: &Workspace, args: &CompareArgs) -> Result<()> {
     server::ensure_port_free(args.plughost_port, "plughost")?;
     server::ensure_port_free(args.llama_port, "llama-server")?;
 
-    let setup = Setup::prepare(workspace, args, threads)?;
-    let raw_dir = workspace.target_dir().join("compare");
+    let setup = Setup::prepare(inputs, args, threads)?;
+    let raw_dir = inputs.target_dir.join("compare");
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
     let probe = bandwidth::Probe::new(args.bandwidth_mib, threads, BANDWIDTH_PASSES)?;
 
@@ -346,18 +365,12 @@ struct Setup {
 }
 
 impl Setup {
-    fn prepare(workspace: &Workspace, args: &CompareArgs, threads: usize) -> Result<Self> {
-        let inputs = crate::serve_inputs(workspace, WeightDtype::Bf16)?;
-        workspace.cargo(&["build", "--release", "-p", "plughost"], &[])?;
-        let plughost = workspace
-            .target_dir()
-            .join("release")
-            .join(format!("plughost{}", std::env::consts::EXE_SUFFIX));
+    fn prepare(inputs: &CompareInputs, args: &CompareArgs, threads: usize) -> Result<Self> {
         let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
-        let llama_dir = llama::LlamaDir::new(workspace.target_dir(), python);
+        let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python);
         let llama_server = llama_dir.server(args.llama_server.as_deref())?;
         let gguf = llama::Bf16Gguf {
-            model_dir: &inputs.model,
+            model_dir: &inputs.model_dir,
             threads,
         };
         let gguf = if gguf.is_up_to_date()? {
@@ -370,11 +383,11 @@ impl Setup {
             .with_context(|| format!("reading the size of {}", gguf.display()))?
             .len();
         Ok(Setup {
-            plughost,
+            plughost: inputs.plughost_bin.clone(),
             gguf_bytes,
-            facts: ModelFacts::read(&inputs.model)?,
-            plugins: inputs.plugins,
-            model: inputs.model,
+            facts: ModelFacts::read(&inputs.model_dir)?,
+            plugins: inputs.plugins_dir.clone(),
+            model: inputs.model_dir.clone(),
             llama_server,
             gguf,
         })

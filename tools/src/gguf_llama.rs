@@ -17,7 +17,7 @@ use indicatif::ProgressBar;
 use serde_json::{Value, json};
 
 use crate::dequant::dequantize_into;
-use crate::gguf::{Gguf, TensorInfo};
+use plughost::model::gguf::{Gguf, TensorInfo};
 
 /// The dtype of the written weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -111,8 +111,9 @@ impl LlamaParams {
             Some(_) => gguf.usize("llama.vocab_size")?,
             None => gguf.array("tokenizer.ggml.tokens")?.len(),
         };
-        let optional_id =
-            |key: &str| -> Result<Option<u64>> { gguf.get(key).map(|_| gguf.u64(key)).transpose() };
+        let optional_id = |key: &str| -> Result<Option<u64>> {
+            Ok(gguf.get(key).map(|_| gguf.u64(key)).transpose()?)
+        };
         Ok(LlamaParams {
             hidden,
             intermediate: gguf.usize("llama.feed_forward_length")?,

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use super::client::RequestRecord;
+use crate::client::RequestRecord;
 
 /// The `p`-th percentile (0–100) of sorted values, interpolating linearly between ranks as
 /// numpy's default does, so the numbers compare with `vllm bench serve`.

@@ -3,8 +3,8 @@
 use std::fmt::Write;
 use std::path::Path;
 
-use super::stats::{Distribution, Summary};
-use super::{BenchError, BenchReport};
+use crate::stats::{Distribution, Summary};
+use crate::{BenchError, BenchReport};
 
 const WIDTH: usize = 50;
 
@@ -318,7 +318,7 @@ pub fn svg(summaries: &[Summary]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::stats::{RunShape, summarize};
+    use crate::stats::{RunShape, summarize};
 
     fn summary(concurrency: usize) -> Summary {
         let shape = RunShape {

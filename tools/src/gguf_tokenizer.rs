@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::{Value, json};
 
-use crate::gguf::Gguf;
+use plughost::model::gguf::Gguf;
 
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
@@ -359,7 +359,7 @@ impl Serialize for OrderedVocab<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gguf::tests::Builder;
+    use plughost::model::gguf::GgufWriter;
 
     #[test]
     fn byte_table_is_gpt2s() {
@@ -376,7 +376,7 @@ mod tests {
     }
 
     fn tiny(pre: &str, add_bos: bool) -> Gguf {
-        let bytes = Builder::default()
+        let bytes = GgufWriter::default()
             .str("tokenizer.ggml.model", "gpt2")
             .str("tokenizer.ggml.pre", pre)
             .strs(
