@@ -1,12 +1,10 @@
 //! The operational endpoints vLLM users know, on `plughost serve --log-format json`: `/version`, `/v1/models` with `root` and `max_model_len`, `/tokenize` and `/detokenize` agreeing with what generation sees, and one JSON access-log line per request.
 
-mod serve_support;
-
 use std::time::{Duration, Instant};
 
+use crate::serve_support::{Server, workspace};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use serve_support::{Server, workspace};
 
 const MODEL: &str = "tiny-qwen3";
 

@@ -8,8 +8,6 @@
 //! so a token's log-probability tells who chose it: 0 the plugin, anything else the host's
 //! native sampler.
 
-mod serve_support;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +17,8 @@ use futures::StreamExt;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use serve_support::deployment::{component, deployment_status, metric, metrics};
-use serve_support::{Server, plugins_dir};
+use crate::serve_support::deployment::{component, deployment_status, metric, metrics};
+use crate::serve_support::{Server, plugins_dir};
 
 const MODEL: &str = "tiny-qwen3";
 const ADMIN_KEY: &str = "admin-secret";

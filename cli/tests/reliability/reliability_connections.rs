@@ -3,13 +3,11 @@
 //! These run the real binary (only this package's tests know its path), so signals and exit
 //! codes are the ones users see. Every wait is bounded, by about ten times what it should take.
 
-mod serve_support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use serve_support::{Server, closes_within, get_health, is_closed, read_response};
+use crate::serve_support::{Server, closes_within, get_health, is_closed, read_response};
 
 #[test]
 fn a_client_sending_headers_byte_by_byte_is_cut_off_by_the_header_timeout() {

@@ -1,8 +1,6 @@
 //! `plughost serve` end to end: it serves a model that loads, and exits naming the config field of one it cannot compute.
 
-mod serve_support;
-
-use serve_support::{free_port, plugins_dir, workspace};
+use crate::serve_support::{free_port, plugins_dir, workspace};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};

@@ -3,20 +3,18 @@
 //! The first run compiles the new crate's dependencies for wasm32-wasip2 (about 40 s on two
 //! cores) into `target/plugin-kit-test`, which later runs reuse.
 
-mod serve_support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use serve_support::deployment::{
+use crate::serve_support::deployment::{
     Streamed, component, deployment_status, metric, metrics, reload, sampler_deployment, stream,
     write_file,
 };
-use serve_support::kit::{Built, TempDir, make_greedy_take_the_second_best, new_plugin};
-use serve_support::{Server, plugins_dir};
+use crate::serve_support::kit::{Built, TempDir, make_greedy_take_the_second_best, new_plugin};
+use crate::serve_support::{Server, plugins_dir};
 
 const MODEL: &str = "tiny-qwen3";
 const ADMIN_KEY: &str = "admin-secret";

@@ -4,12 +4,10 @@
 //! docs/reliability.md): this guards against a return of the causes (tokenizing a prompt that
 //! cannot fit, an allocator that keeps what was freed), not against small changes.
 
-mod serve_support;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use serve_support::{Server, read_response};
+use crate::serve_support::{Server, read_response};
 
 /// Under the default body limit, which is 8 MiB or more.
 const BODY_BYTES: usize = (8 << 20) - (4 << 10);

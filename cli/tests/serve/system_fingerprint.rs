@@ -1,11 +1,9 @@
 //! `system_fingerprint` on `plughost serve`: on every response and chunk, in `/v1/models` and `/admin/deployment`; the same after a restart with the same inputs (with the same tokens), different when a numeric device option or a component changes, never for the thread count.
 
-mod serve_support;
-
+use crate::serve_support::deployment::{deployment_status, reload, sampler_deployment, write_file};
+use crate::serve_support::{Server, plugins_dir};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use serve_support::deployment::{deployment_status, reload, sampler_deployment, write_file};
-use serve_support::{Server, plugins_dir};
 
 const ADMIN_KEY: &str = "fingerprint-admin";
 

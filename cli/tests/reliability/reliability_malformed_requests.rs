@@ -2,13 +2,11 @@
 //!
 //! Every read is bounded by a 10 s socket timeout.
 
-mod serve_support;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use serve_support::{Server, get_health, read_response};
+use crate::serve_support::{Server, get_health, read_response};
 
 /// Everything the server sends until it closes the connection, as (head, body) pairs.
 fn read_until_closed(stream: &mut TcpStream) -> Vec<(String, String)> {

@@ -4,18 +4,16 @@
 //! (about 40 s on two cores); its target dir, `target/plugin-kit-test`, is kept so later runs
 //! only rebuild the crate (about 5 s).
 
-mod serve_support;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use serve_support::kit::{
+use crate::serve_support::kit::{
     Built, TempDir, build, make_greedy_take_the_second_best, plughost, run, text,
 };
-use serve_support::{Server, plugins_dir, workspace};
+use crate::serve_support::{Server, plugins_dir, workspace};
 
 /// Far beyond the second or so the tiny fixtures take to load in a debug build.
 const DEADLINE: Duration = Duration::from_secs(120);

@@ -1,10 +1,8 @@
 //! The load gauges a router's endpoint picker reads, scraped from `plughost serve --metrics-names vllm` by Prometheus's own Python parser: families, types, labels and ranges, idle, under load and idle again, under plughost's names and vLLM's.
 
-mod serve_support;
-
 use std::process::Command;
 
-use serve_support::Server;
+use crate::serve_support::Server;
 
 #[test]
 fn the_router_gauges_parse_and_move_under_both_names() {
@@ -23,7 +21,7 @@ fn the_router_gauges_parse_and_move_under_both_names() {
         "--max-num-seqs",
         "4",
     ]);
-    let script = serve_support::workspace().join("tests/clients/metrics_contract_check.py");
+    let script = crate::serve_support::workspace().join("tests/clients/metrics_contract_check.py");
     let output = Command::new(python)
         .arg(script)
         .args([server.base().as_str(), "tiny-qwen3", "8", "300"])

@@ -1,13 +1,11 @@
 //! Several replicas on one machine, as an InferencePool runs them: a round-robin client loads them, every replica's router gauges move and return to zero, and a replica SIGTERMed mid-load drains without losing a request while clients that find it closed retry another.
 
-mod serve_support;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::serve_support::{LOAD_DEADLINE, Server};
 use serde_json::{Value, json};
-use serve_support::{LOAD_DEADLINE, Server};
 
 const REPLICAS: usize = 3;
 /// Twice each replica's `--max-num-seqs` per replica, so requests also wait.

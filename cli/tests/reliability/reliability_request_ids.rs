@@ -2,12 +2,10 @@
 //!
 //! Runs the real `plughost serve` binary on the mock device with an injected launch fault.
 
-mod serve_support;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use serve_support::{Server, read_response};
+use crate::serve_support::{Server, read_response};
 
 /// A launch a few steps into the first generation (loading launches far fewer); two failures
 /// in a row outlast the engine's one retry, so the step's requests fail.
