@@ -98,7 +98,7 @@ async fn an_out_of_tree_sampler_hot_loads_under_load_and_bad_reloads_change_noth
     let began = Instant::now();
     // 1. The author's sampler, made, changed and built outside the workspace.
     let temp = TempDir::new("hot-load");
-    let crate_dir = new_plugin("sampler", "second-best", &temp.0);
+    let crate_dir = new_plugin("sampler", "hot-second-best", &temp.0);
     make_greedy_take_the_second_best(&crate_dir);
     let built = Built::build(&crate_dir);
     let (wasm, sha256) = (built.component(), built.sha256());

@@ -2,6 +2,9 @@
 //!
 //! Builds share one target dir, `target/plugin-kit-test`, kept between runs so only the new
 //! crate rebuilds (the first run compiles its dependencies for wasm32-wasip2, about 40 s).
+//! Cargo keys a crate that is its own workspace by name and version, not by folder, so the
+//! tests that build at the same time name their crates differently: two crates of one name
+//! would each find the other's build fresh.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
