@@ -31,12 +31,16 @@ enum Command {
     /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
     /// each load to one server and then the other, and write docs/benchmarks.md (builds
     /// llama.cpp if needed).
-    Compare {
-        #[command(flatten)]
-        inputs: compare::CompareInputs,
-        #[command(flatten)]
-        args: compare::CompareArgs,
-    },
+    Compare(Box<CompareCommand>),
+}
+
+/// `compare`'s paths, which xtask fills in, and its load options.
+#[derive(clap::Args)]
+struct CompareCommand {
+    #[command(flatten)]
+    inputs: compare::CompareInputs,
+    #[command(flatten)]
+    args: compare::CompareArgs,
 }
 
 fn main() -> Result<()> {
@@ -45,7 +49,7 @@ fn main() -> Result<()> {
             let dir = model_fetch::fetch_model(&args, &target_dir)?;
             println!("{}", dir.display());
         }
-        Command::Compare { inputs, args } => compare::run(&inputs, &args)?,
+        Command::Compare(command) => compare::run(&command.inputs, &command.args)?,
     }
     Ok(())
 }
