@@ -26,7 +26,7 @@ RUN apt-get update \
 RUN rustup target add wasm32-wasip2
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p plughost --bin plughost \
+RUN cargo build --release --locked -p plughost-cli -p plughost-tools \
     && cargo xtask build-plugins \
     && mkdir -p /out/bin /out/plugins \
     && cp target/release/plughost /out/bin/ \

@@ -4,7 +4,6 @@
 //! the WebAssembly components. See ARCHITECTURE.md for the code map.
 
 pub mod api;
-pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod engine;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use plughost::api::ApiConfig;
-use plughost::bench::{BenchOptions, report, run};
+use plughost_bench::{BenchOptions, report, run};
 use serde_json::Value;
 
 use crate::common::api;

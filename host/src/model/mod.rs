@@ -4,12 +4,14 @@
 //! borrowed [`TensorView`]s over the memory-mapped files. [`Tokenizer`] wraps `tokenizer.json`
 //! and makes [`DecodeStream`]s for streaming output. [`ChatTemplate`] renders
 //! `tokenizer_config.json`'s template byte-for-byte as Hugging Face `transformers` does.
+//! [`gguf`] reads llama.cpp's GGUF files, which the tools convert into such folders.
 //! Every failure is a [`ModelError`] naming the file, and the tensor, it is about.
 
 mod chat_template;
 mod checkpoint;
 mod error;
 mod generation_config;
+pub mod gguf;
 mod pyfmt;
 mod tokenizer;
 

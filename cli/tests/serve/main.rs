@@ -1,0 +1,12 @@
+//! The `plughost` binary serving, end to end: `serve` and `generate`, the operational endpoints,
+//! the metrics contract, the system fingerprint, and the deployment manifests that run it.
+
+#[path = "../serve_support/mod.rs"]
+mod serve_support;
+
+mod cli_generate;
+mod cli_serve;
+mod deploy_manifests;
+mod metrics_contract;
+mod operational_endpoints;
+mod system_fingerprint;

@@ -1,0 +1,56 @@
+//! The load gauges a router's endpoint picker reads, scraped from `plughost serve --metrics-names vllm` by Prometheus's own Python parser: families, types, labels and ranges, idle, under load and idle again, under plughost's names and vLLM's.
+
+use std::process::Command;
+
+use crate::serve_support::Server;
+
+#[test]
+fn the_router_gauges_parse_and_move_under_both_names() {
+    let python = std::env::var("PLUGHOST_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "PLUGHOST_TEST_PYTHON is not set: `cargo xtask test` installs the clients and sets it"
+        )
+    });
+    let server = Server::start(&[
+        "--metrics-names",
+        "vllm",
+        "--block-size",
+        "8",
+        "--num-kv-blocks",
+        "300",
+        "--max-num-seqs",
+        "4",
+    ]);
+    let script = crate::serve_support::workspace().join("tests/clients/metrics_contract_check.py");
+    let output = Command::new(python)
+        .arg(script)
+        .args([server.base().as_str(), "tiny-qwen3", "8", "300"])
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim() == "ok",
+        "metrics contract check failed:\n{stdout}\n{stderr}\nserver log:\n{}",
+        server.stderr()
+    );
+}
+
+#[test]
+fn without_the_flag_only_plughost_names_are_exported() {
+    let server = Server::start(&["--block-size", "8", "--num-kv-blocks", "300"]);
+    let metrics = server.try_get("/metrics").expect("metrics answer");
+    assert_eq!(metrics.status, 200);
+    let body = metrics.body;
+    assert!(
+        body.contains("plughost_kv_cache_usage_perc{model_name=\"tiny-qwen3\"} 0"),
+        "{body}"
+    );
+    assert!(
+        body.contains(
+            "plughost_cache_config_info{block_size=\"8\",cache_dtype=\"f32\",model_name=\"tiny-qwen3\",num_blocks=\"300\"} 1"
+        ),
+        "{body}"
+    );
+    assert!(!body.contains("vllm:"), "{body}");
+}
