@@ -14,6 +14,7 @@ mod loads;
 mod model;
 mod plot;
 mod report;
+mod rounds;
 mod server;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +28,7 @@ use crate::bandwidth::{self, Bandwidth};
 use loads::{Load, SAMPLING, Shape, Summary};
 use model::ModelFacts;
 use report::{GREEDY, Machine, Report, SAMPLED, SINGLE, ServerResult};
+use rounds::{Bench, Measured, counter};
 use server::{RunningServer, ServerSpec, display_path, shell_word};
 
 /// What the comparison serves, built and fetched before it starts, and where the workspace is.
@@ -605,200 +607,6 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
     Ok(())
 }
 
-/// What one server run needs besides the server.
-struct Bench<'a> {
-    plughost: &'a Path,
-    loads: &'a [Load],
-    warmup: &'a Load,
-    shape: &'a Shape,
-    raw_dir: &'a Path,
-    health_timeout: Duration,
-    rounds: usize,
-    bandwidth: &'a bandwidth::Probe,
-}
-
-/// One server's measurements.
-struct Measured {
-    summaries: Vec<(String, Summary)>,
-    peak_rss: u64,
-    counters: Vec<(String, f64)>,
-    /// Share of the machine's CPU time other processes took during the loads.
-    others_cpu: f64,
-}
-
-impl Bench<'_> {
-    /// Starts both servers, warms each up, then runs the rounds: every load against one and
-    /// then the other, alternating which goes first, with the read bandwidth measured before
-    /// each single-stream load. Pools each server's rounds per load, reads their peak RSS (and
-    /// plughost's counters) and stops them. The guards stop them on any error too.
-    /// Interleaving keeps a drift in the machine's speed (a shared host) from landing on one
-    /// server only; the idle server sleeps while the other is measured.
-    fn both(
-        &self,
-        specs: [&ServerSpec; 2],
-        read_metrics: [bool; 2],
-    ) -> Result<([Measured; 2], Vec<Bandwidth>)> {
-        let mut running = [
-            RunningServer::start(specs[0])?,
-            RunningServer::start(specs[1])?,
-        ];
-        for server in &mut running {
-            server.wait_healthy(self.health_timeout)?;
-        }
-        let pids = [running[0].pid(), running[1].pid()];
-        let cpu_before = cpu::Snapshot::take(&pids)?;
-        let warmup_shape = Shape {
-            output_len: WARMUP_OUTPUT_LEN,
-            ..*self.shape
-        };
-        for (server, spec) in running.iter_mut().zip(specs) {
-            let path = loads::json_path(self.raw_dir, spec.name, self.warmup);
-            loads::run(
-                self.plughost,
-                self.warmup,
-                &warmup_shape,
-                &server.base_url(),
-                &path,
-            )
-            .with_context(|| format!("warming up {}", spec.name))?;
-            server.ensure_running("the warm-up")?;
-        }
-        // Runs by load index, per server.
-        let mut runs: [Vec<Vec<loads::Run>>; 2] = [
-            vec![Vec::new(); self.loads.len()],
-            vec![Vec::new(); self.loads.len()],
-        ];
-        let mut bandwidths = Vec::with_capacity(self.rounds);
-        for round in 0..self.rounds {
-            for (index, load) in self.loads.iter().enumerate() {
-                if load.key == SINGLE {
-                    // Both servers are idle here; the bound is taken next to the decode it
-                    // bounds, not minutes away from it.
-                    bandwidths.push(self.bandwidth.measure()?);
-                }
-                let load = load.in_round(round, self.loads.len());
-                let order = if (index + round) % 2 == 0 {
-                    [0, 1]
-                } else {
-                    [1, 0]
-                };
-                for which in order {
-                    let (server, spec) = (&mut running[which], specs[which]);
-                    let path = loads::round_json_path(self.raw_dir, spec.name, &load, round);
-                    let run =
-                        loads::run(self.plughost, &load, self.shape, &server.base_url(), &path)
-                            .with_context(|| format!("{} against {}", load.title, spec.name))?;
-                    server.ensure_running(&load.title)?;
-                    let s = &run.summary;
-                    if s.num_failed > 0 {
-                        eprintln!(
-                            "warning: {} of {} requests failed against {}: {}",
-                            s.num_failed,
-                            s.num_failed + s.num_successful,
-                            spec.name,
-                            s.first_error.as_deref().unwrap_or("no message")
-                        );
-                    }
-                    runs[which][index].push(run);
-                }
-            }
-        }
-        let summaries = runs.map(|per_load| {
-            self.loads
-                .iter()
-                .zip(per_load)
-                .filter_map(|(load, runs)| Some((load.key.clone(), loads::pool(&runs)?)))
-                .collect::<Vec<_>>()
-        });
-        let others_cpu = cpu_before.others_share(&cpu::Snapshot::take(&pids)?);
-        if others_cpu > DISTURBED {
-            eprintln!(
-                "warning: other processes took {:.0}% of the CPU during the loads; the numbers \
-                 are disturbed",
-                others_cpu * 100.0,
-            );
-        }
-        let mut measured = Vec::with_capacity(2);
-        for ((server, spec), (summaries, read_metrics)) in running
-            .into_iter()
-            .zip(specs)
-            .zip(summaries.into_iter().zip(read_metrics))
-        {
-            let counters = if read_metrics {
-                read_counters(spec.port)
-            } else {
-                Vec::new()
-            };
-            // Read right before stopping: VmHWM covers the whole life of the process.
-            let peak_rss = server.peak_rss()?;
-            server.stop();
-            measured.push(Measured {
-                summaries,
-                peak_rss,
-                counters,
-                others_cpu,
-            });
-        }
-        let [p, l]: [Measured; 2] = measured
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("two servers measured"))?;
-        Ok(([p, l], bandwidths))
-    }
-}
-
-/// plughost's counters that tell whether the runs were what they claim: no prompt reuse, no
-/// preemption, no plugin fallbacks; plus the KV pool and the device's allocated bytes.
-fn read_counters(port: u16) -> Vec<(String, f64)> {
-    let body = match server::http_get(port, "/metrics") {
-        Ok((200, body)) => body,
-        Ok((status, _)) => {
-            eprintln!("warning: /metrics answered {status}; its counters are left out");
-            return Vec::new();
-        }
-        Err(e) => {
-            eprintln!("warning: cannot read /metrics ({e}); its counters are left out");
-            return Vec::new();
-        }
-    };
-    let wanted = [
-        ("kv_cache_free_blocks", None),
-        ("prefix_cache_hits_total", None),
-        ("num_preemptions_total", None),
-        ("scheduler_fallbacks_total", None),
-        ("sampler_fallbacks_total", None),
-        ("device", Some("live_bytes")),
-    ];
-    let mut out = Vec::new();
-    for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let Some((key, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = key.split_once('{').unwrap_or((key, ""));
-        for (suffix, label) in wanted {
-            let name_matches = name == suffix
-                || name
-                    .strip_suffix(suffix)
-                    .is_some_and(|p| p.ends_with('_') || p.ends_with(':'));
-            let label_matches = label.is_none_or(|l| labels.contains(&format!("\"{l}\"")));
-            if name_matches && label_matches {
-                let short = match label {
-                    Some(l) => format!("{suffix}_{l}"),
-                    None => suffix.to_string(),
-                };
-                out.push((short, value));
-            }
-        }
-    }
-    out
-}
-
-fn counter(counters: &[(String, f64)], name: &str) -> Option<f64> {
-    counters.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
-}
-
 /// The KV cache size llama-server logs at load (`llama_kv_cache: size = 180.00 MiB (...)`),
 /// when its log level shows it.
 fn llama_kv_from_log(log: &Path) -> Option<u64> {
@@ -932,35 +740,6 @@ mod tests {
         assert!(args(&["--context", "1024"]).validate().is_err());
         assert!(args(&["--sweep", "1,0"]).validate().is_err());
         assert!(args(&["--llama-port", "8123"]).validate().is_err());
-    }
-
-    #[test]
-    fn prometheus_counters_are_found_by_suffix_and_label() {
-        let body = "# HELP x\nplughost_kv_cache_free_blocks 512\nplughost_device{counter=\"live_bytes\"} 1048576\n\
-                    plughost_device{counter=\"frees\"} 3\nprefix_cache_hits_total 0\n";
-        // A one-shot local server stands in for plughost's /metrics.
-        let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let body_owned = body.to_string();
-        let handle = std::thread::spawn(move || {
-            use std::io::{Read, Write};
-            let (mut stream, _) = listener.accept().unwrap();
-            // Read the whole request: closing with unread bytes would reset the connection.
-            let mut request = Vec::new();
-            let mut buf = [0u8; 256];
-            while !request.ends_with(b"\r\n\r\n") {
-                let n = stream.read(&mut buf).unwrap();
-                assert!(n > 0, "the request ended early");
-                request.extend_from_slice(&buf[..n]);
-            }
-            write!(stream, "HTTP/1.0 200 OK\r\n\r\n{body_owned}").unwrap();
-        });
-        let counters = read_counters(port);
-        handle.join().unwrap();
-        assert_eq!(counter(&counters, "kv_cache_free_blocks"), Some(512.0));
-        assert_eq!(counter(&counters, "device_live_bytes"), Some(1048576.0));
-        assert_eq!(counter(&counters, "prefix_cache_hits_total"), Some(0.0));
-        assert_eq!(counter(&counters, "num_preemptions_total"), None);
     }
 
     #[test]
