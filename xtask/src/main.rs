@@ -31,7 +31,8 @@ enum Command {
         /// Skip `cargo fmt --check` and `cargo clippy`.
         #[arg(long)]
         no_lint: bool,
-        /// Extra arguments for `cargo test` (after `--`).
+        /// Extra arguments for `cargo test` (after `--`); `-p NAME` tests only those packages
+        /// instead of the whole workspace.
         #[arg(last = true)]
         cargo_args: Vec<String>,
     },
@@ -116,7 +117,14 @@ fn main() -> Result<()> {
                     &[],
                 )?;
             }
-            let mut args = vec!["test", "--workspace"];
+            // `--workspace` would override a `-p` the caller gives: cargo then tests everything.
+            let picks_packages = cargo_args
+                .iter()
+                .any(|a| a.starts_with("-p") || a.starts_with("--package"));
+            let mut args = vec!["test"];
+            if !picks_packages {
+                args.push("--workspace");
+            }
             args.extend(cargo_args.iter().map(String::as_str));
             workspace.cargo(
                 &args,
