@@ -350,7 +350,11 @@ fn long_penalised(engine: &EngineHandle, metrics: &Metrics) {
             }
         }
     }
-    assert_eq!(marks.len(), LONG_MARKS.len(), "{generated} tokens generated");
+    assert_eq!(
+        marks.len(),
+        LONG_MARKS.len(),
+        "{generated} tokens generated"
+    );
     println!(
         "{LONG_SEQUENCES} sequences x {LONG_TOKENS} tokens, repetition_penalty 1.1, greedy, \
          vocabulary {VOCAB}, mock device: {:.2} s; the first sequence used {} distinct tokens",

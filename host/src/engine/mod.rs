@@ -9,20 +9,22 @@ mod core;
 mod fingerprint;
 mod handle;
 mod health;
-mod masks;
+mod output;
+mod queues;
 pub mod reload;
 mod request;
+mod start;
 mod state;
 mod stop;
+mod thread;
 pub mod triggers;
 
 pub use fingerprint::ModelIdentity;
-pub use handle::{
-    EngineError, EngineHandle, EngineOptions, EngineSetup, ModelSummary, PinnedDeployment,
-};
+pub use handle::{EngineError, EngineHandle, PinnedDeployment};
 pub use health::{EngineFault, HealthReport};
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
     Usage,
 };
+pub use start::{EngineOptions, EngineSetup, EngineStartError, ModelSummary};
 pub use stop::{StopMatcher, StopOutcome};
