@@ -23,7 +23,7 @@ use std::time::Instant;
 use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
 };
-use plughost::grammar::Constraint;
+use plughost::grammar::{CompiledGrammar, Constraint};
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
 use plughost_sdk::sampler::{Penalties, SamplingParams};
@@ -144,6 +144,30 @@ fn write_model(dir: &Path) {
     }
 }
 
+/// Sequence `i`: 16 prompt tokens of its own, then `max_tokens` past any end-of-sequence token.
+fn decode(
+    i: u32,
+    sampling: SamplingParams,
+    max_tokens: u32,
+    constraint: Option<CompiledGrammar>,
+) -> GenerationRequest {
+    GenerationRequest {
+        prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
+        sampling,
+        max_tokens,
+        stop: StopConditions {
+            ignore_eos: true,
+            ..Default::default()
+        },
+        logprobs: false,
+        sampler: None,
+        priority: 0,
+        request_id: None,
+        constraint,
+        logit_bias: Default::default(),
+    }
+}
+
 fn metric_sum_count(text: &str, part: &str) -> (f64, f64) {
     let value = |suffix: &str| {
         let prefix = format!("plughost_step_seconds_{suffix}{{part=\"{part}\"}} ");
@@ -237,21 +261,7 @@ fn main() {
     let started = Instant::now();
     let receivers: Vec<_> = (0..SEQUENCES as u32)
         .map(|i| {
-            let request = GenerationRequest {
-                prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
-                sampling: SamplingParams::GREEDY,
-                max_tokens: NEW_TOKENS,
-                stop: StopConditions {
-                    ignore_eos: true,
-                    ..Default::default()
-                },
-                logprobs: false,
-                sampler: None,
-                priority: 0,
-                request_id: None,
-                constraint: constraint.clone(),
-                logit_bias: Default::default(),
-            };
+            let request = decode(i, SamplingParams::GREEDY, NEW_TOKENS, constraint.clone());
             engine.submit(request).expect("submitted").1
         })
         .collect();
@@ -299,27 +309,14 @@ fn long_penalised(engine: &EngineHandle, metrics: &Metrics) {
     let started = Instant::now();
     let receivers: Vec<_> = (0..LONG_SEQUENCES as u32)
         .map(|i| {
-            let request = GenerationRequest {
-                prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
-                sampling: SamplingParams {
-                    penalties: Penalties {
-                        repetition: 1.1,
-                        ..Penalties::NONE
-                    },
-                    ..SamplingParams::GREEDY
+            let sampling = SamplingParams {
+                penalties: Penalties {
+                    repetition: 1.1,
+                    ..Penalties::NONE
                 },
-                max_tokens: LONG_TOKENS,
-                stop: StopConditions {
-                    ignore_eos: true,
-                    ..Default::default()
-                },
-                logprobs: false,
-                sampler: None,
-                priority: 0,
-                request_id: None,
-                constraint: None,
-                logit_bias: Default::default(),
+                ..SamplingParams::GREEDY
             };
+            let request = decode(i, sampling, LONG_TOKENS, None);
             engine.submit(request).expect("submitted").1
         })
         .collect();

@@ -29,7 +29,7 @@ use super::queues::RequestTable;
 use super::request::{FinishReason, GenerationEvent, GenerationRequest, RequestId};
 use super::state::{Admitted, RequestState};
 
-pub use masks::StepMasks;
+use masks::StepMasks;
 use sample::SampledRow;
 
 /// Sizes the engine schedules within.
@@ -131,7 +131,7 @@ impl EngineCore {
 
     /// Queues a request, looking up its cached prefix once; fails at once a request that could
     /// never run, so it cannot wait forever.
-    pub fn add(&mut self, mut state: RequestState) {
+    fn add(&mut self, mut state: RequestState) {
         if let Some(reason) = self.never_runs(&state) {
             tracing::warn!(
                 request = state.id,
@@ -323,7 +323,7 @@ impl EngineCore {
     }
 
     /// Ends every request, e.g. at shutdown.
-    pub fn abort_all(&mut self) {
+    fn abort_all(&mut self) {
         for id in self.requests.ids() {
             self.finish(id, FinishReason::Abort);
         }
@@ -332,7 +332,7 @@ impl EngineCore {
 
     /// Ends `ids` with a failure carrying `message`, logged for each; the engine keeps serving
     /// the others.
-    pub fn fail_requests(&mut self, ids: &[u64], message: &str) {
+    fn fail_requests(&mut self, ids: &[u64], message: &str) {
         for &id in ids {
             if let Some(state) = self.release(id) {
                 tracing::error!(

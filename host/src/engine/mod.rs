@@ -4,6 +4,11 @@
 //! FCFS as fallback) → admit and allocate KV blocks → execute one flattened
 //! batch on the runtime → sample every emitting row in one sampler call →
 //! detokenize, check stops and stream each request's delta.
+//!
+//! `handle` is what the host holds; `start` loads the model and builds the
+//! core on the engine thread, which `thread` runs. `core` is the step; the
+//! request table (`queues`), the KV cache and the output processor (`output`)
+//! each own their part of the state.
 
 mod core;
 mod fingerprint;
