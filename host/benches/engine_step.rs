@@ -10,6 +10,11 @@
 //! `-- --json-schema` gives every request a JSON schema (`response_format`): the masks are
 //! then computed each step on the grammar thread, and since the mock device leaves nothing
 //! to overlap them with, `mask_wait` shows their whole cost.
+//!
+//! `-- --long-penalised` runs a few 4,000-token generations with `repetition_penalty`
+//! instead, and reports the host's time per step early (output tokens 0 to 500) and late
+//! (3,500 to 4,000): penalties read each sequence's history every step, so any per-step cost
+//! that grows with the length shows as a difference between the two.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,15 +23,30 @@ use std::time::Instant;
 use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
 };
-use plughost::grammar::Constraint;
+use plughost::grammar::{CompiledGrammar, Constraint};
 use plughost::metrics::Metrics;
 use plughost::plugins::PluginSpec;
-use plughost_sdk::sampler::SamplingParams;
+use plughost_sdk::sampler::{Penalties, SamplingParams};
 
 const VOCAB: usize = 151_936;
 const HIDDEN: usize = 64;
 const SEQUENCES: usize = 64;
 const NEW_TOKENS: u32 = 128;
+/// Sequences and output length of `--long-penalised`.
+const LONG_SEQUENCES: usize = 4;
+const LONG_TOKENS: u32 = 4000;
+/// Output lengths at which `--long-penalised` reads the step metrics: two windows, early and late.
+const LONG_MARKS: [u32; 4] = [1, 500, 3500, LONG_TOKENS];
+/// The parts of a step that run on the host.
+const HOST_PARTS: [&str; 7] = [
+    "schedule",
+    "prepare_inputs",
+    "dispatch",
+    "read_logits",
+    "mask_wait",
+    "sample",
+    "emit",
+];
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -124,6 +144,30 @@ fn write_model(dir: &Path) {
     }
 }
 
+/// Sequence `i`: 16 prompt tokens of its own, then `max_tokens` past any end-of-sequence token.
+fn decode(
+    i: u32,
+    sampling: SamplingParams,
+    max_tokens: u32,
+    constraint: Option<CompiledGrammar>,
+) -> GenerationRequest {
+    GenerationRequest {
+        prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
+        sampling,
+        max_tokens,
+        stop: StopConditions {
+            ignore_eos: true,
+            ..Default::default()
+        },
+        logprobs: false,
+        sampler: None,
+        priority: 0,
+        request_id: None,
+        constraint,
+        logit_bias: Default::default(),
+    }
+}
+
 fn metric_sum_count(text: &str, part: &str) -> (f64, f64) {
     let value = |suffix: &str| {
         let prefix = format!("plughost_step_seconds_{suffix}{{part=\"{part}\"}} ");
@@ -135,8 +179,36 @@ fn metric_sum_count(text: &str, part: &str) -> (f64, f64) {
     (value("sum"), value("count"))
 }
 
+/// Each host part's summed seconds, and the number of steps, as the metrics read now.
+#[derive(Debug, Clone, Copy)]
+struct StepTotals {
+    parts: [f64; HOST_PARTS.len()],
+    steps: f64,
+}
+
+impl StepTotals {
+    fn read(metrics: &Metrics) -> StepTotals {
+        let text = metrics.render();
+        StepTotals {
+            parts: HOST_PARTS.map(|part| metric_sum_count(&text, part).0),
+            steps: metric_sum_count(&text, "device").1,
+        }
+    }
+
+    /// Microseconds per step of each host part between `earlier` and `self`.
+    fn per_step_since(&self, earlier: &StepTotals) -> ([f64; HOST_PARTS.len()], f64) {
+        let steps = (self.steps - earlier.steps).max(1.0);
+        let mut parts = [0.0; HOST_PARTS.len()];
+        for (i, part) in parts.iter_mut().enumerate() {
+            *part = (self.parts[i] - earlier.parts[i]) / steps * 1e6;
+        }
+        (parts, steps)
+    }
+}
+
 fn main() {
     let plugins = env_dir("PLUGHOST_PLUGINS_DIR", "target/plugins");
+    let long = std::env::args().any(|a| a == "--long-penalised");
     let model = std::env::temp_dir().join("plughost-bench-vocab-151936");
     write_model(&model);
     let spec = |file: &str| PluginSpec {
@@ -162,13 +234,19 @@ fn main() {
             max_num_batched_tokens: 2048,
             block_size: 16,
             num_kv_blocks: Some(2048),
-            max_model_len: Some(1024),
+            max_model_len: Some(if long { 4096 } else { 1024 }),
             ..Default::default()
         },
         profile_output: None,
     };
     let engine = EngineHandle::start(setup, metrics.clone()).expect("engine starts");
     let summary = engine.wait_ready().expect("model loads");
+    if long {
+        long_penalised(&engine, &metrics);
+        engine.shutdown();
+        let _ = std::fs::remove_dir_all(model);
+        return;
+    }
     let with_schema = std::env::args().any(|a| a == "--json-schema");
     // Long enough that no output completes it within NEW_TOKENS.
     let schema = serde_json::json!({
@@ -183,21 +261,7 @@ fn main() {
     let started = Instant::now();
     let receivers: Vec<_> = (0..SEQUENCES as u32)
         .map(|i| {
-            let request = GenerationRequest {
-                prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
-                sampling: SamplingParams::GREEDY,
-                max_tokens: NEW_TOKENS,
-                stop: StopConditions {
-                    ignore_eos: true,
-                    ..Default::default()
-                },
-                logprobs: false,
-                sampler: None,
-                priority: 0,
-                request_id: None,
-                constraint: constraint.clone(),
-                logit_bias: Default::default(),
-            };
+            let request = decode(i, SamplingParams::GREEDY, NEW_TOKENS, constraint.clone());
             engine.submit(request).expect("submitted").1
         })
         .collect();
@@ -221,16 +285,7 @@ fn main() {
     );
     println!("{:<16} {:>12}", "part", "µs per step");
     let mut host = 0.0;
-    for part in [
-        "schedule",
-        "prepare_inputs",
-        "dispatch",
-        "read_logits",
-        "mask_wait",
-        "sample",
-        "emit",
-        "device",
-    ] {
+    for part in HOST_PARTS.into_iter().chain(["device"]) {
         let (sum, count) = metric_sum_count(&text, part);
         let per_step = if count > 0.0 { sum / steps * 1e6 } else { 0.0 };
         if part != "device" {
@@ -246,4 +301,79 @@ fn main() {
     );
     engine.shutdown();
     let _ = std::fs::remove_dir_all(model);
+}
+
+/// `--long-penalised`: greedy generations of [`LONG_TOKENS`] tokens with a repetition penalty,
+/// and the host's time per step early and late in them.
+fn long_penalised(engine: &EngineHandle, metrics: &Metrics) {
+    let started = Instant::now();
+    let receivers: Vec<_> = (0..LONG_SEQUENCES as u32)
+        .map(|i| {
+            let sampling = SamplingParams {
+                penalties: Penalties {
+                    repetition: 1.1,
+                    ..Penalties::NONE
+                },
+                ..SamplingParams::GREEDY
+            };
+            let request = decode(i, sampling, LONG_TOKENS, None);
+            engine.submit(request).expect("submitted").1
+        })
+        .collect();
+    // Every sequence runs in every step, so the first one's length is the step's position;
+    // the totals are read as its output passes each mark.
+    let mut marks = Vec::with_capacity(LONG_MARKS.len());
+    let mut receivers = receivers.into_iter();
+    let mut first = receivers.next().expect("one sequence at least");
+    let mut generated = 0u32;
+    let mut distinct = std::collections::HashSet::new();
+    while let Some(event) = first.blocking_recv() {
+        match event {
+            GenerationEvent::Delta { token_ids, .. } => {
+                generated += token_ids.len() as u32;
+                distinct.extend(token_ids);
+                if LONG_MARKS.get(marks.len()) == Some(&generated) {
+                    marks.push(StepTotals::read(metrics));
+                }
+            }
+            GenerationEvent::Finished { .. } => break,
+            other => panic!("the generation failed: {other:?}"),
+        }
+    }
+    for mut rx in receivers {
+        while let Some(event) = rx.blocking_recv() {
+            if !matches!(event, GenerationEvent::Delta { .. }) {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        marks.len(),
+        LONG_MARKS.len(),
+        "{generated} tokens generated"
+    );
+    println!(
+        "{LONG_SEQUENCES} sequences x {LONG_TOKENS} tokens, repetition_penalty 1.1, greedy, \
+         vocabulary {VOCAB}, mock device: {:.2} s; the first sequence used {} distinct tokens",
+        started.elapsed().as_secs_f64(),
+        distinct.len()
+    );
+    let (early, early_steps) = marks[1].per_step_since(&marks[0]);
+    let (late, late_steps) = marks[3].per_step_since(&marks[2]);
+    println!(
+        "{:<16} {:>14} {:>14}",
+        "µs per step",
+        format!("{}-{}", LONG_MARKS[0], LONG_MARKS[1]),
+        format!("{}-{}", LONG_MARKS[2], LONG_MARKS[3])
+    );
+    for (i, part) in HOST_PARTS.iter().enumerate() {
+        println!("{part:<16} {:>14.1} {:>14.1}", early[i], late[i]);
+    }
+    let (early_host, late_host): (f64, f64) = (early.iter().sum(), late.iter().sum());
+    println!("{:<16} {early_host:>14.1} {late_host:>14.1}", "host total");
+    println!(
+        "{:<16} {early_steps:>14} {late_steps:>14}",
+        "steps measured"
+    );
+    println!("late / early     {:>14.2}", late_host / early_host);
 }

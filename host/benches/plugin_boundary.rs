@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use plughost::plugins::logits::{LogitsBatch, NativeRow, TokenHistory};
+use plughost::plugins::logits::{LogitsBatch, NativeRow, SeenTokens};
 use plughost::plugins::sampler::{SamplerPlugin, SequenceToSample};
 use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
@@ -175,7 +175,7 @@ fn bench_sampling(runtime: &PluginRuntime, name: &str, params: SamplingParams) {
         .collect();
     let mut batch = LogitsBatch::new(values.clone(), VOCAB);
     let mut native_values = values;
-    let history = TokenHistory::default();
+    let history = SeenTokens::default();
     let (through_plugin, native) = paired_medians(
         100,
         || {

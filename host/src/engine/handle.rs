@@ -1,34 +1,22 @@
-//! Starting the engine on its own thread, and the handle the rest of the host uses to reach it.
+//! The engine handle: how the rest of the host reaches the engine thread — submitting requests, swapping deployments, waiting for the model and hearing of faults.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use super::fingerprint::ModelIdentity;
-use crate::device::{Device, DeviceLibrary};
-use crate::grammar::GrammarCompiler;
-use crate::kv::{KvCacheConfig, KvCacheManager};
-use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
-use crate::model::{ChatTemplate, GenerationDefaults, ModelConfig, Tokenizer};
+use crate::plugins::Generation;
 use crate::plugins::generation::{LoadedSampler, UnknownSampler};
-use crate::plugins::glue::GluePlugin;
-use crate::plugins::{Generation, NamedSamplers, PluginSpec};
-use crate::profile::Profiler;
-use crate::runtime::{KvCacheDtype, RuntimeConfig, load_described};
-use crate::sched::Phase;
 
-use super::core::{EngineCore, EngineLimits};
 use super::health::{self, EngineHealth, Timeouts};
 use super::reload::{DeploymentStatus, Deployments, ReloadError, ReloadReport, ReloadSource};
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
-use super::state::{DormantGrammar, RequestState};
-use super::stop::StopMatcher;
+use super::start::{EngineSetup, EngineStartError, ModelSummary};
+use super::thread::run_engine;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum EngineError {
@@ -46,64 +34,11 @@ pub enum EngineError {
     UnknownSampler(#[from] UnknownSampler),
 }
 
-/// Scheduling and memory limits of a deployment.
-#[derive(Debug, Clone)]
-pub struct EngineOptions {
-    pub max_num_seqs: u32,
-    pub max_num_batched_tokens: u32,
-    pub block_size: u32,
-    /// KV blocks in the pool; when `None`, derived from `kv_cache_memory`.
-    pub num_kv_blocks: Option<u32>,
-    /// Bytes for the KV cache when `num_kv_blocks` is not given.
-    pub kv_cache_memory: u64,
-    /// The element type of the KV cache.
-    pub kv_cache_dtype: KvCacheDtype,
-    pub enable_prefix_caching: bool,
-    /// Longest prompt plus output; defaults to the model's maximum position, lowered to what
-    /// the KV cache holds. Set, it must fit the cache.
-    pub max_model_len: Option<u32>,
-    /// Work pending and no step finished for this long is a stalled engine.
-    pub engine_stall_timeout: Duration,
-    /// A device step (launches and synchronize) running longer than this is a hung device.
-    pub device_timeout: Duration,
-}
-
-impl Default for EngineOptions {
-    fn default() -> Self {
-        EngineOptions {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            num_kv_blocks: None,
-            kv_cache_memory: 512 << 20,
-            kv_cache_dtype: KvCacheDtype::Auto,
-            enable_prefix_caching: true,
-            max_model_len: None,
-            engine_stall_timeout: Duration::from_secs(60),
-            device_timeout: Duration::from_secs(60),
-        }
+impl From<&EngineStartError> for EngineError {
+    /// What a request hears of a start that failed: that the model did not load, and why.
+    fn from(error: &EngineStartError) -> Self {
+        EngineError::LoadFailed(error.to_string())
     }
-}
-
-/// Everything the engine loads at start.
-#[derive(Debug, Clone)]
-pub struct EngineSetup {
-    pub model_dir: PathBuf,
-    /// The name clients use for the model.
-    pub model_name: String,
-    pub device_library: PathBuf,
-    pub device_config: String,
-    pub glue: PluginSpec,
-    /// `None`: the built-in FCFS schedules every step.
-    pub scheduler: Option<PluginSpec>,
-    /// The sampler named `default`; `None`: the built-in standard sampler runs natively.
-    pub sampler: Option<PluginSpec>,
-    /// The deployment's `[samplers.NAME]`, which requests choose by name.
-    pub named_samplers: NamedSamplers,
-    pub component_cache: Option<PathBuf>,
-    pub options: EngineOptions,
-    /// Write a Chrome trace of every step here at shutdown.
-    pub profile_output: Option<PathBuf>,
 }
 
 /// A deployment generation requests can be submitted under; holding it keeps it alive.
@@ -117,24 +52,7 @@ impl PinnedDeployment {
     }
 }
 
-/// What the rest of the host needs to know about the loaded model.
-#[derive(Debug, Clone)]
-pub struct ModelSummary {
-    pub name: String,
-    /// The model folder, as `/v1/models` shows it.
-    pub root: String,
-    /// `generation_config.json`'s defaults, for requests silent on them.
-    pub generation_defaults: GenerationDefaults,
-    pub max_model_len: u32,
-    pub vocab_size: u32,
-    pub eos_token_ids: Vec<u32>,
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<Arc<ChatTemplate>>,
-    /// Compiles the request's output constraints against this model's vocabulary.
-    pub grammars: Arc<GrammarCompiler>,
-}
-
-enum Command {
+pub(super) enum Command {
     Submit {
         id: RequestId,
         request: Box<GenerationRequest>,
@@ -152,12 +70,13 @@ enum Command {
     Shutdown,
 }
 
+/// Where the model stands, shared between the handle, the engine thread and the watchdog.
 #[derive(Default)]
-enum LoadState {
+pub(super) enum LoadState {
     #[default]
     Loading,
     Ready(Box<ModelSummary>),
-    Failed(String),
+    Failed(Arc<EngineStartError>),
     /// Loaded once, then died, stalled or hung: fatal for the process.
     Faulted(String),
 }
@@ -197,8 +116,11 @@ impl EngineHandle {
             std::thread::Builder::new()
                 .name("engine".into())
                 .spawn(move || run_engine(setup, rx, load, metrics, health, deployments))
-                .map_err(|e| {
-                    EngineError::LoadFailed(format!("cannot start the engine thread: {e}"))
+                .map_err(|source| {
+                    EngineError::from(&EngineStartError::Spawn {
+                        thread: "engine thread",
+                        source,
+                    })
                 })?
         };
         {
@@ -211,8 +133,11 @@ impl EngineHandle {
                         set_load_state(&load, LoadState::Faulted(fault.to_string()))
                     })
                 })
-                .map_err(|e| {
-                    EngineError::LoadFailed(format!("cannot start the engine watchdog: {e}"))
+                .map_err(|source| {
+                    EngineError::from(&EngineStartError::Spawn {
+                        thread: "engine watchdog",
+                        source,
+                    })
                 })?;
         }
         Ok(EngineHandle {
@@ -293,7 +218,7 @@ impl EngineHandle {
         match &*state {
             LoadState::Loading => Err(EngineError::NotReady),
             LoadState::Ready(summary) => Ok((**summary).clone()),
-            LoadState::Failed(message) => Err(EngineError::LoadFailed(message.clone())),
+            LoadState::Failed(error) => Err(EngineError::from(&**error)),
             LoadState::Faulted(message) => Err(EngineError::Faulted(message.clone())),
         }
     }
@@ -307,7 +232,7 @@ impl EngineHandle {
         };
         loop {
             match &*state {
-                LoadState::Failed(message) => return EngineError::LoadFailed(message.clone()),
+                LoadState::Failed(error) => return EngineError::from(&**error),
                 LoadState::Faulted(message) => return EngineError::Faulted(message.clone()),
                 LoadState::Loading | LoadState::Ready(_) => match changed.wait(state) {
                     Ok(next) => state = next,
@@ -405,451 +330,9 @@ impl Drop for EngineHandle {
     }
 }
 
-fn set_load_state(load: &(Mutex<LoadState>, Condvar), state: LoadState) {
+pub(super) fn set_load_state(load: &(Mutex<LoadState>, Condvar), state: LoadState) {
     if let Ok(mut guard) = load.0.lock() {
         *guard = state;
     }
     load.1.notify_all();
-}
-
-fn run_engine(
-    setup: EngineSetup,
-    commands: Receiver<Command>,
-    load: Arc<(Mutex<LoadState>, Condvar)>,
-    metrics: Arc<Metrics>,
-    health: Arc<EngineHealth>,
-    deployments: Arc<Deployments>,
-) {
-    let started = Instant::now();
-    let mut core = match load_engine(&setup, metrics, health.clone(), &deployments) {
-        Ok((core, summary)) => {
-            tracing::info!(model = %setup.model_dir.display(), seconds = started.elapsed().as_secs_f64(), "model ready");
-            if let Ok(stats) = core.runtime.device().stats() {
-                core.metrics.record_device(&stats);
-            }
-            set_load_state(&load, LoadState::Ready(Box::new(summary)));
-            core
-        }
-        Err(message) => {
-            tracing::error!("model failed to load: {message}");
-            set_load_state(&load, LoadState::Failed(message));
-            return;
-        }
-    };
-    let served = guard_panics(&health, &load, || {
-        serve_commands(&mut core, &commands, started)
-    });
-    if served {
-        close_engine(core, &setup);
-    }
-}
-
-/// Runs `body`; a panic in it must not leave clients waiting and /health green, so it is a
-/// fault like a hang: every request in flight fails and the engine reports the fault.
-/// Whether `body` returned.
-fn guard_panics(
-    health: &EngineHealth,
-    load: &(Mutex<LoadState>, Condvar),
-    body: impl FnOnce(),
-) -> bool {
-    let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) else {
-        return true;
-    };
-    let message = payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into());
-    let fault = health::EngineFault::Panicked(message);
-    tracing::error!("{fault}");
-    health.in_flight.fail_all(&fault.to_string());
-    set_load_state(load, LoadState::Faulted(fault.to_string()));
-    false
-}
-
-/// The engine loop: takes commands, steps while there is work, until shutdown.
-fn serve_commands(core: &mut EngineCore, commands: &Receiver<Command>, started: Instant) {
-    loop {
-        core.health.liveness.set_has_work(core.has_work());
-        let command = if core.has_work() {
-            match commands.try_recv() {
-                Ok(c) => Some(c),
-                Err(mpsc::TryRecvError::Empty) => None,
-                Err(mpsc::TryRecvError::Disconnected) => Some(Command::Shutdown),
-            }
-        } else {
-            Some(commands.recv().unwrap_or(Command::Shutdown))
-        };
-        match command {
-            Some(Command::Shutdown) => break,
-            Some(Command::Install { generation, done }) => {
-                core.install(generation);
-                let _ = done.send(());
-                continue;
-            }
-            Some(Command::Submit {
-                id,
-                request,
-                events,
-                arrival,
-                deployment,
-                sampler,
-            }) => {
-                let admitted = Admitted {
-                    arrival,
-                    deployment,
-                    sampler,
-                };
-                let state = new_request_state(core, id, *request, events, admitted, started);
-                core.add(state);
-                continue;
-            }
-            None => {}
-        }
-        core.step();
-    }
-}
-
-/// Ends every request, writes the profile and closes the runtime and the device.
-fn close_engine(mut core: EngineCore, setup: &EngineSetup) {
-    core.abort_all();
-    if let (Some(path), Some(profiler)) = (&setup.profile_output, &core.profiler) {
-        match profiler.write(path) {
-            Ok(()) => {
-                tracing::info!(path = %path.display(), spans = profiler.num_spans(), "profile written")
-            }
-            Err(e) => tracing::error!(path = %path.display(), "cannot write the profile: {e}"),
-        }
-    }
-    let metrics = core.metrics.clone();
-    match core.runtime.into_device() {
-        Ok(device) => {
-            if let Ok(stats) = device.stats() {
-                metrics.record_device(&stats);
-                if stats.live_allocations > 0 {
-                    tracing::warn!(
-                        live = stats.live_allocations,
-                        "device buffers still live after the runtime released its own"
-                    );
-                }
-            }
-            device.close();
-        }
-        Err(e) => tracing::error!("closing the runtime failed: {e}"),
-    }
-}
-
-/// When a request arrived, and the deployment and sampler it was given then.
-struct Admitted {
-    arrival: Instant,
-    deployment: Arc<Generation>,
-    sampler: Option<Arc<LoadedSampler>>,
-}
-
-fn new_request_state(
-    core: &EngineCore,
-    id: RequestId,
-    request: GenerationRequest,
-    events: UnboundedSender<GenerationEvent>,
-    admitted: Admitted,
-    engine_started: Instant,
-) -> RequestState {
-    let Admitted {
-        arrival,
-        deployment,
-        sampler,
-    } = admitted;
-    let prompt: Arc<[u32]> = Arc::from(request.prompt_tokens.clone());
-    RequestState {
-        id,
-        tokens: request.prompt_tokens.clone(),
-        prompt,
-        output: Vec::new(),
-        phase: Phase::Waiting,
-        num_computed: 0,
-        num_cached_prefix: 0,
-        pending_prefix: None,
-        arrival,
-        arrival_us: arrival
-            .saturating_duration_since(engine_started)
-            .as_micros() as u64,
-        first_scheduled: None,
-        last_token: None,
-        detokenizer: core.tokenizer.decode_stream(true),
-        stop: StopMatcher::new(&request.stop.stop_strings),
-        events,
-        grammar: request
-            .constraint
-            .as_ref()
-            .filter(|grammar| grammar.starts_after().is_none())
-            .map(|grammar| Box::new(grammar.matcher())),
-        dormant_grammar: request.constraint.as_ref().and_then(|grammar| {
-            let block = grammar.starts_after()?.clone();
-            Some(DormantGrammar::new(Box::new(grammar.matcher()), block))
-        }),
-        request,
-        _deployment: deployment,
-        sampler,
-        sampler_fallback: Default::default(),
-    }
-}
-
-fn load_engine(
-    setup: &EngineSetup,
-    metrics: Arc<Metrics>,
-    health: Arc<EngineHealth>,
-    deployments: &Deployments,
-) -> Result<(EngineCore, ModelSummary), String> {
-    // Checked before anything loads: with either at 0 no request could ever be scheduled.
-    if setup.options.max_num_seqs == 0 {
-        return Err("--max-num-seqs must be at least 1".into());
-    }
-    if setup.options.block_size == 0 {
-        return Err("--block-size must be at least 1".into());
-    }
-    let tokenizer = Tokenizer::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
-    let generation_defaults =
-        GenerationDefaults::from_dir(&setup.model_dir).map_err(|e| e.to_string())?;
-    let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
-    let plugins = deployments.runtime().map_err(|e| e.to_string())?;
-    let mut glue = GluePlugin::load(
-        &plugins,
-        &setup.glue.component,
-        &setup.glue.config_json(),
-        setup.glue.glue_limits(),
-    )
-    .map_err(|e| format!("[glue] {}: {e}", setup.glue.component.display()))?;
-    deployments.set_glue(&plugins, &setup.glue);
-    let mut deployment = Generation::build(
-        &plugins,
-        1,
-        setup.scheduler.as_ref(),
-        setup.sampler.as_ref(),
-        &setup.named_samplers,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-    let config_path = setup.model_dir.join("config.json");
-    let config_json = std::fs::read_to_string(&config_path)
-        .map_err(|e| format!("cannot read {}: {e}", config_path.display()))?;
-    let info = glue.describe(&config_json).map_err(|e| e.to_string())?;
-    let model_config = ModelConfig::parse(&config_json, &config_path).map_err(|e| e.to_string())?;
-    let options = &setup.options;
-    let mut max_model_len = options
-        .max_model_len
-        .unwrap_or(info.max_position)
-        .min(info.max_position.max(1));
-    let kv_cache_dtype = options
-        .kv_cache_dtype
-        .resolve(model_config.torch_dtype.as_deref());
-    let bytes_per_block = 2u64
-        * info.kv.num_layers as u64
-        * options.block_size as u64
-        * info.kv.num_kv_heads as u64
-        * info.kv.head_dim as u64
-        * kv_cache_dtype.size_bytes();
-    let num_kv_blocks = match options.num_kv_blocks {
-        Some(n) => n,
-        None => {
-            // No more than every sequence at full length could use.
-            let useful = (max_model_len as u64).div_ceil(options.block_size as u64)
-                * options.max_num_seqs as u64;
-            (options.kv_cache_memory / bytes_per_block.max(1)).min(useful) as u32
-        }
-    };
-    tracing::info!(
-        blocks = num_kv_blocks,
-        dtype = %kv_cache_dtype,
-        mib = (num_kv_blocks as u64 * bytes_per_block) as f64 / (1u64 << 20) as f64,
-        "KV cache"
-    );
-    max_model_len = fit_max_model_len(
-        max_model_len,
-        options.max_model_len.is_some(),
-        num_kv_blocks,
-        options.block_size,
-    )?;
-    let library = DeviceLibrary::load(&setup.device_library).map_err(|e| e.to_string())?;
-    let device = Device::open(&library, &setup.device_config).map_err(|e| e.to_string())?;
-    let runtime_config = RuntimeConfig {
-        max_num_seqs: options.max_num_seqs,
-        max_num_batched_tokens: options.max_num_batched_tokens,
-        block_size: options.block_size,
-        num_kv_blocks,
-        max_model_len,
-        kv_cache_dtype,
-    };
-    let vocab_size = info.vocab_size;
-    // generation_config.json may name more end tokens than config.json (Qwen3 adds
-    // `<|im_end|>`); a sequence ends at any of them.
-    let mut eos_token_ids = info.eos_token_ids.clone();
-    for &id in &generation_defaults.eos_token_ids {
-        if !eos_token_ids.contains(&id) && id < info.vocab_size {
-            eos_token_ids.push(id);
-        }
-    }
-    let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)
-        .map_err(|e| e.to_string())?;
-    let hashing = Instant::now();
-    deployments.set_identity(ModelIdentity::new(
-        &setup.model_dir,
-        &kv_cache_dtype.to_string(),
-        options.block_size,
-        &setup.device_library,
-        &setup.device_config,
-        setup.component_cache.as_deref(),
-    ));
-    deployments.stamp(&mut deployment);
-    let deployment = Arc::new(deployment);
-    tracing::info!(
-        system_fingerprint = deployment.fingerprint(),
-        seconds = hashing.elapsed().as_secs_f64(),
-        "deployment fingerprint"
-    );
-    metrics.load.describe_model(
-        &setup.model_name,
-        &CacheConfig {
-            block_size: options.block_size,
-            num_blocks: num_kv_blocks,
-            dtype: kv_cache_dtype.to_string(),
-        },
-    );
-    let kv = KvCacheManager::new(KvCacheConfig {
-        num_blocks: num_kv_blocks,
-        block_size: options.block_size,
-        enable_prefix_caching: options.enable_prefix_caching,
-    });
-    let grammars = Arc::new(GrammarCompiler::new(
-        tokenizer.clone(),
-        vocab_size,
-        eos_token_ids.clone(),
-    ));
-    prepare_grammars_in_background(&grammars);
-    let summary = ModelSummary {
-        name: setup.model_name.clone(),
-        root: setup.model_dir.display().to_string(),
-        generation_defaults,
-        max_model_len,
-        vocab_size,
-        eos_token_ids: eos_token_ids.clone(),
-        tokenizer: tokenizer.clone(),
-        chat_template,
-        grammars,
-    };
-    deployments.activate(deployment.clone());
-    let core = EngineCore {
-        runtime,
-        deployment,
-        kv,
-        tokenizer,
-        eos_token_ids,
-        limits: EngineLimits {
-            max_num_seqs: options.max_num_seqs,
-            max_num_batched_tokens: options.max_num_batched_tokens,
-            max_model_len,
-        },
-        metrics,
-        requests: Default::default(),
-        running: Vec::new(),
-        waiting: Vec::new(),
-        logits: Vec::new(),
-        last_prefix_stats: Default::default(),
-        profiler: setup.profile_output.as_ref().map(|_| Profiler::default()),
-        num_steps: 0,
-        health,
-        masks: Default::default(),
-    };
-    Ok((core, summary))
-}
-
-/// Builds the token environment of constrained decoding off the start path: tens of
-/// milliseconds for a large vocabulary that only constrained requests need. A request that
-/// comes first waits for it; a tokenizer llguidance cannot read is reported to those requests.
-fn prepare_grammars_in_background(grammars: &Arc<GrammarCompiler>) {
-    let grammars = grammars.clone();
-    let spawned = std::thread::Builder::new()
-        .name("grammar-prepare".into())
-        .spawn(move || {
-            if let Err(e) = grammars.prepare() {
-                tracing::warn!("{e}");
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::warn!("cannot start the thread that prepares constrained decoding: {e}");
-    }
-}
-
-/// The longest sequence the engine accepts: one sequence of that length must fit the KV cache,
-/// or a request that long would be preempted and never admitted again. A length taken from the
-/// model is lowered to fit; one the user set must fit as it is.
-fn fit_max_model_len(
-    max_model_len: u32,
-    user_set: bool,
-    num_kv_blocks: u32,
-    block_size: u32,
-) -> Result<u32, String> {
-    let capacity = u64::from(num_kv_blocks) * u64::from(block_size);
-    if u64::from(max_model_len) <= capacity {
-        return Ok(max_model_len);
-    }
-    if capacity == 0 {
-        return Err(format!(
-            "the KV cache has no room: {num_kv_blocks} blocks of {block_size} tokens; \
-             give it more with --num-kv-blocks or --kv-cache-memory"
-        ));
-    }
-    if user_set {
-        return Err(format!(
-            "--max-model-len {max_model_len} does not fit the KV cache, which holds {capacity} \
-             tokens ({num_kv_blocks} blocks of {block_size}); lower --max-model-len to at most \
-             {capacity} or give the cache more blocks"
-        ));
-    }
-    // Fits in u32: less than `max_model_len`.
-    let fitted = capacity as u32;
-    tracing::warn!(
-        from = max_model_len,
-        to = fitted,
-        num_kv_blocks,
-        block_size,
-        "lowering max_model_len so one sequence fits the KV cache"
-    );
-    Ok(fitted)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_of_the_engine_loop_fails_every_request_and_is_a_fault() {
-        let health = EngineHealth::default();
-        let load = (Mutex::new(LoadState::Loading), Condvar::new());
-        let (events, mut receiver) = unbounded_channel();
-        health.in_flight.insert(7, None, events);
-        assert!(guard_panics(&health, &load, || {}));
-        assert!(matches!(*load.0.lock().unwrap(), LoadState::Loading));
-        let returned = guard_panics(&health, &load, || panic!("step {} went wrong", 3));
-        assert!(!returned);
-        let expected = "the engine thread panicked: step 3 went wrong";
-        assert_eq!(
-            receiver.try_recv(),
-            Ok(GenerationEvent::Failed {
-                message: expected.into()
-            })
-        );
-        assert!(matches!(&*load.0.lock().unwrap(), LoadState::Faulted(m) if m == expected));
-    }
-
-    #[test]
-    fn max_model_len_fits_the_kv_cache_or_the_start_fails() {
-        assert_eq!(fit_max_model_len(256, true, 16, 16), Ok(256));
-        assert_eq!(fit_max_model_len(4096, false, 16, 16), Ok(256));
-        let error = fit_max_model_len(4096, true, 16, 16).unwrap_err();
-        assert!(
-            error.contains("--max-model-len 4096") && error.contains("holds 256 tokens"),
-            "{error}"
-        );
-        assert!(fit_max_model_len(4096, false, 0, 16).is_err());
-    }
 }

@@ -7,21 +7,27 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::grammar::{GrammarMatcher, ReasoningBlock};
 use crate::kv::ComputedPrefix;
-use crate::model::DecodeStream;
 use crate::plugins::Generation;
 use crate::plugins::generation::LoadedSampler;
+use crate::plugins::logits::SeenTokens;
 use crate::sched::{Phase, RequestView};
 
+use super::output::OutputText;
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
-use super::stop::StopMatcher;
 
+/// Invariants: `tokens` is `prompt` followed by `output`, and `seen` (kept for requests with
+/// penalties) counts exactly those tokens; [`RequestState::push_output`] is the only way an
+/// output token comes in.
 pub struct RequestState {
     pub id: RequestId,
     pub request: GenerationRequest,
-    pub prompt: Arc<[u32]>,
-    pub output: Vec<u32>,
+    prompt: Arc<[u32]>,
+    output: Vec<u32>,
     /// Prompt and output, the tokens whose KV entries the request needs.
-    pub tokens: Vec<u32>,
+    tokens: Vec<u32>,
+    /// The tokens seen so far, counted as they come, for the sampler's penalties; shared with
+    /// the step's logits batch while it samples, never copied.
+    seen: Option<Arc<SeenTokens>>,
     pub phase: Phase,
     /// Tokens whose KV entries are in the cache.
     pub num_computed: u32,
@@ -34,12 +40,12 @@ pub struct RequestState {
     pub arrival_us: u64,
     pub first_scheduled: Option<Instant>,
     pub last_token: Option<Instant>,
-    pub detokenizer: DecodeStream,
-    pub stop: StopMatcher,
+    /// The output's text: detokenized and held back for stop strings.
+    pub text: OutputText,
     pub events: UnboundedSender<GenerationEvent>,
     /// The deployment generation active when the request arrived: held while the request
     /// runs, so the admin listing shows it as draining until its last request ends.
-    pub _deployment: Arc<Generation>,
+    _deployment: Arc<Generation>,
     /// The sampler of that generation the request chose: it samples every token of the
     /// request, whatever reloads happen meanwhile. `None`: the built-in one, run natively.
     pub sampler: Option<Arc<LoadedSampler>>,
@@ -52,6 +58,15 @@ pub struct RequestState {
     pub dormant_grammar: Option<DormantGrammar>,
 }
 
+/// When a request arrived, and the deployment and sampler it was given then.
+pub struct Admitted {
+    pub arrival: Instant,
+    /// Microseconds from the engine's start to `arrival`.
+    pub arrival_us: u64,
+    pub deployment: Arc<Generation>,
+    pub sampler: Option<Arc<LoadedSampler>>,
+}
+
 /// How much of a request the built-in sampler served under a sampler's `fallback` policy.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SamplerFallback {
@@ -62,7 +77,103 @@ pub struct SamplerFallback {
     pub tokens: u32,
 }
 
+impl SamplerFallback {
+    /// Counts a sampled token: `fallback` when the built-in sampler chose it in place of the
+    /// plugin, `culprit` when the plugin failed on this request's own row.
+    pub fn count(&mut self, fallback: bool, culprit: bool) {
+        if fallback || self.native_from_now_on {
+            self.tokens += 1;
+        }
+        self.native_from_now_on |= culprit;
+    }
+}
+
 impl RequestState {
+    /// A request as it enters the engine: waiting, nothing computed, nothing generated.
+    pub fn new(
+        id: RequestId,
+        request: GenerationRequest,
+        events: UnboundedSender<GenerationEvent>,
+        admitted: Admitted,
+        text: OutputText,
+    ) -> RequestState {
+        let Admitted {
+            arrival,
+            arrival_us,
+            deployment,
+            sampler,
+        } = admitted;
+        let prompt: Arc<[u32]> = Arc::from(request.prompt_tokens.clone());
+        let seen = (!request.sampling.penalties.is_none())
+            .then(|| Arc::new(SeenTokens::from_prompt(&prompt)));
+        RequestState {
+            id,
+            tokens: request.prompt_tokens.clone(),
+            prompt,
+            output: Vec::new(),
+            seen,
+            phase: Phase::Waiting,
+            num_computed: 0,
+            num_cached_prefix: 0,
+            pending_prefix: None,
+            arrival,
+            arrival_us,
+            first_scheduled: None,
+            last_token: None,
+            text,
+            events,
+            grammar: request
+                .constraint
+                .as_ref()
+                .filter(|grammar| grammar.starts_after().is_none())
+                .map(|grammar| Box::new(grammar.matcher())),
+            dormant_grammar: request.constraint.as_ref().and_then(|grammar| {
+                let block = grammar.starts_after()?.clone();
+                Some(DormantGrammar::new(Box::new(grammar.matcher()), block))
+            }),
+            request,
+            _deployment: deployment,
+            sampler,
+            sampler_fallback: Default::default(),
+        }
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    pub fn output(&self) -> &[u32] {
+        &self.output
+    }
+
+    /// Prompt and output.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// The tokens seen so far, shared, for a request with penalties.
+    pub fn seen_tokens(&self) -> Option<&Arc<SeenTokens>> {
+        self.seen.as_ref()
+    }
+
+    /// Appends a generated token. The step's logits batch has let go of `seen` by now, so it
+    /// is counted in place; were it still shared, it would be copied rather than raced.
+    pub fn push_output(&mut self, token: u32) {
+        self.output.push(token);
+        self.tokens.push(token);
+        if let Some(seen) = self.seen.as_mut() {
+            Arc::make_mut(seen).push_output(token);
+        }
+    }
+
+    /// Starts over from `prefix`, the part of its tokens the prefix cache holds: the next
+    /// admission allocates from there.
+    pub fn take_prefix(&mut self, prefix: ComputedPrefix) {
+        self.num_computed = prefix.num_tokens;
+        self.num_cached_prefix = prefix.num_tokens;
+        self.pending_prefix = (prefix.num_tokens > 0).then_some(prefix);
+    }
+
     /// The API request's id, for log lines about this sequence.
     pub fn request_id(&self) -> Option<&str> {
         self.request.request_id.as_deref()

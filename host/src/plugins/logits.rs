@@ -11,19 +11,17 @@ use std::sync::Arc;
 use multiversion::multiversion;
 use plughost_sdk::sampler::{Candidate, LogitsRow, Penalties};
 
-/// The tokens a sequence has seen, for penalties.
-#[derive(Debug, Clone, Default)]
-pub struct TokenHistory {
-    pub prompt: Arc<[u32]>,
-    pub output: Vec<u32>,
-}
+use super::history::NO_TOKENS;
+pub use super::history::{SeenTokens, TokenHistory};
 
-/// A step's logits: `rows` rows of `vocab` values, with each row's token history.
+/// A step's logits: `rows` rows of `vocab` values, with each row's tokens seen, for penalties.
+/// A row's history is shared with its sequence, never copied.
 #[derive(Debug, Clone, Default)]
 pub struct LogitsBatch {
     values: Vec<f32>,
     vocab: usize,
-    histories: Vec<TokenHistory>,
+    /// `None`: the row has no history (its penalties, if any, change nothing).
+    histories: Vec<Option<Arc<SeenTokens>>>,
 }
 
 /// The handle a guest holds for the batch; the data stays in the store's `LogitsBatch`.
@@ -36,14 +34,21 @@ impl LogitsBatch {
         LogitsBatch {
             values,
             vocab,
-            histories: vec![TokenHistory::default(); rows],
+            histories: vec![None; rows],
         }
     }
 
-    pub fn set_history(&mut self, row: usize, history: TokenHistory) {
+    /// Gives `row` the tokens its sequence has seen: an `Arc` the sequence keeps counting into
+    /// between steps, or lists to count once.
+    pub fn set_history(&mut self, row: usize, history: impl Into<Arc<SeenTokens>>) {
         if let Some(slot) = self.histories.get_mut(row) {
-            *slot = history;
+            *slot = Some(history.into());
         }
+    }
+
+    /// The history `row` was given, shared.
+    pub fn history(&self, row: usize) -> Option<&Arc<SeenTokens>> {
+        self.histories.get(row)?.as_ref()
     }
 
     pub fn rows(&self) -> usize {
@@ -59,10 +64,11 @@ impl LogitsBatch {
         self.values.get(start..start + self.vocab)
     }
 
-    pub fn row_mut(&mut self, row: usize) -> Option<(&mut [f32], &TokenHistory)> {
+    pub fn row_mut(&mut self, row: usize) -> Option<(&mut [f32], &SeenTokens)> {
         let start = row.checked_mul(self.vocab)?;
         let values = self.values.get_mut(start..start + self.vocab)?;
-        Some((values, self.histories.get(row)?))
+        let history = self.histories.get(row)?.as_deref().unwrap_or(&NO_TOKENS);
+        Some((values, history))
     }
 
     /// Gives the values back, e.g. to reuse the allocation next step.
@@ -514,14 +520,11 @@ fn nucleus_cut(
 }
 
 /// The repetition penalty over prompt and generated tokens, then the OpenAI
-/// presence/frequency penalties over generated tokens (vLLM's order).
-pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Penalties) {
+/// presence/frequency penalties over generated tokens (vLLM's order). Each distinct token is
+/// touched once, from counts kept as the tokens came: the cost does not grow with the length.
+pub fn apply_penalties(row: &mut [f32], history: &SeenTokens, penalties: &Penalties) {
     if penalties.repetition != 1.0 && penalties.repetition > 0.0 {
-        let mut seen = std::collections::HashSet::new();
-        for &t in history.prompt.iter().chain(&history.output) {
-            if !seen.insert(t) {
-                continue;
-            }
+        for &t in history.distinct() {
             if let Some(v) = row.get_mut(t as usize) {
                 *v = if *v > 0.0 {
                     *v / penalties.repetition
@@ -532,11 +535,7 @@ pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Pena
         }
     }
     if penalties.presence != 0.0 || penalties.frequency != 0.0 {
-        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-        for &t in &history.output {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (&t, &n) in &counts {
+        for &(t, n) in history.output_counts() {
             if let Some(v) = row.get_mut(t as usize) {
                 *v -= penalties.presence + penalties.frequency * n as f32;
             }
@@ -547,11 +546,11 @@ pub fn apply_penalties(row: &mut [f32], history: &TokenHistory, penalties: &Pena
 /// A native row implementing the SDK trait over the same functions the plugin resource uses.
 pub struct NativeRow<'a> {
     values: std::cell::RefCell<&'a mut [f32]>,
-    history: &'a TokenHistory,
+    history: &'a SeenTokens,
 }
 
 impl<'a> NativeRow<'a> {
-    pub fn new(values: &'a mut [f32], history: &'a TokenHistory) -> Self {
+    pub fn new(values: &'a mut [f32], history: &'a SeenTokens) -> Self {
         NativeRow {
             values: std::cell::RefCell::new(values),
             history,
@@ -788,7 +787,7 @@ mod tests {
             frequency: 0.25,
             repetition: 2.0,
         };
-        apply_penalties(&mut row, &history, &p);
+        apply_penalties(&mut row, &SeenTokens::from(&history), &p);
         assert_eq!(
             row,
             vec![1.0, 2.0 / 2.0 - 0.5 - 0.5, -2.0 * 2.0 - 0.75, 2.0]

@@ -12,6 +12,7 @@ mod deployment;
 mod error;
 pub mod generation;
 pub mod glue;
+mod history;
 mod instance;
 pub mod logits;
 pub mod policy;

@@ -8,7 +8,7 @@ use wasmtime::component::Resource;
 
 use super::generation::Slot;
 use super::instance::{ContainedInstance, PluginState};
-use super::logits::{self, LogitsBatch, LogitsBatchHandle, TokenHistory};
+use super::logits::{self, LogitsBatch, LogitsBatchHandle};
 use super::policy::{FaultPolicy, Unavailable};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
@@ -54,8 +54,9 @@ impl PluginState {
             .ok_or_else(|| out_of_range(row))?;
         // Penalties rewrite the row in place; keep what they overwrite, so a failed call can
         // hand the rows back as they came (culprit isolation and the fallback need them).
+        // They touch each distinct token once, so those are all there is to keep.
         let undo = &mut self.undo;
-        for &t in history.prompt.iter().chain(&history.output) {
+        for &t in history.distinct() {
             if let Some(&v) = values.get(t as usize) {
                 undo.push((row, t, v));
             }
@@ -349,12 +350,14 @@ impl SamplerPlugin {
         row: usize,
     ) -> Result<Sampled, RowFailure> {
         let vocab = logits.vocab();
-        let (values, history) = match logits.row_mut(row) {
-            Some((values, history)) => (values.to_vec(), history.clone()),
-            None => (vec![f32::NEG_INFINITY; vocab], TokenHistory::default()),
+        let values = match logits.row(row) {
+            Some(values) => values.to_vec(),
+            None => vec![f32::NEG_INFINITY; vocab],
         };
         let mut single = LogitsBatch::new(values, vocab);
-        single.set_history(0, history);
+        if let Some(history) = logits.history(row) {
+            single.set_history(0, history.clone());
+        }
         let sampled = match self.sample_batch(&mut single, &sequences[row..=row], false) {
             Ok(sampled) => sampled,
             Err(BatchFailure::Unavailable(e) | BatchFailure::Faulted(e)) => {

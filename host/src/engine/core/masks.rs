@@ -10,9 +10,8 @@ use crate::plugins::logits::{self, LogitsBatch, NativeRow};
 use crate::plugins::sampler::SequenceToSample;
 use crate::plugins::{OnFailure, PluginRejection};
 
-use super::core::{EngineCore, SampledRow};
-use super::request::{FinishReason, GenerationEvent};
-use super::stop::StopOutcome;
+use super::EngineCore;
+use super::sample::SampledRow;
 
 /// The engine's share of constrained decoding across steps.
 #[derive(Default)]
@@ -33,10 +32,10 @@ impl EngineCore {
         let mut jobs = std::mem::take(&mut self.masks.spare);
         jobs.clear();
         for &(id, n) in scheduled {
-            let Some(state) = self.requests.get_mut(&id) else {
+            let Some(state) = self.requests.get_mut(id) else {
                 continue;
             };
-            let emits = (state.num_computed + n) as usize == state.tokens.len();
+            let emits = (state.num_computed + n) as usize == state.tokens().len();
             if emits && let Some(grammar) = state.grammar.take() {
                 jobs.push((id, grammar));
             }
@@ -80,7 +79,7 @@ impl EngineCore {
 
     fn return_matchers(&mut self, mut jobs: MaskJobs) {
         for (id, grammar) in jobs.drain(..) {
-            if let Some(state) = self.requests.get_mut(&id) {
+            if let Some(state) = self.requests.get_mut(id) {
                 state.grammar = Some(grammar);
             }
         }
@@ -95,7 +94,7 @@ impl EngineCore {
         let vocab = self.runtime.model_info().vocab_size as usize;
         self.masks.lost.clear();
         for (row, id) in emitting.iter().enumerate() {
-            let Some(state) = self.requests.get_mut(id) else {
+            let Some(state) = self.requests.get_mut(*id) else {
                 continue;
             };
             let Some(values) = self.logits.get_mut(row * vocab..(row + 1) * vocab) else {
@@ -110,7 +109,7 @@ impl EngineCore {
                         MaskState::Ready => grammar.apply_mask(values),
                         _ => {
                             values.fill(f32::NEG_INFINITY);
-                            if let Some(&eos) = self.eos_token_ids.first()
+                            if let Some(eos) = self.output.first_eos()
                                 && let Some(v) = values.get_mut(eos as usize)
                             {
                                 *v = 0.0;
@@ -141,7 +140,7 @@ impl EngineCore {
     ) {
         for (row, id) in emitting.iter().enumerate() {
             let (Some(state), Some(seq), Some(s)) = (
-                self.requests.get(id),
+                self.requests.get(*id),
                 sequences.get(row),
                 sampled.get_mut(row),
             ) else {
@@ -220,15 +219,14 @@ impl EngineCore {
 
 /// A forbidden token's replacement: `row` sampled alone by the native standard sampler from
 /// the masked row, with the request's own parameters, so the draw stays inside the mask.
-pub(super) fn reject_forbidden_token(
+fn reject_forbidden_token(
     batch: &mut LogitsBatch,
     row: usize,
     sequence: &SequenceToSample,
 ) -> Sampled {
     match batch.row_mut(row) {
         Some((values, history)) => {
-            let history = history.clone();
-            let native = NativeRow::new(values, &history);
+            let native = NativeRow::new(values, history);
             plughost_sampler_standard::sample_sequence(
                 &native,
                 &sequence.params,
@@ -241,32 +239,5 @@ pub(super) fn reject_forbidden_token(
             logprob: f32::NAN,
             top_logprobs: Vec::new(),
         },
-    }
-}
-
-impl EngineCore {
-    /// Ends a request whose grammar allows no token: the text held back for stop strings goes
-    /// out, and the request finishes `"stop"` with the dead end as its stop reason.
-    pub(super) fn end_at_dead_end(&mut self, id: u64, cause: &str) {
-        let Some(state) = self.requests.get_mut(&id) else {
-            return;
-        };
-        tracing::warn!(request = id, request_id = state.request_id(), "{cause}");
-        let mut text = match state.detokenizer.flush() {
-            Ok(Some(rest)) => rest,
-            _ => String::new(),
-        };
-        text = match state.stop.push(&text) {
-            StopOutcome::Continue(t) => t + &state.stop.finish(),
-            StopOutcome::Stopped(t) => t,
-        };
-        if !text.is_empty() {
-            let _ = state.events.send(GenerationEvent::Delta {
-                text,
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-            });
-        }
-        self.finish(id, FinishReason::GrammarDeadEnd);
     }
 }
