@@ -118,6 +118,13 @@ async fn the_fingerprint_is_stable_across_restarts_and_follows_what_changes_toke
         portable, first,
         "another kernel path is another fingerprint"
     );
+    // Valid on every x86-64 level; on AVX-512 BF16 machines it also changes the products
+    // bf16 weights are multiplied with.
+    let (f32_products, _) = run(base_flags("threads=1,bf16_products=f32")).await;
+    assert_ne!(
+        f32_products, first,
+        "a numeric option of the device is part of the fingerprint"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
