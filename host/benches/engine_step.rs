@@ -35,8 +35,9 @@ const NEW_TOKENS: u32 = 128;
 /// Sequences and output length of `--long-penalised`.
 const LONG_SEQUENCES: usize = 4;
 const LONG_TOKENS: u32 = 4000;
-/// Output lengths at which `--long-penalised` reads the step metrics: two windows, early and late.
-const LONG_MARKS: [u32; 4] = [1, 500, 3500, LONG_TOKENS];
+/// Output lengths at which `--long-penalised` reads the step metrics: the windows between
+/// consecutive marks, early, a little later (past anything the first steps warm up) and late.
+const LONG_MARKS: [u32; 5] = [1, 500, 1000, 3500, LONG_TOKENS];
 /// The parts of a step that run on the host.
 const HOST_PARTS: [&str; 7] = [
     "schedule",
@@ -358,22 +359,34 @@ fn long_penalised(engine: &EngineHandle, metrics: &Metrics) {
         started.elapsed().as_secs_f64(),
         distinct.len()
     );
-    let (early, early_steps) = marks[1].per_step_since(&marks[0]);
-    let (late, late_steps) = marks[3].per_step_since(&marks[2]);
-    println!(
-        "{:<16} {:>14} {:>14}",
-        "µs per step",
-        format!("{}-{}", LONG_MARKS[0], LONG_MARKS[1]),
-        format!("{}-{}", LONG_MARKS[2], LONG_MARKS[3])
-    );
-    for (i, part) in HOST_PARTS.iter().enumerate() {
-        println!("{part:<16} {:>14.1} {:>14.1}", early[i], late[i]);
+    // The window from 1,000 to 3,500 only separates the others.
+    let windows: Vec<(usize, ([f64; HOST_PARTS.len()], f64))> = [0, 1, 3]
+        .into_iter()
+        .map(|w| (w, marks[w + 1].per_step_since(&marks[w])))
+        .collect();
+    print!("{:<16}", "µs per step");
+    for (w, _) in &windows {
+        print!(
+            " {:>12}",
+            format!("{}-{}", LONG_MARKS[*w], LONG_MARKS[w + 1])
+        );
     }
-    let (early_host, late_host): (f64, f64) = (early.iter().sum(), late.iter().sum());
-    println!("{:<16} {early_host:>14.1} {late_host:>14.1}", "host total");
-    println!(
-        "{:<16} {early_steps:>14} {late_steps:>14}",
-        "steps measured"
-    );
-    println!("late / early     {:>14.2}", late_host / early_host);
+    println!();
+    for (i, part) in HOST_PARTS.iter().enumerate() {
+        print!("{part:<16}");
+        for (_, (parts, _)) in &windows {
+            print!(" {:>12.1}", parts[i]);
+        }
+        println!();
+    }
+    print!("{:<16}", "host total");
+    for (_, (parts, _)) in &windows {
+        print!(" {:>12.1}", parts.iter().sum::<f64>());
+    }
+    println!();
+    print!("{:<16}", "steps measured");
+    for (_, (_, steps)) in &windows {
+        print!(" {steps:>12}");
+    }
+    println!();
 }

@@ -141,7 +141,7 @@ impl EngineCore {
                         }
                     }
                     OnFailure::Reject => {
-                        SampledRow::Rejected(sampler_rejection(component, failure))
+                        SampledRow::Rejected(rejection(Slot::Sampler, component.name(), failure))
                     }
                 },
             });
@@ -164,14 +164,13 @@ pub(in crate::engine) enum SampledRow {
     Rejected(PluginRejection),
 }
 
-fn sampler_rejection(component: &LoadedSampler, failure: RowFailure) -> PluginRejection {
+/// How a request hears that the plugin `plugin` in `slot` failed it under a `reject` policy.
+pub(super) fn rejection(slot: Slot, plugin: String, failure: RowFailure) -> PluginRejection {
     match failure {
-        RowFailure::Unavailable(u) => {
-            PluginRejection::unavailable(Slot::Sampler, &component.name(), u)
-        }
+        RowFailure::Unavailable(u) => PluginRejection::unavailable(slot, &plugin, u),
         RowFailure::Faulted(cause) => PluginRejection::Faulted {
-            slot: Slot::Sampler,
-            plugin: component.name(),
+            slot,
+            plugin,
             cause,
         },
     }

@@ -3,13 +3,13 @@
 use std::time::Instant;
 
 use crate::plugins::generation::{LoadedComponent, Slot};
-use crate::plugins::sampler::RowFailure;
 use crate::plugins::scheduler::SchedulerPlugin;
-use crate::plugins::{OnFailure, PluginError, PluginRejection};
+use crate::plugins::{OnFailure, PluginError};
 use crate::sched::{self, Plan, RequestView, Resources};
 
 use super::super::state::RequestState;
 use super::EngineCore;
+use super::sample::rejection;
 
 impl EngineCore {
     /// Why `state` can never finish in this engine, if so. The API refuses such requests
@@ -91,7 +91,7 @@ impl EngineCore {
         };
         self.metrics.scheduler_fallbacks.inc();
         if component.faults().on_failure() == OnFailure::Reject {
-            let rejection = scheduler_rejection(component, failure);
+            let rejection = rejection(Slot::Scheduler, component.name(), failure.into());
             let waiting = self.requests.waiting().to_vec();
             for id in waiting {
                 self.reject(id, rejection.clone());
@@ -211,21 +211,5 @@ impl EngineCore {
             scheduled.push((s.id, s.num_tokens));
         }
         scheduled
-    }
-}
-
-fn scheduler_rejection(
-    component: &LoadedComponent<SchedulerPlugin>,
-    error: PluginError,
-) -> PluginRejection {
-    match RowFailure::from(error) {
-        RowFailure::Unavailable(u) => {
-            PluginRejection::unavailable(Slot::Scheduler, &component.name(), u)
-        }
-        RowFailure::Faulted(cause) => PluginRejection::Faulted {
-            slot: Slot::Scheduler,
-            plugin: component.name(),
-            cause,
-        },
     }
 }
