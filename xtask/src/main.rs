@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+/// `-D warnings` for clippy's driver, in the form `cargo clippy -- -D warnings` hands it over.
+const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
+
 /// A target without x86-64's kernels, which `test` checks the CPU device against.
 const PORTABILITY_TARGET: &str = "aarch64-unknown-linux-gnu";
 
@@ -26,7 +29,8 @@ struct Cli {
 enum Command {
     /// Build every plugin (WebAssembly components and device libraries) in release into target/plugins.
     BuildPlugins,
-    /// Build the plugins, check formatting and lints, then run the whole test suite.
+    /// Build the plugins, check formatting and lints, then run the whole test suite (lints are
+    /// clippy's, run by its driver while the tests build).
     Test {
         /// Skip `cargo fmt --check` and `cargo clippy`.
         #[arg(long)]
@@ -87,7 +91,21 @@ fn main() -> Result<()> {
             let tokenizer =
                 fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
             let python = fixtures::test_python(workspace.root(), workspace.target_dir())?;
-            let tools = tools::build_for_tests(&workspace)?;
+            // Lints run inside the test build (clippy's driver compiling the workspace's own
+            // crates), so the dependencies are compiled once, not once more for a check.
+            let driver = if no_lint {
+                None
+            } else {
+                Some(plugins::clippy_driver()?)
+            };
+            let lint_env: Vec<(&str, &OsStr)> = match &driver {
+                Some(driver) => vec![
+                    ("RUSTC_WORKSPACE_WRAPPER", driver.as_os_str()),
+                    ("CLIPPY_ARGS", OsStr::new(CLIPPY_ARGS)),
+                ],
+                None => Vec::new(),
+            };
+            let tools = tools::build_for_tests(&workspace, &lint_env)?;
             let smollm2 = tools::fetch_model(&workspace, &tools, &[SMOLLM2])?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
@@ -105,16 +123,10 @@ fn main() -> Result<()> {
                     ],
                     &[("RUSTFLAGS", OsStr::new("-D warnings"))],
                 )?;
+                // Every target, benches included, as `cargo clippy --all-targets` would lint.
                 workspace.cargo(
-                    &[
-                        "clippy",
-                        "--workspace",
-                        "--all-targets",
-                        "--",
-                        "-D",
-                        "warnings",
-                    ],
-                    &[],
+                    &["test", "--workspace", "--all-targets", "--no-run"],
+                    &lint_env,
                 )?;
             }
             // `--workspace` would override a `-p` the caller gives: cargo then tests everything.
@@ -126,15 +138,15 @@ fn main() -> Result<()> {
                 args.push("--workspace");
             }
             args.extend(cargo_args.iter().map(String::as_str));
-            workspace.cargo(
-                &args,
-                &[
-                    ("PLUGHOST_PLUGINS_DIR", dir.as_os_str()),
-                    ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
-                    ("PLUGHOST_TEST_PYTHON", python.as_os_str()),
-                    ("PLUGHOST_SMOLLM2_DIR", smollm2.as_os_str()),
-                ],
-            )?;
+            let mut env = vec![
+                ("PLUGHOST_PLUGINS_DIR", dir.as_os_str()),
+                ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
+                ("PLUGHOST_TEST_PYTHON", python.as_os_str()),
+                ("PLUGHOST_SMOLLM2_DIR", smollm2.as_os_str()),
+            ];
+            // The same compiler as the lint build, so nothing is built again.
+            env.extend(lint_env.iter().copied());
+            workspace.cargo(&args, &env)?;
         }
         Command::BenchPlugins => {
             let dir = workspace.build_plugins()?;

@@ -206,3 +206,31 @@ pub fn ensure_target(target: &str) -> Result<()> {
     }
     Ok(())
 }
+
+/// clippy's compiler driver from the active toolchain, installing the clippy component with
+/// rustup if it is missing.
+pub fn clippy_driver() -> Result<PathBuf> {
+    let sysroot = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+        .args(["--print", "sysroot"])
+        .output()
+        .context("running rustc --print sysroot")?;
+    let sysroot = String::from_utf8_lossy(&sysroot.stdout).trim().to_string();
+    let driver = Path::new(&sysroot)
+        .join("bin")
+        .join(format!("clippy-driver{}", std::env::consts::EXE_SUFFIX));
+    if driver.is_file() {
+        return Ok(driver);
+    }
+    eprintln!("installing clippy with rustup");
+    let status = Command::new("rustup")
+        .args(["component", "add", "clippy"])
+        .status()
+        .context("running rustup component add clippy")?;
+    if !status.success() || !driver.is_file() {
+        bail!(
+            "clippy's driver is missing at {} ({status})",
+            driver.display()
+        );
+    }
+    Ok(driver)
+}

@@ -25,10 +25,10 @@ fn executable(dir: &Path, name: &str) -> PathBuf {
 }
 
 /// The tools binary in the test build's features (debug), built without running any test.
-pub fn build_for_tests(workspace: &Workspace) -> Result<PathBuf> {
+pub fn build_for_tests(workspace: &Workspace, env: &[(&str, &OsStr)]) -> Result<PathBuf> {
     workspace.cargo(
         &["test", "--workspace", "--no-run", "--test", TOOLS_TEST],
-        &[],
+        env,
     )?;
     Ok(executable(
         &workspace.target_dir().join("debug"),

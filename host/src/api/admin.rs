@@ -53,6 +53,7 @@ impl AdminError {
             AdminError::Reload(ReloadError::NotConfigured) => (S::CONFLICT, "invalid_request_error", "reload_not_configured"),
             AdminError::Reload(ReloadError::Engine(_)) |
             AdminError::Reload(ReloadError::NotInstalled) |
+            AdminError::Reload(ReloadError::PluginRuntime(_)) |
             AdminError::Engine(_) =>                         (S::SERVICE_UNAVAILABLE, "service_unavailable_error", "engine_unavailable"),
             AdminError::Reload(ReloadError::File(_)) =>      (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "invalid_deployment_file"),
             AdminError::Reload(ReloadError::Component(_)) => (S::UNPROCESSABLE_ENTITY, "invalid_request_error", "component_failed"),

@@ -346,6 +346,8 @@ impl From<JsonRejection> for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::EngineStartError;
+    use std::sync::Arc;
 
     fn status_of(error: ApiError) -> (u16, ErrorBody) {
         let (status, Json(body)) = error.into();
@@ -366,7 +368,9 @@ mod tests {
             (ApiError::BodyTooLarge { limit: 8 }, 413),
             (ApiError::Unavailable(EngineError::NotReady), 503),
             (
-                ApiError::Unavailable(EngineError::LoadFailed("no weights".into())),
+                ApiError::Unavailable(EngineError::LoadFailed(Arc::new(
+                    EngineStartError::NoBlockSize,
+                ))),
                 503,
             ),
             (

@@ -22,8 +22,9 @@ use super::thread::run_engine;
 pub enum EngineError {
     #[error("the model is still loading")]
     NotReady,
+    /// Why, as the layer that failed reported it; shared by every caller that asks.
     #[error("the model failed to load: {0}")]
-    LoadFailed(String),
+    LoadFailed(Arc<EngineStartError>),
     #[error("the engine has stopped")]
     Stopped,
     /// The engine thread died, stalled or is stuck in a hung device; the process must restart.
@@ -34,10 +35,10 @@ pub enum EngineError {
     UnknownSampler(#[from] UnknownSampler),
 }
 
-impl From<&EngineStartError> for EngineError {
+impl From<EngineStartError> for EngineError {
     /// What a request hears of a start that failed: that the model did not load, and why.
-    fn from(error: &EngineStartError) -> Self {
-        EngineError::LoadFailed(error.to_string())
+    fn from(error: EngineStartError) -> Self {
+        EngineError::LoadFailed(Arc::new(error))
     }
 }
 
@@ -117,7 +118,7 @@ impl EngineHandle {
                 .name("engine".into())
                 .spawn(move || run_engine(setup, rx, load, metrics, health, deployments))
                 .map_err(|source| {
-                    EngineError::from(&EngineStartError::Spawn {
+                    EngineError::from(EngineStartError::Spawn {
                         thread: "engine thread",
                         source,
                     })
@@ -134,7 +135,7 @@ impl EngineHandle {
                     })
                 })
                 .map_err(|source| {
-                    EngineError::from(&EngineStartError::Spawn {
+                    EngineError::from(EngineStartError::Spawn {
                         thread: "engine watchdog",
                         source,
                     })
@@ -218,7 +219,7 @@ impl EngineHandle {
         match &*state {
             LoadState::Loading => Err(EngineError::NotReady),
             LoadState::Ready(summary) => Ok((**summary).clone()),
-            LoadState::Failed(error) => Err(EngineError::from(&**error)),
+            LoadState::Failed(error) => Err(EngineError::LoadFailed(error.clone())),
             LoadState::Faulted(message) => Err(EngineError::Faulted(message.clone())),
         }
     }
@@ -232,7 +233,7 @@ impl EngineHandle {
         };
         loop {
             match &*state {
-                LoadState::Failed(error) => return EngineError::from(&**error),
+                LoadState::Failed(error) => return EngineError::LoadFailed(error.clone()),
                 LoadState::Faulted(message) => return EngineError::Faulted(message.clone()),
                 LoadState::Loading | LoadState::Ready(_) => match changed.wait(state) {
                     Ok(next) => state = next,

@@ -57,6 +57,8 @@ pub enum ReloadError {
     GlueChanged { detail: String },
     #[error("the engine stopped before it took the new deployment")]
     NotInstalled,
+    #[error("the plugin runtime is unavailable: {0}")]
+    PluginRuntime(#[source] PluginError),
 }
 
 impl ReloadError {
@@ -340,11 +342,7 @@ impl Deployments {
         let config = source.config.as_deref().ok_or(ReloadError::NotConfigured)?;
         let previous = self.current().ok_or(EngineError::NotReady)?;
         let deployment = Deployment::from_file(config)?;
-        let runtime = self.runtime().map_err(|e| {
-            ReloadError::Engine(EngineError::LoadFailed(format!(
-                "the plugin runtime is unavailable: {e}"
-            )))
-        })?;
+        let runtime = self.runtime().map_err(ReloadError::PluginRuntime)?;
         self.check_glue(&runtime, config, deployment.glue.as_ref())?;
         let named_samplers = deployment.named_samplers();
         let scheduler = deployment
