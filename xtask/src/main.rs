@@ -4,6 +4,7 @@
 
 mod fixtures;
 mod plugins;
+mod test_run;
 mod tools;
 
 use std::ffi::{OsStr, OsString};
@@ -14,6 +15,9 @@ use clap::{Parser, Subcommand};
 
 /// `-D warnings` for clippy's driver, in the form `cargo clippy -- -D warnings` hands it over.
 const CLIPPY_ARGS: &str = "-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__";
+
+/// Test binaries run at once by the whole suite: most wait on the servers they start.
+const TEST_JOBS: usize = 2;
 
 /// A target without x86-64's kernels, which `test` checks the CPU device against.
 const PORTABILITY_TARGET: &str = "aarch64-unknown-linux-gnu";
@@ -146,7 +150,11 @@ fn main() -> Result<()> {
             ];
             // The same compiler as the lint build, so nothing is built again.
             env.extend(lint_env.iter().copied());
-            workspace.cargo(&args, &env)?;
+            if cargo_args.is_empty() {
+                test_run::run_all(&workspace, &env, TEST_JOBS)?;
+            } else {
+                workspace.cargo(&args, &env)?;
+            }
         }
         Command::BenchPlugins => {
             let dir = workspace.build_plugins()?;
