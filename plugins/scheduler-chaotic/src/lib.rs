@@ -6,7 +6,7 @@
 //! request, so the engine always moves.
 //!
 //! Config (JSON, all optional): `seed` (default 1) and `preempt_percent`, the chance that
-//! a running request is preempted in a step (default 20, at most 90).
+//! a running request is preempted in a step (default 20; above 90 is refused).
 
 use plughost_sdk::sampler::RowRng;
 use plughost_sdk::scheduler::{Phase, Plan, PlanBuilder, RequestView, Resources, Scheduler};
@@ -39,7 +39,7 @@ impl Chaotic {
         Chaotic {
             config: ChaoticConfig {
                 seed,
-                preempt_percent: preempt_percent.min(90),
+                preempt_percent,
             },
             steps: 0,
         }
@@ -54,6 +54,12 @@ impl Scheduler for Chaotic {
             serde_json::from_str(config)
                 .map_err(|e| format!("invalid chaotic scheduler config: {e}"))?
         };
+        if config.preempt_percent > 90 {
+            return Err(format!(
+                "preempt_percent must be at most 90 (some request must keep running), got {}",
+                config.preempt_percent
+            ));
+        }
         Ok(Chaotic::new(config.seed, config.preempt_percent))
     }
 
@@ -182,6 +188,7 @@ mod tests {
     fn bad_config_is_refused() {
         assert!(Chaotic::init(r#"{"seed": "x"}"#).is_err());
         assert!(Chaotic::init(r#"{"sed": 1}"#).is_err());
+        assert!(Chaotic::init(r#"{"preempt_percent": 95}"#).is_err());
         assert!(Chaotic::init("").is_ok());
     }
 }
