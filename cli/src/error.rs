@@ -30,6 +30,8 @@ pub enum CliError {
     Rejected(#[from] PluginRejection),
     #[error(transparent)]
     Bench(#[from] BenchError),
+    #[error("device worker: {0}")]
+    DeviceWorker(#[from] plughost::device::worker::WorkerError),
     /// A default component or device that is not in the plugins folder.
     #[error("{} does not exist; build the plugins with `cargo xtask build-plugins`", .0.display())]
     MissingPlugin(PathBuf),

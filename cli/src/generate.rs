@@ -93,7 +93,9 @@ pub fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), CliErro
                 );
                 break;
             }
-            GenerationEvent::Failed { message } => return Err(CliError::Generation(message)),
+            GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                return Err(CliError::Generation(message));
+            }
             GenerationEvent::Rejected(rejection) => return Err(rejection.into()),
         }
     }

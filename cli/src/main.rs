@@ -103,6 +103,17 @@ enum Command {
     Plugin(plughost::plugin_kit::PluginCommand),
     /// Load-test an OpenAI-compatible server, in the manner of `vllm bench serve`.
     Bench(plughost_bench::BenchOptions),
+    /// Run a device library for a server started with `--device-isolation process` (the
+    /// server starts this itself).
+    #[command(hide = true)]
+    DeviceWorker {
+        /// The server's control socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The server's shared memory region.
+        #[arg(long)]
+        region: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -147,6 +158,9 @@ fn main() -> ExitCode {
         Command::Check { config, cache_dir } => check::check(config, cache_dir.clone()),
         Command::Bench(options) => plughost_bench::main(options.clone()).map_err(CliError::from),
         Command::Plugin(command) => check::plugin(command),
+        Command::DeviceWorker { socket, region } => {
+            plughost::device::worker::run_worker(socket, region).map_err(CliError::from)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,8 +7,9 @@ use std::time::Duration;
 use clap::Args;
 use plughost::api::ConnectionLimits;
 use plughost::cli::{parse_bytes, parse_seconds};
+use plughost::device::DeviceIsolation;
 use plughost::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
-use plughost::engine::{EngineOptions, EngineSetup};
+use plughost::engine::{EngineOptions, EngineSetup, RestartBudget};
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
 use plughost::runtime::KvCacheDtype;
@@ -77,6 +78,19 @@ pub struct ModelArgs {
     /// in-flight requests fail, /health answers 503 and `serve` exits non-zero.
     #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
     pub device_timeout: f64,
+    /// Where the device library runs. `process`: in a worker process the server supervises;
+    /// when it crashes or misses --device-timeout, a new worker prepares the model again and
+    /// requests in flight resume where they were (clients see a pause). `in-process`: a
+    /// device crash ends the server, and a hang is fatal as --device-timeout says.
+    #[arg(long, value_enum, default_value_t = DeviceIsolation::InProcess)]
+    pub device_isolation: DeviceIsolation,
+    /// Device worker restarts tolerated within --device-restart-window; one more means the
+    /// device is broken: requests fail with 503, /health answers 503, `serve` exits non-zero.
+    #[arg(long, default_value_t = 5)]
+    pub device_restart_limit: u32,
+    /// Seconds over which --device-restart-limit counts restarts.
+    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
+    pub device_restart_window: f64,
 }
 
 fn default_plugins_dir() -> PathBuf {
@@ -226,6 +240,12 @@ impl ModelArgs {
                 max_model_len: self.max_model_len,
                 engine_stall_timeout: Duration::from_secs_f64(self.engine_stall_timeout),
                 device_timeout: Duration::from_secs_f64(self.device_timeout),
+                device_isolation: self.device_isolation,
+                device_restarts: RestartBudget {
+                    limit: self.device_restart_limit,
+                    window: Duration::from_secs_f64(self.device_restart_window),
+                },
+                device_worker: None,
             },
             profile_output: self.profile_output.clone(),
         })

@@ -34,6 +34,7 @@ pub struct Metrics {
     /// Requests that ended at a grammar dead end (no token allowed).
     pub grammar_dead_ends: IntCounter,
     pub device_step_retries: IntCounter,
+    pub device_restarts: IntCounter,
     /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
@@ -256,6 +257,11 @@ impl Metrics {
                 r,
                 "device_step_retries_total",
                 "Device steps recomputed after a failed launch or synchronize",
+            ),
+            device_restarts: counter(
+                r,
+                "device_restarts_total",
+                "Device worker processes started again after one crashed or hung",
             ),
             step_seconds,
             registry,

@@ -75,7 +75,10 @@ fn collect(receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>>
                         assert_eq!(reason, FinishReason::Length);
                         return tokens;
                     }
-                    GenerationEvent::Failed { message } => panic!("request failed: {message}"),
+                    GenerationEvent::Failed { message }
+                    | GenerationEvent::Unavailable { message } => {
+                        panic!("request failed: {message}")
+                    }
                     GenerationEvent::Rejected(r) => panic!("request rejected: {r}"),
                 }
             }

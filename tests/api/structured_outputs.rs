@@ -367,7 +367,9 @@ fn engine_tokens(engine: &EngineHandle, prompt: &[u32], bias: LogitBias, n: u32)
             match event {
                 GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
                 GenerationEvent::Finished { .. } => break,
-                GenerationEvent::Failed { message } => panic!("{message}"),
+                GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                    panic!("{message}")
+                }
                 GenerationEvent::Rejected(r) => panic!("{r}"),
             }
         }

@@ -103,7 +103,9 @@ fn greedy_continuations_and_logprobs_match_transformers() {
                     logprobs.extend(lp.into_iter().map(|l| l.logprob));
                 }
                 GenerationEvent::Finished { .. } => break,
-                GenerationEvent::Failed { message } => panic!("{}: {message}", case.name),
+                GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                    panic!("{}: {message}", case.name)
+                }
                 GenerationEvent::Rejected(r) => panic!("{}: {r}", case.name),
             }
         }

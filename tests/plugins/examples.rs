@@ -104,7 +104,9 @@ fn generate(engine: &EngineHandle, request: GenerationRequest) -> Result<Vec<u32
         match event {
             GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
             GenerationEvent::Finished { .. } => return Ok(tokens),
-            GenerationEvent::Failed { message } => return Err(message),
+            GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                return Err(message);
+            }
             GenerationEvent::Rejected(r) => return Err(r.to_string()),
         }
     }
@@ -150,7 +152,9 @@ async fn start_order(scheduler: PluginSpec, priorities: &[i32]) -> Vec<i32> {
         }
         match event {
             GenerationEvent::Finished { .. } => finished += 1,
-            GenerationEvent::Failed { message } => panic!("request {index} failed: {message}"),
+            GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                panic!("request {index} failed: {message}")
+            }
             GenerationEvent::Rejected(r) => panic!("request {index} rejected: {r}"),
             GenerationEvent::Delta { .. } => {}
         }
@@ -276,7 +280,9 @@ fn requests_choose_a_named_sampler_and_an_unknown_name_is_refused() {
             match event {
                 GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
                 GenerationEvent::Finished { .. } => break,
-                GenerationEvent::Failed { message } => panic!("failed: {message}"),
+                GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                    panic!("failed: {message}")
+                }
                 GenerationEvent::Rejected(r) => panic!("rejected: {r}"),
             }
         }

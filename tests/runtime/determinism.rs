@@ -96,7 +96,9 @@ fn tokens_of(mut rx: tokio::sync::mpsc::UnboundedReceiver<GenerationEvent>) -> V
                 assert_eq!(reason, FinishReason::Length);
                 return tokens;
             }
-            GenerationEvent::Failed { message } => panic!("request failed: {message}"),
+            GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                panic!("request failed: {message}")
+            }
             GenerationEvent::Rejected(r) => panic!("request rejected: {r}"),
         }
     }

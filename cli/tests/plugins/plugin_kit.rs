@@ -296,7 +296,9 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
         match event {
             GenerationEvent::Delta { token_ids, .. } => tokens.extend(token_ids),
             GenerationEvent::Finished { .. } => break,
-            GenerationEvent::Failed { message } => panic!("generation failed: {message}"),
+            GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                panic!("generation failed: {message}")
+            }
             GenerationEvent::Rejected(r) => panic!("generation rejected: {r}"),
         }
     }

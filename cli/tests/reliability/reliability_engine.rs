@@ -543,7 +543,9 @@ async fn run_all(
                 GenerationEvent::Finished { reason, .. } => {
                     return Outcome::Finished { reason, tokens };
                 }
-                GenerationEvent::Failed { message } => return Outcome::Failed(message),
+                GenerationEvent::Failed { message } | GenerationEvent::Unavailable { message } => {
+                    return Outcome::Failed(message);
+                }
                 GenerationEvent::Rejected(r) => return Outcome::Failed(r.to_string()),
             }
         }

@@ -100,6 +100,10 @@ pub enum ApiError {
     HttpVersionNotSupported,
     #[error("the server is shutting down: it finishes the requests it has and takes no new ones")]
     Draining,
+    #[error(
+        "the device worker is being restarted and the model prepared again; requests in flight resume after it"
+    )]
+    DeviceRestarting,
     #[error(transparent)]
     Unavailable(#[from] EngineError),
     #[error("generation failed: {message}")]
@@ -211,6 +215,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
                                             (status, SERVER_ERROR, None, None),
             Rejected { .. } =>              (S::INTERNAL_SERVER_ERROR, SERVER_ERROR, None, None),
             Draining =>                     (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("draining"), None),
+            DeviceRestarting =>             (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("device_restarting"), None),
             Unavailable(EngineError::NotReady) =>      (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_loading"), None),
             Unavailable(EngineError::LoadFailed(_)) => (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("model_load_failed"), None),
             Unavailable(EngineError::Stopped) =>       (S::SERVICE_UNAVAILABLE, UNAVAILABLE, Some("engine_stopped"), None),

@@ -48,10 +48,14 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Result<Json<HealthRepor
 }
 
 /// Readiness: 200 while the server takes new work; 503 while the model loads, after an engine
-/// fault, and from the first shutdown signal on (while requests in flight drain).
+/// fault, from the first shutdown signal on (while requests in flight drain), and while a new
+/// device worker prepares the model.
 pub async fn ready(State(app): State<Arc<AppState>>) -> Result<StatusCode, ApiError> {
     if app.config.drain.is_draining() {
         return Err(ApiError::Draining);
+    }
+    if app.engine.is_repreparing() {
+        return Err(ApiError::DeviceRestarting);
     }
     app.engine.summary()?;
     Ok(StatusCode::OK)

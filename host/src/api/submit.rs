@@ -81,6 +81,9 @@ fn choice_stream(
             Some(GenerationEvent::Failed { message }) => {
                 ChoiceEvent::Failed(ApiError::GenerationFailed { message })
             }
+            Some(GenerationEvent::Unavailable { message }) => {
+                ChoiceEvent::Failed(ApiError::Unavailable(EngineError::Faulted(message)))
+            }
             Some(GenerationEvent::Rejected(rejection)) => {
                 ChoiceEvent::Failed(ApiError::PluginRejected(rejection))
             }

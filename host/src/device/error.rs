@@ -76,6 +76,22 @@ pub enum DeviceError {
 
     #[error(transparent)]
     Rank(#[from] RankError),
+
+    /// The device worker process could not be started or could not open its device.
+    #[error("cannot start the device worker: {message}")]
+    WorkerStart { message: String },
+
+    /// The device worker process died or stopped answering; the device and everything on it
+    /// is gone, and a new worker must prepare the model again.
+    #[error("{cause}")]
+    WorkerLost { cause: String },
+}
+
+impl DeviceError {
+    /// Whether the device is gone with its worker process, rather than one call having failed.
+    pub fn is_worker_lost(&self) -> bool {
+        matches!(self, DeviceError::WorkerLost { .. })
+    }
 }
 
 impl DeviceError {

@@ -1,14 +1,15 @@
-//! The safe wrapper over one open device: typed buffer ids and callable indices, and every failure turned into a `DeviceError` with the device's message.
+//! One open device, wherever it runs: in this process, or in a worker process the host supervises. Typed buffer ids and callable indices; every failure a `DeviceError`.
 
-use std::ffi::{CStr, CString};
-use std::ptr::{self, NonNull};
-use std::sync::Arc;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use plughost_device_abi::{ArgTag, DType, DeviceHandle, DeviceStats, TensorArg, status};
+use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg};
 
 use super::error::DeviceError;
-use super::library::{DeviceFunctions, DeviceLibrary, LoadedLibrary};
+use super::library::DeviceLibrary;
+use super::local::LocalDevice;
+use super::worker::{WorkerCommand, WorkerDevice};
 
 /// A device buffer; valid only on the device that allocated it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -19,6 +20,10 @@ impl BufferId {
     pub fn raw(self) -> u64 {
         self.0
     }
+
+    pub(super) fn from_raw(raw: u64) -> BufferId {
+        BufferId(raw)
+    }
 }
 
 /// A callable's position in the device's list; obtained from [`Device::callable_index`].
@@ -28,6 +33,10 @@ pub struct CallableIndex(u32);
 impl CallableIndex {
     pub fn raw(self) -> u32 {
         self.0
+    }
+
+    pub(super) fn from_raw(raw: u32) -> CallableIndex {
+        CallableIndex(raw)
     }
 }
 
@@ -48,46 +57,114 @@ pub fn tensor_arg(
     )?)
 }
 
+/// Where the device library runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DeviceIsolation {
+    /// In the server's process: a device crash or hang ends the server.
+    #[default]
+    InProcess,
+    /// In a child process the host supervises: a crash or hang costs a restart.
+    Process,
+}
+
+/// Everything needed to open the deployment's device, again after a worker restart.
+#[derive(Clone, Debug)]
+pub struct DeviceSource {
+    library: PathBuf,
+    config: String,
+    isolation: DeviceIsolation,
+    worker: Option<WorkerCommand>,
+    timeout: Duration,
+}
+
+impl DeviceSource {
+    /// The device library at `library` opened with `config`, in this process.
+    pub fn in_process(library: impl Into<PathBuf>, config: impl Into<String>) -> DeviceSource {
+        DeviceSource {
+            library: library.into(),
+            config: config.into(),
+            isolation: DeviceIsolation::InProcess,
+            worker: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+
+    /// The same device in a worker process started by `command` (by default this executable's
+    /// `device-worker` subcommand); a call unanswered for `timeout` means a hung device.
+    pub fn in_worker(mut self, command: Option<WorkerCommand>, timeout: Duration) -> DeviceSource {
+        self.isolation = DeviceIsolation::Process;
+        self.worker = command;
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn isolation(&self) -> DeviceIsolation {
+        self.isolation
+    }
+
+    pub fn library(&self) -> &Path {
+        &self.library
+    }
+
+    pub fn config(&self) -> &str {
+        &self.config
+    }
+
+    /// Opens the device; `restarts` counts the workers started before this one.
+    pub fn open(&self, restarts: u32) -> Result<Device, DeviceError> {
+        match self.isolation {
+            DeviceIsolation::InProcess => {
+                let library = DeviceLibrary::load(&self.library)?;
+                Device::open(&library, &self.config)
+            }
+            DeviceIsolation::Process => {
+                let command = match &self.worker {
+                    Some(command) => command.clone(),
+                    None => {
+                        WorkerCommand::this_executable().map_err(|e| DeviceError::WorkerStart {
+                            message: format!(
+                                "cannot find this executable to run the device worker: {e}"
+                            ),
+                        })?
+                    }
+                };
+                let (worker, callable_names) = WorkerDevice::start(
+                    &command,
+                    &self.library,
+                    &self.config,
+                    self.timeout,
+                    restarts,
+                )?;
+                Ok(Device {
+                    backend: Backend::Worker(RefCell::new(worker)),
+                    callable_names,
+                })
+            }
+        }
+    }
+}
+
+enum Backend {
+    Local(LocalDevice),
+    /// Behind a cell: asking a worker for its counters is a request on its socket.
+    Worker(RefCell<WorkerDevice>),
+}
+
 /// One open device. Closed by [`Device::close`] or on drop, which frees all its buffers.
 pub struct Device {
-    library: Arc<LoadedLibrary>,
-    handle: NonNull<DeviceHandle>,
+    backend: Backend,
     callable_names: Vec<String>,
 }
 
-// SAFETY: the ABI lets a handle move between threads as long as calls on it never overlap.
-// `Device` is not `Sync`, so every call goes through one owner at a time.
-unsafe impl Send for Device {}
-
 impl Device {
-    /// Opens a device with a config string whose format the device defines.
+    /// Opens a device in this process with a config string whose format the device defines.
     pub fn open(library: &DeviceLibrary, config: &str) -> Result<Device, DeviceError> {
-        let config = CString::new(config).map_err(|error| DeviceError::ConfigHasNul {
-            position: error.nul_position(),
-        })?;
-        let functions = library.loaded.functions;
-        let mut handle = ptr::null_mut();
-        // SAFETY: a NUL-terminated config and a writable out pointer, as the ABI requires.
-        let code = unsafe { (functions.open)(config.as_ptr(), &mut handle) };
-        if code != status::OK {
-            // A failed open has no handle; the device keeps its message for a null handle.
-            return Err(DeviceError::Call {
-                operation: "open",
-                status: code,
-                message: last_error_message(&functions, ptr::null_mut()),
-            });
-        }
-        let handle = NonNull::new(handle).ok_or_else(|| DeviceError::ContractViolation {
-            operation: "open",
-            message: "returned OK and a null handle".to_string(),
-        })?;
-        let mut device = Device {
-            library: Arc::clone(&library.loaded),
-            handle,
-            callable_names: Vec::new(),
-        };
-        device.callable_names = device.read_callable_names()?;
-        Ok(device)
+        let mut local = LocalDevice::open(library, config)?;
+        let callable_names = local.take_callable_names();
+        Ok(Device {
+            backend: Backend::Local(local),
+            callable_names,
+        })
     }
 
     /// Closes the device, freeing every buffer it holds.
@@ -95,33 +172,33 @@ impl Device {
         // Drop does the work; this method makes the end of a device's life visible in code.
     }
 
+    pub fn isolation(&self) -> DeviceIsolation {
+        match self.backend {
+            Backend::Local(_) => DeviceIsolation::InProcess,
+            Backend::Worker(_) => DeviceIsolation::Process,
+        }
+    }
+
     pub fn alloc(&mut self, bytes: u64) -> Result<BufferId, DeviceError> {
-        let mut id = 0;
-        // SAFETY: a live handle and a writable out pointer.
-        let code = unsafe { (self.functions().alloc)(self.handle.as_ptr(), bytes, &mut id) };
-        self.check("alloc", code)?;
-        Ok(BufferId(id))
+        match &mut self.backend {
+            Backend::Local(device) => device.alloc(bytes),
+            Backend::Worker(worker) => worker.get_mut().alloc(bytes).map(BufferId),
+        }
     }
 
     pub fn free(&mut self, buffer: BufferId) -> Result<(), DeviceError> {
-        // SAFETY: a live handle.
-        let code = unsafe { (self.functions().free)(self.handle.as_ptr(), buffer.0) };
-        self.check("free", code)
+        match &mut self.backend {
+            Backend::Local(device) => device.free(buffer),
+            Backend::Worker(worker) => worker.get_mut().free(buffer.0),
+        }
     }
 
     /// Copies `src` into `buffer` at byte `offset` (host to device).
     pub fn write(&mut self, buffer: BufferId, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
-        // SAFETY: `src` is readable for its length.
-        let code = unsafe {
-            (self.functions().write)(
-                self.handle.as_ptr(),
-                buffer.0,
-                offset,
-                src.as_ptr(),
-                src.len() as u64,
-            )
-        };
-        self.check("write", code)
+        match &mut self.backend {
+            Backend::Local(device) => device.write(buffer, offset, src),
+            Backend::Worker(worker) => worker.get_mut().write(buffer.0, offset, src),
+        }
     }
 
     /// Fills `dst` from `buffer` at byte `offset` (device to host).
@@ -131,17 +208,10 @@ impl Device {
         offset: u64,
         dst: &mut [u8],
     ) -> Result<(), DeviceError> {
-        // SAFETY: `dst` is writable for its length and not aliased.
-        let code = unsafe {
-            (self.functions().read)(
-                self.handle.as_ptr(),
-                buffer.0,
-                offset,
-                dst.as_mut_ptr(),
-                dst.len() as u64,
-            )
-        };
-        self.check("read", code)
+        match &mut self.backend {
+            Backend::Local(device) => device.read(buffer, offset, dst),
+            Backend::Worker(worker) => worker.get_mut().read(buffer.0, offset, dst),
+        }
     }
 
     /// The names of the device's callables; a name's position is its [`CallableIndex`].
@@ -166,115 +236,52 @@ impl Device {
             .map(String::as_str)
     }
 
+    /// Runs a callable. In a worker process the launch is queued, and a failure is reported
+    /// by the next call that waits for the device (`synchronize`, `read`, ...).
     pub fn launch(
         &mut self,
         callable: CallableIndex,
         args: &[TensorArg],
         params: &[i64],
     ) -> Result<(), DeviceError> {
-        let num_args = u32::try_from(args.len()).map_err(|_| DeviceError::TooMany {
-            what: "tensor arguments",
-            count: args.len(),
-        })?;
-        let num_params = u32::try_from(params.len()).map_err(|_| DeviceError::TooMany {
-            what: "params",
-            count: params.len(),
-        })?;
-        // SAFETY: `args` and `params` are readable for the counts passed.
-        let code = unsafe {
-            (self.functions().launch)(
-                self.handle.as_ptr(),
-                callable.0,
-                args.as_ptr(),
-                num_args,
-                params.as_ptr(),
-                num_params,
-            )
-        };
-        self.check("launch", code)
+        if u32::try_from(args.len()).is_err() {
+            return Err(DeviceError::TooMany {
+                what: "tensor arguments",
+                count: args.len(),
+            });
+        }
+        if u32::try_from(params.len()).is_err() {
+            return Err(DeviceError::TooMany {
+                what: "params",
+                count: params.len(),
+            });
+        }
+        match &mut self.backend {
+            Backend::Local(device) => device.launch(callable, args, params),
+            Backend::Worker(worker) => worker.get_mut().launch(callable.0, args, params),
+        }
     }
 
     /// Waits for launched work and returns the device time spent since the previous call.
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
-        let mut device_ns = 0;
-        // SAFETY: a live handle and a writable out pointer.
-        let code = unsafe { (self.functions().synchronize)(self.handle.as_ptr(), &mut device_ns) };
-        self.check("synchronize", code)?;
-        Ok(Duration::from_nanos(device_ns))
+        match &mut self.backend {
+            Backend::Local(device) => device.synchronize(),
+            Backend::Worker(worker) => worker.get_mut().synchronize(),
+        }
     }
 
     pub fn stats(&self) -> Result<DeviceStats, DeviceError> {
-        let mut stats = DeviceStats::default();
-        // SAFETY: a live handle and a writable out pointer.
-        let code = unsafe { (self.functions().stats)(self.handle.as_ptr(), &mut stats) };
-        self.check("stats", code)?;
-        Ok(stats)
+        match &self.backend {
+            Backend::Local(device) => device.stats(),
+            Backend::Worker(worker) => worker.borrow_mut().stats(),
+        }
     }
 
     /// Successful launches of one callable since open.
     pub fn callable_launches(&self, callable: CallableIndex) -> u64 {
-        // SAFETY: a live handle.
-        unsafe { (self.functions().callable_launches)(self.handle.as_ptr(), callable.0) }
-    }
-
-    fn functions(&self) -> &DeviceFunctions {
-        &self.library.functions
-    }
-
-    fn check(&self, operation: &'static str, code: i32) -> Result<(), DeviceError> {
-        if code == status::OK {
-            return Ok(());
+        match &self.backend {
+            Backend::Local(device) => device.callable_launches(callable),
+            Backend::Worker(worker) => worker.borrow_mut().callable_launches(callable.0),
         }
-        Err(DeviceError::Call {
-            operation,
-            status: code,
-            message: last_error_message(self.functions(), self.handle.as_ptr()),
-        })
     }
-
-    fn read_callable_names(&self) -> Result<Vec<String>, DeviceError> {
-        let functions = self.functions();
-        // SAFETY: a live handle.
-        let count = unsafe { (functions.callable_count)(self.handle.as_ptr()) };
-        (0..count)
-            .map(|index| {
-                // SAFETY: a live handle; the name stays valid while it is open, and is copied now.
-                let name = unsafe { (functions.callable_name)(self.handle.as_ptr(), index) };
-                if name.is_null() {
-                    return Err(DeviceError::ContractViolation {
-                        operation: "callable_name",
-                        message: format!("callable {index} of {count} has no name"),
-                    });
-                }
-                // SAFETY: non-null names are NUL-terminated.
-                let name = unsafe { CStr::from_ptr(name) };
-                Ok(name.to_string_lossy().into_owned())
-            })
-            .collect()
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        // SAFETY: the handle is live and closed exactly once, here.
-        unsafe { (self.functions().close)(self.handle.as_ptr()) };
-    }
-}
-
-/// Longer messages are cut; a broken device must not make the host allocate without bound.
-const MAX_ERROR_MESSAGE_BYTES: usize = 64 * 1024;
-
-/// The device's message for the last failure on `handle` (null: the last failed open).
-fn last_error_message(functions: &DeviceFunctions, handle: *mut DeviceHandle) -> String {
-    // SAFETY: a null buffer of length 0 only asks for the length.
-    let full_len = unsafe { (functions.last_error)(handle, ptr::null_mut(), 0) };
-    if full_len == 0 {
-        return "the device gave no message".to_string();
-    }
-    let mut buf = vec![0u8; full_len.min(MAX_ERROR_MESSAGE_BYTES) + 1];
-    // SAFETY: `buf` is writable for `buf.len()` bytes.
-    unsafe { (functions.last_error)(handle, buf.as_mut_ptr().cast(), buf.len()) };
-    let copied = buf.iter().position(|&byte| byte == 0).unwrap_or(buf.len());
-    buf.truncate(copied);
-    String::from_utf8_lossy(&buf).into_owned()
 }

@@ -2,14 +2,17 @@
 //!
 //! [`DeviceLibrary::load`] checks the ABI version, table size and every entry before any
 //! device function runs. A [`Device`] owns one handle; every failed call becomes a
-//! [`DeviceError`] carrying the device's own message. The ABI types themselves live in the
+//! [`DeviceError`] carrying the device's own message. A [`DeviceSource`] opens the device in
+//! this process or in a supervised [`worker`] process. The ABI types themselves live in the
 //! `plughost-device-abi` crate and are re-exported here.
 
 mod error;
 mod handle;
 mod library;
+mod local;
+pub mod worker;
 
 pub use error::DeviceError;
-pub use handle::{BufferId, CallableIndex, Device, tensor_arg};
+pub use handle::{BufferId, CallableIndex, Device, DeviceIsolation, DeviceSource, tensor_arg};
 pub use library::DeviceLibrary;
 pub use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg, status};

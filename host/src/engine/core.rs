@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use plughost_sdk::sampler::Sampled;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::kv::{KvCacheManager, PrefixCacheStats};
+use crate::device::{DeviceError, DeviceIsolation};
+use crate::kv::{ComputedPrefix, KvCacheManager, PrefixCacheStats};
 use crate::metrics::Metrics;
 use crate::plugins::{Generation, PluginRejection};
 use crate::profile::{Profiler, Track};
@@ -26,6 +27,7 @@ use crate::runtime::{Runtime, RuntimeError, StepSequence};
 use super::health::EngineHealth;
 use super::output::OutputProcessor;
 use super::queues::RequestTable;
+use super::recovery::DeviceRecovery;
 use super::request::{FinishReason, GenerationEvent, GenerationRequest, RequestId};
 use super::state::{Admitted, RequestState};
 
@@ -63,6 +65,10 @@ pub struct EngineCore {
     health: Arc<EngineHealth>,
     /// Constrained decoding's mask thread and per-step buffers.
     masks: StepMasks,
+    /// With the device in a worker process: how to start another when it is lost.
+    recovery: Option<DeviceRecovery>,
+    /// Set when the device is broken for good: the engine computes nothing more.
+    broken: bool,
 }
 
 impl EngineCore {
@@ -90,7 +96,14 @@ impl EngineCore {
             num_steps: 0,
             health,
             masks: Default::default(),
+            recovery: None,
+            broken: false,
         }
+    }
+
+    /// Restarts a lost device worker with `recovery` instead of failing the step.
+    pub fn recover_with(&mut self, recovery: DeviceRecovery) {
+        self.recovery = Some(recovery);
     }
 
     /// Records a span of every step from now on, written by [`EngineCore::close`].
@@ -166,6 +179,11 @@ impl EngineCore {
     /// fails twice fails the requests in it; the others go on.
     pub fn step(&mut self) {
         self.abort_abandoned();
+        if self.broken {
+            // The watchdog has failed every request and the server is on its way out.
+            std::thread::sleep(Duration::from_millis(50));
+            return;
+        }
         if self.requests.is_empty() {
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
@@ -229,14 +247,56 @@ impl EngineCore {
 
     /// Runs the step; a device failure is retried once by recomputing the same step, which
     /// rewrites the same KV entries, so a transient fault costs only the time of one step.
+    /// A lost device worker is replaced instead, and the step's requests recompute.
     fn execute_with_retry(&mut self, scheduled: &[(u64, u32)]) -> Result<Vec<u64>, RuntimeError> {
-        match self.execute(scheduled) {
-            Err(RuntimeError::Device(e)) => {
+        let executed = match self.execute(scheduled) {
+            Err(RuntimeError::Device(e)) if !e.is_worker_lost() => {
                 tracing::warn!("device step failed, recomputing it once: {e}");
                 self.metrics.device_step_retries.inc();
                 self.execute(scheduled)
             }
             other => other,
+        };
+        match executed {
+            Err(RuntimeError::Device(lost)) if lost.is_worker_lost() && self.recovery.is_some() => {
+                self.replace_device(lost);
+                Ok(Vec::new())
+            }
+            other => other,
+        }
+    }
+
+    /// The device worker is gone with every buffer on it, the KV cache included: a new worker
+    /// prepares the model, and every request computes its tokens again, prompt plus the
+    /// output it has streamed. Recompute is deterministic, so the streams go on unchanged.
+    fn replace_device(&mut self, lost: DeviceError) {
+        let Some(recovery) = self.recovery.as_mut() else {
+            return;
+        };
+        self.health.liveness.set_repreparing(true);
+        let restarted = recovery.restart(lost.to_string(), &self.metrics);
+        self.health.liveness.set_repreparing(false);
+        match restarted {
+            Ok(runtime) => {
+                // The old runtime's buffers died with its worker; dropping it frees nothing.
+                self.runtime = runtime;
+                self.kv = KvCacheManager::new(self.kv.config());
+                for id in self.requests.running().to_vec() {
+                    self.requests.preempt(id);
+                    self.metrics.preemptions.inc();
+                }
+                for id in self.requests.ids() {
+                    if let Some(state) = self.requests.get_mut(id) {
+                        state.take_prefix(ComputedPrefix::default());
+                    }
+                }
+                self.record_device_stats();
+            }
+            Err(fault) => {
+                tracing::error!("{fault}");
+                self.broken = true;
+                self.health.liveness.declare(fault);
+            }
         }
     }
 
@@ -263,9 +323,16 @@ impl EngineCore {
             });
         }
         let started = Instant::now();
-        self.health.liveness.device_step_started();
+        // A worker process's device is timed by the calls to it, which end when it hangs; an
+        // in-process device call cannot be ended, so the watchdog times it.
+        let watched = self.runtime.device().isolation() == DeviceIsolation::InProcess;
+        if watched {
+            self.health.liveness.device_step_started();
+        }
         let timing = self.runtime.execute(&batch, &mut self.logits);
-        self.health.liveness.device_step_finished();
+        if watched {
+            self.health.liveness.device_step_finished();
+        }
         let timing = timing?;
         // The runtime reports durations; lay them out in the order they happened.
         let dispatch_start = started + timing.prepare_inputs;

@@ -304,6 +304,11 @@ impl EngineHandle {
         Ok((id, receiver))
     }
 
+    /// Whether a new device worker is preparing the model after the last one was lost.
+    pub fn is_repreparing(&self) -> bool {
+        self.health.liveness.is_repreparing()
+    }
+
     /// Aborts what is running, closes the runtime and the device, and joins the engine thread.
     /// The watchdog keeps watching meanwhile: a device that hangs now is still found within
     /// the device timeout, and then the thread, stuck in the device for good, is left behind.

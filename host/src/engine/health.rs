@@ -51,6 +51,22 @@ pub enum EngineFault {
         "the device hung: a step's launch or synchronize ran past {seconds} s (--device-timeout)"
     )]
     DeviceHung { seconds: u64 },
+    #[error(
+        "the device is broken: its worker process was lost {restarts} times within {window_seconds} s \
+         (--device-restart-limit, --device-restart-window); the last time: {cause}"
+    )]
+    DeviceBroken {
+        restarts: u32,
+        window_seconds: u64,
+        cause: String,
+    },
+}
+
+impl EngineFault {
+    /// Whether clients should hear 503 (try another replica) rather than a server error.
+    fn is_unavailable(&self) -> bool {
+        matches!(self, EngineFault::DeviceBroken { .. })
+    }
 }
 
 /// How long the engine may take before the watchdog declares it failed.
@@ -73,6 +89,10 @@ pub struct Liveness {
     /// When the engine last made progress (µs since `epoch`, plus one).
     last_progress: AtomicU64,
     has_work: AtomicBool,
+    /// A new device worker is preparing the model: no step can finish, and that is no stall.
+    repreparing: AtomicBool,
+    /// A fault the engine thread found itself, for the watchdog to act on.
+    declared: Mutex<Option<EngineFault>>,
 }
 
 impl Default for Liveness {
@@ -82,6 +102,8 @@ impl Default for Liveness {
             device_step_started: AtomicU64::new(NEVER),
             last_progress: AtomicU64::new(1),
             has_work: AtomicBool::new(false),
+            repreparing: AtomicBool::new(false),
+            declared: Mutex::new(None),
         }
     }
 }
@@ -117,8 +139,28 @@ impl Liveness {
         self.has_work.store(has_work, Ordering::Release);
     }
 
+    /// A device worker starts preparing the model again (`true`), or is done (`false`).
+    pub fn set_repreparing(&self, repreparing: bool) {
+        self.repreparing.store(repreparing, Ordering::Release);
+        self.progressed();
+    }
+
+    pub fn is_repreparing(&self) -> bool {
+        self.repreparing.load(Ordering::Acquire)
+    }
+
+    /// The engine thread found a fault it cannot recover from; the watchdog acts on it.
+    pub fn declare(&self, fault: EngineFault) {
+        if let Ok(mut declared) = self.declared.lock() {
+            declared.get_or_insert(fault);
+        }
+    }
+
     /// The fault the stamps show under `timeouts`, if any.
     pub fn fault(&self, timeouts: &Timeouts) -> Option<EngineFault> {
+        if let Some(fault) = self.declared.lock().ok().and_then(|d| d.clone()) {
+            return Some(fault);
+        }
         let device_started = self.device_step_started.load(Ordering::Acquire);
         if device_started != NEVER && self.since(device_started) > timeouts.device {
             return Some(EngineFault::DeviceHung {
@@ -126,7 +168,10 @@ impl Liveness {
             });
         }
         let last_progress = self.last_progress.load(Ordering::Acquire);
-        if self.has_work.load(Ordering::Acquire) && self.since(last_progress) > timeouts.stall {
+        if self.has_work.load(Ordering::Acquire)
+            && !self.is_repreparing()
+            && self.since(last_progress) > timeouts.stall
+        {
             return Some(EngineFault::Stalled {
                 seconds: timeouts.stall.as_secs(),
             });
@@ -168,8 +213,9 @@ impl InFlight {
         }
     }
 
-    /// Sends every request in flight a failure carrying `message`, and forgets them.
-    pub fn fail_all(&self, message: &str) -> usize {
+    /// Sends every request in flight a failure carrying `message`, and forgets them;
+    /// `unavailable` failures tell the client to try another replica.
+    pub fn fail_all(&self, message: &str, unavailable: bool) -> usize {
         let senders = match self.senders.lock() {
             Ok(mut senders) => std::mem::take(&mut *senders),
             Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
@@ -180,8 +226,11 @@ impl InFlight {
                 request_id = request.request_id.as_deref(),
                 "request failed: {message}"
             );
-            let _ = request.events.send(GenerationEvent::Failed {
-                message: message.to_string(),
+            let message = message.to_string();
+            let _ = request.events.send(if unavailable {
+                GenerationEvent::Unavailable { message }
+            } else {
+                GenerationEvent::Failed { message }
             });
         }
         senders.len()
@@ -209,7 +258,9 @@ pub fn watch(
     while !stopping.load(Ordering::Acquire) {
         if let Some(fault) = health.liveness.fault(&timeouts) {
             tracing::error!("{fault}");
-            let failed = health.in_flight.fail_all(&fault.to_string());
+            let failed = health
+                .in_flight
+                .fail_all(&fault.to_string(), fault.is_unavailable());
             tracing::error!(requests = failed, "failed every request in flight");
             on_fault(fault);
             return;
@@ -271,7 +322,7 @@ mod tests {
         in_flight.insert(1, None, tx.clone());
         in_flight.insert(2, None, tx);
         in_flight.remove(2);
-        assert_eq!(in_flight.fail_all("gone"), 1);
+        assert_eq!(in_flight.fail_all("gone", false), 1);
         assert_eq!(
             rx.try_recv(),
             Ok(GenerationEvent::Failed {
@@ -279,6 +330,6 @@ mod tests {
             })
         );
         assert!(rx.try_recv().is_err());
-        assert_eq!(in_flight.fail_all("again"), 0);
+        assert_eq!(in_flight.fail_all("again", false), 0);
     }
 }

@@ -16,6 +16,7 @@ mod handle;
 mod health;
 mod output;
 mod queues;
+mod recovery;
 pub mod reload;
 mod request;
 mod start;
@@ -27,6 +28,7 @@ pub mod triggers;
 pub use fingerprint::ModelIdentity;
 pub use handle::{EngineError, EngineHandle, PinnedDeployment};
 pub use health::{EngineFault, HealthReport};
+pub use recovery::RestartBudget;
 pub use request::{
     FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
     Usage,

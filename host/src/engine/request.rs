@@ -110,6 +110,9 @@ pub enum GenerationEvent {
     Finished { reason: FinishReason, usage: Usage },
     /// The request failed inside the engine; the last event of the request.
     Failed { message: String },
+    /// The server can no longer serve (its device is broken) and is on its way out; the
+    /// last event of the request. Another replica can take it.
+    Unavailable { message: String },
     /// A plugin failed the request under its `on_failure = "reject"` policy; the last event
     /// of the request.
     Rejected(crate::plugins::PluginRejection),

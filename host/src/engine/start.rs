@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::device::{Device, DeviceError, DeviceLibrary};
+use crate::device::worker::WorkerCommand;
+use crate::device::{DeviceError, DeviceIsolation, DeviceSource};
 use crate::grammar::GrammarCompiler;
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
@@ -12,12 +13,13 @@ use crate::metrics::Metrics;
 use crate::model::{ChatTemplate, GenerationDefaults, ModelConfig, ModelError, Tokenizer};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Generation, GenerationError, NamedSamplers, PluginError, PluginSpec};
-use crate::runtime::{KvCacheDtype, LoadError, RuntimeConfig, load_described};
+use crate::runtime::{KvCacheDtype, LoadError, RuntimeConfig, load_with_recipe};
 
 use super::core::{EngineCore, EngineLimits};
 use super::fingerprint::ModelIdentity;
 use super::health::EngineHealth;
 use super::output::OutputProcessor;
+use super::recovery::{DeviceRecovery, RestartBudget};
 use super::reload::Deployments;
 
 /// Why the engine could not start: each layer's own error, as that layer reported it.
@@ -91,6 +93,12 @@ pub struct EngineOptions {
     pub engine_stall_timeout: Duration,
     /// A device step (launches and synchronize) running longer than this is a hung device.
     pub device_timeout: Duration,
+    /// Where the device library runs: in this process, or in a supervised worker process.
+    pub device_isolation: DeviceIsolation,
+    /// The worker restarts tolerated within a window before the device counts as broken.
+    pub device_restarts: RestartBudget,
+    /// The program that runs a device worker; by default this executable's `device-worker`.
+    pub device_worker: Option<WorkerCommand>,
 }
 
 impl Default for EngineOptions {
@@ -106,6 +114,9 @@ impl Default for EngineOptions {
             max_model_len: None,
             engine_stall_timeout: Duration::from_secs(60),
             device_timeout: Duration::from_secs(60),
+            device_isolation: DeviceIsolation::InProcess,
+            device_restarts: RestartBudget::default(),
+            device_worker: None,
         }
     }
 }
@@ -229,8 +240,13 @@ pub(super) fn build_core(
         num_kv_blocks,
         options.block_size,
     )?;
-    let library = DeviceLibrary::load(&setup.device_library)?;
-    let device = Device::open(&library, &setup.device_config)?;
+    let mut device_source =
+        DeviceSource::in_process(&setup.device_library, setup.device_config.clone());
+    if options.device_isolation == DeviceIsolation::Process {
+        device_source =
+            device_source.in_worker(options.device_worker.clone(), options.device_timeout);
+    }
+    let device = device_source.open(0)?;
     let runtime_config = RuntimeConfig {
         max_num_seqs: options.max_num_seqs,
         max_num_batched_tokens: options.max_num_batched_tokens,
@@ -248,7 +264,10 @@ pub(super) fn build_core(
             eos_token_ids.push(id);
         }
     }
-    let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)?;
+    let (runtime, recipe) =
+        load_with_recipe(device, &mut glue, info, &setup.model_dir, runtime_config)?;
+    let recovery = (options.device_isolation == DeviceIsolation::Process)
+        .then(|| DeviceRecovery::new(device_source, recipe, options.device_restarts));
     let hashing = Instant::now();
     deployments.set_identity(ModelIdentity::new(
         &setup.model_dir,
@@ -303,6 +322,9 @@ pub(super) fn build_core(
     };
     let output = OutputProcessor::new(tokenizer, eos_token_ids, max_model_len, metrics.clone());
     let mut core = EngineCore::new(runtime, kv, deployment, limits, output, metrics, health);
+    if let Some(recovery) = recovery {
+        core.recover_with(recovery);
+    }
     if setup.profile_output.is_some() {
         core.profile();
     }

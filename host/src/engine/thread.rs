@@ -61,7 +61,7 @@ fn guard_panics(
         .unwrap_or_else(|| "a panic without a message".into());
     let fault = health::EngineFault::Panicked(message);
     tracing::error!("{fault}");
-    health.in_flight.fail_all(&fault.to_string());
+    health.in_flight.fail_all(&fault.to_string(), false);
     set_load_state(load, LoadState::Faulted(fault.to_string()));
     false
 }

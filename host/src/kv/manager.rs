@@ -64,6 +64,10 @@ impl KvCacheManager {
         }
     }
 
+    pub fn config(&self) -> KvCacheConfig {
+        self.config
+    }
+
     pub fn block_size(&self) -> u32 {
         self.config.block_size
     }

@@ -1,13 +1,13 @@
 //! Putting a model folder on a device: the glue describes it, the checkpoint is checked, the program is prepared.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::device::{DType, Device};
 use crate::model::{self, Checkpoint, ModelError};
 use crate::plugins::PluginError;
 use crate::plugins::glue::GluePlugin;
 
-use super::program::ModelInfo;
+use super::program::{ModelInfo, StepProgram};
 use super::{Runtime, RuntimeConfig, RuntimeError, WeightSource, WeightView};
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +62,40 @@ pub fn load_model(
     }
 }
 
+/// What it takes to put a model on a device again without its glue: after a device worker
+/// was lost, a new one prepares the same program with the same weights.
+#[derive(Clone, Debug)]
+pub struct ModelRecipe {
+    info: ModelInfo,
+    program: StepProgram,
+    model_dir: PathBuf,
+    config: RuntimeConfig,
+}
+
+impl ModelRecipe {
+    /// Prepares the model on `device`, which is closed when that fails.
+    pub fn prepare(&self, device: Device) -> Result<Runtime, LoadError> {
+        let checkpoint = match Checkpoint::open(&self.model_dir) {
+            Ok(checkpoint) => checkpoint,
+            Err(e) => {
+                device.close();
+                return Err(e.into());
+            }
+        };
+        Runtime::prepare(
+            device,
+            self.info.clone(),
+            &self.program,
+            &checkpoint,
+            self.config,
+        )
+        .map_err(|(device, e)| {
+            device.close();
+            LoadError::Runtime(e)
+        })
+    }
+}
+
 /// [`load_model`] for a caller that already has the glue's description of the model (from
 /// the same `config.json`), so `describe` runs once per load.
 pub fn load_described(
@@ -71,6 +105,17 @@ pub fn load_described(
     model_dir: &Path,
     config: RuntimeConfig,
 ) -> Result<Runtime, LoadError> {
+    load_with_recipe(device, glue, info, model_dir, config).map(|(runtime, _)| runtime)
+}
+
+/// [`load_described`], also returning the recipe that prepares the same model again.
+pub fn load_with_recipe(
+    device: Device,
+    glue: &mut GluePlugin,
+    info: ModelInfo,
+    model_dir: &Path,
+    config: RuntimeConfig,
+) -> Result<(Runtime, ModelRecipe), LoadError> {
     let prepared = (|| {
         let checkpoint = Checkpoint::open(model_dir)?;
         let expected: Vec<(String, Vec<u64>)> = info
@@ -89,8 +134,17 @@ pub fn load_described(
             return Err(e);
         }
     };
-    Runtime::prepare(device, info, &program, &checkpoint, config).map_err(|(device, e)| {
-        device.close();
-        LoadError::Runtime(e)
-    })
+    let recipe = ModelRecipe {
+        info: info.clone(),
+        program,
+        model_dir: model_dir.to_path_buf(),
+        config,
+    };
+    let runtime = Runtime::prepare(device, info, &recipe.program, &checkpoint, config).map_err(
+        |(device, e)| {
+            device.close();
+            LoadError::Runtime(e)
+        },
+    )?;
+    Ok((runtime, recipe))
 }

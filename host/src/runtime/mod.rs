@@ -21,6 +21,6 @@ pub use deps::TaskGraph;
 pub use error::RuntimeError;
 pub use extents::Extents;
 pub use kv_dtype::KvCacheDtype;
-pub use load::{LoadError, load_described, load_model};
+pub use load::{LoadError, ModelRecipe, load_described, load_model, load_with_recipe};
 pub use prepared::{Runtime, RuntimeConfig, WeightSource, WeightView};
 pub use step::{StepSequence, StepTiming};

@@ -22,6 +22,11 @@ pub const ENTRY_SYMBOL: &str = "plughost_device_v1";
 /// The most dimensions a [`TensorArg`] can describe.
 pub const MAX_RANK: usize = 4;
 
+/// The environment variable a device library sees in a worker process: how many workers of
+/// the same server came before this one ("0" in the first). A device may use it; the mock
+/// device fires its one-shot faults only in the first worker.
+pub const WORKER_RESTARTS_ENV: &str = "PLUGHOST_DEVICE_WORKER_RESTARTS";
+
 /// Status codes returned by the entry points. Zero is success.
 pub mod status {
     pub const OK: i32 = 0;

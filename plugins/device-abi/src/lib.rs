@@ -21,5 +21,5 @@ pub mod validate;
 pub use abi::{
     ArgTag, DType, DeviceHandle, DeviceStats, ENTRY_SYMBOL, EntryFn, MAX_RANK,
     PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceHeader, PlughostDeviceV1, RankError, TensorArg,
-    status,
+    WORKER_RESTARTS_ENV, status,
 };

@@ -18,6 +18,11 @@ pub struct MockConfig {
     /// The launch (1-based, counted the same way) that sleeps for `hang` before running.
     pub hang_launch: Option<u64>,
     pub hang: Duration,
+    /// The launch (1-based, counted the same way) that aborts the process.
+    pub crash_launch: Option<u64>,
+    /// Whether the faults above fire in every device worker process rather than only in the
+    /// first one a server starts: repeated faults, to spend a restart budget.
+    pub faults_every_worker: bool,
     /// Bytes the device can hold at once; unlimited when absent.
     pub memory_bytes: Option<u64>,
 }
@@ -29,6 +34,8 @@ impl Default for MockConfig {
             fail_launch_count: 1,
             hang_launch: None,
             hang: DEFAULT_HANG,
+            crash_launch: None,
+            faults_every_worker: false,
             memory_bytes: None,
         }
     }
@@ -42,6 +49,8 @@ const SPEC: ConfigSpec = ConfigSpec {
         "fail_launch_count",
         "hang_launch",
         "hang_ms",
+        "crash_launch",
+        "faults_every_worker",
         "memory_bytes",
     ],
 };
@@ -60,6 +69,8 @@ impl MockConfig {
                 }
                 "hang_launch" => config.hang_launch = Some(launch_number(&option, number)?),
                 "hang_ms" => config.hang = Duration::from_millis(number),
+                "crash_launch" => config.crash_launch = Some(launch_number(&option, number)?),
+                "faults_every_worker" => config.faults_every_worker = number != 0,
                 "memory_bytes" => config.memory_bytes = Some(number),
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
@@ -107,6 +118,14 @@ mod tests {
                 },
             ),
             (
+                "crash_launch=4,faults_every_worker=1",
+                MockConfig {
+                    crash_launch: Some(4),
+                    faults_every_worker: true,
+                    ..MockConfig::default()
+                },
+            ),
+            (
                 "memory_bytes=4096",
                 MockConfig {
                     memory_bytes: Some(4096),
@@ -129,7 +148,8 @@ mod tests {
             (
                 "fail_lunch=2",
                 "unknown mock device option `fail_lunch` \
-                 (known: fail_launch, fail_launch_count, hang_launch, hang_ms, memory_bytes)",
+                 (known: fail_launch, fail_launch_count, hang_launch, hang_ms, crash_launch, \
+                 faults_every_worker, memory_bytes)",
             ),
             (
                 "hang_ms=soon",

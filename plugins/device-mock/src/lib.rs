@@ -4,9 +4,12 @@
 //! `fail_launch=N` makes the Nth launch fail with LAUNCH_FAILED (and, with `fail_launch_count=K`,
 //! the K launches from the Nth on: K=1 is a transient fault a retry gets past, K≥2 a persistent
 //! one); `hang_launch=N` makes it sleep `hang_ms` (default a day) before running;
+//! `crash_launch=N` aborts the process at the Nth launch (run it in a device worker);
 //! `memory_bytes=N` caps live allocations. Launches are counted from 1 across all callables,
 //! counting every launch that passed the argument checks (a refused launch never reaches the
-//! device), so each fault fires once in the life of a device.
+//! device), so each fault fires once in the life of a device. In a device worker process the
+//! faults fire only in a server's first worker, so a restarted worker recovers; with
+//! `faults_every_worker=1` they fire in every worker.
 
 pub mod config;
 pub mod kernels;
@@ -25,8 +28,13 @@ pub struct MockDevice {
 
 impl DeviceBackend for MockDevice {
     fn open(config: &str) -> Result<MockDevice, DeviceFailure> {
-        let config = MockConfig::parse(config)
+        let mut config = MockConfig::parse(config)
             .map_err(|error| DeviceFailure::invalid_argument(error.to_string()))?;
+        if !config.faults_every_worker && is_restarted_worker() {
+            config.fail_launch = None;
+            config.hang_launch = None;
+            config.crash_launch = None;
+        }
         Ok(MockDevice {
             config,
             launches_started: 0,
@@ -50,8 +58,20 @@ impl DeviceBackend for MockDevice {
         if self.config.hang_launch == Some(number) {
             thread::sleep(self.config.hang);
         }
+        if self.config.crash_launch == Some(number) {
+            eprintln!("mock device: injected crash at launch {number} (crash_launch={number})");
+            std::process::abort();
+        }
         kernels::run(launch)
     }
+}
+
+/// Whether this process is a device worker that replaced an earlier one of the same server.
+fn is_restarted_worker() -> bool {
+    std::env::var(plughost_device_abi::WORKER_RESTARTS_ENV)
+        .ok()
+        .and_then(|restarts| restarts.parse::<u64>().ok())
+        .is_some_and(|restarts| restarts > 0)
 }
 
 plughost_device_abi::export_device!(MockDevice);

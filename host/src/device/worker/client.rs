@@ -1,0 +1,454 @@
+//! The host's side of a device worker process: starting it, forwarding device calls over its socket and shared region, and turning its death or silence into [`DeviceError::WorkerLost`].
+
+use std::ffi::OsString;
+use std::io::{self, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use plughost_device_abi::{DeviceStats, TensorArg, status};
+
+use super::protocol::{
+    Op, REQUEST_HEADER_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_stats,
+    encode_tensor_arg,
+};
+use super::region::{REGION_BYTES, SharedRegion};
+use crate::device::error::DeviceError;
+
+pub use plughost_device_abi::WORKER_RESTARTS_ENV;
+
+/// The program that runs a device worker, and the arguments before `--socket` and `--region`.
+#[derive(Clone, Debug)]
+pub struct WorkerCommand {
+    program: PathBuf,
+    args: Vec<OsString>,
+}
+
+impl WorkerCommand {
+    pub fn new(
+        program: impl Into<PathBuf>,
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Self {
+        WorkerCommand {
+            program: program.into(),
+            args: args.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// This executable's `device-worker` subcommand: the `plughost` binary serves as its own worker.
+    pub fn this_executable() -> io::Result<WorkerCommand> {
+        Ok(WorkerCommand::new(
+            std::env::current_exe()?,
+            ["device-worker"],
+        ))
+    }
+}
+
+/// Launch messages wait here until a call that needs an answer sends them all at once.
+const BATCH_BYTES: usize = 1 << 20;
+
+/// How long a starting worker may take to connect and open its device.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A device library running in a child process.
+pub struct WorkerDevice {
+    child: Child,
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    region: SharedRegion,
+    /// Where the next write's bytes go in the region; back to 0 after every reply.
+    region_cursor: usize,
+    batch: Vec<u8>,
+    timeout: Duration,
+    /// Why the worker is gone, once it is: every later call fails with it at once.
+    lost: Option<String>,
+    last_launch: Option<u32>,
+    callable_names: Vec<String>,
+}
+
+impl WorkerDevice {
+    /// Starts a worker with `command`, has it open `library` with `config`, and returns it
+    /// with the device's callable names. `restarts` is how many workers came before it.
+    pub fn start(
+        command: &WorkerCommand,
+        library: &Path,
+        config: &str,
+        timeout: Duration,
+        restarts: u32,
+    ) -> Result<(WorkerDevice, Vec<String>), DeviceError> {
+        let start_error = |message: String| DeviceError::WorkerStart { message };
+        if !library.exists() {
+            return Err(DeviceError::LibraryNotFound {
+                path: library.to_path_buf(),
+            });
+        }
+        if config.contains('\0') {
+            return Err(DeviceError::ConfigHasNul {
+                position: config.find('\0').unwrap_or_default(),
+            });
+        }
+        let library = std::path::absolute(library).unwrap_or_else(|_| library.to_path_buf());
+        let region = SharedRegion::create()
+            .map_err(|e| start_error(format!("cannot create the shared region: {e}")))?;
+        let socket_dir = SocketDir::create()
+            .map_err(|e| start_error(format!("cannot create the socket directory: {e}")))?;
+        let socket_path = socket_dir.path.join("control.sock");
+        let listener = UnixListener::bind(&socket_path)
+            .map_err(|e| start_error(format!("cannot listen on {}: {e}", socket_path.display())))?;
+        let mut child = Command::new(&command.program)
+            .args(&command.args)
+            .arg("--socket")
+            .arg(&socket_path)
+            .arg("--region")
+            .arg(region.path_for_worker())
+            .env(WORKER_RESTARTS_ENV, restarts.to_string())
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| start_error(format!("cannot run {}: {e}", command.program.display())))?;
+        let stream = match accept_worker(&listener, &mut child) {
+            Ok(stream) => stream,
+            Err(message) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(start_error(message));
+            }
+        };
+        drop(socket_dir);
+        let reader = stream
+            .try_clone()
+            .map_err(|e| start_error(format!("cannot share the worker's socket: {e}")))?;
+        let mut worker = WorkerDevice {
+            child,
+            stream,
+            reader: BufReader::with_capacity(1 << 16, reader),
+            region,
+            region_cursor: 0,
+            batch: Vec::with_capacity(BATCH_BYTES),
+            timeout: timeout.max(START_TIMEOUT),
+            lost: None,
+            last_launch: None,
+            callable_names: Vec::new(),
+        };
+        worker
+            .set_timeouts()
+            .map_err(|e| start_error(format!("cannot set the worker's timeouts: {e}")))?;
+        let mut payload = library.as_os_str().as_encoded_bytes().to_vec();
+        payload.push(0);
+        payload.extend_from_slice(config.as_bytes());
+        let mut header = RequestHeader::new(Op::Open);
+        header.payload_len = payload.len() as u64;
+        let mut names = Vec::new();
+        worker.request(header, &payload, Some(&mut names))?;
+        worker.timeout = timeout;
+        worker
+            .set_timeouts()
+            .map_err(|e| start_error(format!("cannot set the worker's timeouts: {e}")))?;
+        let names: Vec<String> = if names.is_empty() {
+            Vec::new()
+        } else {
+            String::from_utf8_lossy(&names)
+                .split('\0')
+                .map(str::to_string)
+                .collect()
+        };
+        worker.callable_names = names.clone();
+        Ok((worker, names))
+    }
+
+    pub fn alloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
+        let mut header = RequestHeader::new(Op::Alloc);
+        header.a = bytes;
+        self.request(header, &[], None)
+    }
+
+    pub fn free(&mut self, buffer: u64) -> Result<(), DeviceError> {
+        let mut header = RequestHeader::new(Op::Free);
+        header.a = buffer;
+        self.request(header, &[], None).map(drop)
+    }
+
+    /// Copies `src` through the region, in pieces of the region's size; a write waits for
+    /// an answer only when the region is full.
+    pub fn write(&mut self, buffer: u64, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
+        self.check_lost()?;
+        for (i, piece) in src.chunks(REGION_BYTES).enumerate() {
+            if self.region_cursor + piece.len() > REGION_BYTES {
+                self.request(RequestHeader::new(Op::Barrier), &[], None)?;
+            }
+            let at = self.region_cursor;
+            self.region.bytes_mut()[at..at + piece.len()].copy_from_slice(piece);
+            self.region_cursor += piece.len();
+            let mut header = RequestHeader::new(Op::Write);
+            header.a = buffer;
+            header.b = offset + (i * REGION_BYTES) as u64;
+            header.c = piece.len() as u64;
+            header.d = at as u64;
+            self.queue(header, &[])?;
+        }
+        Ok(())
+    }
+
+    pub fn read(&mut self, buffer: u64, offset: u64, dst: &mut [u8]) -> Result<(), DeviceError> {
+        for (i, piece) in dst.chunks_mut(REGION_BYTES).enumerate() {
+            let mut header = RequestHeader::new(Op::Read);
+            header.a = buffer;
+            header.b = offset + (i * REGION_BYTES) as u64;
+            header.c = piece.len() as u64;
+            self.request(header, &[], None)?;
+            piece.copy_from_slice(&self.region.bytes()[..piece.len()]);
+        }
+        Ok(())
+    }
+
+    /// Queues the launch; its failure is reported by the next call that waits for an answer.
+    pub fn launch(
+        &mut self,
+        callable: u32,
+        args: &[TensorArg],
+        params: &[i64],
+    ) -> Result<(), DeviceError> {
+        self.check_lost()?;
+        let mut header = RequestHeader::new(Op::Launch);
+        header.a = callable as u64;
+        header.count = args.len() as u32;
+        header.b = params.len() as u64;
+        header.payload_len = (args.len() * TENSOR_ARG_BYTES + params.len() * 8) as u64;
+        self.last_launch = Some(callable);
+        if self.batch.len() + REQUEST_HEADER_BYTES + header.payload_len as usize > BATCH_BYTES {
+            self.flush()?;
+        }
+        header.encode(&mut self.batch);
+        for arg in args {
+            encode_tensor_arg(arg, &mut self.batch);
+        }
+        for param in params {
+            self.batch.extend_from_slice(&param.to_le_bytes());
+        }
+        Ok(())
+    }
+
+    pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
+        self.request(RequestHeader::new(Op::Synchronize), &[], None)
+            .map(Duration::from_nanos)
+    }
+
+    pub fn stats(&mut self) -> Result<DeviceStats, DeviceError> {
+        let mut payload = Vec::new();
+        self.request(RequestHeader::new(Op::Stats), &[], Some(&mut payload))?;
+        decode_stats(&payload).ok_or_else(|| DeviceError::ContractViolation {
+            operation: "stats",
+            message: "the worker's stats were cut short".into(),
+        })
+    }
+
+    pub fn callable_launches(&mut self, callable: u32) -> u64 {
+        let mut header = RequestHeader::new(Op::CallableLaunches);
+        header.a = callable as u64;
+        self.request(header, &[], None).unwrap_or(0)
+    }
+
+    fn check_lost(&self) -> Result<(), DeviceError> {
+        match &self.lost {
+            Some(cause) => Err(DeviceError::WorkerLost {
+                cause: cause.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn queue(&mut self, header: RequestHeader, payload: &[u8]) -> Result<(), DeviceError> {
+        if self.batch.len() + REQUEST_HEADER_BYTES + payload.len() > BATCH_BYTES {
+            self.flush()?;
+        }
+        header.encode(&mut self.batch);
+        self.batch.extend_from_slice(payload);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), DeviceError> {
+        self.check_lost()?;
+        let sent = self.stream.write_all(&self.batch);
+        self.batch.clear();
+        sent.map_err(|e| self.lose(Op::Launch, e))
+    }
+
+    /// Sends `header` (after every queued request) and waits for its reply; the reply's
+    /// payload goes to `payload` when given. Returns the reply's value.
+    fn request(
+        &mut self,
+        header: RequestHeader,
+        payload: &[u8],
+        reply_payload: Option<&mut Vec<u8>>,
+    ) -> Result<u64, DeviceError> {
+        self.check_lost()?;
+        self.queue(header, payload)?;
+        self.flush()?;
+        self.region_cursor = 0;
+        let reply = ReplyHeader::read(&mut self.reader).map_err(|e| self.lose(header.op, e))?;
+        let mut body = Vec::new();
+        (&mut self.reader)
+            .take(reply.payload_len)
+            .read_to_end(&mut body)
+            .map_err(|e| self.lose(header.op, e))?;
+        if reply.status != status::OK {
+            return Err(DeviceError::Call {
+                operation: reply.op.name(),
+                status: reply.status,
+                message: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        if let Some(out) = reply_payload {
+            *out = body;
+        }
+        Ok(reply.value)
+    }
+
+    /// The worker stopped answering during `op`: ends it for good and says why.
+    fn lose(&mut self, op: Op, error: io::Error) -> DeviceError {
+        let timed_out = matches!(
+            error.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        );
+        let last = self
+            .last_launch
+            .and_then(|i| self.callable_names.get(i as usize))
+            .map_or_else(|| "none".to_string(), |name| format!("`{name}`"));
+        let cause = if timed_out {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            format!(
+                "the device worker missed the {} s device timeout in {} (last launch: {last}); it was killed",
+                self.timeout.as_secs_f64(),
+                op.name()
+            )
+        } else {
+            let status = wait_briefly(&mut self.child);
+            format!(
+                "the device worker {} during {} (last launch: {last})",
+                describe_exit(status),
+                op.name()
+            )
+        };
+        tracing::error!(pid = self.child.id(), "{cause}");
+        self.lost = Some(cause.clone());
+        DeviceError::WorkerLost { cause }
+    }
+
+    fn set_timeouts(&self) -> io::Result<()> {
+        self.stream.set_read_timeout(Some(self.timeout))?;
+        self.stream.set_write_timeout(Some(self.timeout))
+    }
+}
+
+impl Drop for WorkerDevice {
+    fn drop(&mut self) {
+        if self.lost.is_none() {
+            self.batch.clear();
+            let mut close = Vec::new();
+            RequestHeader::new(Op::Close).encode(&mut close);
+            let _ = self.stream.write_all(&close);
+            if wait_briefly(&mut self.child).is_some() {
+                return;
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for the worker to connect, giving up when it exits first or takes too long.
+fn accept_worker(listener: &UnixListener, child: &mut Child) -> Result<UnixStream, String> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| format!("cannot wait for the worker: {e}"))?;
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(|e| format!("cannot use the worker's connection: {e}"))?;
+                return Ok(stream);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(format!("cannot accept the worker's connection: {e}")),
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the device worker {} before it connected",
+                describe_exit(Some(status))
+            ));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the device worker did not connect within {} s",
+                START_TIMEOUT.as_secs()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The worker's exit status, if it ends within a moment; a socket closes as its process dies.
+fn wait_briefly(child: &mut Child) -> Option<ExitStatus> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => return None,
+        }
+    }
+}
+
+fn describe_exit(status: Option<ExitStatus>) -> String {
+    let Some(status) = status else {
+        return "closed its connection".to_string();
+    };
+    if let Some(signal) = status.signal() {
+        let name = match signal {
+            4 => " (SIGILL)",
+            6 => " (SIGABRT)",
+            7 => " (SIGBUS)",
+            8 => " (SIGFPE)",
+            9 => " (SIGKILL)",
+            11 => " (SIGSEGV)",
+            15 => " (SIGTERM)",
+            _ => "",
+        };
+        return format!("was killed by signal {signal}{name}");
+    }
+    match status.code() {
+        Some(code) => format!("exited with code {code}"),
+        None => "exited".to_string(),
+    }
+}
+
+/// A private directory for the control socket, removed once the worker has connected.
+struct SocketDir {
+    path: PathBuf,
+}
+
+impl SocketDir {
+    fn create() -> io::Result<SocketDir> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "plughost-device-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&path)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+        Ok(SocketDir { path })
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}

@@ -1,0 +1,357 @@
+//! The device worker's wire protocol: fixed-size request and reply headers on the control socket, with bulk data in the shared region.
+//!
+//! A request is a [`RequestHeader`] followed by `payload_len` bytes (a launch's arguments, an
+//! open's library path and config). Launches and writes get no reply: the worker runs them in
+//! order and keeps the first failure, which the next request that has a reply reports, so a
+//! step's hundreds of launches cost one socket write. Every other request gets a
+//! [`ReplyHeader`] followed by `payload_len` bytes (callable names, stats, an error message).
+//! All integers are little-endian.
+
+use std::io::{self, Read, Write};
+
+use plughost_device_abi::{DeviceStats, MAX_RANK, TensorArg};
+
+/// What a request asks the worker to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Payload: the library path, a NUL, the device config. Reply: the callable names.
+    Open,
+    /// `a`: bytes. Reply `value`: the buffer id.
+    Alloc,
+    /// `a`: the buffer id.
+    Free,
+    /// Copy `c` bytes from the shared region at `d` into buffer `a` at offset `b`. No reply.
+    Write,
+    /// Copy `c` bytes of buffer `a` at offset `b` into the shared region at 0.
+    Read,
+    /// Callable `a` with `count` tensor arguments and `b` params in the payload. No reply.
+    Launch,
+    /// Reply `value`: device nanoseconds since the previous synchronize.
+    Synchronize,
+    /// Reply payload: the counters of [`DeviceStats`].
+    Stats,
+    /// `a`: the callable. Reply `value`: its successful launches.
+    CallableLaunches,
+    /// Nothing to do: reports the failure of an earlier launch or write, if any.
+    Barrier,
+    /// Close the device and exit. No reply.
+    Close,
+}
+
+impl Op {
+    const ALL: [Op; 11] = [
+        Op::Open,
+        Op::Alloc,
+        Op::Free,
+        Op::Write,
+        Op::Read,
+        Op::Launch,
+        Op::Synchronize,
+        Op::Stats,
+        Op::CallableLaunches,
+        Op::Barrier,
+        Op::Close,
+    ];
+
+    fn code(self) -> u32 {
+        Op::ALL.iter().position(|&op| op == self).unwrap_or(0) as u32 + 1
+    }
+
+    fn from_code(code: u32) -> Option<Op> {
+        Op::ALL.get((code as usize).checked_sub(1)?).copied()
+    }
+
+    /// The device operation's name, as a [`DeviceError`](crate::device::DeviceError) names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Open => "open",
+            Op::Alloc => "alloc",
+            Op::Free => "free",
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Launch => "launch",
+            Op::Synchronize => "synchronize",
+            Op::Stats => "stats",
+            Op::CallableLaunches => "callable_launches",
+            Op::Barrier => "barrier",
+            Op::Close => "close",
+        }
+    }
+}
+
+/// A request's fixed part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub op: Op,
+    pub count: u32,
+    pub a: u64,
+    pub b: u64,
+    pub c: u64,
+    pub d: u64,
+    pub payload_len: u64,
+}
+
+pub const REQUEST_HEADER_BYTES: usize = 48;
+
+impl RequestHeader {
+    pub fn new(op: Op) -> RequestHeader {
+        RequestHeader {
+            op,
+            count: 0,
+            a: 0,
+            b: 0,
+            c: 0,
+            d: 0,
+            payload_len: 0,
+        }
+    }
+
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.op.code().to_le_bytes());
+        out.extend_from_slice(&self.count.to_le_bytes());
+        for word in [self.a, self.b, self.c, self.d, self.payload_len] {
+            out.extend_from_slice(&word.to_le_bytes());
+        }
+    }
+
+    pub fn read(reader: &mut impl Read) -> io::Result<RequestHeader> {
+        let mut bytes = [0u8; REQUEST_HEADER_BYTES];
+        reader.read_exact(&mut bytes)?;
+        let mut fields = Fields(&bytes);
+        let code = fields.u32();
+        let op = Op::from_code(code).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown device worker request {code}"),
+            )
+        })?;
+        Ok(RequestHeader {
+            op,
+            count: fields.u32(),
+            a: fields.u64(),
+            b: fields.u64(),
+            c: fields.u64(),
+            d: fields.u64(),
+            payload_len: fields.u64(),
+        })
+    }
+}
+
+/// A reply's fixed part: the status of the request (or of the earlier launch or write that
+/// failed, named by `op`), a value, and the length of the payload that follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyHeader {
+    pub status: i32,
+    pub op: Op,
+    pub value: u64,
+    pub payload_len: u64,
+}
+
+pub const REPLY_HEADER_BYTES: usize = 24;
+
+impl ReplyHeader {
+    pub fn write(&self, writer: &mut impl Write, payload: &[u8]) -> io::Result<()> {
+        let mut bytes = Vec::with_capacity(REPLY_HEADER_BYTES + payload.len());
+        bytes.extend_from_slice(&self.status.to_le_bytes());
+        bytes.extend_from_slice(&self.op.code().to_le_bytes());
+        bytes.extend_from_slice(&self.value.to_le_bytes());
+        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(payload);
+        writer.write_all(&bytes)?;
+        writer.flush()
+    }
+
+    pub fn read(reader: &mut impl Read) -> io::Result<ReplyHeader> {
+        let mut bytes = [0u8; REPLY_HEADER_BYTES];
+        reader.read_exact(&mut bytes)?;
+        let mut fields = Fields(&bytes);
+        let status = fields.u32() as i32;
+        let code = fields.u32();
+        let op = Op::from_code(code).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("unknown device worker reply {code}"),
+            )
+        })?;
+        Ok(ReplyHeader {
+            status,
+            op,
+            value: fields.u64(),
+            payload_len: fields.u64(),
+        })
+    }
+}
+
+/// Bytes of one tensor argument on the wire.
+pub const TENSOR_ARG_BYTES: usize = 8 + 8 + 4 + 4 + 8 * MAX_RANK + 4;
+
+pub fn encode_tensor_arg(arg: &TensorArg, out: &mut Vec<u8>) {
+    out.extend_from_slice(&arg.buffer.to_le_bytes());
+    out.extend_from_slice(&arg.offset.to_le_bytes());
+    out.extend_from_slice(&arg.dtype.to_le_bytes());
+    out.extend_from_slice(&arg.ndim.to_le_bytes());
+    for dim in arg.shape {
+        out.extend_from_slice(&dim.to_le_bytes());
+    }
+    out.extend_from_slice(&arg.tag.to_le_bytes());
+}
+
+/// The tensor argument at the start of `bytes`, which holds at least [`TENSOR_ARG_BYTES`].
+pub fn decode_tensor_arg(bytes: &[u8]) -> TensorArg {
+    let mut fields = Fields(bytes);
+    let buffer = fields.u64();
+    let offset = fields.u64();
+    let dtype = fields.u32();
+    let ndim = fields.u32();
+    let mut shape = [0u64; MAX_RANK];
+    for dim in &mut shape {
+        *dim = fields.u64();
+    }
+    TensorArg {
+        buffer,
+        offset,
+        dtype,
+        ndim,
+        shape,
+        tag: fields.u32(),
+    }
+}
+
+pub fn encode_stats(stats: &DeviceStats) -> Vec<u8> {
+    stats_fields(stats)
+        .iter()
+        .flat_map(|value| value.to_le_bytes())
+        .collect()
+}
+
+pub fn decode_stats(bytes: &[u8]) -> Option<DeviceStats> {
+    if bytes.len() < 9 * 8 {
+        return None;
+    }
+    let mut fields = Fields(bytes);
+    Some(DeviceStats {
+        allocations: fields.u64(),
+        frees: fields.u64(),
+        live_allocations: fields.u64(),
+        live_bytes: fields.u64(),
+        h2d_bytes: fields.u64(),
+        h2d_calls: fields.u64(),
+        d2h_bytes: fields.u64(),
+        d2h_calls: fields.u64(),
+        launches: fields.u64(),
+    })
+}
+
+fn stats_fields(stats: &DeviceStats) -> [u64; 9] {
+    [
+        stats.allocations,
+        stats.frees,
+        stats.live_allocations,
+        stats.live_bytes,
+        stats.h2d_bytes,
+        stats.h2d_calls,
+        stats.d2h_bytes,
+        stats.d2h_calls,
+        stats.launches,
+    ]
+}
+
+/// Reads little-endian integers from the front of a slice whose length the caller checked.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0u8; N];
+        let n = N.min(self.0.len());
+        out[..n].copy_from_slice(&self.0[..n]);
+        self.0 = &self.0[n..];
+        out
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take())
+    }
+
+    fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use plughost_device_abi::{ArgTag, DType};
+
+    use super::*;
+
+    #[test]
+    fn headers_and_arguments_survive_the_wire() {
+        let header = RequestHeader {
+            op: Op::Launch,
+            count: 3,
+            a: 7,
+            b: u64::MAX,
+            c: 1 << 40,
+            d: 5,
+            payload_len: 99,
+        };
+        let mut bytes = Vec::new();
+        header.encode(&mut bytes);
+        assert_eq!(bytes.len(), REQUEST_HEADER_BYTES);
+        assert_eq!(RequestHeader::read(&mut bytes.as_slice()).unwrap(), header);
+
+        let arg = TensorArg::new(11, 64, DType::BF16, &[2, 3, 4], ArgTag::Inout).unwrap();
+        let mut bytes = Vec::new();
+        encode_tensor_arg(&arg, &mut bytes);
+        assert_eq!(bytes.len(), TENSOR_ARG_BYTES);
+        let back = decode_tensor_arg(&bytes);
+        assert_eq!(
+            (
+                back.buffer,
+                back.offset,
+                back.dtype,
+                back.ndim,
+                back.shape,
+                back.tag
+            ),
+            (
+                arg.buffer, arg.offset, arg.dtype, arg.ndim, arg.shape, arg.tag
+            )
+        );
+
+        let reply = ReplyHeader {
+            status: -4,
+            op: Op::Launch,
+            value: 12,
+            payload_len: 2,
+        };
+        let mut bytes = Vec::new();
+        reply.write(&mut bytes, b"no").unwrap();
+        assert_eq!(ReplyHeader::read(&mut bytes.as_slice()).unwrap(), reply);
+        assert_eq!(&bytes[REPLY_HEADER_BYTES..], b"no");
+    }
+
+    #[test]
+    fn an_unknown_request_is_an_error_not_a_guess() {
+        let mut bytes = vec![0u8; REQUEST_HEADER_BYTES];
+        bytes[0] = 200;
+        let error = RequestHeader::read(&mut bytes.as_slice()).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn stats_round_trip() {
+        let stats = DeviceStats {
+            allocations: 1,
+            frees: 2,
+            live_allocations: 3,
+            live_bytes: 4,
+            h2d_bytes: 5,
+            h2d_calls: 6,
+            d2h_bytes: 7,
+            d2h_calls: 8,
+            launches: 9,
+        };
+        let back = decode_stats(&encode_stats(&stats)).unwrap();
+        assert_eq!(stats_fields(&back), stats_fields(&stats));
+    }
+}

@@ -1,0 +1,272 @@
+//! The device worker process's side: it opens the device library the host names and runs the host's requests on it, in order, until the host closes it or goes away.
+
+use std::io::{self, BufReader, BufWriter, Read};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use plughost_device_abi::{TensorArg, status};
+
+use super::protocol::{
+    Op, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_tensor_arg, encode_stats,
+};
+use super::region::{REGION_BYTES, SharedRegion};
+use crate::device::error::DeviceError;
+use crate::device::handle::{BufferId, CallableIndex};
+use crate::device::library::DeviceLibrary;
+use crate::device::local::LocalDevice;
+
+/// Why the worker stopped before the host closed it.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("cannot reach the host at {}: {source}", socket.display())]
+    Connect {
+        socket: std::path::PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot map the shared region: {0}")]
+    Region(io::Error),
+    #[error("the host's connection failed: {0}")]
+    Connection(#[from] io::Error),
+    #[error("the host's first request was {0:?}, not open")]
+    NotOpenedFirst(&'static str),
+}
+
+/// Serves the host at `socket` until it sends close or disconnects. A device fault that kills
+/// this process (a crash, an abort) is what the host's supervisor is there for.
+pub fn run_worker(socket: &Path, region: &Path) -> Result<(), WorkerError> {
+    // A worker that outlives its host would hold the device; the kernel ends it with the host.
+    if let Err(e) =
+        rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+    {
+        eprintln!("device worker: cannot tie its life to the host's: {e}");
+    }
+    let stream = UnixStream::connect(socket).map_err(|source| WorkerError::Connect {
+        socket: socket.to_path_buf(),
+        source,
+    })?;
+    let region = SharedRegion::open(region).map_err(WorkerError::Region)?;
+    let mut session = Session {
+        reader: BufReader::with_capacity(1 << 20, stream.try_clone()?),
+        writer: BufWriter::new(stream),
+        region,
+        device: None,
+        pending: None,
+        payload: Vec::new(),
+        args: Vec::new(),
+        params: Vec::new(),
+    };
+    session.serve()
+}
+
+/// The first failure of a request without a reply, reported by the next one that has one.
+struct Pending {
+    op: Op,
+    status: i32,
+    message: String,
+}
+
+struct Session {
+    reader: BufReader<UnixStream>,
+    writer: BufWriter<UnixStream>,
+    region: SharedRegion,
+    device: Option<LocalDevice>,
+    pending: Option<Pending>,
+    /// Reused from request to request, so a launch allocates nothing once warm.
+    payload: Vec<u8>,
+    args: Vec<TensorArg>,
+    params: Vec<i64>,
+}
+
+impl Session {
+    fn serve(&mut self) -> Result<(), WorkerError> {
+        loop {
+            let header = match RequestHeader::read(&mut self.reader) {
+                Ok(header) => header,
+                // The host closed the connection: it is gone or done with us.
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            self.payload.clear();
+            (&mut self.reader)
+                .take(header.payload_len)
+                .read_to_end(&mut self.payload)?;
+            if self.device.is_none() && header.op != Op::Open {
+                return Err(WorkerError::NotOpenedFirst(header.op.name()));
+            }
+            match header.op {
+                Op::Close => return Ok(()),
+                Op::Open => self.open()?,
+                Op::Launch | Op::Write => self.run_without_reply(&header),
+                _ => self.run_with_reply(&header)?,
+            }
+        }
+    }
+
+    fn open(&mut self) -> Result<(), WorkerError> {
+        let split = self
+            .payload
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.payload.len());
+        let library = String::from_utf8_lossy(&self.payload[..split]).into_owned();
+        let config =
+            String::from_utf8_lossy(self.payload.get(split + 1..).unwrap_or_default()).into_owned();
+        let opened =
+            DeviceLibrary::load(&library).and_then(|library| LocalDevice::open(&library, &config));
+        match opened {
+            Ok(mut device) => {
+                let names = device.take_callable_names().join("\0");
+                self.device = Some(device);
+                self.reply(status::OK, Op::Open, 0, names.as_bytes())
+            }
+            // The host shows the message as the in-process open would have.
+            Err(e) => self.reply(error_status(&e), Op::Open, 0, e.to_string().as_bytes()),
+        }
+    }
+
+    /// Runs a launch or a write unless an earlier one failed since the last reply.
+    fn run_without_reply(&mut self, header: &RequestHeader) {
+        if self.pending.is_some() {
+            return;
+        }
+        let Some(device) = self.device.as_mut() else {
+            return;
+        };
+        let result = match header.op {
+            Op::Write => match region_range(header.d, header.c) {
+                Some(range) => device.write(
+                    BufferId::from_raw(header.a),
+                    header.b,
+                    &self.region.bytes()[range],
+                ),
+                None => Err(out_of_region(header)),
+            },
+            _ => {
+                decode_launch(header, &self.payload, &mut self.args, &mut self.params);
+                device.launch(
+                    CallableIndex::from_raw(header.a as u32),
+                    &self.args,
+                    &self.params,
+                )
+            }
+        };
+        if let Err(e) = result {
+            self.pending = Some(Pending {
+                op: header.op,
+                status: error_status(&e),
+                message: error_message(e),
+            });
+        }
+    }
+
+    fn run_with_reply(&mut self, header: &RequestHeader) -> Result<(), WorkerError> {
+        if let Some(pending) = self.pending.take() {
+            return self.reply(pending.status, pending.op, 0, pending.message.as_bytes());
+        }
+        let Some(device) = self.device.as_mut() else {
+            return Err(WorkerError::NotOpenedFirst(header.op.name()));
+        };
+        let mut payload = Vec::new();
+        let result = match header.op {
+            Op::Alloc => device.alloc(header.a).map(BufferId::raw),
+            Op::Free => device.free(BufferId::from_raw(header.a)).map(|()| 0),
+            Op::Read => match region_range(0, header.c) {
+                Some(range) => device
+                    .read(
+                        BufferId::from_raw(header.a),
+                        header.b,
+                        &mut self.region.bytes_mut()[range],
+                    )
+                    .map(|()| 0),
+                None => Err(out_of_region(header)),
+            },
+            Op::Synchronize => device.synchronize().map(|t| t.as_nanos() as u64),
+            Op::Stats => device.stats().map(|stats| {
+                payload = encode_stats(&stats);
+                0
+            }),
+            Op::CallableLaunches => {
+                Ok(device.callable_launches(CallableIndex::from_raw(header.a as u32)))
+            }
+            _ => Ok(0),
+        };
+        match result {
+            Ok(value) => self.reply(status::OK, header.op, value, &payload),
+            Err(e) => {
+                let status = error_status(&e);
+                self.reply(status, header.op, 0, error_message(e).as_bytes())
+            }
+        }
+    }
+
+    fn reply(
+        &mut self,
+        status: i32,
+        op: Op,
+        value: u64,
+        payload: &[u8],
+    ) -> Result<(), WorkerError> {
+        let header = ReplyHeader {
+            status,
+            op,
+            value,
+            payload_len: payload.len() as u64,
+        };
+        header.write(&mut self.writer, payload)?;
+        Ok(())
+    }
+}
+
+fn decode_launch(
+    header: &RequestHeader,
+    payload: &[u8],
+    args: &mut Vec<TensorArg>,
+    params: &mut Vec<i64>,
+) {
+    args.clear();
+    params.clear();
+    let args_bytes = (header.count as usize).saturating_mul(TENSOR_ARG_BYTES);
+    let (arg_bytes, param_bytes) = payload.split_at(args_bytes.min(payload.len()));
+    args.extend(
+        arg_bytes
+            .chunks_exact(TENSOR_ARG_BYTES)
+            .map(decode_tensor_arg),
+    );
+    params.extend(
+        param_bytes
+            .chunks_exact(8)
+            .take(header.b as usize)
+            .map(|chunk| i64::from_le_bytes(chunk.try_into().unwrap_or_default())),
+    );
+}
+
+fn region_range(start: u64, len: u64) -> Option<std::ops::Range<usize>> {
+    let start = usize::try_from(start).ok()?;
+    let end = start.checked_add(usize::try_from(len).ok()?)?;
+    (end <= REGION_BYTES).then_some(start..end)
+}
+
+fn out_of_region(header: &RequestHeader) -> DeviceError {
+    DeviceError::ContractViolation {
+        operation: header.op.name(),
+        message: format!(
+            "{} bytes at {} do not fit the {REGION_BYTES}-byte shared region",
+            header.c, header.d
+        ),
+    }
+}
+
+fn error_status(error: &DeviceError) -> i32 {
+    match error {
+        DeviceError::Call { status, .. } => *status,
+        _ => status::INTERNAL,
+    }
+}
+
+/// The device's own message for a failed call, or the whole error for anything else.
+fn error_message(error: DeviceError) -> String {
+    match error {
+        DeviceError::Call { message, .. } => message,
+        other => other.to_string(),
+    }
+}
