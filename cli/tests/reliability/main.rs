@@ -6,6 +6,7 @@
 mod serve_support;
 
 mod reliability_connections;
+mod reliability_device_worker;
 mod reliability_engine;
 mod reliability_http;
 mod reliability_malformed_requests;

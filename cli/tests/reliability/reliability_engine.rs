@@ -18,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 /// Far beyond the second or so the tiny fixture takes to load and serve in a debug build.
-const DEADLINE: Duration = Duration::from_secs(120);
-const MODEL: &str = "tiny-qwen3";
+pub(super) const DEADLINE: Duration = Duration::from_secs(120);
+pub(super) const MODEL: &str = "tiny-qwen3";
 const MOCK: &str = "libplughost_device_mock.so";
 /// A launch a few steps into the first generation (loading launches far fewer).
 const FAULTY_LAUNCH: u32 = 200;
@@ -54,7 +54,7 @@ fn free_port() -> u16 {
 }
 
 /// A `plughost serve` process on the mock device; killed on drop if still running.
-struct Server {
+pub(super) struct Server {
     child: Child,
     port: u16,
     stderr: Arc<Mutex<String>>,
@@ -62,7 +62,7 @@ struct Server {
 
 impl Server {
     /// Starts `plughost serve` with the tiny model on the mock device and `args`.
-    fn spawn(device_config: &str, args: &[&str]) -> Server {
+    pub(super) fn spawn(device_config: &str, args: &[&str]) -> Server {
         Server::spawn_on(MOCK, device_config, args)
     }
 
@@ -110,7 +110,7 @@ impl Server {
     }
 
     /// Starts a server and waits until `/health` answers 200.
-    async fn ready(device_config: &str, args: &[&str]) -> Server {
+    pub(super) async fn ready(device_config: &str, args: &[&str]) -> Server {
         let mut server = Server::spawn(device_config, args);
         let started = Instant::now();
         loop {
@@ -129,16 +129,16 @@ impl Server {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(super) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    fn stderr(&self) -> String {
+    pub(super) fn stderr(&self) -> String {
         self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     /// The status of `GET /health`, or `None` while nothing answers.
-    async fn health(&self) -> Option<u16> {
+    pub(super) async fn health(&self) -> Option<u16> {
         let response = reqwest::Client::new()
             .get(self.url("/health"))
             .timeout(Duration::from_secs(5))
@@ -148,7 +148,7 @@ impl Server {
         Some(response.status().as_u16())
     }
 
-    async fn complete(&self, body: &Value) -> (u16, Value) {
+    pub(super) async fn complete(&self, body: &Value) -> (u16, Value) {
         let response = reqwest::Client::new()
             .post(self.url("/v1/completions"))
             .json(body)
@@ -161,7 +161,7 @@ impl Server {
     }
 
     /// Waits, within `deadline`, for the process to exit on its own.
-    fn exit_within(&mut self, deadline: Duration) -> ExitStatus {
+    pub(super) fn exit_within(&mut self, deadline: Duration) -> ExitStatus {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("poll plughost") {
@@ -185,11 +185,11 @@ impl Drop for Server {
 }
 
 /// A prompt of `len` tokens (the tokenizer's ids 1, 2, ...), so lengths are exact.
-fn prompt(len: u32) -> Vec<u32> {
+pub(super) fn prompt(len: u32) -> Vec<u32> {
     (1..=len).collect()
 }
 
-fn completion(prompt_len: u32, max_tokens: u32) -> Value {
+pub(super) fn completion(prompt_len: u32, max_tokens: u32) -> Value {
     json!({
         "model": MODEL,
         "prompt": prompt(prompt_len),
@@ -319,7 +319,7 @@ fn a_bad_timeout_flag_fails_the_start_naming_it() {
 }
 
 /// The `data:` payloads of an SSE body, in order.
-fn sse_data(body: &str) -> Vec<String> {
+pub(super) fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .flat_map(|event| event.lines())
         .filter_map(|line| line.strip_prefix("data:"))
@@ -351,7 +351,7 @@ async fn stream_until_end(server: &Server) -> (Value, usize) {
 
 /// Polls `/health` until it answers something other than 200; that status, or `None` if the
 /// server went away first.
-async fn health_after_fault(server: &Server) -> Option<u16> {
+pub(super) async fn health_after_fault(server: &Server) -> Option<u16> {
     let started = Instant::now();
     while started.elapsed() < DEADLINE {
         match server.health().await {

@@ -1,0 +1,133 @@
+//! The device in a worker process, end to end: a worker that crashes or hangs mid-stream is replaced and every stream goes on unchanged; past the restart budget the server answers 503 and exits non-zero.
+
+use serde_json::{Value, json};
+
+use super::reliability_engine::{DEADLINE, Server, completion, health_after_fault, sse_data};
+
+/// A launch some steps into the first batch of streams (loading launches none).
+const FAULTY_LAUNCH: u32 = 300;
+const STREAMS: u32 = 8;
+
+/// Streams one greedy completion; its text and finish reason, or the error event it ended with.
+async fn stream(server: &Server, body: &Value) -> Result<(String, String), Value> {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    let response = reqwest::Client::new()
+        .post(server.url("/v1/completions"))
+        .json(&body)
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .expect("the stream starts");
+    assert_eq!(response.status().as_u16(), 200);
+    let text = response.text().await.expect("the stream ends");
+    let (mut output, mut finish) = (String::new(), String::new());
+    for data in sse_data(&text).iter().filter(|d| *d != "[DONE]") {
+        let event: Value = serde_json::from_str(data).expect("a JSON event");
+        if event.get("error").is_some() {
+            return Err(event);
+        }
+        if let Some(choice) = event["choices"].get(0) {
+            output.push_str(choice["text"].as_str().unwrap_or_default());
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                finish = reason.to_string();
+            }
+        }
+    }
+    Ok((output, finish))
+}
+
+async fn metric(server: &Server, name: &str) -> Option<f64> {
+    let text = reqwest::Client::new()
+        .get(server.url("/metrics"))
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+}
+
+/// Runs `STREAMS` concurrent streams on a server whose first worker meets the fault, then each
+/// prompt again alone on the replaced worker, and checks that every stream completed with the
+/// same text as its solo run.
+async fn streams_survive(server: &Server) {
+    let bodies: Vec<Value> = (0..STREAMS).map(|i| completion(5 + i, 40)).collect();
+    let together = futures::future::join_all(bodies.iter().map(|body| stream(server, body))).await;
+    for (i, (body, outcome)) in bodies.iter().zip(together).enumerate() {
+        let (text, finish) = outcome
+            .unwrap_or_else(|error| panic!("stream {i} failed: {error}\n{}", server.stderr()));
+        assert_eq!(finish, "length", "stream {i}");
+        let (alone, _) = stream(server, body).await.expect("the solo run");
+        assert!(!alone.is_empty());
+        assert_eq!(text, alone, "stream {i} differs from its solo run");
+    }
+    assert_eq!(
+        metric(server, "plughost_device_restarts_total").await,
+        Some(1.0),
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(server.health().await, Some(200));
+}
+
+#[tokio::test]
+async fn a_worker_crash_mid_stream_costs_no_stream_and_changes_no_token() {
+    let server = Server::ready(
+        &format!("crash_launch={FAULTY_LAUNCH}"),
+        &["--device-isolation", "process"],
+    )
+    .await;
+    streams_survive(&server).await;
+    let stderr = server.stderr();
+    assert!(
+        stderr.contains("the device worker was killed by signal 6 (SIGABRT)"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_hang_mid_stream_costs_no_stream_and_changes_no_token() {
+    let server = Server::ready(
+        &format!("hang_launch={FAULTY_LAUNCH}"),
+        &["--device-isolation", "process", "--device-timeout", "2"],
+    )
+    .await;
+    streams_survive(&server).await;
+    let stderr = server.stderr();
+    assert!(
+        stderr.contains("the device worker missed the 2 s device timeout"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn crashes_past_the_restart_budget_answer_503_and_exit_non_zero() {
+    let mut server = Server::ready(
+        &format!("crash_launch={FAULTY_LAUNCH},faults_every_worker=1"),
+        &[
+            "--device-isolation",
+            "process",
+            "--device-restart-limit",
+            "1",
+        ],
+    )
+    .await;
+    // Long enough for the first worker and its replacement to crash.
+    let (status, body) = server.complete(&completion(8, 400)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "engine_failed", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the device is broken"), "{message}");
+    assert_eq!(health_after_fault(&server).await, Some(503));
+    let status = server.exit_within(DEADLINE);
+    assert!(!status.success(), "{}", server.stderr());
+    assert!(
+        server.stderr().contains("--device-restart-limit"),
+        "{}",
+        server.stderr()
+    );
+}
