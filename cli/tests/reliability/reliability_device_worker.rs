@@ -57,6 +57,9 @@ async fn metric(server: &Server, name: &str) -> Option<f64> {
 async fn streams_survive(server: &Server) {
     let bodies: Vec<Value> = (0..STREAMS).map(|i| completion(5 + i, 40)).collect();
     let together = futures::future::join_all(bodies.iter().map(|body| stream(server, body))).await;
+    // The replacement worker allocated everything while it prepared; serving allocates nothing.
+    let allocations = metric(server, "plughost_device{counter=\"allocations\"}").await;
+    assert!(allocations.is_some_and(|n| n > 0.0), "{allocations:?}");
     for (i, (body, outcome)) in bodies.iter().zip(together).enumerate() {
         let (text, finish) = outcome
             .unwrap_or_else(|error| panic!("stream {i} failed: {error}\n{}", server.stderr()));
@@ -65,6 +68,11 @@ async fn streams_survive(server: &Server) {
         assert!(!alone.is_empty());
         assert_eq!(text, alone, "stream {i} differs from its solo run");
     }
+    assert_eq!(
+        metric(server, "plughost_device{counter=\"allocations\"}").await,
+        allocations,
+        "the solo runs allocated device buffers"
+    );
     assert_eq!(
         metric(server, "plughost_device_restarts_total").await,
         Some(1.0),
