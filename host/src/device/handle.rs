@@ -136,7 +136,7 @@ impl DeviceSource {
                     restarts,
                 )?;
                 Ok(Device {
-                    backend: Backend::Worker(RefCell::new(worker)),
+                    backend: Backend::Worker(RefCell::new(Box::new(worker))),
                     callable_names,
                 })
             }
@@ -147,7 +147,7 @@ impl DeviceSource {
 enum Backend {
     Local(LocalDevice),
     /// Behind a cell: asking a worker for its counters is a request on its socket.
-    Worker(RefCell<WorkerDevice>),
+    Worker(RefCell<Box<WorkerDevice>>),
 }
 
 /// One open device. Closed by [`Device::close`] or on drop, which frees all its buffers.
@@ -159,8 +159,7 @@ pub struct Device {
 impl Device {
     /// Opens a device in this process with a config string whose format the device defines.
     pub fn open(library: &DeviceLibrary, config: &str) -> Result<Device, DeviceError> {
-        let mut local = LocalDevice::open(library, config)?;
-        let callable_names = local.take_callable_names();
+        let (local, callable_names) = LocalDevice::open(library, config)?;
         Ok(Device {
             backend: Backend::Local(local),
             callable_names,

@@ -15,7 +15,6 @@ use super::library::{DeviceFunctions, DeviceLibrary, LoadedLibrary};
 pub(super) struct LocalDevice {
     library: Arc<LoadedLibrary>,
     handle: NonNull<DeviceHandle>,
-    callable_names: Vec<String>,
 }
 
 // SAFETY: the ABI lets a handle move between threads as long as calls on it never overlap.
@@ -23,8 +22,12 @@ pub(super) struct LocalDevice {
 unsafe impl Send for LocalDevice {}
 
 impl LocalDevice {
-    /// Opens a device with a config string whose format the device defines.
-    pub(super) fn open(library: &DeviceLibrary, config: &str) -> Result<LocalDevice, DeviceError> {
+    /// Opens a device with a config string whose format the device defines; the device and
+    /// the names of its callables.
+    pub(super) fn open(
+        library: &DeviceLibrary,
+        config: &str,
+    ) -> Result<(LocalDevice, Vec<String>), DeviceError> {
         let config = CString::new(config).map_err(|error| DeviceError::ConfigHasNul {
             position: error.nul_position(),
         })?;
@@ -44,13 +47,12 @@ impl LocalDevice {
             operation: "open",
             message: "returned OK and a null handle".to_string(),
         })?;
-        let mut device = LocalDevice {
+        let device = LocalDevice {
             library: Arc::clone(&library.loaded),
             handle,
-            callable_names: Vec::new(),
         };
-        device.callable_names = device.read_callable_names()?;
-        Ok(device)
+        let names = device.read_callable_names()?;
+        Ok((device, names))
     }
 
     pub(super) fn alloc(&mut self, bytes: u64) -> Result<BufferId, DeviceError> {
@@ -105,11 +107,6 @@ impl LocalDevice {
             )
         };
         self.check("read", code)
-    }
-
-    /// The names of the device's callables, read once at open.
-    pub(super) fn take_callable_names(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.callable_names)
     }
 
     pub(super) fn launch(

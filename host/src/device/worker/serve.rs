@@ -114,8 +114,8 @@ impl Session {
         let opened =
             DeviceLibrary::load(&library).and_then(|library| LocalDevice::open(&library, &config));
         match opened {
-            Ok(mut device) => {
-                let names = device.take_callable_names().join("\0");
+            Ok((device, names)) => {
+                let names = names.join("\0");
                 self.device = Some(device);
                 self.reply(status::OK, Op::Open, 0, names.as_bytes())
             }
