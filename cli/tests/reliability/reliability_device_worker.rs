@@ -1,4 +1,4 @@
-//! The device in a worker process, end to end: a worker that crashes or hangs mid-stream is replaced and every stream goes on unchanged; past the restart budget the server answers 503 and exits non-zero.
+//! The device in a worker process, end to end: a worker that crashes or hangs mid-stream is replaced and every stream, greedy or seeded, goes on unchanged; past the restart budget the server answers 503 and exits non-zero.
 
 use serde_json::{Value, json};
 
@@ -8,7 +8,7 @@ use super::reliability_engine::{DEADLINE, Server, completion, health_after_fault
 const FAULTY_LAUNCH: u32 = 300;
 const STREAMS: u32 = 8;
 
-/// Streams one greedy completion; its text and finish reason, or the error event it ended with.
+/// Streams one completion; its text and finish reason, or the error event it ended with.
 async fn stream(server: &Server, body: &Value) -> Result<(String, String), Value> {
     let mut body = body.clone();
     body["stream"] = json!(true);
@@ -55,7 +55,18 @@ async fn metric(server: &Server, name: &str) -> Option<f64> {
 /// prompt again alone on the replaced worker, and checks that every stream completed with the
 /// same text as its solo run.
 async fn streams_survive(server: &Server) {
-    let bodies: Vec<Value> = (0..STREAMS).map(|i| completion(5 + i, 40)).collect();
+    // Half greedy, half sampled with a seed: both promise the same tokens across a restart.
+    let bodies: Vec<Value> = (0..STREAMS)
+        .map(|i| {
+            let mut body = completion(5 + i, 40);
+            if i % 2 == 1 {
+                body["temperature"] = json!(0.8);
+                body["top_p"] = json!(0.95);
+                body["seed"] = json!(7 + i);
+            }
+            body
+        })
+        .collect();
     let together = futures::future::join_all(bodies.iter().map(|body| stream(server, body))).await;
     // The replacement worker allocated everything while it prepared; serving allocates nothing.
     let allocations = metric(server, "plughost_device{counter=\"allocations\"}").await;
