@@ -2,7 +2,9 @@
 
 use serde_json::{Value, json};
 
-use super::reliability_engine::{DEADLINE, Server, completion, health_after_fault, sse_data};
+use super::reliability_engine::{
+    DEADLINE, Server, completion, failed_start, health_after_fault, sse_data,
+};
 
 /// A launch some steps into the first batch of streams (loading launches none).
 const FAULTY_LAUNCH: u32 = 300;
@@ -148,5 +150,20 @@ async fn crashes_past_the_restart_budget_answer_503_and_exit_non_zero() {
         server.stderr().contains("--device-restart-limit"),
         "{}",
         server.stderr()
+    );
+}
+
+#[test]
+fn a_device_that_will_not_open_in_its_worker_fails_the_start_with_its_message() {
+    let (status, stderr) = failed_start("bogus=1", &["--device-isolation", "process"]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("error: ") && stderr.contains("unknown mock device option `bogus`"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("device open failed").count(),
+        2,
+        "once in the log line, once in the exit message: {stderr}"
     );
 }

@@ -253,7 +253,7 @@ async fn a_small_kv_pool_lowers_max_model_len_refuses_longer_requests_and_serves
 }
 
 /// Starts a server on the mock device expected to fail; its exit status and stderr.
-fn failed_start(device_config: &str, args: &[&str]) -> (ExitStatus, String) {
+pub(super) fn failed_start(device_config: &str, args: &[&str]) -> (ExitStatus, String) {
     failed_start_on(MOCK, device_config, args)
 }
 

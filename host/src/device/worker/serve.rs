@@ -120,7 +120,10 @@ impl Session {
                 self.reply(status::OK, Op::Open, 0, names.as_bytes())
             }
             // The host shows the message as the in-process open would have.
-            Err(e) => self.reply(error_status(&e), Op::Open, 0, e.to_string().as_bytes()),
+            Err(e) => {
+                let status = error_status(&e);
+                self.reply(status, Op::Open, 0, error_message(e).as_bytes())
+            }
         }
     }
 
