@@ -66,6 +66,9 @@ pub struct WorkerDevice {
     lost: Option<String>,
     last_launch: Option<u32>,
     callable_names: Vec<String>,
+    /// The counters the last `synchronize` or `read` brought, while nothing has been sent
+    /// since: the engine reads them after every step.
+    stats: Option<DeviceStats>,
 }
 
 impl WorkerDevice {
@@ -130,6 +133,7 @@ impl WorkerDevice {
             lost: None,
             last_launch: None,
             callable_names: Vec::new(),
+            stats: None,
         };
         worker
             .set_timeouts()
@@ -196,8 +200,10 @@ impl WorkerDevice {
             header.a = buffer;
             header.b = offset + (i * REGION_BYTES) as u64;
             header.c = piece.len() as u64;
-            self.request(header, &[], None)?;
+            let mut counters = Vec::new();
+            self.request(header, &[], Some(&mut counters))?;
             piece.copy_from_slice(&self.region.bytes()[..piece.len()]);
+            self.stats = decode_stats(&counters);
         }
         Ok(())
     }
@@ -216,6 +222,7 @@ impl WorkerDevice {
         header.b = params.len() as u64;
         header.payload_len = (args.len() * TENSOR_ARG_BYTES + params.len() * 8) as u64;
         self.last_launch = Some(callable);
+        self.stats = None;
         if self.batch.len() + REQUEST_HEADER_BYTES + header.payload_len as usize > BATCH_BYTES {
             self.flush()?;
         }
@@ -230,11 +237,20 @@ impl WorkerDevice {
     }
 
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
-        self.request(RequestHeader::new(Op::Synchronize), &[], None)
-            .map(Duration::from_nanos)
+        let mut counters = Vec::new();
+        let device_ns = self.request(
+            RequestHeader::new(Op::Synchronize),
+            &[],
+            Some(&mut counters),
+        )?;
+        self.stats = decode_stats(&counters);
+        Ok(Duration::from_nanos(device_ns))
     }
 
     pub fn stats(&mut self) -> Result<DeviceStats, DeviceError> {
+        if let Some(stats) = self.stats {
+            return Ok(stats);
+        }
         let mut payload = Vec::new();
         self.request(RequestHeader::new(Op::Stats), &[], Some(&mut payload))?;
         decode_stats(&payload).ok_or_else(|| DeviceError::ContractViolation {
@@ -259,6 +275,7 @@ impl WorkerDevice {
     }
 
     fn queue(&mut self, header: RequestHeader, payload: &[u8]) -> Result<(), DeviceError> {
+        self.stats = None;
         if self.batch.len() + REQUEST_HEADER_BYTES + payload.len() > BATCH_BYTES {
             self.flush()?;
         }

@@ -22,11 +22,13 @@ pub enum Op {
     Free,
     /// Copy `c` bytes from the shared region at `d` into buffer `a` at offset `b`. No reply.
     Write,
-    /// Copy `c` bytes of buffer `a` at offset `b` into the shared region at 0.
+    /// Copy `c` bytes of buffer `a` at offset `b` into the shared region at 0. Reply payload:
+    /// the counters of [`DeviceStats`] after it.
     Read,
     /// Callable `a` with `count` tensor arguments and `b` params in the payload. No reply.
     Launch,
-    /// Reply `value`: device nanoseconds since the previous synchronize.
+    /// Reply `value`: device nanoseconds since the previous synchronize; payload: the
+    /// counters of [`DeviceStats`].
     Synchronize,
     /// Reply payload: the counters of [`DeviceStats`].
     Stats,

@@ -180,10 +180,18 @@ impl Session {
                         header.b,
                         &mut self.region.bytes_mut()[range],
                     )
-                    .map(|()| 0),
+                    .and_then(|()| {
+                        payload = encode_stats(&device.stats()?);
+                        Ok(0)
+                    }),
                 None => Err(out_of_region(header)),
             },
-            Op::Synchronize => device.synchronize().map(|t| t.as_nanos() as u64),
+            // The counters come with the answers that end a step, so reading them after it
+            // costs no round trip.
+            Op::Synchronize => device.synchronize().and_then(|t| {
+                payload = encode_stats(&device.stats()?);
+                Ok(t.as_nanos() as u64)
+            }),
             Op::Stats => device.stats().map(|stats| {
                 payload = encode_stats(&stats);
                 0
