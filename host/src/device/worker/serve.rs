@@ -35,6 +35,8 @@ pub enum WorkerError {
 /// this process (a crash, an abort) is what the host's supervisor is there for.
 pub fn run_worker(socket: &Path, region: &Path) -> Result<(), WorkerError> {
     // A worker that outlives its host would hold the device; the kernel ends it with the host.
+    // (Strictly, with the host thread that started it: the engine thread, which lives as long
+    // as the engine.)
     if let Err(e) =
         rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
     {
