@@ -20,7 +20,8 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
     const I: u64 = 6;
     const E: u64 = 2;
     let eps = i64::from(1e-6f32.to_bits());
-    let theta = i64::from(10000f32.to_bits());
+    // The rotary table for D = 4 and theta 10000: 1/10000^(0/4) and 1/10000^(2/4).
+    let inv_freq = [1.0f32, 0.01].map(|f| i64::from(f.to_bits()));
     let scale = i64::from(0.5f32.to_bits());
 
     let ramp = |count: u64, step: f32| -> Vec<f32> {
@@ -166,7 +167,7 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
                 arg(k, F32, &[T, HK * D], Inout),
                 arg(positions, I32, &[T], Input),
             ],
-            vec![D as i64, theta],
+            vec![D as i64, inv_freq[0], inv_freq[1]],
         ),
         (
             "kv_write",
