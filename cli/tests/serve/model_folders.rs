@@ -211,7 +211,7 @@ fn answers(
 #[test]
 fn generation_config_defaults_apply_where_the_request_is_silent_unless_turned_off() {
     let (_, greedy) = tiny_qwen3_reference();
-    let tokenizer = Tokenizer::from_dir(&fixture("tiny-qwen3")).expect("tokenizer");
+    let tokenizer = Tokenizer::from_dir(fixture("tiny-qwen3")).expect("tokenizer");
     let text = |n: usize| tokenizer.decode(&greedy[..n], true).expect("decode");
     let model = ModelCopy::new(&serde_json::json!({"max_new_tokens": 3, "temperature": 0.0}));
     let requests = [
@@ -246,7 +246,7 @@ fn generation_config_defaults_apply_where_the_request_is_silent_unless_turned_of
 #[test]
 fn generation_config_end_tokens_end_the_answer_even_with_its_defaults_off() {
     let (_, greedy) = tiny_qwen3_reference();
-    let tokenizer = Tokenizer::from_dir(&fixture("tiny-qwen3")).expect("tokenizer");
+    let tokenizer = Tokenizer::from_dir(fixture("tiny-qwen3")).expect("tokenizer");
     // The first generated token not generated before it: as an end token, the answer stops
     // there. config.json's own end token stays one.
     let stop = (1..greedy.len())

@@ -206,7 +206,8 @@ fn llama3_inverse_frequencies(
             } else {
                 inv_freq
             };
-            let medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+            // transformers: `~(wavelen < high) * ~(wavelen > low)`; wavelengths are finite.
+            let medium = (high_freq_wavelen..=low_freq_wavelen).contains(&wavelen);
             if !medium {
                 return scaled;
             }
