@@ -40,6 +40,8 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
     let norm_weight = upload(device, &f16_one.repeat(H as usize));
     let head_norm_weight = upload_f32(device, &[1.0; D as usize]);
     let wq = upload_f32(device, &ramp(HQ * D * H, 0.7));
+    // A bias on q, as Qwen2's projections have, in a checkpoint's half precision.
+    let bq = upload(device, &bf16_of(&ramp(HQ * D, 0.2)));
     let wk = upload_f32(device, &ramp(HK * D * H, 1.1));
     let wv = upload_f32(device, &ramp(HK * D * H, 1.3));
     let wo = upload_f32(device, &ramp(H * HQ * D, 0.9));
@@ -131,6 +133,14 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
                 arg(normed, F32, &[T, H], Input),
                 arg(wq, F32, &[HQ * D, H], Input),
                 arg(q, F32, &[T, HQ * D], Output),
+            ],
+            vec![],
+        ),
+        (
+            "bias_add",
+            vec![
+                arg(q, F32, &[T, HQ * D], Inout),
+                arg(bq, BF16, &[HQ * D], Input),
             ],
             vec![],
         ),
