@@ -56,39 +56,47 @@ fn complete(port: u16, body: &serde_json::Value) -> (u16, serde_json::Value) {
     (response.status, parsed)
 }
 
-#[test]
-fn each_family_serves_its_reference_continuation() {
-    for name in FAMILIES {
-        let model = fixture(name);
-        let reference: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(model.join("reference.json")).expect("reference.json"),
-        )
-        .expect("parses");
-        let tokenizer = Tokenizer::from_dir(&model).expect("tokenizer");
-        let port = free_port();
-        let mut child = serve(&model, port, &[]);
-        wait_healthy(&mut child, port, name);
-        for prompt in reference["prompts"].as_array().expect("prompts") {
-            let ids: Vec<u32> = prompt["generated_token_ids"]
+/// Each reference prompt of fixture `name`: its text and its greedy continuation's token ids.
+fn reference_continuations(name: &str) -> Vec<(String, Vec<u32>)> {
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture(name).join("reference.json")).expect("reference.json"),
+    )
+    .expect("parses");
+    reference["prompts"]
+        .as_array()
+        .expect("prompts")
+        .iter()
+        .map(|prompt| {
+            let ids = prompt["generated_token_ids"]
                 .as_array()
                 .expect("generated ids")
                 .iter()
                 .map(|v| v.as_u64().expect("id") as u32)
                 .collect();
+            (prompt["text"].as_str().expect("text").to_string(), ids)
+        })
+        .collect()
+}
+
+#[test]
+fn each_family_serves_its_reference_continuation() {
+    for name in FAMILIES {
+        let model = fixture(name);
+        let tokenizer = Tokenizer::from_dir(&model).expect("tokenizer");
+        let port = free_port();
+        let mut child = serve(&model, port, &[]);
+        wait_healthy(&mut child, port, name);
+        for (text, ids) in reference_continuations(name) {
             let want = tokenizer.decode(&ids, true).expect("decode");
             let (status, body) = complete(
                 port,
                 &serde_json::json!({
-                    "model": name, "prompt": prompt["text"], "max_tokens": 32,
+                    "model": name, "prompt": text, "max_tokens": 32,
                     "temperature": 0, "ignore_eos": true
                 }),
             );
             assert_eq!(status, 200, "{name}: {body}");
-            assert_eq!(
-                body["choices"][0]["text"], want,
-                "{name} {}",
-                prompt["name"]
-            );
+            assert_eq!(body["choices"][0]["text"], want, "{name}: {text:?}");
             assert_eq!(body["usage"]["completion_tokens"], 32, "{name}");
         }
         let _ = child.kill();
@@ -129,19 +137,7 @@ fn max_model_len_past_what_the_model_covers_is_refused_naming_both_numbers() {
 
 /// The greedy continuation of tiny-qwen3's first reference prompt: its text and token ids.
 fn tiny_qwen3_reference() -> (String, Vec<u32>) {
-    let reference: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("tiny-qwen3").join("reference.json"))
-            .expect("reference.json"),
-    )
-    .expect("parses");
-    let prompt = &reference["prompts"][0];
-    let ids = prompt["generated_token_ids"]
-        .as_array()
-        .expect("generated ids")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect();
-    (prompt["text"].as_str().expect("text").to_string(), ids)
+    reference_continuations("tiny-qwen3").swap_remove(0)
 }
 
 /// A copy of tiny-qwen3 whose generation_config.json is `generation_config`; removed on drop.
