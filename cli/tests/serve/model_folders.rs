@@ -237,6 +237,18 @@ fn generation_config_defaults_apply_where_the_request_is_silent_unless_turned_of
     let other = answers(&model, &["--generation-config", folder], &requests[..1]);
     assert_eq!(other[0]["usage"]["completion_tokens"], 4);
     assert_eq!(other[0]["choices"][0]["text"], text(4));
+    // The defaults in force decide the tokens of a request silent on them, so each source
+    // is its own deployment fingerprint.
+    let fingerprints: Vec<&str> = [&from_file[0], &off[0], &other[0]]
+        .iter()
+        .map(|body| body["system_fingerprint"].as_str().expect("a fingerprint"))
+        .collect();
+    assert!(
+        fingerprints[0] != fingerprints[1]
+            && fingerprints[1] != fingerprints[2]
+            && fingerprints[0] != fingerprints[2],
+        "{fingerprints:?}"
+    );
 }
 
 #[test]

@@ -274,14 +274,17 @@ pub(super) fn build_core(
     }
     let runtime = load_described(device, &mut glue, info, &setup.model_dir, runtime_config)?;
     let hashing = Instant::now();
-    deployments.set_identity(ModelIdentity::new(
-        &setup.model_dir,
-        &kv_cache_dtype.to_string(),
-        options.block_size,
-        &setup.device_library,
-        &setup.device_config,
-        setup.component_cache.as_deref(),
-    ));
+    deployments.set_identity(
+        ModelIdentity::new(
+            &setup.model_dir,
+            &kv_cache_dtype.to_string(),
+            options.block_size,
+            &setup.device_library,
+            &setup.device_config,
+            setup.component_cache.as_deref(),
+        )
+        .with_generation_defaults(&generation_defaults),
+    );
     deployments.stamp(&mut deployment);
     let deployment = Arc::new(deployment);
     tracing::info!(
