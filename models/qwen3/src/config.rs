@@ -605,6 +605,62 @@ mod tests {
     }
 
     #[test]
+    fn the_positions_a_model_covers_follow_its_rope_scaling_and_sliding_window() {
+        let mistral = |extra: &str| {
+            let text = llama(&format!(r#""rope_theta": 10000, {extra}"#))
+                .replace("LlamaForCausalLM", "MistralForCausalLM");
+            TransformerConfig::parse(&text).unwrap_or_else(|e| panic!("{extra}: {e}"))
+        };
+        // Mistral 7B v0.1: every layer slides over 4096 positions; full attention is the same
+        // maths up to there, so that is as far as it is served.
+        let v01 = mistral(r#""max_position_embeddings": 32768, "sliding_window": 4096"#);
+        assert_eq!((v01.family, v01.max_position), (Family::Mistral, 4096));
+        let v03 = mistral(r#""max_position_embeddings": 32768, "sliding_window": null"#);
+        assert_eq!(v03.max_position, 32768);
+        let long_window = mistral(r#""max_position_embeddings": 32768, "sliding_window": 65536"#);
+        assert_eq!(long_window.max_position, 32768);
+        assert_eq!(
+            mistral(r#""sliding_window": null"#).max_position,
+            131_072,
+            "MistralConfig's default"
+        );
+        // YaRN stretches the original window by its factor (Qwen3's model card).
+        let yarn = QWEN3.replace(
+            r#""rope_scaling": null"#,
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#,
+        );
+        let yarn = TransformerConfig::parse(&yarn).expect("yarn");
+        assert_eq!(yarn.max_position, 131_072);
+        // Llama 3.1's config states its full length already.
+        let llama3 = llama(
+            r#""max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3",
+            "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+        );
+        assert_eq!(
+            TransformerConfig::parse(&llama3)
+                .expect("llama3")
+                .max_position,
+            131_072
+        );
+    }
+
+    #[test]
+    fn qwen2_always_has_qkv_biases_and_the_others_refuse_them() {
+        let qwen2 = QWEN3
+            .replace("Qwen3ForCausalLM", "Qwen2ForCausalLM")
+            .replace(r#""attention_bias": false"#, r#""attention_bias": true"#);
+        let c = TransformerConfig::parse(&qwen2).expect("Qwen2 ignores attention_bias");
+        assert!(c.family.biases_qkv() && !c.family.normalises_qk());
+        let llama = llama(r#""attention_bias": true"#);
+        let err = TransformerConfig::parse(&llama).expect_err("llama with biases");
+        assert!(
+            err.contains("attention_bias = true is not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn head_dim_defaults_as_in_transformers() {
         let qwen3 = QWEN3.replace(r#""head_dim": 128, "#, "");
         assert_eq!(
