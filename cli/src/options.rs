@@ -10,11 +10,19 @@ use plughost::cli::{parse_bytes, parse_seconds};
 use plughost::device::DeviceIsolation;
 use plughost::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
 use plughost::engine::{EngineOptions, EngineSetup, RestartBudget};
+use plughost::model::GenerationConfigSource;
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
 use plughost::runtime::KvCacheDtype;
 
 use crate::error::CliError;
+
+fn parse_generation_config(value: &str) -> Result<GenerationConfigSource, String> {
+    if value.is_empty() {
+        return Err("expected auto, vllm or a folder".into());
+    }
+    Ok(GenerationConfigSource::parse(value))
+}
 
 /// Where the model, the plugins and the device come from, and the engine's limits.
 #[derive(Debug, Clone, Args)]
@@ -64,6 +72,11 @@ pub struct ModelArgs {
     /// Longest prompt plus output (default: the model's maximum position).
     #[arg(long)]
     pub max_model_len: Option<u32>,
+    /// Where requests' defaults come from: `auto` (the model folder's generation_config.json),
+    /// `vllm` (OpenAI's defaults; the file's end tokens still apply) or a folder holding a
+    /// generation_config.json.
+    #[arg(long, default_value = "auto", value_parser = parse_generation_config)]
+    pub generation_config: GenerationConfigSource,
     /// Where compiled components are cached.
     #[arg(long, env = "PLUGHOST_CACHE_DIR")]
     pub component_cache: Option<PathBuf>,
@@ -246,6 +259,7 @@ impl ModelArgs {
                     window: Duration::from_secs_f64(self.device_restart_window),
                 },
                 device_worker: None,
+                generation_config: self.generation_config.clone(),
             },
             profile_output: self.profile_output.clone(),
         })

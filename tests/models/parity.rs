@@ -1,6 +1,7 @@
-//! Parity with Hugging Face: the tiny Qwen3 and Llama checkpoints on the CPU device against `transformers` references.
+//! Parity with Hugging Face: the tiny Qwen3, Qwen2, Llama, Mistral, Llama 3 and YaRN checkpoints on the CPU device against `transformers` references.
 //!
-//! References come from `tests/reference/make_fixtures.py`. Every fixture runs
+//! References come from `tests/reference/make_fixtures.py` and
+//! `make_family_fixtures.py`. Every fixture runs
 //! with its config in both styles checkpoints come in: `transformers` 5's
 //! (`rope_parameters`, `dtype`: config.json) and `transformers` 4's (top-level
 //! `rope_theta`, `torch_dtype`: config.transformers4.json). Besides matching
@@ -329,10 +330,18 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-const CHECKPOINTS: [(&str, f32); 3] = [
+const CHECKPOINTS: [(&str, f32); 7] = [
     ("tiny-qwen3", 1e-4),
     ("tiny-qwen3-bf16", 2e-2),
     ("tiny-llama", 1e-4),
+    // Biases on q, k and v.
+    ("tiny-qwen2", 1e-4),
+    // A sliding window longer than every test sequence.
+    ("tiny-mistral", 1e-4),
+    // Llama 3.1's rotary frequency scaling.
+    ("tiny-llama3", 1e-4),
+    // YaRN, past the pretrained window of 32 positions.
+    ("tiny-qwen3-yarn", 1e-4),
 ];
 
 #[test]
@@ -445,6 +454,46 @@ fn the_rope_theta_is_read_from_the_field_each_style_states_it_in() {
             assert!(
                 moved > 0.1 && tokens_differ,
                 "{}: theta 1e6 moved the logits by only {moved}",
+                fixture.name
+            );
+        }
+    }
+}
+
+/// The same for the rotary scalings: with the scaling dropped from either style (the default
+/// rotary embedding, the same theta), the Llama 3 and YaRN fixtures move away from their
+/// references, so their parity above rests on the scaled tables.
+#[test]
+fn the_rope_scaling_is_read_from_either_style() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(ConfigStyle, Edit); 2] = [
+        (
+            ConfigStyle::Transformers5,
+            |c| {
+                c["rope_parameters"] =
+                    serde_json::json!({"rope_type": "default", "rope_theta": 10000.0})
+            },
+        ),
+        (ConfigStyle::Transformers4, |c| {
+            c["rope_scaling"] = serde_json::Value::Null
+        }),
+    ];
+    for name in ["tiny-llama3", "tiny-qwen3-yarn"] {
+        for (style, edit) in edits {
+            let fixture = Fixture::edited(name, 1e-4, style, edit);
+            let moved = fixture
+                .reference
+                .prompts
+                .iter()
+                .zip(greedy(&fixture))
+                .map(|(prompt, (_, emitted))| {
+                    let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+                    max_abs_diff(&emitted[NEW_TOKENS - 1], &want[NEW_TOKENS - 1])
+                })
+                .fold(0.0, f32::max);
+            assert!(
+                moved > 0.1,
+                "{}: without the scaling the logits moved by only {moved}",
                 fixture.name
             );
         }
@@ -576,7 +625,7 @@ fn bf16_serving_defaults_are_batch_invariant_and_close() {
 #[test]
 fn loading_a_bad_checkpoint_names_the_problem() {
     type Edit = fn(&mut serde_json::Value);
-    let cases: [(&str, ConfigStyle, Edit, &str); 8] = [
+    let cases: [(&str, ConfigStyle, Edit, &str); 9] = [
         (
             "architecture",
             ConfigStyle::Transformers5,
@@ -596,22 +645,27 @@ fn loading_a_bad_checkpoint_names_the_problem() {
             "attention_bias",
         ),
         (
-            "llama3 rope",
+            "llama3 rope without its ramp",
             ConfigStyle::Transformers5,
             |c| {
                 c["rope_parameters"] = serde_json::json!({
-                    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 8192
+                    "rope_type": "llama3", "rope_theta": 10000.0, "factor": 32.0,
+                    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192
                 })
             },
-            r#"rope_parameters.rope_type "llama3" is not supported"#,
+            r#"rope_parameters.high_freq_factor is required for rotary type "llama3""#,
         ),
         (
-            "yarn rope",
+            "linear rope",
             ConfigStyle::Transformers4,
-            |c| c["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
-            r#"rope_scaling.rope_type "yarn" is not supported"#,
+            |c| c["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 4.0}),
+            r#"rope_scaling.type "linear" is not supported"#,
+        ),
+        (
+            "qwen2 without biases",
+            ConfigStyle::Transformers5,
+            |c| c["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]),
+            "model.layers.0.self_attn.q_proj.bias",
         ),
         (
             "two thetas",

@@ -1,4 +1,4 @@
-//! The `plughost` binary serving, end to end: `serve` and `generate`, the operational endpoints,
+//! The `plughost` binary serving, end to end: `serve` and `generate`, the model families, the operational endpoints,
 //! the metrics contract, the system fingerprint, and the deployment manifests that run it.
 
 #[path = "../serve_support/mod.rs"]
@@ -8,5 +8,6 @@ mod cli_generate;
 mod cli_serve;
 mod deploy_manifests;
 mod metrics_contract;
+mod model_folders;
 mod operational_endpoints;
 mod system_fingerprint;

@@ -1,7 +1,8 @@
 //! The deployment fingerprint (`system_fingerprint`): one short hash of everything that can change a request's tokens, computed at start and again for each reloaded deployment, never per request.
 //!
 //! It covers the model folder's files (weights, config, tokenizer, templates, generation
-//! config) by content, the KV cache's dtype and block size, the device library and its numeric
+//! config) by content, the generation defaults in force (`--generation-config`), the KV
+//! cache's dtype and block size, the device library and its numeric
 //! options (everything but `threads`, which never changes results, plus the CPU features and
 //! `PLUGHOST_CPU_ISA` cap a CPU device picks its kernels by), every component's sha256 and
 //! WIT version, and plughost's version. File contents are hashed with BLAKE3 and cached by
@@ -13,6 +14,7 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::GenerationDefaults;
 use crate::plugins::ComponentStatus;
 
 /// The files of a model folder that decide its tokens.
@@ -84,6 +86,15 @@ impl ModelIdentity {
             kv: format!("kv {kv_dtype} block_size {block_size}\n"),
             device,
         }
+    }
+
+    /// Also covers the generation defaults requests get (`--generation-config` may take them
+    /// from another folder or leave them out), since a seeded request that leaves its
+    /// temperature out samples with them.
+    pub fn with_generation_defaults(mut self, defaults: &GenerationDefaults) -> ModelIdentity {
+        self.files
+            .push_str(&format!("generation defaults: {defaults:?}\n"));
+        self
     }
 
     /// The fingerprint of this model with its glue (`glue`: its sha256 and WIT version) and

@@ -10,7 +10,9 @@ use crate::grammar::GrammarCompiler;
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
-use crate::model::{ChatTemplate, GenerationDefaults, ModelConfig, ModelError, Tokenizer};
+use crate::model::{
+    ChatTemplate, GenerationConfigSource, GenerationDefaults, ModelConfig, ModelError, Tokenizer,
+};
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Generation, GenerationError, NamedSamplers, PluginError, PluginSpec};
 use crate::runtime::{KvCacheDtype, LoadError, RuntimeConfig, load_with_recipe};
@@ -66,6 +68,18 @@ pub enum EngineStartError {
         num_kv_blocks: u32,
         block_size: u32,
     },
+    /// Positions past what the model computes exactly: past `max_position_embeddings`
+    /// without a rope scaling that covers them, or past a sliding window.
+    #[error(
+        "--max-model-len {max_model_len} is above the {max_position} positions the model \
+         covers (config.json's max_position_embeddings, as far as its rope scaling stretches \
+         it, or its sliding window if shorter); lower --max-model-len to at most {max_position} \
+         or serve a config whose rope scaling covers {max_model_len}"
+    )]
+    MaxModelLenAboveModel {
+        max_model_len: u32,
+        max_position: u32,
+    },
     #[error("cannot start the {thread}: {source}")]
     Spawn {
         thread: &'static str,
@@ -99,6 +113,8 @@ pub struct EngineOptions {
     pub device_restarts: RestartBudget,
     /// The program that runs a device worker; by default this executable's `device-worker`.
     pub device_worker: Option<WorkerCommand>,
+    /// Where requests' sampling defaults and extra end tokens come from.
+    pub generation_config: GenerationConfigSource,
 }
 
 impl Default for EngineOptions {
@@ -117,6 +133,7 @@ impl Default for EngineOptions {
             device_isolation: DeviceIsolation::InProcess,
             device_restarts: RestartBudget::default(),
             device_worker: None,
+            generation_config: GenerationConfigSource::Model,
         }
     }
 }
@@ -175,7 +192,7 @@ pub(super) fn build_core(
         return Err(EngineStartError::NoBlockSize);
     }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir)?;
-    let generation_defaults = GenerationDefaults::from_dir(&setup.model_dir)?;
+    let generation_defaults = setup.options.generation_config.load(&setup.model_dir)?;
     let chat_template = ChatTemplate::from_dir(&setup.model_dir).ok().map(Arc::new);
     let plugins = deployments.runtime()?;
     let mut glue = GluePlugin::load(
@@ -206,10 +223,17 @@ pub(super) fn build_core(
     let info = glue.describe(&config_json)?;
     let model_config = ModelConfig::parse(&config_json, &config_path)?;
     let options = &setup.options;
-    let mut max_model_len = options
-        .max_model_len
-        .unwrap_or(info.max_position)
-        .min(info.max_position.max(1));
+    let max_position = info.max_position.max(1);
+    let mut max_model_len = match options.max_model_len {
+        Some(asked) if asked > max_position => {
+            return Err(EngineStartError::MaxModelLenAboveModel {
+                max_model_len: asked,
+                max_position,
+            });
+        }
+        Some(asked) => asked,
+        None => max_position,
+    };
     let kv_cache_dtype = options
         .kv_cache_dtype
         .resolve(model_config.torch_dtype.as_deref());
@@ -269,14 +293,17 @@ pub(super) fn build_core(
     let recovery = (options.device_isolation == DeviceIsolation::Process)
         .then(|| DeviceRecovery::new(device_source, recipe, options.device_restarts));
     let hashing = Instant::now();
-    deployments.set_identity(ModelIdentity::new(
-        &setup.model_dir,
-        &kv_cache_dtype.to_string(),
-        options.block_size,
-        &setup.device_library,
-        &setup.device_config,
-        setup.component_cache.as_deref(),
-    ));
+    deployments.set_identity(
+        ModelIdentity::new(
+            &setup.model_dir,
+            &kv_cache_dtype.to_string(),
+            options.block_size,
+            &setup.device_library,
+            &setup.device_config,
+            setup.component_cache.as_deref(),
+        )
+        .with_generation_defaults(&generation_defaults),
+    );
     deployments.stamp(&mut deployment);
     let deployment = Arc::new(deployment);
     tracing::info!(

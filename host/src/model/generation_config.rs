@@ -5,7 +5,7 @@
 //! adds end-of-sequence tokens. Other keys (`do_sample`, `bos_token_id`, ...) change nothing.
 //! A value out of its range is refused at load, naming the key, rather than served.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -29,6 +29,54 @@ struct RawGenerationConfig {
     repetition_penalty: Option<f64>,
     max_new_tokens: Option<u64>,
     eos_token_id: Option<serde_json::Value>,
+}
+
+/// Where a deployment takes its generation defaults from (`--generation-config`, named as
+/// vLLM names its values).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum GenerationConfigSource {
+    /// The model folder's `generation_config.json`.
+    #[default]
+    Model,
+    /// No sampling defaults: requests get OpenAI's. The model folder's file still adds its
+    /// end tokens, as in vLLM, since they say where the model's answers end.
+    Vllm,
+    /// The `generation_config.json` of another folder.
+    Folder(PathBuf),
+}
+
+impl GenerationConfigSource {
+    /// `auto`, `vllm` or a folder.
+    pub fn parse(value: &str) -> GenerationConfigSource {
+        match value {
+            "auto" => GenerationConfigSource::Model,
+            "vllm" => GenerationConfigSource::Vllm,
+            folder => GenerationConfigSource::Folder(PathBuf::from(folder)),
+        }
+    }
+
+    /// The defaults for the model in `model_dir`.
+    pub fn load(&self, model_dir: &Path) -> Result<GenerationDefaults, ModelError> {
+        match self {
+            GenerationConfigSource::Model => GenerationDefaults::from_dir(model_dir),
+            GenerationConfigSource::Vllm => Ok(GenerationDefaults {
+                eos_token_ids: GenerationDefaults::from_dir(model_dir)?.eos_token_ids,
+                ..GenerationDefaults::default()
+            }),
+            GenerationConfigSource::Folder(dir) => {
+                if !dir.join(FILE).is_file() {
+                    return Err(ModelError::Io {
+                        path: dir.join(FILE),
+                        source: std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            "--generation-config names a folder without this file",
+                        ),
+                    });
+                }
+                GenerationDefaults::from_dir(dir)
+            }
+        }
+    }
 }
 
 /// The defaults a model's authors set; every field `None` when the file is absent.
@@ -119,6 +167,45 @@ impl GenerationDefaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vllm_drops_the_sampling_defaults_and_keeps_the_end_tokens() {
+        let dir = folder(
+            "source",
+            Some(r#"{"temperature": 0.6, "max_new_tokens": 7, "eos_token_id": [5, 9]}"#),
+        );
+        let model = GenerationConfigSource::parse("auto")
+            .load(&dir)
+            .expect("valid");
+        assert_eq!(
+            (model.temperature, model.max_new_tokens),
+            (Some(0.6), Some(7))
+        );
+        let vllm = GenerationConfigSource::parse("vllm")
+            .load(&dir)
+            .expect("valid");
+        assert_eq!(
+            vllm,
+            GenerationDefaults {
+                eos_token_ids: vec![5, 9],
+                ..GenerationDefaults::default()
+            }
+        );
+        let empty = folder("source-empty", None);
+        let elsewhere = GenerationConfigSource::parse(dir.to_str().expect("UTF-8 path"))
+            .load(&empty)
+            .expect("valid");
+        assert_eq!(elsewhere, model);
+        let error = GenerationConfigSource::parse(empty.to_str().expect("UTF-8 path"))
+            .load(&dir)
+            .expect_err("no file there");
+        assert!(
+            error
+                .to_string()
+                .contains("--generation-config names a folder"),
+            "{error}"
+        );
+    }
 
     fn folder(name: &str, text: Option<&str>) -> std::path::PathBuf {
         let dir =

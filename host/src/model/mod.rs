@@ -18,5 +18,5 @@ mod tokenizer;
 pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall, ToolCallSyntax};
 pub use checkpoint::{Checkpoint, DType, ModelConfig, TensorView};
 pub use error::ModelError;
-pub use generation_config::GenerationDefaults;
+pub use generation_config::{GenerationConfigSource, GenerationDefaults};
 pub use tokenizer::{Bounded, DecodeStream, Tokenizer};

@@ -1,22 +1,15 @@
 //! The fields of a Hugging Face config.json that the decoder program depends on, with the checks that refuse what it cannot run.
 //!
-//! The rotary embedding is read in both forms configs carry:
-//! - as `transformers` 4 writes it: a top-level `rope_theta`, and `rope_scaling` (null, or a
-//!   dict naming a scaling);
-//! - as `transformers` 5 writes it: `rope_parameters: {"rope_type": ..., "rope_theta": ...}`,
-//!   which configs with several attention types key by type (`{"full_attention": {...}}`).
-//!
-//! Fields that state the same quantity must agree. A field that changes the maths and that
-//! this glue does not compute is refused with its name, never replaced by a default; fields
-//! that `transformers` itself ignores for these two architectures are ignored here too.
+//! Four architectures share the decoder layer: Qwen3 (per-head q/k norms), Qwen2 (q, k and v
+//! biases), Llama and Mistral. The rotary embedding is read by [`crate::rope`]. A field that
+//! changes the maths and that this glue does not compute is refused with its name, never
+//! replaced by a default; fields that `transformers` itself ignores for these architectures
+//! are ignored here too.
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-/// The rotary base when no field states one: `default_theta` of both `Qwen3Config` and
-/// `LlamaConfig` in `transformers`, which it applies in the same case. Configs in the wild
-/// rely on it, so its absence is not an error.
-const DEFAULT_ROPE_THETA: f64 = 10_000.0;
+use crate::rope::{Rope, RopeFields};
 
 /// `Qwen3Config`'s `head_dim` when the key is absent: unlike Llama, `transformers` does not
 /// derive it from the hidden size for Qwen3.
@@ -27,7 +20,44 @@ const QWEN3_DEFAULT_HEAD_DIM: u32 = 128;
 pub enum Family {
     /// Per-head RMSNorm on q and k.
     Qwen3,
+    /// Biases on the q, k and v projections.
+    Qwen2,
     Llama,
+    /// The Llama layer; its configs may set a sliding window for every layer.
+    Mistral,
+}
+
+impl Family {
+    fn of(architecture: &str) -> Option<Family> {
+        match architecture {
+            "Qwen3ForCausalLM" => Some(Family::Qwen3),
+            "Qwen2ForCausalLM" => Some(Family::Qwen2),
+            "LlamaForCausalLM" => Some(Family::Llama),
+            "MistralForCausalLM" => Some(Family::Mistral),
+            _ => None,
+        }
+    }
+
+    /// Whether q, k and v are normalised per head before the rotary embedding.
+    pub fn normalises_qk(self) -> bool {
+        self == Family::Qwen3
+    }
+
+    /// Whether the q, k and v projections add a bias (Qwen2's are fixed on, whatever
+    /// `attention_bias` says, as in `transformers`).
+    pub fn biases_qkv(self) -> bool {
+        self == Family::Qwen2
+    }
+
+    /// `max_position_embeddings` when the key is absent, as each `transformers` config class
+    /// defaults it.
+    fn default_max_position(self) -> u32 {
+        match self {
+            Family::Qwen3 | Family::Qwen2 => 32_768,
+            Family::Llama => 2048,
+            Family::Mistral => 4096 * 32,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,8 +86,8 @@ struct RawConfig {
     rope_parameters: Option<Value>,
     rope_scaling: Option<Value>,
     partial_rotary_factor: Option<Value>,
-    #[serde(default = "default_max_position")]
-    max_position_embeddings: u32,
+    original_max_position_embeddings: Option<u32>,
+    max_position_embeddings: Option<u32>,
     #[serde(default)]
     tie_word_embeddings: bool,
     eos_token_id: Option<OneOrMany>,
@@ -76,9 +106,6 @@ struct RawConfig {
 fn default_eps() -> f64 {
     1e-6
 }
-fn default_max_position() -> u32 {
-    2048
-}
 
 /// A checked decoder configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,7 +120,9 @@ pub struct TransformerConfig {
     pub head_dim: u32,
     pub vocab: u32,
     pub eps: f32,
-    pub rope_theta: f32,
+    pub rope: Rope,
+    /// The longest sequence the program computes exactly: the positions the rotary embedding
+    /// covers, or a shorter sliding window (within which full attention is the same maths).
     pub max_position: u32,
     pub tied_embeddings: bool,
     pub eos_token_ids: Vec<u32>,
@@ -112,16 +141,13 @@ impl TransformerConfig {
             .first()
             .cloned()
             .ok_or("config.json has no `architectures` entry")?;
-        let family = match architecture.as_str() {
-            "Qwen3ForCausalLM" => Family::Qwen3,
-            "LlamaForCausalLM" => Family::Llama,
-            other => {
-                return Err(format!(
-                    "unsupported architecture {other}: this glue runs Qwen3ForCausalLM and LlamaForCausalLM"
-                ));
-            }
-        };
-        if raw.attention_bias {
+        let family = Family::of(&architecture).ok_or_else(|| {
+            format!(
+                "unsupported architecture {architecture}: this glue runs Qwen3ForCausalLM, \
+                 Qwen2ForCausalLM, LlamaForCausalLM and MistralForCausalLM"
+            )
+        })?;
+        if raw.attention_bias && family != Family::Qwen2 {
             return Err("config.json: attention_bias = true is not supported".into());
         }
         if raw.mlp_bias {
@@ -139,12 +165,30 @@ impl TransformerConfig {
             );
         }
         check_attention_layers(&raw)?;
-        let rope_theta = rope_theta(&raw)?;
+        let max_position_embeddings = raw
+            .max_position_embeddings
+            .unwrap_or(family.default_max_position());
+        let rope = Rope::parse(&RopeFields {
+            rope_theta: raw.rope_theta,
+            rope_parameters: raw.rope_parameters.as_ref(),
+            rope_scaling: raw.rope_scaling.as_ref(),
+            partial_rotary_factor: raw.partial_rotary_factor.as_ref(),
+            max_position_embeddings,
+            original_max_position_embeddings: raw.original_max_position_embeddings,
+        })?;
+        let mut max_position = rope.context_window(max_position_embeddings);
+        if family == Family::Mistral
+            && let Some(window) = raw.sliding_window
+        {
+            // Every Mistral layer attends within the window. Up to that length the window
+            // masks nothing, so the program is exact there and the model is served that far.
+            max_position = max_position.min(u32::try_from(window).unwrap_or(u32::MAX).max(1));
+        }
         let kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         let head_dim = match (raw.head_dim, family) {
             (Some(head_dim), _) => head_dim,
             (None, Family::Qwen3) => QWEN3_DEFAULT_HEAD_DIM,
-            (None, Family::Llama) => {
+            (None, Family::Llama | Family::Qwen2 | Family::Mistral) => {
                 if raw.num_attention_heads > 0
                     && !raw.hidden_size.is_multiple_of(raw.num_attention_heads)
                 {
@@ -197,8 +241,8 @@ impl TransformerConfig {
             head_dim,
             vocab: raw.vocab_size,
             eps: raw.rms_norm_eps as f32,
-            rope_theta,
-            max_position: raw.max_position_embeddings,
+            rope,
+            max_position,
             tied_embeddings: raw.tie_word_embeddings,
             eos_token_ids,
         })
@@ -251,119 +295,6 @@ fn check_attention_layers(raw: &RawConfig) -> Result<(), String> {
     Ok(())
 }
 
-/// The rotary base, from whichever fields state it; all of them must agree.
-fn rope_theta(raw: &RawConfig) -> Result<f32, String> {
-    if let Some(factor) = &raw.partial_rotary_factor {
-        check_partial_rotary_factor("partial_rotary_factor", factor)?;
-    }
-    let mut stated: Vec<(String, f64)> = Vec::new();
-    if let Some(theta) = raw.rope_theta {
-        stated.push(("rope_theta".to_string(), theta));
-    }
-    let dicts = [
-        ("rope_parameters", &raw.rope_parameters),
-        ("rope_scaling", &raw.rope_scaling),
-    ];
-    for (field, value) in dicts {
-        let Some(value) = value else { continue };
-        let (name, entry) = rope_entry(field, value)?;
-        if let Some(theta) = check_rope_entry(&name, entry)? {
-            stated.push((format!("{name}.rope_theta"), theta));
-        }
-    }
-    if let Some((name, theta)) = stated
-        .iter()
-        .find(|(_, theta)| !(theta.is_finite() && *theta > 0.0))
-    {
-        return Err(format!(
-            "config.json: {name} must be a positive number, got {theta}"
-        ));
-    }
-    let Some((first, theta)) = stated.first() else {
-        return Ok(DEFAULT_ROPE_THETA as f32);
-    };
-    if let Some((other, different)) = stated.iter().find(|(_, t)| t != theta) {
-        return Err(format!(
-            "config.json: {first} = {theta} and {other} = {different} disagree"
-        ));
-    }
-    Ok(*theta as f32)
-}
-
-/// The dict of rotary parameters that full-attention layers use, and the name to report it by.
-fn rope_entry<'a>(
-    field: &str,
-    value: &'a Value,
-) -> Result<(String, &'a Map<String, Value>), String> {
-    let dict = value
-        .as_object()
-        .ok_or_else(|| format!("config.json: {field} must be an object, got {value}"))?;
-    let nested = dict.values().filter(|v| v.is_object()).count();
-    if nested == 0 {
-        return Ok((field.to_string(), dict));
-    }
-    if nested < dict.len() {
-        return Err(format!(
-            "config.json: {field} mixes entries keyed by attention type with plain parameters"
-        ));
-    }
-    // Keyed by attention type. Every layer here is full attention (check_attention_layers
-    // refuses the others), so the other entries are never used.
-    let entry = dict
-        .get("full_attention")
-        .and_then(Value::as_object)
-        .ok_or_else(|| {
-            format!(
-                "config.json: {field} is keyed by attention type but has no full_attention entry"
-            )
-        })?;
-    Ok((format!("{field}.full_attention"), entry))
-}
-
-/// Refuses a rotary dict this glue does not compute; returns the theta it states, if any.
-/// `name` is where the dict sits in config.json.
-fn check_rope_entry(name: &str, entry: &Map<String, Value>) -> Result<Option<f64>, String> {
-    let kind = match (entry.get("rope_type"), entry.get("type")) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(format!(
-                "config.json: {name}.rope_type {a} and {name}.type {b} disagree"
-            ));
-        }
-        (Some(kind), _) => Some(("rope_type", kind)),
-        (None, Some(kind)) => Some(("type", kind)),
-        // `transformers` computes the default rotary embedding for a dict without a type.
-        (None, None) => None,
-    };
-    if let Some((key, kind)) = kind
-        && kind.as_str() != Some("default")
-    {
-        return Err(format!(
-            "config.json: {name}.{key} {kind} is not supported: this glue computes the default \
-             rotary embedding only (llama3, yarn, linear, dynamic and longrope scaling are not implemented)"
-        ));
-    }
-    if let Some(factor) = entry.get("partial_rotary_factor") {
-        check_partial_rotary_factor(&format!("{name}.partial_rotary_factor"), factor)?;
-    }
-    match entry.get("rope_theta") {
-        None | Some(Value::Null) => Ok(None),
-        Some(theta) => theta
-            .as_f64()
-            .map(Some)
-            .ok_or_else(|| format!("config.json: {name}.rope_theta must be a number, got {theta}")),
-    }
-}
-
-fn check_partial_rotary_factor(name: &str, factor: &Value) -> Result<(), String> {
-    if factor.is_null() || factor.as_f64() == Some(1.0) {
-        Ok(())
-    } else {
-        Err(format!(
-            "config.json: {name} {factor} is not supported: this glue rotates every dimension of a head (1.0)"
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,7 +336,8 @@ mod tests {
     fn theta(config: &str) -> f32 {
         TransformerConfig::parse(config)
             .unwrap_or_else(|e| panic!("{config}: {e}"))
-            .rope_theta
+            .rope
+            .theta
     }
 
     #[test]
@@ -416,7 +348,7 @@ mod tests {
             assert_eq!((c.heads, c.kv_heads, c.head_dim), (16, 8, 128));
             assert_eq!(c.eos_token_ids, vec![151645]);
             assert!(c.tied_embeddings);
-            assert_eq!(c.rope_theta, 1_000_000.0);
+            assert_eq!(c.rope.theta, 1_000_000.0);
         }
     }
 
@@ -489,8 +421,8 @@ mod tests {
             ),
             (
                 r#""rope_scaling": null"#,
-                r#""rope_scaling": {"rope_type": "yarn", "factor": 4}"#,
-                r#"rope_scaling.rope_type "yarn" is not supported"#,
+                r#""rope_scaling": {"rope_type": "longrope", "factor": 4}"#,
+                r#"rope_scaling.rope_type "longrope" is not supported"#,
             ),
             (
                 r#""rope_scaling": null"#,
@@ -540,9 +472,31 @@ mod tests {
         let cases = [
             (
                 r#""rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0,
-                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 8192}"#,
-                r#"rope_parameters.rope_type "llama3" is not supported"#,
+                    "low_freq_factor": 1.0, "original_max_position_embeddings": 8192}"#,
+                r#"rope_parameters.high_freq_factor is required for rotary type "llama3""#,
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
+                    "high_freq_factor": 1.0, "original_max_position_embeddings": 8192}"#,
+                "rope_parameters.high_freq_factor 1 must be above low_freq_factor 4",
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "yarn", "factor": -4.0}"#,
+                "rope_parameters.factor must be a positive number, got -4",
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                    "original_max_position_embeddings": 1024.5}"#,
+                "original_max_position_embeddings must be a whole number of positions, got 1024.5",
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "yarn", "factor": 4.0, "truncate": "yes"}"#,
+                "rope_parameters.truncate must be true or false",
+            ),
+            (
+                r#""rope_parameters": {"rope_type": "yarn", "factor": 4.0},
+                    "rope_scaling": {"rope_type": "yarn", "factor": 2.0}"#,
+                "rope_parameters and rope_scaling state different rotary scalings",
             ),
             (
                 r#""rope_parameters": {"type": "dynamic", "factor": 2.0}"#,
@@ -557,8 +511,8 @@ mod tests {
                 "rope_parameters.rope_type \"default\" and rope_parameters.type \"linear\" disagree",
             ),
             (
-                r#""rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0}}"#,
-                r#"rope_parameters.full_attention.rope_type "yarn""#,
+                r#""rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 4.0}}"#,
+                r#"rope_parameters.full_attention.rope_type "linear""#,
             ),
             (
                 r#""rope_parameters": {"sliding_attention": {"rope_type": "default"}}"#,
@@ -648,6 +602,62 @@ mod tests {
             .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
         let err = TransformerConfig::parse(&unset).expect_err("max_window_layers unset");
         assert!(err.contains("max_window_layers is not set"), "{err}");
+    }
+
+    #[test]
+    fn the_positions_a_model_covers_follow_its_rope_scaling_and_sliding_window() {
+        let mistral = |extra: &str| {
+            let text = llama(&format!(r#""rope_theta": 10000, {extra}"#))
+                .replace("LlamaForCausalLM", "MistralForCausalLM");
+            TransformerConfig::parse(&text).unwrap_or_else(|e| panic!("{extra}: {e}"))
+        };
+        // Mistral 7B v0.1: every layer slides over 4096 positions; full attention is the same
+        // maths up to there, so that is as far as it is served.
+        let v01 = mistral(r#""max_position_embeddings": 32768, "sliding_window": 4096"#);
+        assert_eq!((v01.family, v01.max_position), (Family::Mistral, 4096));
+        let v03 = mistral(r#""max_position_embeddings": 32768, "sliding_window": null"#);
+        assert_eq!(v03.max_position, 32768);
+        let long_window = mistral(r#""max_position_embeddings": 32768, "sliding_window": 65536"#);
+        assert_eq!(long_window.max_position, 32768);
+        assert_eq!(
+            mistral(r#""sliding_window": null"#).max_position,
+            131_072,
+            "MistralConfig's default"
+        );
+        // YaRN stretches the original window by its factor (Qwen3's model card).
+        let yarn = QWEN3.replace(
+            r#""rope_scaling": null"#,
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#,
+        );
+        let yarn = TransformerConfig::parse(&yarn).expect("yarn");
+        assert_eq!(yarn.max_position, 131_072);
+        // Llama 3.1's config states its full length already.
+        let llama3 = llama(
+            r#""max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3",
+            "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}"#,
+        );
+        assert_eq!(
+            TransformerConfig::parse(&llama3)
+                .expect("llama3")
+                .max_position,
+            131_072
+        );
+    }
+
+    #[test]
+    fn qwen2_always_has_qkv_biases_and_the_others_refuse_them() {
+        let qwen2 = QWEN3
+            .replace("Qwen3ForCausalLM", "Qwen2ForCausalLM")
+            .replace(r#""attention_bias": false"#, r#""attention_bias": true"#);
+        let c = TransformerConfig::parse(&qwen2).expect("Qwen2 ignores attention_bias");
+        assert!(c.family.biases_qkv() && !c.family.normalises_qk());
+        let llama = llama(r#""attention_bias": true"#);
+        let err = TransformerConfig::parse(&llama).expect_err("llama with biases");
+        assert!(
+            err.contains("attention_bias = true is not supported"),
+            "{err}"
+        );
     }
 
     #[test]

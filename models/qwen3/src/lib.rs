@@ -1,16 +1,19 @@
-//! Model glue for Qwen3 and Llama: checks config.json, lists the weights, and builds the step program.
+//! Model glue for the Qwen3, Qwen2, Llama and Mistral families: checks config.json, lists the weights, and builds the step program.
 //!
-//! Both families share one decoder layer; Qwen3 adds a per-head RMSNorm on
-//! queries and keys and sets `head_dim` explicitly. config.json is read in
-//! both `transformers` 4 and 5 styles. Anything this glue does not compute
-//! exactly (attention or MLP biases, RoPE scaling or partial rotation,
-//! sliding-window layers, quantized weights, other activations) is refused
-//! with a message naming the config key.
+//! The families share one decoder layer: Qwen3 adds a per-head RMSNorm on queries and keys,
+//! Qwen2 biases on the q, k and v projections. config.json is read in both `transformers` 4
+//! and 5 styles. The rotary inverse frequencies (default, Llama 3 or YaRN scaling) are
+//! computed here once and passed to the device as constants of the program. Anything this
+//! glue does not compute exactly (other biases, other RoPE scalings or partial rotation,
+//! sliding-window layers beyond their window, quantized weights, other activations) is
+//! refused with a message naming the config key.
 
 mod config;
 mod program;
+mod rope;
 
 pub use config::{Family, TransformerConfig};
+pub use rope::{Rope, RopeScaling};
 
 use plughost_sdk::model_glue::{ModelGlue, types};
 
@@ -22,9 +25,7 @@ impl ModelGlue for DecoderGlue {
         if config.is_empty() || config == "{}" {
             Ok(DecoderGlue)
         } else {
-            Err(format!(
-                "the qwen3/llama glue takes no options, got {config}"
-            ))
+            Err(format!("the decoder glue takes no options, got {config}"))
         }
     }
 

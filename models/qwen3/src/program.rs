@@ -9,7 +9,7 @@ use plughost_sdk::model_glue::types::{
     StepInput, StepInputKind, StepProgram, Task, TensorArg, WeightSpec,
 };
 
-use crate::config::{Family, TransformerConfig};
+use crate::config::TransformerConfig;
 
 fn layer_weight(layer: u32, name: &str) -> String {
     format!("model.layers.{layer}.{name}")
@@ -36,7 +36,12 @@ pub fn weights(c: &TransformerConfig) -> Vec<WeightSpec> {
         out.push(spec(w("self_attn.k_proj.weight"), &[kv, h]));
         out.push(spec(w("self_attn.v_proj.weight"), &[kv, h]));
         out.push(spec(w("self_attn.o_proj.weight"), &[h, q]));
-        if c.family == Family::Qwen3 {
+        if c.family.biases_qkv() {
+            out.push(spec(w("self_attn.q_proj.bias"), &[q]));
+            out.push(spec(w("self_attn.k_proj.bias"), &[kv]));
+            out.push(spec(w("self_attn.v_proj.bias"), &[kv]));
+        }
+        if c.family.normalises_qk() {
             out.push(spec(w("self_attn.q_norm.weight"), &[c.head_dim as u64]));
             out.push(spec(w("self_attn.k_norm.weight"), &[c.head_dim as u64]));
         }
@@ -263,6 +268,22 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
         vec![],
     );
     let head_dim = c.head_dim as i64;
+    // The rotary table, computed once: `head_dim`, then one inverse frequency per pair.
+    let rotary_params: Vec<Param> = std::iter::once(Param::Int(head_dim))
+        .chain(
+            c.rope
+                .inverse_frequencies(c.head_dim)
+                .into_iter()
+                .map(Param::Float),
+        )
+        .collect();
+    // YaRN multiplies cos and sin by its attention factor, which scales every q·k product by
+    // its square: folded into the softmax scale instead of a pass over q and k.
+    let attention_factor = c.rope.attention_factor();
+    let mut attention_scale = 1.0 / (c.head_dim as f32).sqrt();
+    if attention_factor != 1.0 {
+        attention_scale *= (attention_factor * attention_factor) as f32;
+    }
     // Every later norm follows a residual add and runs in the same launch as it.
     let input_norm = |l: u32| {
         if l < c.layers {
@@ -287,7 +308,16 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
             ],
             vec![],
         );
-        if c.family == Family::Qwen3 {
+        if c.family.biases_qkv() {
+            for (x, bias) in [
+                ("q", "self_attn.q_proj.bias"),
+                ("k", "self_attn.k_proj.bias"),
+                ("v", "self_attn.v_proj.bias"),
+            ] {
+                t.push("bias_add", vec![inout(x), weight(w(bias))], vec![]);
+            }
+        }
+        if c.family.normalises_qk() {
             for (x, norm) in [
                 ("q", "self_attn.q_norm.weight"),
                 ("k", "self_attn.k_norm.weight"),
@@ -302,7 +332,7 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
         t.push(
             "rotary",
             vec![inout("q"), inout("k"), step("positions", ArgTag::Input)],
-            vec![Param::Int(head_dim), Param::Float(c.rope_theta)],
+            rotary_params.clone(),
         );
         t.push(
             "kv_write",
@@ -343,7 +373,7 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
                 Param::Int(c.kv_heads as i64),
                 Param::Int(head_dim),
                 Param::BlockSize,
-                Param::Float(1.0 / (c.head_dim as f32).sqrt()),
+                Param::Float(attention_scale),
             ],
         );
         t.linear("attn", w("self_attn.o_proj.weight"), "proj");
@@ -405,7 +435,12 @@ mod tests {
 
     #[test]
     fn every_weight_a_task_reads_is_listed_and_every_listed_weight_is_read() {
-        for (arch, tied) in [("Qwen3ForCausalLM", true), ("LlamaForCausalLM", false)] {
+        for (arch, tied) in [
+            ("Qwen3ForCausalLM", true),
+            ("LlamaForCausalLM", false),
+            ("Qwen2ForCausalLM", true),
+            ("MistralForCausalLM", false),
+        ] {
             let c = config(arch, tied);
             let listed: std::collections::BTreeSet<String> =
                 weights(&c).into_iter().map(|w| w.name).collect();
@@ -436,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn every_rotary_task_uses_the_theta_config_json_states_in_either_form() {
+    fn every_rotary_task_carries_the_table_of_the_theta_config_json_states_in_either_form() {
         let base = r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500, ROPE}"#;
@@ -455,17 +490,74 @@ mod tests {
         ];
         for (rope, want) in cases {
             let config = TransformerConfig::parse(&base.replace("ROPE", rope)).expect(rope);
-            let thetas: Vec<f32> = build(&config)
+            // 1 / theta^(2i/32) for the 16 pairs of a head: the last is theta^(-30/32).
+            let want: Vec<f32> = (0..16)
+                .map(|i| 1.0 / (want as f32).powf(2.0 * i as f32 / 32.0))
+                .collect();
+            let tables: Vec<Vec<f32>> = build(&config)
                 .tasks
                 .iter()
                 .filter(|t| t.callable == "rotary")
-                .map(|t| match t.params.as_slice() {
-                    [Param::Int(32), Param::Float(theta)] => *theta,
+                .map(|t| match t.params.split_first() {
+                    Some((Param::Int(32), table)) => table
+                        .iter()
+                        .map(|p| match p {
+                            Param::Float(f) => *f,
+                            other => panic!("table entry {other:?}"),
+                        })
+                        .collect(),
                     other => panic!("rotary params {other:?}"),
                 })
                 .collect();
-            assert_eq!(thetas, [want, want], "{rope}");
+            assert_eq!(tables, [want.clone(), want], "{rope}");
         }
+    }
+
+    #[test]
+    fn qwen2_adds_a_bias_to_q_k_and_v_and_the_others_do_not() {
+        let biased = |arch: &str| {
+            build(&config(arch, true))
+                .tasks
+                .iter()
+                .filter(|t| t.callable == "bias_add")
+                .count()
+        };
+        assert_eq!(biased("Qwen2ForCausalLM"), 6, "q, k and v of 2 layers");
+        for arch in ["Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"] {
+            assert_eq!(biased(arch), 0, "{arch}");
+        }
+    }
+
+    #[test]
+    fn yarn_scales_the_softmax_by_the_square_of_its_attention_factor() {
+        let scale = |rope: &str| {
+            let text = format!(
+                r#"{{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64,
+                "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 500, {rope}}}"#
+            );
+            let config = TransformerConfig::parse(&text).expect(rope);
+            let program = build(&config);
+            let attention = program
+                .tasks
+                .iter()
+                .find(|t| t.callable == "paged_attention")
+                .expect("an attention task");
+            match attention.params.last() {
+                Some(Param::Float(scale)) => *scale,
+                other => panic!("{other:?}"),
+            }
+        };
+        let plain = scale(r#""rope_theta": 10000"#);
+        assert_eq!(plain, 1.0 / 32f32.sqrt());
+        let yarn = scale(r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#);
+        let factor = 0.1 * 4f64.ln() + 1.0;
+        let want = plain * (factor * factor) as f32;
+        assert_eq!(yarn, want);
+        let stated = scale(
+            r#""rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 1.5}"#,
+        );
+        assert_eq!(stated, plain * 2.25);
     }
 
     #[test]

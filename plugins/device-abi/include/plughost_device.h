@@ -28,7 +28,9 @@
  *  2 rms_norm_heads(x f32[T,N*D] inout, weight W[D]; eps, head_dim)
  *  3 linear(x f32[T,K], w W[N,K], out f32[T,N])            out = x . w^T
  *  4 rotary(q f32[T,Hq*D] inout, k f32[T,Hk*D] inout, positions i32[T];
- *           head_dim, theta)                                rotate-half
+ *           head_dim, inv_freq...)                          rotate-half
+ *           inv_freq: the last D/2 params, one f32 inverse frequency per pair
+ *           (i, i + D/2), computed by the model glue (default, Llama 3, YaRN)
  *  5 kv_write(k f32[T,Hk*D], v f32[T,Hk*D], key_cache C[B,Hk,bs,D] out,
  *             value_cache C[B,Hk,bs,D] out, slot_mapping i32[T])
  *             slot s is row s % bs of block s / bs; slot < 0 skips the row
@@ -53,6 +55,7 @@
  *                     w_gate and w_up share a dtype
  * 15 add_rms_norm(x f32[T,H] inout, y f32[T,H], weight W[H],
  *                 out f32[T,H]; eps)   x += y, then out = rms_norm(x)
+ * 16 bias_add(x f32[T,N] inout, bias W[N])   x[t,:] += bias
  * Arguments a callable writes accept tags OUTPUT, OUTPUT_EXISTING, INOUT and
  * NO_DEP; arguments it reads accept INPUT, INOUT and NO_DEP; arguments it
  * reads and writes accept INOUT and NO_DEP.

@@ -26,6 +26,7 @@ pub enum CallableId {
     QkvLinear,
     SiluGateLinear,
     AddRmsNorm,
+    BiasAdd,
 }
 
 /// The signature of one callable.
@@ -110,6 +111,10 @@ pub enum ParamKind {
     F32Bits,
     /// A positive size that fixes a shape symbol.
     Dim(&'static str),
+    /// A table of f32 bits, one per pair of elements along the symbol (fixed by an earlier
+    /// param): the last param of a spec, taking every param after the fixed ones. Program
+    /// constants computed once by the model glue, such as rotary inverse frequencies, travel so.
+    F32PerPair(&'static str),
 }
 
 /// A relation between shape symbols that shapes alone do not express.
@@ -151,6 +156,13 @@ const fn f32_bits(name: &'static str) -> ParamSpec {
     ParamSpec {
         name,
         kind: ParamKind::F32Bits,
+    }
+}
+
+const fn f32_per_pair(name: &'static str, symbol: &'static str) -> ParamSpec {
+    ParamSpec {
+        name,
+        kind: ParamKind::F32PerPair(symbol),
     }
 }
 
@@ -221,7 +233,7 @@ pub const ALL: &[CallableSpec] = &[
             arg("k", F32, &[Sym("T"), Product("Hk", "D")], ReadWrite),
             arg("positions", I32, &[Sym("T")], Read),
         ],
-        params: &[dim_param("head_dim", "D"), f32_bits("theta")],
+        params: &[dim_param("head_dim", "D"), f32_per_pair("inv_freq", "D")],
         constraints: &[Constraint::Even("D")],
     },
     CallableSpec {
@@ -372,6 +384,16 @@ pub const ALL: &[CallableSpec] = &[
             arg("out", F32, &[Sym("T"), Sym("H")], Write),
         ],
         params: &[f32_bits("eps")],
+        constraints: &[],
+    },
+    CallableSpec {
+        id: CallableId::BiasAdd,
+        name: "bias_add",
+        args: &[
+            arg("x", F32, &[Sym("T"), Sym("N")], ReadWrite),
+            arg("bias", WEIGHT, &[Sym("N")], Read),
+        ],
+        params: &[],
         constraints: &[],
     },
 ];

@@ -153,7 +153,13 @@ fn check_counts(spec: &CallableSpec, args: &[TensorArg], params: &[i64]) -> Resu
             args.len()
         ));
     }
-    if params.len() != spec.params.len() {
+    let fixed = fixed_params(spec);
+    let count_ok = if fixed < spec.params.len() {
+        params.len() >= fixed
+    } else {
+        params.len() == fixed
+    };
+    if !count_ok {
         let names: Vec<_> = spec.params.iter().map(|param| param.name).collect();
         return Err(format!(
             "takes {} integer params ({}), got {}",
@@ -169,13 +175,59 @@ fn check_counts(spec: &CallableSpec, args: &[TensorArg], params: &[i64]) -> Resu
     Ok(())
 }
 
+/// The params before a trailing table (all of them when the spec has none).
+fn fixed_params(spec: &CallableSpec) -> usize {
+    match spec.params.last() {
+        Some(last) if matches!(last.kind, ParamKind::F32PerPair(_)) => spec.params.len() - 1,
+        _ => spec.params.len(),
+    }
+}
+
+/// Checks a trailing table of f32 bits: one entry per pair along `symbol`.
+fn check_table(
+    name: &str,
+    symbol: &str,
+    table: &[i64],
+    bindings: &ShapeBindings,
+) -> Result<(), String> {
+    if let Some(value) = table.iter().find(|value| u32::try_from(**value).is_err()) {
+        return Err(format!(
+            "param `{name}` holds {value}, expected the bits of an f32 (0..=4294967295)"
+        ));
+    }
+    // An odd extent is the Even constraint's to report.
+    if let Some(bound) = bindings.find(symbol)
+        && bound.value.is_multiple_of(2)
+        && table.len() as u64 != bound.value / 2
+    {
+        return Err(format!(
+            "param `{name}` has {} entries, expected one per pair of {symbol} = {} ({}): {}",
+            table.len(),
+            bound.value,
+            bound.origin,
+            bound.value / 2
+        ));
+    }
+    Ok(())
+}
+
 fn bind_params(
     spec: &CallableSpec,
     params: &[i64],
     bindings: &mut ShapeBindings,
 ) -> Result<(), String> {
-    for (param_spec, &value) in spec.params.iter().zip(params) {
+    for (index, param_spec) in spec.params.iter().enumerate() {
+        // check_counts has seen every fixed param; a trailing table may be empty.
+        let Some(&value) = params.get(index) else {
+            if let ParamKind::F32PerPair(symbol) = param_spec.kind {
+                check_table(param_spec.name, symbol, &[], bindings)?;
+            }
+            continue;
+        };
         match param_spec.kind {
+            ParamKind::F32PerPair(symbol) => {
+                check_table(param_spec.name, symbol, &params[index..], bindings)?;
+            }
             ParamKind::F32Bits => {
                 if u32::try_from(value).is_err() {
                     return Err(format!(
@@ -499,7 +551,7 @@ mod tests {
         let rotary = check_launch(
             spec("rotary"),
             &[f32_inout(&[3, 32]), f32_inout(&[3, 16]), i32_in(&[3])],
-            &[8, 0x4974_2400],
+            &[8, 0x3f80_0000, 0x3dcc_cccd, 0x3c23_d70a, 0x3a83_126f],
         )
         .unwrap();
         assert_eq!((rotary.get("Hq"), rotary.get("Hk")), (Some(4), Some(2)));
@@ -610,6 +662,33 @@ mod tests {
                 args: vec![f32_inout(&[3, 15]), f32_inout(&[3, 5]), i32_in(&[3])],
                 params: vec![5, 0],
                 expected: &["D = 5", "must be even"],
+            },
+            Case {
+                callable: "rotary",
+                args: vec![f32_inout(&[3, 16]), f32_inout(&[3, 8]), i32_in(&[3])],
+                params: vec![8, 0, 0, 0],
+                expected: &[
+                    "param `inv_freq` has 3 entries, expected one per pair of D = 8",
+                    ": 4",
+                ],
+            },
+            Case {
+                callable: "rotary",
+                args: vec![f32_inout(&[3, 16]), f32_inout(&[3, 8]), i32_in(&[3])],
+                params: vec![8],
+                expected: &["param `inv_freq` has 0 entries"],
+            },
+            Case {
+                callable: "rotary",
+                args: vec![f32_inout(&[3, 16]), f32_inout(&[3, 8]), i32_in(&[3])],
+                params: vec![8, 0, -1, 0, 0],
+                expected: &["param `inv_freq` holds -1, expected the bits of an f32"],
+            },
+            Case {
+                callable: "rotary",
+                args: vec![f32_inout(&[3, 16]), f32_inout(&[3, 8]), i32_in(&[3])],
+                params: vec![],
+                expected: &["takes 2 integer params (head_dim, inv_freq), got 0"],
             },
         ];
         for case in cases {

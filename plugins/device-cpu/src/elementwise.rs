@@ -1,4 +1,4 @@
-//! Elementwise kernels: `silu_mul` (the gated MLP activation) and `add` (the residual add, in place).
+//! Elementwise kernels: `silu_mul` (the gated MLP activation), `add` (the residual add, in place) and `bias_add` (a projection's bias, added to every row).
 
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
@@ -6,6 +6,7 @@ use crate::Context;
 use crate::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::IsaLevel;
+use crate::widen::widened;
 use crate::workers::Workers;
 
 /// `out = silu(gate) * up` with `silu(g) = g / (1 + exp(-g))`, PyTorch's f32 formula.
@@ -119,6 +120,31 @@ pub fn add(x: &mut [f32], y: &[f32], workers: &Workers) {
     });
 }
 
+/// `x[t, :] += bias` for every row `t`: each element one rounded f32 add, as PyTorch's.
+pub fn bias_add(x: &mut [f32], bias: &[f32], workers: &Workers) {
+    if bias.is_empty() {
+        return;
+    }
+    let rows_per_task = workers.rows_per_task(x.len() / bias.len(), bias.len());
+    workers.for_each_chunk(x, rows_per_task * bias.len(), |_, rows| {
+        for row in rows.chunks_exact_mut(bias.len()) {
+            for (x, &b) in row.iter_mut().zip(bias) {
+                *x += b;
+            }
+        }
+    });
+}
+
+pub(crate) fn run_bias_add(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let mut views = launch.views()?;
+    let bias = widened(views.float("bias"), &mut context.scratch);
+    bias_add(views.f32_mut("x"), bias, &context.workers);
+    Ok(())
+}
+
 pub(crate) fn run_silu_mul(
     launch: &mut Launch<'_>,
     context: &mut Context,
@@ -146,6 +172,20 @@ pub(crate) fn run_add(launch: &mut Launch<'_>, context: &mut Context) -> Result<
 mod tests {
     use super::*;
     use crate::test_support::{assert_close, noise};
+
+    #[test]
+    fn bias_add_adds_the_bias_to_every_row() {
+        for (rows, width, threads) in [(1, 3, 1), (7, 5, 2), (300, 64, 2)] {
+            let workers = Workers::new(threads).unwrap();
+            let x: Vec<f32> = (0..rows * width).map(|i| noise(3, i)).collect();
+            let bias: Vec<f32> = (0..width).map(|i| noise(4, i)).collect();
+            let mut got = x.clone();
+            bias_add(&mut got, &bias, &workers);
+            for (i, (&got, &x)) in got.iter().zip(&x).enumerate() {
+                assert_eq!(got, x + bias[i % width], "rows {rows}, element {i}");
+            }
+        }
+    }
 
     #[test]
     fn silu_mul_and_add_match_the_definitions() {

@@ -317,7 +317,7 @@ impl Engine {
             let k_norm = self.widened(&name("k_norm.weight"));
             norm::rms_norm_in_place(self.isa, &mut k, &k_norm, c.eps, &self.workers);
         }
-        let inv_freq = rotary::inverse_frequencies(c.head_dim, c.theta);
+        let inv_freq = crate::test_support::inverse_frequencies(c.head_dim, c.theta);
         rotary::rotate_rows(&mut q, &step.positions, &inv_freq, &self.workers);
         rotary::rotate_rows(&mut k, &step.positions, &inv_freq, &self.workers);
         let rows = kv_cache::KvRows {

@@ -115,6 +115,7 @@ impl DeviceBackend for CpuDevice {
             CallableId::QkvLinear => linear::run_qkv(launch, context),
             CallableId::SiluGateLinear => linear::run_silu_gate(launch, context),
             CallableId::AddRmsNorm => norm::run_add_rows(launch, context),
+            CallableId::BiasAdd => elementwise::run_bias_add(launch, context),
         }
     }
 

@@ -1,21 +1,16 @@
 //! `rotary`: rotate-half (NeoX) rotary position embedding of q and k, in place.
 //!
-//! Matches Hugging Face's default rope in f32 step by step: `inv_freq[i] = 1 / theta^(2i/D)`
-//! in f32, `angle = position * inv_freq[i]` in f32, f32 `cos`/`sin`, then per head the pairs
-//! `(i, i + D/2)` become `(x_i·cos − x_{i+D/2}·sin, x_{i+D/2}·cos + x_i·sin)`, each product
-//! rounded before the sum (no fused multiply-add), as PyTorch's separate `mul` and `add` do.
+//! The inverse frequencies come from the model glue, one f32 per pair of a head's dimensions,
+//! so a rope variant (Llama 3 or YaRN scaling) is a different table, not a different kernel.
+//! Matches Hugging Face's rope in f32 step by step: `angle = position * inv_freq[i]` in f32,
+//! f32 `cos`/`sin`, then per head the pairs `(i, i + D/2)` become
+//! `(x_i·cos − x_{i+D/2}·sin, x_{i+D/2}·cos + x_i·sin)`, each product rounded before the sum
+//! (no fused multiply-add), as PyTorch's separate `mul` and `add` do.
 
 use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
 use crate::workers::{Workers, with_scratch};
-
-/// `inv_freq` for `head_dim` and `theta`, as `LlamaRotaryEmbedding` computes it.
-pub fn inverse_frequencies(head_dim: usize, theta: f32) -> Vec<f32> {
-    (0..head_dim / 2)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-        .collect()
-}
 
 /// Rotates every `head_dim`-wide head of row `t` of `rows` by `positions[t]`.
 pub fn rotate_rows(rows: &mut [f32], positions: &[i32], inv_freq: &[f32], workers: &Workers) {
@@ -52,7 +47,7 @@ fn rotate_head(head: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
-    let inv_freq = inverse_frequencies(launch.dim("D"), launch.param_f32("theta"));
+    let inv_freq = launch.param_f32_table("inv_freq");
     let mut views = launch.views()?;
     let positions = views.i32("positions");
     rotate_rows(views.f32_mut("q"), positions, &inv_freq, &context.workers);
@@ -63,7 +58,7 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{assert_close, noise};
+    use crate::test_support::{assert_close, inverse_frequencies, noise};
 
     /// The textbook formula in f64: pair (i, i + D/2) rotated by position · theta^(-2i/D).
     fn reference(rows: &[f32], positions: &[i32], head_dim: usize, theta: f64) -> Vec<f64> {

@@ -30,6 +30,7 @@ pub fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         CallableId::QkvLinear => qkv_linear(launch),
         CallableId::SiluGateLinear => silu_gate_linear(launch),
         CallableId::AddRmsNorm => add_rms_norm(launch),
+        CallableId::BiasAdd => bias_add(launch),
     }
 }
 
@@ -132,11 +133,10 @@ fn linear_stand_in(
 }
 
 /// Rotate-half (NeoX) rotary embedding of every `head_dim`-wide head of `row`, in place.
-fn rotate_heads(row: &mut [f32], head_dim: usize, position: f32, theta: f32) {
-    let half = head_dim / 2;
-    for head in row.chunks_exact_mut(head_dim) {
-        for i in 0..half {
-            let inverse_frequency = theta.powf(-((2 * i) as f32) / head_dim as f32);
+fn rotate_heads(row: &mut [f32], position: f32, inv_freq: &[f32]) {
+    let half = inv_freq.len();
+    for head in row.chunks_exact_mut(2 * half) {
+        for (i, &inverse_frequency) in inv_freq.iter().enumerate() {
             let (sin, cos) = (position * inverse_frequency).sin_cos();
             let (first, second) = (head[i], head[i + half]);
             head[i] = first * cos - second * sin;
@@ -147,7 +147,7 @@ fn rotate_heads(row: &mut [f32], head_dim: usize, position: f32, theta: f32) {
 
 fn rotary(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let head_dim = launch.dim("D");
-    let theta = launch.param_f32("theta");
+    let inv_freq = launch.param_f32_table("inv_freq");
     let positions = launch.read_i32("positions");
     let mut q = launch.read_f32("q");
     let mut k = launch.read_f32("k");
@@ -157,15 +157,13 @@ fn rotary(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         let position = position as f32;
         rotate_heads(
             &mut q[row * q_width..(row + 1) * q_width],
-            head_dim,
             position,
-            theta,
+            &inv_freq,
         );
         rotate_heads(
             &mut k[row * k_width..(row + 1) * k_width],
-            head_dim,
             position,
-            theta,
+            &inv_freq,
         );
     }
     launch.write_f32("q", &q);
@@ -282,6 +280,18 @@ fn add(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     Ok(())
 }
 
+fn bias_add(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+    let bias = launch.read_f32("bias");
+    let mut x = launch.read_f32("x");
+    for row in x.chunks_exact_mut(bias.len().max(1)) {
+        for (x, b) in row.iter_mut().zip(&bias) {
+            *x += b;
+        }
+    }
+    launch.write_f32("x", &x);
+    Ok(())
+}
+
 /// The fused callables are exactly the sequences they replace, so a program may use either.
 fn qkv_linear(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let (num_tokens, inner) = (launch.dim("T"), launch.dim("K"));
@@ -373,9 +383,9 @@ mod tests {
     fn rotate_heads_at_position_zero_is_identity_and_preserves_norm() {
         let original = [1.0, 2.0, 3.0, 4.0];
         let mut row = original;
-        rotate_heads(&mut row, 4, 0.0, 10000.0);
+        rotate_heads(&mut row, 0.0, &[1.0, 0.01]);
         assert_eq!(row, original);
-        rotate_heads(&mut row, 4, 7.0, 10000.0);
+        rotate_heads(&mut row, 7.0, &[1.0, 0.01]);
         let norm = |values: &[f32]| values.iter().map(|v| v * v).sum::<f32>();
         assert!((norm(&row) - norm(&original)).abs() < 1e-4);
         // The first pair (i = 0) rotates by exactly `position` radians.

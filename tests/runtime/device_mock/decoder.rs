@@ -20,7 +20,8 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
     const I: u64 = 6;
     const E: u64 = 2;
     let eps = i64::from(1e-6f32.to_bits());
-    let theta = i64::from(10000f32.to_bits());
+    // The rotary table for D = 4 and theta 10000: 1/10000^(0/4) and 1/10000^(2/4).
+    let inv_freq = [1.0f32, 0.01].map(|f| i64::from(f.to_bits()));
     let scale = i64::from(0.5f32.to_bits());
 
     let ramp = |count: u64, step: f32| -> Vec<f32> {
@@ -39,6 +40,8 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
     let norm_weight = upload(device, &f16_one.repeat(H as usize));
     let head_norm_weight = upload_f32(device, &[1.0; D as usize]);
     let wq = upload_f32(device, &ramp(HQ * D * H, 0.7));
+    // A bias on q, as Qwen2's projections have, in a checkpoint's half precision.
+    let bq = upload(device, &bf16_of(&ramp(HQ * D, 0.2)));
     let wk = upload_f32(device, &ramp(HK * D * H, 1.1));
     let wv = upload_f32(device, &ramp(HK * D * H, 1.3));
     let wo = upload_f32(device, &ramp(H * HQ * D, 0.9));
@@ -134,6 +137,14 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
             vec![],
         ),
         (
+            "bias_add",
+            vec![
+                arg(q, F32, &[T, HQ * D], Inout),
+                arg(bq, BF16, &[HQ * D], Input),
+            ],
+            vec![],
+        ),
+        (
             "linear",
             vec![
                 arg(normed, F32, &[T, H], Input),
@@ -166,7 +177,7 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
                 arg(k, F32, &[T, HK * D], Inout),
                 arg(positions, I32, &[T], Input),
             ],
-            vec![D as i64, theta],
+            vec![D as i64, inv_freq[0], inv_freq[1]],
         ),
         (
             "kv_write",

@@ -127,6 +127,23 @@ impl Launch<'_> {
         f32::from_bits(self.params[index] as u32)
     }
 
+    /// A trailing table of f32 params (one entry per pair along its symbol).
+    pub fn param_f32_table(&self, name: &str) -> Vec<f32> {
+        let index = self
+            .spec
+            .param_index(name)
+            .unwrap_or_else(|| panic!("`{}` has no param `{name}`", self.spec.name));
+        assert!(matches!(
+            self.spec.params[index].kind,
+            ParamKind::F32PerPair(_)
+        ));
+        // The spec check guarantees every entry fits in 32 bits.
+        self.params[index..]
+            .iter()
+            .map(|&bits| f32::from_bits(bits as u32))
+            .collect()
+    }
+
     pub fn dtype(&self, arg: &str) -> DType {
         self.arg(arg).dtype
     }

@@ -545,7 +545,8 @@ mod tests {
                 TensorArg::new(positions, 0, DType::I32, &[1], ArgTag::Input).unwrap(),
             ]
         };
-        let params = [4, 0];
+        // head_dim 4, then one inverse frequency per pair.
+        let params = [4, 0, 0];
         let error = run(&mut state, "rotary", &rotary(0, 2), &params).unwrap_err();
         assert_eq!(error.status(), status::INVALID_ARGUMENT);
         assert_eq!(

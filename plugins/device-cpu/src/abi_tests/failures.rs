@@ -44,7 +44,7 @@ fn failures_come_back_as_codes_and_messages() {
         .launch(
             "rotary",
             &[qk.arg(INOUT), qk.arg(INOUT), positions.arg(IN)],
-            &[8, i64::from(THETA.to_bits())],
+            &crate::test_support::rotary_params(8, THETA),
         )
         .unwrap_err();
     assert_eq!(code, status::INVALID_ARGUMENT);

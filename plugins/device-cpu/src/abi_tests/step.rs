@@ -180,7 +180,7 @@ fn step_through_abi(device: &Device, weights: &Weights, cache_dtype: DType) -> S
         (
             "rotary",
             vec![q.arg(INOUT), k.arg(INOUT), positions.arg(IN)],
-            vec![HEAD_DIM as i64, bits(THETA)],
+            crate::test_support::rotary_params(HEAD_DIM, THETA),
         ),
         (
             "kv_write",
@@ -288,7 +288,7 @@ fn step_in_process<E: CacheElement>(
     let mut k = project(FloatSlice::BF16(&weights.wk), kv_width);
     let v = project(FloatSlice::F32(&weights.wv), kv_width);
     norm::rms_norm_in_place(isa, &mut q, &weights.head_norm, EPS, &workers);
-    let inv_freq = rotary::inverse_frequencies(HEAD_DIM, THETA);
+    let inv_freq = crate::test_support::inverse_frequencies(HEAD_DIM, THETA);
     rotary::rotate_rows(&mut q, &positions, &inv_freq, &workers);
     rotary::rotate_rows(&mut k, &positions, &inv_freq, &workers);
     let cache_len = NUM_BLOCKS * BLOCK_SIZE * kv_width;
