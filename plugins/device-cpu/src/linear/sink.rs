@@ -166,6 +166,17 @@ impl<'a> SharedOut<'a> {
         }
     }
 
+    /// Columns `columns` of row `t`, checked to lie inside `out`.
+    ///
+    /// # Safety
+    /// No one else reads or writes these elements while the slice lives (the calling task
+    /// owns these columns).
+    pub(super) unsafe fn columns(&self, t: usize, columns: Range<usize>) -> &mut [f32] {
+        let block = self.block(t, columns.start, 1, columns.len());
+        // SAFETY: `block` checked the span lies inside `out`; the caller owns it.
+        unsafe { std::slice::from_raw_parts_mut(block, columns.len()) }
+    }
+
     /// Element `[t, n0]` of the block of rows `t..t + tokens`, columns `n0..n0 + columns`,
     /// checked to lie inside `out`.
     fn block(&self, t: usize, n0: usize, tokens: usize, columns: usize) -> *mut f32 {
