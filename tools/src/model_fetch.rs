@@ -18,9 +18,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::gguf_llama::{LlamaParams, WeightDtype, write_safetensors};
-use crate::gguf_tokenizer::GgufTokenizer;
+use crate::gguf_llama::{WeightDtype, write_safetensors};
 use plughost::model::gguf::Gguf;
+use plughost::model::gguf::llama::LlamaParams;
+use plughost::model::gguf::tokenizer::GgufTokenizer;
 
 /// Bump when the converted files change, so folders written by an older converter are rebuilt.
 const CONVERTER_VERSION: u32 = 1;
@@ -302,7 +303,7 @@ fn convert(gguf: &Gguf, dtype: WeightDtype, dir: &Path) -> Result<()> {
     )?;
     progress.finish_and_clear();
     let json_files = [
-        ("config.json", params.config_json(dtype)),
+        ("config.json", params.config_json(dtype.torch_name())),
         ("generation_config.json", params.generation_config_json()),
         (
             "tokenizer_config.json",
