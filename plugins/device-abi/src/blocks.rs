@@ -75,10 +75,7 @@ pub fn unpack_q6_k(block: &[u8]) -> [i8; 256] {
 /// Fills `out` with the values of `bytes`, whole blocks of the block-quantized `dtype`;
 /// `None` (and nothing written) when `dtype` is not block-quantized or the lengths disagree.
 pub fn dequantize_into(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Option<()> {
-    let (elements, size) = (
-        dtype.block_elements() as usize,
-        dtype.size_bytes() as usize,
-    );
+    let (elements, size) = (dtype.block_elements() as usize, dtype.size_bytes() as usize);
     if !dtype.is_block_quantized()
         || !bytes.len().is_multiple_of(size)
         || bytes.len() / size * elements != out.len()

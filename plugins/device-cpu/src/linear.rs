@@ -63,8 +63,8 @@ use dispatch::matmul;
 #[cfg(test)]
 pub(crate) use elements::HalfBits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
-pub(crate) use quant::gather_rows as gather_quantized_rows;
 use plan::Plan;
+pub(crate) use quant::gather_rows as gather_quantized_rows;
 use sink::{SharedOut, Sink};
 
 use crate::Context;

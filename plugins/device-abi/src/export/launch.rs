@@ -47,7 +47,10 @@ impl ResolvedArg {
         let dtype = DType::from_code(arg.dtype)
             .ok_or_else(|| DeviceFailure::internal("dtype passed the spec check but is unknown"))?;
         let too_large = || DeviceFailure::new(status::OUT_OF_BOUNDS, "the shape is too large");
-        let (row_len, outer) = arg.dims().split_last().map_or((1, &[][..]), |(l, o)| (*l, o));
+        let (row_len, outer) = arg
+            .dims()
+            .split_last()
+            .map_or((1, &[][..]), |(l, o)| (*l, o));
         let rows = outer
             .iter()
             .try_fold(1u64, |count, &dim| count.checked_mul(dim))

@@ -87,7 +87,10 @@ impl<'l> ArgViews<'l> {
     /// A read-only block-quantized argument's bytes, blocks in row order (see [`crate::blocks`]).
     pub fn blocks(&self, arg: &str) -> &'l [u8] {
         let dtype = self.dtype(arg);
-        assert!(dtype.is_block_quantized(), "argument `{arg}` is {dtype}, not block-quantized");
+        assert!(
+            dtype.is_block_quantized(),
+            "argument `{arg}` is {dtype}, not block-quantized"
+        );
         self.shared(arg, dtype)
     }
 

@@ -93,7 +93,13 @@ pub(crate) fn run_silu_gate(
     let x = views.f32("x");
     let weights = [matrix(&views, "w_gate", i)?, matrix(&views, "w_up", i)?];
     let out = SharedOut::new(views.f32_mut("out"), i);
-    multiply(context, x, (tokens, inner), &weights, &Outputs::SiluGate(out))
+    multiply(
+        context,
+        x,
+        (tokens, inner),
+        &weights,
+        &Outputs::SiluGate(out),
+    )
 }
 
 fn matrix<'a>(

@@ -9,9 +9,8 @@
 use std::arch::x86_64::{
     __m128i, __m256i, _mm_add_epi32, _mm_cvtsi128_si32, _mm_hadd_epi32, _mm_loadu_si128,
     _mm_srli_epi16, _mm256_and_si256, _mm256_castsi256_si128, _mm256_extracti128_si256,
-    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_or_si256,
-    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_srli_epi16,
+    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i,
+    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16,
 };
 
 use plughost_device_abi::DType;
@@ -108,8 +107,7 @@ impl BlockInts for Avx2 {
                 let low = _mm256_and_si256(bytes, mask);
                 let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
                 out[2 * c] = sum_lanes(products_u8_i8(low, load32(x[64 * c..].as_ptr())));
-                out[2 * c + 1] =
-                    sum_lanes(products_u8_i8(high, load32(x[64 * c + 32..].as_ptr())));
+                out[2 * c + 1] = sum_lanes(products_u8_i8(high, load32(x[64 * c + 32..].as_ptr())));
             }
         }
         out

@@ -78,8 +78,8 @@ fn paths() -> Vec<Isa> {
 #[test]
 fn dequantization_matches_the_gguf_package_exactly() {
     for case in cases() {
-        let values = plughost_device_abi::blocks::dequantize(case.dtype, &case.rows)
-            .expect("whole blocks");
+        let values =
+            plughost_device_abi::blocks::dequantize(case.dtype, &case.rows).expect("whole blocks");
         assert_eq!(values.len(), case.values.len(), "{}", case.dtype);
         for (k, (ours, theirs)) in values.iter().zip(&case.values).enumerate() {
             assert_eq!(ours.to_bits(), theirs.to_bits(), "{} value {k}", case.dtype);
@@ -170,7 +170,12 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             // Chunks of 5, 5 and 6 tokens, as a chunked prefill runs them.
             let mut chunked = Vec::new();
             for range in [0..5, 5..10, 10..16] {
-                chunked.extend(launch_rows(isa, w, &x[range.start * INNER..range.end * INNER], 2));
+                chunked.extend(launch_rows(
+                    isa,
+                    w,
+                    &x[range.start * INNER..range.end * INNER],
+                    2,
+                ));
             }
             assert_eq!(
                 chunked.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -210,8 +215,14 @@ fn the_fused_launches_match_the_plain_ones() {
         let mut out = vec![f32::NAN; g.len()];
         let shared = SharedOut::new(&mut out, 2);
         let weights = [matrix(gate), matrix(up)];
-        multiply(&context, &x, (tokens, INNER), &weights, &Outputs::SiluGate(shared))
-            .expect("launch");
+        multiply(
+            &context,
+            &x,
+            (tokens, INNER),
+            &weights,
+            &Outputs::SiluGate(shared),
+        )
+        .expect("launch");
         assert_eq!(
             out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -220,7 +231,11 @@ fn the_fused_launches_match_the_plain_ones() {
         );
         // Three matrices of three types in one launch, as a Q4_K_M layer's q, k and v.
         let (q, k, v) = (matrix(&all[3]), matrix(&all[4]), matrix(&all[0]));
-        let mut outs = [vec![0.0; tokens * 2], vec![0.0; tokens * 2], vec![0.0; tokens * 2]];
+        let mut outs = [
+            vec![0.0; tokens * 2],
+            vec![0.0; tokens * 2],
+            vec![0.0; tokens * 2],
+        ];
         {
             let [a, b, c] = &mut outs;
             let shared = [
@@ -228,11 +243,23 @@ fn the_fused_launches_match_the_plain_ones() {
                 SharedOut::new(b, 2),
                 SharedOut::new(c, 2),
             ];
-            multiply(&context, &x, (tokens, INNER), &[q, k, v], &Outputs::Each(&shared))
-                .expect("launch");
+            multiply(
+                &context,
+                &x,
+                (tokens, INNER),
+                &[q, k, v],
+                &Outputs::Each(&shared),
+            )
+            .expect("launch");
         }
         for (out, w) in outs.iter().zip([q, k, v]) {
-            assert_eq!(out, &launch_rows(isa, w, &x, 1), "{} at {}", w.dtype, isa.level());
+            assert_eq!(
+                out,
+                &launch_rows(isa, w, &x, 1),
+                "{} at {}",
+                w.dtype,
+                isa.level()
+            );
         }
     }
 }
@@ -254,7 +281,11 @@ fn weights_that_are_not_whole_rows_are_an_error() {
     let mut out = vec![0.0; 2];
     let outs = [SharedOut::new(&mut out, 2)];
     let error = multiply(&context, &case.x, (1, INNER), &[w], &Outputs::Each(&outs)).unwrap_err();
-    assert!(error.message().contains("do not hold 2 rows"), "{}", error.message());
+    assert!(
+        error.message().contains("do not hold 2 rows"),
+        "{}",
+        error.message()
+    );
 }
 
 #[test]
