@@ -1,8 +1,9 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once ([`activations`]), then every output
-//! is the dot product of one weight row and one activation row ([`dots`]): integer sums per
-//! block, on AVX2 ([`avx2`]) or in plain Rust, then the scales in one fixed order. The result
+//! A launch quantizes its activation rows to int8 once, in two levels (the values and their
+//! residual, see [`activations`]), then every output is the dot product of one weight row and
+//! one activation row ([`dots`]): integer sums per block, on AVX2 ([`avx2`]) or in plain
+//! Rust, then the scales in one fixed order. The result
 //! of an output depends only on its weight row and its token's row, so a prompt gives the
 //! same bits alone, in a batch and in chunks, and both paths give the same bits.
 //!
@@ -212,7 +213,12 @@ struct RowKernel {
 }
 
 impl RowKernel {
-    fn dot(self, dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+    /// The weight row times both levels of the activation row, first level first.
+    fn dot(self, dtype: DType, w: &[u8], [high, low]: [Q8Row<'_>; 2]) -> f32 {
+        self.dot_level(dtype, w, high) + self.dot_level(dtype, w, low)
+    }
+
+    fn dot_level(self, dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx2) {
             // SAFETY: the level has AVX2 (checked just above); `check_lengths` made every

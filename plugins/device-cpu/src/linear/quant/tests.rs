@@ -102,18 +102,22 @@ fn dot_products_match_the_reference_on_every_path() {
                 .sum();
             let mut bits = Vec::new();
             for isa in paths() {
-                let ours = f64::from(RowKernel { isa }.dot(case.dtype, w, rows.row(0)));
+                let [high, _] = rows.row(0);
+                let kernel = RowKernel { isa };
+                let one_level = f64::from(kernel.dot_level(case.dtype, w, high));
+                let ours = f64::from(kernel.dot(case.dtype, w, rows.row(0)));
                 let name = format!("{} row {r} at {}", case.dtype, isa.level());
-                // Against the same int8 activations: only f32 rounding differs.
+                // The first level alone against the same int8 activations (llama.cpp's
+                // arithmetic): only f32 rounding differs.
                 assert!(
-                    (ours - case.quantized[r]).abs() <= 1e-5 * magnitude,
-                    "{name}: {ours} vs {} (scale {magnitude})",
+                    (one_level - case.quantized[r]).abs() <= 1e-5 * magnitude,
+                    "{name}: {one_level} vs {} (scale {magnitude})",
                     case.quantized[r]
                 );
-                // Against f32 activations: within int8 quantization's error.
+                // Both levels against f32 activations: within the residual's rounding.
                 assert!(
-                    (ours - case.exact[r]).abs() <= 2e-2 * magnitude,
-                    "{name}: {ours} vs exact {}",
+                    (ours - case.exact[r]).abs() <= 1e-4 * magnitude,
+                    "{name}: {ours} vs exact {} (scale {magnitude})",
                     case.exact[r]
                 );
                 bits.push(ours.to_bits());
