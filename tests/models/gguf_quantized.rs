@@ -203,7 +203,10 @@ fn mixed_block_types_match_transformers_on_the_dequantized_weights() {
             }
             alone.push(rows);
         }
-        eprintln!("{isa}: lowest cosine similarity with the reference {lowest:.6}");
+        eprintln!(
+            "{isa}: 1 - the lowest cosine similarity with the reference: {:.1e}",
+            1.0 - lowest
+        );
         // The three together, one token of each per step: the same bits as alone.
         let together: Vec<(usize, &[u32])> = reference
             .prompts

@@ -68,9 +68,8 @@ impl LlamaParams {
             Some(_) => gguf.usize("llama.vocab_size")?,
             None => gguf.array("tokenizer.ggml.tokens")?.len(),
         };
-        let optional_id = |key: &str| -> Result<Option<u64>> {
-            Ok(gguf.get(key).map(|_| gguf.u64(key)).transpose()?)
-        };
+        let optional_id =
+            |key: &str| -> Result<Option<u64>> { gguf.get(key).map(|_| gguf.u64(key)).transpose() };
         Ok(LlamaParams {
             hidden,
             intermediate: gguf.usize("llama.feed_forward_length")?,

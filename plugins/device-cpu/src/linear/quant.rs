@@ -24,7 +24,9 @@ use plughost_device_abi::export::{DeviceFailure, Launch};
 
 use crate::Context;
 use crate::elementwise::silu_mul_span;
-use crate::isa::{Isa, IsaLevel};
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
 use crate::workers::Workers;
 
 use super::sink::SharedOut;
@@ -239,8 +241,10 @@ impl RowKernel {
     ) {
         let row_bytes = w.bytes.len() / w.rows.max(1);
         for t in 0..tokens {
-            // SAFETY: the task owns columns `range` of every row (ranges are disjoint).
-            let columns = unsafe { out.columns(t, range.clone()) };
+            let start = out.columns(t, range.clone());
+            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
+            // `range` of every row (the ranges of a launch are disjoint).
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
             for (n, value) in range.clone().zip(columns.iter_mut()) {
                 let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
                 *value = self.dot(w.dtype, row, x.row(t));
@@ -275,8 +279,10 @@ impl RowKernel {
                     rows_for(up.dtype).row(t),
                 );
             }
-            // SAFETY: the task owns columns `range` of every row (ranges are disjoint).
-            let columns = unsafe { out.columns(t, range.clone()) };
+            let start = out.columns(t, range.clone());
+            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
+            // `range` of every row (the ranges of a launch are disjoint).
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
             silu_mul_span(self.isa, &g, &u, columns);
         }
     }

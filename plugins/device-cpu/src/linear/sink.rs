@@ -166,15 +166,9 @@ impl<'a> SharedOut<'a> {
         }
     }
 
-    /// Columns `columns` of row `t`, checked to lie inside `out`.
-    ///
-    /// # Safety
-    /// No one else reads or writes these elements while the slice lives (the calling task
-    /// owns these columns).
-    pub(super) unsafe fn columns(&self, t: usize, columns: Range<usize>) -> &mut [f32] {
-        let block = self.block(t, columns.start, 1, columns.len());
-        // SAFETY: `block` checked the span lies inside `out`; the caller owns it.
-        unsafe { std::slice::from_raw_parts_mut(block, columns.len()) }
+    /// The start of columns `columns` of row `t`, checked to lie inside `out`.
+    pub(super) fn columns(&self, t: usize, columns: Range<usize>) -> *mut f32 {
+        self.block(t, columns.start, 1, columns.len())
     }
 
     /// Element `[t, n0]` of the block of rows `t..t + tokens`, columns `n0..n0 + columns`,

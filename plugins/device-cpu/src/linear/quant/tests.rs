@@ -1,6 +1,7 @@
 //! The block-quantized linears against the `gguf` Python package's dequantization (`reference.json`, made by `tests/reference/gguf_blocks_reference.py`), on every path the CPU has, alone, in a batch and chunked.
 
 use super::*;
+use crate::isa::IsaLevel;
 use crate::test_support::noise;
 use dots::{BlockInts, Portable};
 
