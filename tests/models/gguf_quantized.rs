@@ -10,10 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
-use plughost::device::{DType, Device, DeviceLibrary};
+use plughost::device::DType;
 use plughost::model::gguf::folder;
-use plughost::plugins::glue::GluePlugin;
-use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
 use plughost_device_abi::elements::decode_float;
 use serde::Deserialize;
@@ -54,20 +52,8 @@ fn reference_rows(name: &str, vocab: usize) -> Vec<Vec<f32>> {
 fn load(isa: &str) -> Runtime {
     let cache = std::env::temp_dir().join(format!("plughost-gguf-test-{}", std::process::id()));
     let dir = folder::prepare(&fixture().join("mixed.gguf"), &cache).expect("model folder");
-    let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
-        .expect("cpu device loads");
-    let device = Device::open(&library, &format!("isa={isa}")).expect("cpu device opens");
-    let plugins = PluginRuntime::new(RuntimeOptions {
-        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
-    })
-    .expect("plugin runtime");
-    let mut glue = GluePlugin::load(
-        &plugins,
-        &common::plugin_path("plughost_model_qwen3.wasm"),
-        "",
-        InstanceLimits::for_prepare(),
-    )
-    .expect("glue loads");
+    let (device, mut glue) =
+        common::device_and_glue("libplughost_device_cpu.so", &format!("isa={isa}"));
     let config = RuntimeConfig {
         max_num_seqs: 4,
         max_num_batched_tokens: 256,

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Far beyond the second or so the tiny fixtures take to load in a debug build.
-const DEADLINE: Duration = Duration::from_secs(120);
+/// Far beyond the second or so the tiny fixtures take to load in a debug build (and the few
+/// seconds of SmolLM2's GGUF).
+pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
 
-fn serve(model: &Path, port: u16) -> Child {
+pub(crate) fn serve(model: &Path, port: u16) -> Child {
     Command::new(env!("CARGO_BIN_EXE_plughost"))
         .args(["serve", "--model"])
         .arg(model)
@@ -25,7 +26,7 @@ fn serve(model: &Path, port: u16) -> Child {
         .expect("plughost starts")
 }
 
-fn stderr_of(child: &mut Child) -> String {
+pub(crate) fn stderr_of(child: &mut Child) -> String {
     let mut text = String::new();
     if let Some(mut stderr) = child.stderr.take() {
         let _ = stderr.read_to_string(&mut text);
@@ -63,10 +64,10 @@ fn edited_fixture(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf 
     to
 }
 
-#[test]
-fn serve_answers_once_the_model_loads_and_keeps_serving() {
+/// `plughost serve` on `model`, once `/health` answers 200; panics if it exits first.
+pub(crate) fn serve_ready(model: &Path) -> (Child, u16) {
     let port = free_port();
-    let mut child = serve(&workspace().join("tests/fixtures/tiny-qwen3"), port);
+    let mut child = serve(model, port);
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("poll plughost") {
@@ -76,11 +77,16 @@ fn serve_answers_once_the_model_loads_and_keeps_serving() {
             );
         }
         if health(port).is_some_and(|line| line.contains(" 200 ")) {
-            break;
+            return (child, port);
         }
         assert!(started.elapsed() < DEADLINE, "/health never answered 200");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn serve_answers_once_the_model_loads_and_keeps_serving() {
+    let (mut child, _) = serve_ready(&workspace().join("tests/fixtures/tiny-qwen3"));
     // The watch for a failed load must not stop a server whose model loaded.
     std::thread::sleep(Duration::from_millis(500));
     let still_running = child.try_wait().expect("poll plughost").is_none();
@@ -93,7 +99,7 @@ fn serve_answers_once_the_model_loads_and_keeps_serving() {
 }
 
 /// Serves `model` until plughost exits on its own; its exit status and stderr.
-fn run_until_exit(model: &Path) -> (std::process::ExitStatus, String) {
+pub(crate) fn run_until_exit(model: &Path) -> (std::process::ExitStatus, String) {
     let mut child = serve(model, free_port());
     let started = Instant::now();
     let status = loop {

