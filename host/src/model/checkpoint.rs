@@ -344,6 +344,9 @@ impl Checkpoint {
     /// and a later read maps them again): once a weight is in device memory its mapped copy
     /// would only count twice against the process's memory.
     pub fn release_pages(&self, name: &str) {
+        if let Some(gguf) = &self.gguf {
+            return gguf.release(name);
+        }
         let Some(entry) = self.tensors.get(name) else {
             return;
         };

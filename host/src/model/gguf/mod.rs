@@ -306,6 +306,27 @@ impl Gguf {
         &self.bytes[tensor.range.clone()]
     }
 
+    /// Drops this process's resident pages of `tensor` when the file is mapped (a later read
+    /// maps them again from the file): once a weight is in device memory, its mapped copy
+    /// would only count twice against the process's memory.
+    pub fn release(&self, tensor: &TensorInfo) {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        // SAFETY: a read-only private mapping that is never written, so dropping its pages
+        // loses nothing: a later access reads the same bytes from the file again.
+        let outcome = unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                tensor.range.start,
+                tensor.range.len(),
+            )
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(tensor = tensor.name, %error, "could not release the pages of a tensor");
+        }
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }

@@ -105,6 +105,13 @@ impl GgufWeights {
         self.gguf.tensor_data(&self.gguf.tensors()[tensor.index])
     }
 
+    /// Lets go of this process's resident pages of tensor `name` (see [`Gguf::release`]).
+    pub fn release(&self, name: &str) {
+        if let Some(tensor) = self.tensors.get(name) {
+            self.gguf.release(&self.gguf.tensors()[tensor.index]);
+        }
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
     }
