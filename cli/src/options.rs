@@ -27,7 +27,8 @@ fn parse_generation_config(value: &str) -> Result<GenerationConfigSource, String
 /// Where the model, the plugins and the device come from, and the engine's limits.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// The model folder: config.json, safetensors, tokenizer.json, tokenizer_config.json.
+    /// The model folder (config.json, safetensors, tokenizer.json, tokenizer_config.json), or a
+    /// GGUF file (Llama architecture), served with its weights in their stored types.
     #[arg(long)]
     pub model: PathBuf,
     /// A deployment file naming the scheduler, sampler and glue components (optional).
@@ -142,6 +143,22 @@ fn existing(path: PathBuf) -> Result<PathBuf, CliError> {
     }
 }
 
+/// The folder the host reads `model` from: `model` itself, or for a GGUF file the folder its
+/// metadata is written to (under the component cache, else the temporary folder).
+fn model_folder(model: &Path, cache: Option<&Path>) -> Result<PathBuf, CliError> {
+    use plughost::model::gguf::folder;
+    if !folder::is_gguf_file(model) {
+        return Ok(model.to_path_buf());
+    }
+    let root = cache.map_or_else(|| std::env::temp_dir().join("plughost"), Path::to_path_buf);
+    folder::prepare(model, &root).map_err(|source| {
+        CliError::Model(plughost::model::ModelError::Gguf {
+            path: model.to_path_buf(),
+            source,
+        })
+    })
+}
+
 /// The first glue component in `dir` whose `describe` accepts the model's config.json.
 fn find_glue(
     dir: &Path,
@@ -200,6 +217,7 @@ impl ModelArgs {
             None => Deployment::default(),
         };
         let component_cache = self.component_cache.clone().or_else(default_cache_dir);
+        let model = model_folder(&self.model, component_cache.as_deref())?;
         let named_samplers = deployment.named_samplers();
         let scheduler = match deployment.scheduler {
             Some(s) => s,
@@ -215,7 +233,7 @@ impl ModelArgs {
                 let runtime = PluginRuntime::new(RuntimeOptions {
                     cache_dir: component_cache.clone(),
                 })?;
-                find_glue(&plugins_dir, &self.model, &runtime)?
+                find_glue(&plugins_dir, &model, &runtime)?
             }
         };
         let device_library = match &self.device {
@@ -227,13 +245,13 @@ impl ModelArgs {
             )))?,
         };
         let model_name = self.served_model_name.clone().unwrap_or_else(|| {
-            self.model
+            model
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "model".into())
         });
         Ok(EngineSetup {
-            model_dir: self.model.clone(),
+            model_dir: model.clone(),
             model_name,
             device_library,
             device_config: self.device_config.clone(),

@@ -8,6 +8,10 @@ pub mod smollm2;
 
 use std::path::{Path, PathBuf};
 
+use plughost::device::{Device, DeviceLibrary};
+use plughost::plugins::glue::GluePlugin;
+use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
+
 /// `PLUGHOST_PLUGINS_DIR` if set, else `<workspace root>/target/plugins`, where
 /// `cargo xtask build-plugins` puts them.
 pub fn plugins_dir() -> PathBuf {
@@ -33,4 +37,23 @@ pub fn plugin_path(file_name: &str) -> PathBuf {
         );
     }
     path
+}
+
+/// The device library `device_file` of the plugins folder opened with `device_config`, and the
+/// model glue loaded for preparing a model: what `plughost::runtime::load_model` takes.
+pub fn device_and_glue(device_file: &str, device_config: &str) -> (Device, GluePlugin) {
+    let library = DeviceLibrary::load(plugin_path(device_file)).expect("the device loads");
+    let device = Device::open(&library, device_config).expect("the device opens");
+    let plugins = PluginRuntime::new(RuntimeOptions {
+        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
+    })
+    .expect("plugin runtime");
+    let glue = GluePlugin::load(
+        &plugins,
+        &plugin_path("plughost_model_qwen3.wasm"),
+        "",
+        InstanceLimits::for_prepare(),
+    )
+    .expect("glue loads");
+    (device, glue)
 }

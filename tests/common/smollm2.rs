@@ -28,6 +28,25 @@ pub fn model_dir() -> PathBuf {
     dir
 }
 
+/// `$PLUGHOST_SMOLLM2_GGUF`, else the file `cargo xtask fetch-model smollm2-135m-instruct --gguf`
+/// writes beside the folder: the Q4_1 GGUF as the package ships it. Panics naming the command
+/// when it is missing.
+pub fn gguf_path() -> PathBuf {
+    let path = match std::env::var_os("PLUGHOST_SMOLLM2_GGUF") {
+        Some(path) => PathBuf::from(path),
+        None => model_dir()
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    };
+    assert!(
+        path.is_file(),
+        "SmolLM2's GGUF is not at {}: run `{FETCH_COMMAND} --gguf` (or set PLUGHOST_SMOLLM2_GGUF)",
+        path.display()
+    );
+    path
+}
+
 /// `tests/fixtures/smollm2/reference.json`, written by `tests/reference/smollm2_reference.py`.
 #[derive(Debug, Deserialize)]
 pub struct Reference {

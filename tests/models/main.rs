@@ -1,9 +1,10 @@
-//! Model tests in one binary, so the test build links wasmtime once for them: checkpoints, tokenizers, Qwen3 parity with `transformers`, and SmolLM2-135M-Instruct end to end.
+//! Model tests in one binary, so the test build links wasmtime once for them: checkpoints, tokenizers, Qwen3 parity with `transformers`, a quantized GGUF against `transformers`, and SmolLM2-135M-Instruct end to end.
 
 #[path = "../common/mod.rs"]
 mod common;
 
 mod checkpoint;
+mod gguf_quantized;
 mod parity;
 mod qwen3;
 mod smollm2_checkpoint;

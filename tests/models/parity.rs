@@ -190,20 +190,8 @@ fn checkpoint_dtype(dir: &Path) -> Option<String> {
 }
 
 fn load(fixture: &Fixture, num_kv_blocks: u32, precision: &Precision) -> Runtime {
-    let library = DeviceLibrary::load(common::plugin_path("libplughost_device_cpu.so"))
-        .expect("cpu device loads");
-    let device = Device::open(&library, precision.device_config).expect("cpu device opens");
-    let plugins = PluginRuntime::new(RuntimeOptions {
-        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
-    })
-    .expect("plugin runtime");
-    let mut glue = GluePlugin::load(
-        &plugins,
-        &common::plugin_path("plughost_model_qwen3.wasm"),
-        "",
-        InstanceLimits::for_prepare(),
-    )
-    .expect("glue loads");
+    let (device, mut glue) =
+        common::device_and_glue("libplughost_device_cpu.so", precision.device_config);
     let config = RuntimeConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 256,

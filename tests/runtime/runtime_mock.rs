@@ -2,9 +2,7 @@
 
 use std::path::Path;
 
-use plughost::device::{DType, Device, DeviceLibrary, DeviceStats};
-use plughost::plugins::glue::GluePlugin;
-use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
+use plughost::device::{DType, DeviceStats};
 use plughost::runtime::{Runtime, RuntimeConfig, StepSequence, load_model};
 
 use crate::common;
@@ -12,20 +10,7 @@ use crate::common;
 const BLOCK_SIZE: u32 = 4;
 
 fn mock_runtime() -> Runtime {
-    let library = DeviceLibrary::load(common::plugin_path("libplughost_device_mock.so"))
-        .expect("mock device loads");
-    let device = Device::open(&library, "").expect("mock device opens");
-    let plugins = PluginRuntime::new(RuntimeOptions {
-        cache_dir: Some(std::env::temp_dir().join("plughost-test-component-cache")),
-    })
-    .expect("plugin runtime");
-    let mut glue = GluePlugin::load(
-        &plugins,
-        &common::plugin_path("plughost_model_qwen3.wasm"),
-        "",
-        InstanceLimits::for_prepare(),
-    )
-    .expect("glue loads");
+    let (device, mut glue) = common::device_and_glue("libplughost_device_mock.so", "");
     let config = RuntimeConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 128,

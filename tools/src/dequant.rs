@@ -1,4 +1,4 @@
-//! Dequantizing ggml tensor bytes to f32, bit-for-bit as the `gguf` Python package does.
+//! Dequantizing ggml tensor bytes to f32, bit-for-bit as the `gguf` Python package does (through the device ABI's `blocks`).
 //!
 //! Q4_1 block (32 values, 20 bytes): f16 scale `d`, f16 minimum `m`, 16 bytes of nibbles; value
 //! `i < 16` is the low nibble of byte `i`, value `16 + i` its high nibble; `x = d * q + m`.
@@ -6,46 +6,20 @@
 //! The products are rounded to f32 before the sum, as numpy and torch compute them (Rust never
 //! fuses them into one FMA), so results equal the reference exactly.
 
-use half::f16;
+use plughost_device_abi::elements::decode_float;
 
 use plughost::model::gguf::GgmlType;
 
 /// Appends the values of `bytes` (whole blocks of `kind`) to `out`.
 pub fn dequantize_into(kind: GgmlType, bytes: &[u8], out: &mut Vec<f32>) {
-    let (block_elements, block_bytes) = kind.block();
-    debug_assert_eq!(bytes.len() % block_bytes, 0);
-    out.reserve(bytes.len() / block_bytes * block_elements);
-    match kind {
-        GgmlType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        ),
-        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(|b| half_at(b, 0))),
-        GgmlType::Q4_1 => {
-            for block in bytes.chunks_exact(block_bytes) {
-                let (d, m) = (half_at(block, 0), half_at(block, 2));
-                let nibbles = &block[4..20];
-                out.extend(nibbles.iter().map(|&q| d * f32::from(q & 0x0F) + m));
-                out.extend(nibbles.iter().map(|&q| d * f32::from(q >> 4) + m));
-            }
-        }
-        GgmlType::Q8_0 => {
-            for block in bytes.chunks_exact(block_bytes) {
-                let d = half_at(block, 0);
-                out.extend(block[2..34].iter().map(|&q| d * f32::from(q as i8)));
-            }
-        }
-    }
-}
-
-fn half_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    // The device ABI's decoding: the same code the devices and the host's loader use.
+    out.extend(decode_float(kind.device_dtype(), bytes).unwrap_or_default());
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn hex(text: &str) -> Vec<u8> {
         (0..text.len())

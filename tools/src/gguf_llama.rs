@@ -1,22 +1,18 @@
-//! A Llama-architecture GGUF as a Hugging Face `LlamaForCausalLM`: `config.json` and `model.safetensors`.
+//! A Llama-architecture GGUF converted into a Hugging Face `LlamaForCausalLM`'s `model.safetensors`.
 //!
-//! Names: llama.cpp's `token_embd`, `blk.N.attn_q`, … map to HF's `model.embed_tokens`,
-//! `model.layers.N.self_attn.q_proj`, … (see [`hf_name`]). Values: every type is dequantized to
-//! f32, then stored as f32 or rounded to bf16. Layout: llama.cpp's converter reorders the rows of
-//! `q_proj` and `k_proj` within each head from HF's "rotate half" rotary layout (first half of a
-//! head, then second half) to interleaved pairs (GGUF row `2i + j` of a head is HF row
-//! `j * head_dim / 2 + i`); [`unpermute_rows`] puts them back, as `transformers`' own GGUF
-//! loader does.
+//! Names, shapes and the rotary row order come from the host's
+//! [`plughost::model::gguf::llama`]. Values: every type is dequantized to f32, then stored as
+//! f32 or rounded to bf16.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use indicatif::ProgressBar;
-use serde_json::{Value, json};
 
 use crate::dequant::dequantize_into;
+use plughost::model::gguf::llama::{LlamaParams, Rotary, hf_name, required_names, unpermute_rows};
 use plughost::model::gguf::{Gguf, TensorInfo};
 
 /// The dtype of the written weights.
@@ -34,7 +30,7 @@ impl WeightDtype {
         }
     }
 
-    fn torch_name(self) -> &'static str {
+    pub fn torch_name(self) -> &'static str {
         match self {
             WeightDtype::F32 => "float32",
             WeightDtype::Bf16 => "bfloat16",
@@ -54,227 +50,6 @@ impl WeightDtype {
             WeightDtype::Bf16 => 2,
         }
     }
-}
-
-/// The shape of a Llama model as the GGUF metadata gives it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LlamaParams {
-    pub hidden: usize,
-    pub intermediate: usize,
-    pub layers: usize,
-    pub heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub vocab: usize,
-    pub context_length: usize,
-    pub rms_norm_eps: f32,
-    pub rope_theta: f32,
-    pub tied_embeddings: bool,
-    pub bos_token_id: Option<u64>,
-    pub eos_token_id: Option<u64>,
-    pub pad_token_id: Option<u64>,
-}
-
-impl LlamaParams {
-    pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
-        let arch = gguf.str("general.architecture")?;
-        ensure!(
-            arch == "llama",
-            "GGUF architecture {arch:?} is not supported: this converter reads llama"
-        );
-        if let Some(kind) = gguf.get("llama.rope.scaling.type") {
-            bail!("GGUF llama.rope.scaling.type {kind:?} is not supported");
-        }
-        let hidden = gguf.usize("llama.embedding_length")?;
-        let heads = gguf.usize("llama.attention.head_count")?;
-        let kv_heads = match gguf.get("llama.attention.head_count_kv") {
-            Some(_) => gguf.usize("llama.attention.head_count_kv")?,
-            None => heads,
-        };
-        ensure!(
-            heads > 0 && kv_heads > 0 && hidden % heads == 0 && heads % kv_heads == 0,
-            "GGUF has {heads} heads / {kv_heads} KV heads for hidden size {hidden}"
-        );
-        let head_dim = match gguf.get("llama.attention.key_length") {
-            Some(_) => gguf.usize("llama.attention.key_length")?,
-            None => hidden / heads,
-        };
-        ensure!(head_dim % 2 == 0, "head_dim {head_dim} is odd");
-        if gguf.get("llama.rope.dimension_count").is_some() {
-            let rotary = gguf.usize("llama.rope.dimension_count")?;
-            ensure!(
-                rotary == head_dim,
-                "partial rotary embeddings ({rotary} of {head_dim}) are not supported"
-            );
-        }
-        let vocab = match gguf.get("llama.vocab_size") {
-            Some(_) => gguf.usize("llama.vocab_size")?,
-            None => gguf.array("tokenizer.ggml.tokens")?.len(),
-        };
-        let optional_id = |key: &str| -> Result<Option<u64>> {
-            Ok(gguf.get(key).map(|_| gguf.u64(key)).transpose()?)
-        };
-        Ok(LlamaParams {
-            hidden,
-            intermediate: gguf.usize("llama.feed_forward_length")?,
-            layers: gguf.usize("llama.block_count")?,
-            heads,
-            kv_heads,
-            head_dim,
-            vocab,
-            context_length: gguf.usize("llama.context_length")?,
-            rms_norm_eps: gguf.f64("llama.attention.layer_norm_rms_epsilon")? as f32,
-            rope_theta: match gguf.get("llama.rope.freq_base") {
-                Some(_) => gguf.f64("llama.rope.freq_base")? as f32,
-                None => 10_000.0,
-            },
-            tied_embeddings: !gguf.tensors().iter().any(|t| t.name == "output.weight"),
-            bos_token_id: optional_id("tokenizer.ggml.bos_token_id")?,
-            eos_token_id: optional_id("tokenizer.ggml.eos_token_id")?,
-            pad_token_id: optional_id("tokenizer.ggml.padding_token_id")?,
-        })
-    }
-
-    /// `config.json` for `LlamaForCausalLM`, in the shape `transformers` 5 saves it plus the
-    /// keys `transformers` 4 wrote (`torch_dtype`, top-level `rope_theta`, `rope_scaling`), so
-    /// readers of either style find them. Readers refuse the two styles disagreeing.
-    pub fn config_json(&self, dtype: WeightDtype) -> Value {
-        // The GGUF stores f32; its shortest decimal (1e-05, not 9.99999974e-06) reads back to the
-        // same f32 and is what the model's own config.json says.
-        let eps = shortest_f32(self.rms_norm_eps);
-        let theta = shortest_f32(self.rope_theta);
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "attention_bias": false,
-            "attention_dropout": 0.0,
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-            "dtype": dtype.torch_name(),
-            "torch_dtype": dtype.torch_name(),
-            "head_dim": self.head_dim,
-            "hidden_act": "silu",
-            "hidden_size": self.hidden,
-            "initializer_range": 0.02,
-            "intermediate_size": self.intermediate,
-            "max_position_embeddings": self.context_length,
-            "mlp_bias": false,
-            "num_attention_heads": self.heads,
-            "num_hidden_layers": self.layers,
-            "num_key_value_heads": self.kv_heads,
-            "pretraining_tp": 1,
-            "rms_norm_eps": eps,
-            "rope_parameters": {"rope_theta": theta, "rope_type": "default"},
-            "rope_scaling": null,
-            "rope_theta": theta,
-            "tie_word_embeddings": self.tied_embeddings,
-            "use_cache": true,
-            "vocab_size": self.vocab,
-        })
-    }
-
-    /// `generation_config.json`: the ids `transformers` derives from the config.
-    pub fn generation_config_json(&self) -> Value {
-        json!({
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": self.eos_token_id,
-            "pad_token_id": self.pad_token_id,
-        })
-    }
-
-    /// The HF shape a tensor must have, so a GGUF that disagrees with its metadata is refused.
-    fn expected_shape(&self, hf: &str) -> Option<Vec<usize>> {
-        let (h, i, v) = (self.hidden, self.intermediate, self.vocab);
-        let q = self.heads * self.head_dim;
-        let kv = self.kv_heads * self.head_dim;
-        let leaf = hf.rsplit_once(".layers.").map_or(hf, |(_, rest)| {
-            rest.split_once('.').map_or(rest, |(_, leaf)| leaf)
-        });
-        Some(match leaf {
-            "model.embed_tokens.weight" | "lm_head.weight" => vec![v, h],
-            "model.norm.weight" | "input_layernorm.weight" | "post_attention_layernorm.weight" => {
-                vec![h]
-            }
-            "self_attn.q_proj.weight" => vec![q, h],
-            "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
-            "self_attn.o_proj.weight" => vec![h, q],
-            "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![i, h],
-            "mlp.down_proj.weight" => vec![h, i],
-            _ => return None,
-        })
-    }
-}
-
-/// f32 → the shortest decimal that parses back to it, as an f64 JSON number.
-fn shortest_f32(value: f32) -> f64 {
-    value.to_string().parse().unwrap_or(f64::from(value))
-}
-
-/// Which rotary reordering a tensor needs, with its number of heads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rotary {
-    None,
-    Unpermute { heads: usize },
-}
-
-/// The HF name of a GGUF tensor and the reordering it needs; `None` for a name this converter
-/// does not know.
-pub fn hf_name(gguf_name: &str, params: &LlamaParams) -> Option<(String, Rotary)> {
-    let fixed = match gguf_name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
-        _ => None,
-    };
-    if let Some(name) = fixed {
-        return Some((name.to_string(), Rotary::None));
-    }
-    let rest = gguf_name.strip_prefix("blk.")?;
-    let (layer, leaf) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok().filter(|&l| l < params.layers)?;
-    let (hf_leaf, rotary) = match leaf {
-        "attn_norm.weight" => ("input_layernorm.weight", Rotary::None),
-        "attn_q.weight" => (
-            "self_attn.q_proj.weight",
-            Rotary::Unpermute {
-                heads: params.heads,
-            },
-        ),
-        "attn_k.weight" => (
-            "self_attn.k_proj.weight",
-            Rotary::Unpermute {
-                heads: params.kv_heads,
-            },
-        ),
-        "attn_v.weight" => ("self_attn.v_proj.weight", Rotary::None),
-        "attn_output.weight" => ("self_attn.o_proj.weight", Rotary::None),
-        "ffn_norm.weight" => ("post_attention_layernorm.weight", Rotary::None),
-        "ffn_gate.weight" => ("mlp.gate_proj.weight", Rotary::None),
-        "ffn_up.weight" => ("mlp.up_proj.weight", Rotary::None),
-        "ffn_down.weight" => ("mlp.down_proj.weight", Rotary::None),
-        _ => return None,
-    };
-    Some((format!("model.layers.{layer}.{hf_leaf}"), rotary))
-}
-
-/// Undoes llama.cpp's `permute(w, n_head)`: within each head of `2 * half` rows, GGUF row
-/// `2 * i + j` becomes HF row `j * half + i`. `values` is row-major with rows of `cols`.
-pub fn unpermute_rows(values: &[f32], heads: usize, cols: usize) -> Vec<f32> {
-    let rows = values.len() / cols;
-    let half = rows / heads / 2;
-    let mut out = vec![0.0f32; values.len()];
-    for head in 0..heads {
-        let base = head * 2 * half;
-        for i in 0..half {
-            for j in 0..2 {
-                let from = (base + 2 * i + j) * cols;
-                let to = (base + j * half + i) * cols;
-                out[to..to + cols].copy_from_slice(&values[from..from + cols]);
-            }
-        }
-    }
-    out
 }
 
 /// One output tensor, converted only when the safetensors writer asks for its bytes, so at
@@ -380,170 +155,10 @@ pub fn write_safetensors(
 fn check_complete(tensors: &[(String, LazyTensor<'_>)], params: &LlamaParams) -> Result<()> {
     let names: std::collections::HashSet<&str> =
         tensors.iter().map(|(name, _)| name.as_str()).collect();
-    let mut required = vec![
-        "model.embed_tokens.weight".to_string(),
-        "model.norm.weight".to_string(),
-    ];
-    for layer in 0..params.layers {
-        for leaf in [
-            "input_layernorm",
-            "self_attn.q_proj",
-            "self_attn.k_proj",
-            "self_attn.v_proj",
-            "self_attn.o_proj",
-            "post_attention_layernorm",
-            "mlp.gate_proj",
-            "mlp.up_proj",
-            "mlp.down_proj",
-        ] {
-            required.push(format!("model.layers.{layer}.{leaf}.weight"));
-        }
-    }
-    let missing: Vec<&String> = required
-        .iter()
+    let missing: Vec<String> = required_names(params)
+        .into_iter()
         .filter(|n| !names.contains(n.as_str()))
         .collect();
     ensure!(missing.is_empty(), "the GGUF lacks tensors for {missing:?}");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn params() -> LlamaParams {
-        LlamaParams {
-            hidden: 576,
-            intermediate: 1536,
-            layers: 30,
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            vocab: 49152,
-            context_length: 8192,
-            rms_norm_eps: 1e-5,
-            rope_theta: 100_000.0,
-            tied_embeddings: true,
-            bos_token_id: Some(1),
-            eos_token_id: Some(2),
-            pad_token_id: Some(2),
-        }
-    }
-
-    #[test]
-    fn names_map_to_hugging_face_llama() {
-        let p = params();
-        let q = Rotary::Unpermute { heads: 9 };
-        let k = Rotary::Unpermute { heads: 3 };
-        let cases = [
-            (
-                "token_embd.weight",
-                Some(("model.embed_tokens.weight", Rotary::None)),
-            ),
-            (
-                "output_norm.weight",
-                Some(("model.norm.weight", Rotary::None)),
-            ),
-            ("output.weight", Some(("lm_head.weight", Rotary::None))),
-            (
-                "blk.0.attn_norm.weight",
-                Some(("model.layers.0.input_layernorm.weight", Rotary::None)),
-            ),
-            (
-                "blk.3.attn_q.weight",
-                Some(("model.layers.3.self_attn.q_proj.weight", q)),
-            ),
-            (
-                "blk.3.attn_k.weight",
-                Some(("model.layers.3.self_attn.k_proj.weight", k)),
-            ),
-            (
-                "blk.29.attn_v.weight",
-                Some(("model.layers.29.self_attn.v_proj.weight", Rotary::None)),
-            ),
-            (
-                "blk.1.attn_output.weight",
-                Some(("model.layers.1.self_attn.o_proj.weight", Rotary::None)),
-            ),
-            (
-                "blk.1.ffn_norm.weight",
-                Some((
-                    "model.layers.1.post_attention_layernorm.weight",
-                    Rotary::None,
-                )),
-            ),
-            (
-                "blk.1.ffn_gate.weight",
-                Some(("model.layers.1.mlp.gate_proj.weight", Rotary::None)),
-            ),
-            (
-                "blk.1.ffn_up.weight",
-                Some(("model.layers.1.mlp.up_proj.weight", Rotary::None)),
-            ),
-            (
-                "blk.1.ffn_down.weight",
-                Some(("model.layers.1.mlp.down_proj.weight", Rotary::None)),
-            ),
-            ("blk.30.attn_q.weight", None),
-            ("blk.x.attn_q.weight", None),
-            ("rope_freqs.weight", None),
-        ];
-        for (gguf, expected) in cases {
-            let got = hf_name(gguf, &p);
-            let expected = expected.map(|(n, r)| (n.to_string(), r));
-            assert_eq!(got, expected, "{gguf}");
-        }
-    }
-
-    #[test]
-    fn unpermute_inverts_llama_cpp_permute() {
-        // llama.cpp: w.reshape(heads, 2, half, cols).swapaxes(1, 2).reshape(w.shape)
-        let (heads, half, cols) = (3, 4, 2);
-        let rows = heads * 2 * half;
-        let hf: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
-        let mut gguf = vec![0.0; hf.len()];
-        for h in 0..heads {
-            for j in 0..2 {
-                for i in 0..half {
-                    let hf_row = (h * 2 + j) * half + i;
-                    let gguf_row = (h * half + i) * 2 + j;
-                    gguf[gguf_row * cols..(gguf_row + 1) * cols]
-                        .copy_from_slice(&hf[hf_row * cols..(hf_row + 1) * cols]);
-                }
-            }
-        }
-        assert_ne!(gguf, hf);
-        assert_eq!(unpermute_rows(&gguf, heads, cols), hf);
-    }
-
-    #[test]
-    fn config_has_what_the_llama_glue_reads() {
-        let config = params().config_json(WeightDtype::Bf16);
-        let expected = [
-            ("hidden_size", json!(576)),
-            ("num_hidden_layers", json!(30)),
-            ("num_attention_heads", json!(9)),
-            ("num_key_value_heads", json!(3)),
-            ("head_dim", json!(64)),
-            ("intermediate_size", json!(1536)),
-            ("vocab_size", json!(49152)),
-            ("rms_norm_eps", json!(1e-5)),
-            ("rope_theta", json!(100000.0)),
-            ("max_position_embeddings", json!(8192)),
-            ("tie_word_embeddings", json!(true)),
-            ("eos_token_id", json!(2)),
-            ("torch_dtype", json!("bfloat16")),
-        ];
-        for (key, value) in expected {
-            assert_eq!(config[key], value, "{key}");
-        }
-        assert_eq!(config["architectures"], json!(["LlamaForCausalLM"]));
-        // The transformers 5 keys say the same.
-        assert_eq!(config["dtype"], config["torch_dtype"]);
-        assert_eq!(
-            config["rope_parameters"],
-            json!({"rope_theta": 100000.0, "rope_type": "default"})
-        );
-        assert_eq!(config["rope_scaling"], Value::Null);
-    }
 }

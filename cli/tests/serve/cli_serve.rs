@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Far beyond the second or so the tiny fixtures take to load in a debug build.
-const DEADLINE: Duration = Duration::from_secs(120);
+/// Far beyond the second or so the tiny fixtures take to load in a debug build (and the few
+/// seconds of SmolLM2's GGUF).
+pub(crate) const DEADLINE: Duration = Duration::from_secs(120);
 
 pub(crate) fn serve(model: &Path, port: u16, flags: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_plughost"))
@@ -64,10 +65,10 @@ fn edited_fixture(name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf 
     to
 }
 
-#[test]
-fn serve_answers_once_the_model_loads_and_keeps_serving() {
+/// `plughost serve` on `model`, once `/health` answers 200; panics if it exits first.
+pub(crate) fn serve_ready(model: &Path) -> (Child, u16) {
     let port = free_port();
-    let mut child = serve(&workspace().join("tests/fixtures/tiny-qwen3"), port, &[]);
+    let mut child = serve(model, port, &[]);
     let started = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("poll plughost") {
@@ -77,11 +78,16 @@ fn serve_answers_once_the_model_loads_and_keeps_serving() {
             );
         }
         if health(port).is_some_and(|line| line.contains(" 200 ")) {
-            break;
+            return (child, port);
         }
         assert!(started.elapsed() < DEADLINE, "/health never answered 200");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn serve_answers_once_the_model_loads_and_keeps_serving() {
+    let (mut child, _) = serve_ready(&workspace().join("tests/fixtures/tiny-qwen3"));
     // The watch for a failed load must not stop a server whose model loaded.
     std::thread::sleep(Duration::from_millis(500));
     let still_running = child.try_wait().expect("poll plughost").is_none();

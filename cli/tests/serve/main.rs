@@ -1,5 +1,6 @@
-//! The `plughost` binary serving, end to end: `serve` and `generate`, the model families, the operational endpoints,
-//! the metrics contract, the system fingerprint, and the deployment manifests that run it.
+//! The `plughost` binary serving, end to end: `serve` and `generate`, the model families, the
+//! operational endpoints, the metrics contract, the system fingerprint, GGUF files, and the
+//! deployment manifests that run it.
 
 #[path = "../serve_support/mod.rs"]
 mod serve_support;
@@ -10,4 +11,5 @@ mod deploy_manifests;
 mod metrics_contract;
 mod model_folders;
 mod operational_endpoints;
+mod serve_gguf;
 mod system_fingerprint;

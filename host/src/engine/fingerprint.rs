@@ -30,6 +30,7 @@ fn model_files(dir: &Path) -> Vec<PathBuf> {
                 .unwrap_or_default();
             name.ends_with(".safetensors")
                 || name.ends_with(".safetensors.index.json")
+                || name.ends_with(".gguf")
                 || name.ends_with(".jinja")
                 || matches!(
                     name.as_str(),

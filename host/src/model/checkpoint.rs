@@ -1,4 +1,8 @@
-//! A Hugging Face checkpoint folder: `config.json` and memory-mapped safetensors weights.
+//! A Hugging Face checkpoint folder: `config.json` and memory-mapped safetensors weights, or the weights of a GGUF the folder links to.
+//!
+//! A folder [`super::gguf::folder`] made for a GGUF holds a link to the file instead of
+//! safetensors; its tensors are served under their Hugging Face names, in their stored
+//! (possibly block-quantized) types.
 //!
 //! Every header is validated and every tensor's byte range checked against its file when the
 //! checkpoint opens, so a [`TensorView`] handed out later always lies inside the mapping.
@@ -13,24 +17,60 @@ use memmap2::Mmap;
 use serde::Deserialize;
 
 use super::error::ModelError;
+use super::gguf::GgmlType;
+use super::gguf::folder::GGUF_LINK;
+use super::gguf::weights::GgufWeights;
 
 const CONFIG_FILE: &str = "config.json";
 const SINGLE_FILE: &str = "model.safetensors";
 const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// The element types the host accepts for weights.
+/// The element types the host accepts for weights: plain floats, and GGUF's block-quantized
+/// types (whose rows are whole blocks; see `plughost_device_abi::blocks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names: Q4_K, Q6_K
 pub enum DType {
     F32,
     F16,
     BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q4_K,
+    Q6_K,
 }
 
 impl DType {
+    /// Bytes of one element, or of one block for the block-quantized types.
     pub fn size_in_bytes(self) -> usize {
+        self.device_dtype().size_bytes() as usize
+    }
+
+    /// The device dtype that holds this type's bytes as they are.
+    pub fn device_dtype(self) -> plughost_device_abi::DType {
+        use plughost_device_abi::DType as Device;
         match self {
-            DType::F32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F32 => Device::F32,
+            DType::F16 => Device::F16,
+            DType::BF16 => Device::BF16,
+            DType::Q8_0 => Device::Q8_0,
+            DType::Q4_0 => Device::Q4_0,
+            DType::Q4_1 => Device::Q4_1,
+            DType::Q4_K => Device::Q4_K,
+            DType::Q6_K => Device::Q6_K,
+        }
+    }
+
+    fn from_ggml(kind: GgmlType) -> Self {
+        match kind {
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            GgmlType::BF16 => DType::BF16,
+            GgmlType::Q8_0 => DType::Q8_0,
+            GgmlType::Q4_0 => DType::Q4_0,
+            GgmlType::Q4_1 => DType::Q4_1,
+            GgmlType::Q4_K => DType::Q4_K,
+            GgmlType::Q6_K => DType::Q6_K,
         }
     }
 
@@ -50,6 +90,11 @@ impl std::fmt::Display for DType {
             DType::F32 => "F32",
             DType::F16 => "F16",
             DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+            DType::Q4_K => "Q4_K",
+            DType::Q6_K => "Q6_K",
         })
     }
 }
@@ -61,6 +106,7 @@ pub struct TensorView<'a> {
     dtype: DType,
     shape: &'a [u64],
     data: &'a [u8],
+    interleaved_heads: Option<usize>,
 }
 
 impl<'a> TensorView<'a> {
@@ -79,6 +125,21 @@ impl<'a> TensorView<'a> {
     /// The tensor's bytes exactly as stored: little-endian, row-major, not converted.
     pub fn data(&self) -> &'a [u8] {
         self.data
+    }
+
+    /// The bytes with rows in Hugging Face order: [`TensorView::data`], except for a GGUF's
+    /// `q_proj` and `k_proj`, whose rows are put back from llama.cpp's interleaved rotary
+    /// order (rows move whole, blocks and all).
+    pub fn data_in_hf_order(&self) -> std::borrow::Cow<'a, [u8]> {
+        match (self.interleaved_heads, self.shape.first()) {
+            (Some(heads), Some(&rows)) if rows > 0 => {
+                let row_bytes = self.data.len() / rows as usize;
+                std::borrow::Cow::Owned(super::gguf::llama::unpermute_rows(
+                    self.data, heads, row_bytes,
+                ))
+            }
+            _ => std::borrow::Cow::Borrowed(self.data),
+        }
     }
 
     pub fn num_elements(&self) -> u64 {
@@ -175,6 +236,8 @@ struct TensorEntry {
 /// An open checkpoint folder. Tensors are read in place from the memory-mapped files.
 pub struct Checkpoint {
     dir: PathBuf,
+    /// The weights of the GGUF the folder links to, instead of `shards` and `tensors`.
+    gguf: Option<GgufWeights>,
     config_json: String,
     config: ModelConfig,
     /// `model.safetensors` or the shard index: the file named when a tensor is missing.
@@ -205,6 +268,22 @@ impl Checkpoint {
 
         let single = dir.join(SINGLE_FILE);
         let index = dir.join(INDEX_FILE);
+        let linked = dir.join(GGUF_LINK);
+        if linked.is_file() {
+            let gguf = GgufWeights::open(&linked).map_err(|source| ModelError::Gguf {
+                path: linked.clone(),
+                source,
+            })?;
+            return Ok(Checkpoint {
+                dir,
+                gguf: Some(gguf),
+                config_json,
+                config,
+                weights_path: linked,
+                shards: Vec::new(),
+                tensors: HashMap::new(),
+            });
+        }
         let (weights_path, shards, tensors) = if single.is_file() {
             let (shard, tensors) = open_shard(single.clone(), 0)?;
             (single, vec![shard], tensors)
@@ -217,6 +296,7 @@ impl Checkpoint {
 
         Ok(Checkpoint {
             dir,
+            gguf: None,
             config_json,
             config,
             weights_path,
@@ -244,12 +324,18 @@ impl Checkpoint {
     }
 
     pub fn num_tensors(&self) -> usize {
-        self.tensors.len()
+        match &self.gguf {
+            Some(gguf) => gguf.names().count(),
+            None => self.tensors.len(),
+        }
     }
 
     /// Every tensor name, sorted.
     pub fn tensor_names(&self) -> Vec<&str> {
-        let mut names: Vec<&str> = self.tensors.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = match &self.gguf {
+            Some(gguf) => gguf.names().collect(),
+            None => self.tensors.keys().map(String::as_str).collect(),
+        };
         names.sort_unstable();
         names
     }
@@ -258,6 +344,9 @@ impl Checkpoint {
     /// and a later read maps them again): once a weight is in device memory its mapped copy
     /// would only count twice against the process's memory.
     pub fn release_pages(&self, name: &str) {
+        if let Some(gguf) = &self.gguf {
+            return gguf.release(name);
+        }
         let Some(entry) = self.tensors.get(name) else {
             return;
         };
@@ -276,8 +365,21 @@ impl Checkpoint {
         }
     }
 
-    /// The tensor `name`, refusing dtypes other than F32, F16 and BF16.
+    /// The tensor `name`, refusing safetensors dtypes other than F32, F16 and BF16.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, ModelError> {
+        if let Some(gguf) = &self.gguf {
+            let (name, tensor) = gguf.get(name).ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                path: self.weights_path.clone(),
+            })?;
+            return Ok(TensorView {
+                name,
+                dtype: DType::from_ggml(tensor.kind(gguf)),
+                shape: tensor.shape(),
+                data: gguf.bytes(tensor),
+                interleaved_heads: tensor.interleaved_heads(),
+            });
+        }
         let Some((name, entry)) = self.tensors.get_key_value(name) else {
             return Err(ModelError::MissingTensor {
                 name: name.to_string(),
@@ -296,6 +398,7 @@ impl Checkpoint {
             dtype,
             shape: &entry.shape,
             data: &shard.mmap[entry.start..entry.end],
+            interleaved_heads: None,
         })
     }
 
@@ -305,11 +408,15 @@ impl Checkpoint {
         for (name, shape) in expected {
             let view = self.tensor(name)?;
             if view.shape() != shape.as_slice() {
+                let path = match self.tensors.get(name.as_str()) {
+                    Some(entry) => self.shards[entry.shard].path.clone(),
+                    None => self.weights_path.clone(),
+                };
                 return Err(ModelError::ShapeMismatch {
                     name: name.clone(),
                     actual: view.shape().to_vec(),
                     expected: shape.clone(),
-                    path: self.shards[self.tensors[name.as_str()].shard].path.clone(),
+                    path,
                 });
             }
         }

@@ -38,6 +38,15 @@ pub enum ModelError {
     )]
     NoWeights { dir: PathBuf },
 
+    /// A GGUF file that cannot be read or served: truncated, corrupt, of an unknown type or
+    /// of an architecture the host does not serve.
+    #[error("{}: {source}", path.display())]
+    Gguf {
+        path: PathBuf,
+        #[source]
+        source: super::gguf::GgufError,
+    },
+
     #[error("{} is not a valid safetensors file: {source}", path.display())]
     Safetensors {
         path: PathBuf,

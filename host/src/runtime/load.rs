@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::device::{DType, Device};
-use crate::model::{self, Checkpoint, ModelError};
+use crate::device::Device;
+use crate::model::{Checkpoint, ModelError};
 use crate::plugins::PluginError;
 use crate::plugins::glue::GluePlugin;
 
@@ -25,15 +25,10 @@ impl WeightSource for Checkpoint {
         let view = self
             .tensor(name)
             .map_err(|e| RuntimeError::Weight(e.to_string()))?;
-        let dtype = match view.dtype() {
-            model::DType::F32 => DType::F32,
-            model::DType::F16 => DType::F16,
-            model::DType::BF16 => DType::BF16,
-        };
         Ok(WeightView {
-            dtype,
+            dtype: view.dtype().device_dtype(),
             shape: view.shape().to_vec(),
-            bytes: view.data(),
+            bytes: view.data_in_hf_order(),
         })
     }
 

@@ -29,11 +29,12 @@ pub struct RuntimeConfig {
     pub kv_cache_dtype: DType,
 }
 
-/// A weight as the checkpoint holds it: dtype, shape and raw little-endian bytes.
+/// A weight as the checkpoint holds it: dtype, shape and raw little-endian bytes (rows in
+/// the order the model reads them; for block-quantized dtypes, rows of whole blocks).
 pub struct WeightView<'a> {
     pub dtype: DType,
     pub shape: Vec<u64>,
-    pub bytes: &'a [u8],
+    pub bytes: std::borrow::Cow<'a, [u8]>,
 }
 
 /// Where `prepare` reads weights from (a memory-mapped checkpoint, or a test's tensors).
@@ -210,7 +211,7 @@ impl Runtime {
                 )));
             }
             let id = alloc.alloc(view.bytes.len() as u64)?;
-            alloc.device.write(id, 0, view.bytes)?;
+            alloc.device.write(id, 0, &view.bytes)?;
             weights.uploaded(&spec.name);
             weight_buffers.insert(
                 spec.name.clone(),

@@ -20,13 +20,14 @@
  * Callables every device provides, in this order (index = position). Shapes
  * use T flattened tokens, S sequences, E emitting rows, H hidden, V vocab,
  * D head_dim, B KV blocks, bs block size, M blocks per sequence. W is a
- * weight: f32, f16 or bf16. C is a KV cache: f32, f16 or bf16, the same for
+ * weight: f32, f16 or bf16. Q is a matrix: a W or a block-quantized weight
+ * (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K in ggml's layouts). C is a KV cache: f32, f16 or bf16, the same for
  * the keys and values of a launch; kv_write rounds to it (nearest even).
  * Float params are passed as their IEEE-754 bits.
- *  0 embedding_gather(ids i32[T], table W[V,H], out f32[T,H])
+ *  0 embedding_gather(ids i32[T], table Q[V,H], out f32[T,H])
  *  1 rms_norm(x f32[T,H], weight W[H], out f32[T,H]; eps)
  *  2 rms_norm_heads(x f32[T,N*D] inout, weight W[D]; eps, head_dim)
- *  3 linear(x f32[T,K], w W[N,K], out f32[T,N])            out = x . w^T
+ *  3 linear(x f32[T,K], w Q[N,K], out f32[T,N])            out = x . w^T
  *  4 rotary(q f32[T,Hq*D] inout, k f32[T,Hk*D] inout, positions i32[T];
  *           head_dim, inv_freq...)                          rotate-half
  *           inv_freq: the last D/2 params, one f32 inverse frequency per pair
@@ -47,12 +48,14 @@
  * 12 derive_slot_mapping(block_table i32[S,M], seq_lens i32[S],
  *                        query_start i32[S+1], slot_mapping i32[T] out;
  *                        block_size)
- * 13 qkv_linear(x f32[T,K], wq W[Q,K], wk W[R,K], wv W[R,K],
+ * 13 qkv_linear(x f32[T,K], wq Q[Q,K], wk Q[R,K], wv Q[R,K],
  *               q f32[T,Q] out, k f32[T,R] out, v f32[T,R] out)
  *               three linears over one x; wq, wk and wv share a dtype
- * 14 silu_gate_linear(x f32[T,K], w_gate W[I,K], w_up W[I,K],
+ *               or are all block-quantized
+ * 14 silu_gate_linear(x f32[T,K], w_gate Q[I,K], w_up Q[I,K],
  *                     out f32[T,I])   out = silu(x . w_gate^T) * (x . w_up^T)
- *                     w_gate and w_up share a dtype
+ *                     w_gate and w_up share a dtype or are both
+ *                     block-quantized
  * 15 add_rms_norm(x f32[T,H] inout, y f32[T,H], weight W[H],
  *                 out f32[T,H]; eps)   x += y, then out = rms_norm(x)
  * 16 bias_add(x f32[T,N] inout, bias W[N])   x[t,:] += bias
@@ -90,6 +93,12 @@ extern "C" {
 #define PLUGHOST_DTYPE_I32 3
 #define PLUGHOST_DTYPE_I64 4
 #define PLUGHOST_DTYPE_U8 5
+/* Block-quantized weights in ggml's block layouts (weights only; rows are whole blocks). */
+#define PLUGHOST_DTYPE_Q8_0 6
+#define PLUGHOST_DTYPE_Q4_0 7
+#define PLUGHOST_DTYPE_Q4_1 8
+#define PLUGHOST_DTYPE_Q4_K 9
+#define PLUGHOST_DTYPE_Q6_K 10
 
 /* Argument tags (the order of the WIT enum program.arg-tag). */
 #define PLUGHOST_TAG_INPUT 0

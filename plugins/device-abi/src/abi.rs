@@ -59,9 +59,15 @@ pub mod status {
     }
 }
 
-/// Element types; the order matches the WIT enum `program.dtype`.
+/// Element types; the first six follow the order of the WIT enum `program.dtype`.
+///
+/// The block-quantized types after them are ggml's (llama.cpp's) weight formats, stored block
+/// by block exactly as a GGUF file holds them: a row of `K` elements is `K / block_elements()`
+/// blocks. Only weights take them (the host uploads a GGUF tensor as it is), so the plugin
+/// contract, whose buffers are activations and caches, does not name them.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)] // ggml's names: Q4_K, Q6_K
 pub enum DType {
     F32 = 0,
     F16 = 1,
@@ -69,16 +75,42 @@ pub enum DType {
     I32 = 3,
     I64 = 4,
     U8 = 5,
+    /// 32 elements: an f16 scale `d`, then 32 i8; `x = d * q`.
+    Q8_0 = 6,
+    /// 32 elements: an f16 scale `d`, then 16 bytes of nibbles; `x = d * (q - 8)`.
+    Q4_0 = 7,
+    /// 32 elements: f16 `d` and `m`, then 16 bytes of nibbles; `x = d * q + m`.
+    Q4_1 = 8,
+    /// 256 elements: f16 `d` and `dmin`, 12 bytes of eight 6-bit scales and mins, 128 bytes of
+    /// nibbles; `x = d * scale * q - dmin * min` per 32 elements.
+    Q4_K = 9,
+    /// 256 elements: 128 bytes of low nibbles, 64 of high 2 bits, 16 i8 scales, an f16 `d`;
+    /// `x = d * scale * (q - 32)` per 16 elements.
+    Q6_K = 10,
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 11] = [
         DType::F32,
         DType::F16,
         DType::BF16,
         DType::I32,
         DType::I64,
         DType::U8,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
+
+    /// The block-quantized weight types.
+    pub const BLOCK_QUANTIZED: [DType; 5] = [
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q4_K,
+        DType::Q6_K,
     ];
 
     pub fn from_code(code: u32) -> Option<DType> {
@@ -89,12 +121,44 @@ impl DType {
         self as u32
     }
 
+    /// Bytes of one element, or of one block of [`DType::block_elements`] for the block types.
     pub const fn size_bytes(self) -> u64 {
         match self {
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::I64 => 8,
             DType::U8 => 1,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+            DType::Q4_K => 144,
+            DType::Q6_K => 210,
+        }
+    }
+
+    /// Elements one block holds: 1 for the plain types.
+    pub const fn block_elements(self) -> u64 {
+        match self {
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q4_K | DType::Q6_K => 256,
+            _ => 1,
+        }
+    }
+
+    pub const fn is_block_quantized(self) -> bool {
+        self.block_elements() > 1
+    }
+
+    /// Bytes of a tensor whose rows hold `row_len` elements, `rows` of them; `None` when a row
+    /// is not a whole number of blocks or the size overflows.
+    pub const fn tensor_bytes(self, rows: u64, row_len: u64) -> Option<u64> {
+        let block = self.block_elements();
+        if !row_len.is_multiple_of(block) {
+            return None;
+        }
+        match (row_len / block).checked_mul(self.size_bytes()) {
+            Some(row_bytes) => row_bytes.checked_mul(rows),
+            None => None,
         }
     }
 
@@ -106,6 +170,11 @@ impl DType {
             DType::I32 => "i32",
             DType::I64 => "i64",
             DType::U8 => "u8",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q4_K => "q4_k",
+            DType::Q6_K => "q6_k",
         }
     }
 }
@@ -452,7 +521,7 @@ mod tests {
         for tag in ArgTag::ALL {
             assert_eq!(ArgTag::from_code(tag.code()), Some(tag));
         }
-        assert_eq!(DType::from_code(6), None);
+        assert_eq!(DType::from_code(11), None);
         assert_eq!(ArgTag::from_code(5), None);
         assert_eq!(status::name(7), None);
     }

@@ -127,7 +127,9 @@ pub enum Constraint {
     },
     /// The symbol is even (rotate-half needs pairs).
     Even(&'static str),
-    /// Two arguments have the same dtype (the key and value caches of one layer).
+    /// Two arguments have the same dtype (the key and value caches of one layer), or are both
+    /// block-quantized (a quantized file mixes block types within a layer, e.g. Q4_K_M's Q4_K
+    /// queries and Q6_K values).
     SameDtype(&'static str, &'static str),
 }
 
@@ -135,6 +137,17 @@ const F32: &[DType] = &[DType::F32];
 const I32: &[DType] = &[DType::I32];
 /// Weights may stay in their checkpoint precision.
 const WEIGHT: &[DType] = &[DType::F32, DType::F16, DType::BF16];
+/// Matrices the linears multiply, and embedding tables, may also be stored block-quantized.
+const MATRIX: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4_K,
+    DType::Q6_K,
+];
 /// KV caches hold keys and values in f32, or rounded to f16 or bf16 when written.
 const KV: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
@@ -187,7 +200,7 @@ pub const ALL: &[CallableSpec] = &[
         name: "embedding_gather",
         args: &[
             arg("ids", I32, &[Sym("T")], Read),
-            arg("table", WEIGHT, &[Sym("V"), Sym("H")], Read),
+            arg("table", MATRIX, &[Sym("V"), Sym("H")], Read),
             arg("out", F32, &[Sym("T"), Sym("H")], Write),
         ],
         params: &[],
@@ -219,7 +232,7 @@ pub const ALL: &[CallableSpec] = &[
         name: "linear",
         args: &[
             arg("x", F32, &[Sym("T"), Sym("K")], Read),
-            arg("w", WEIGHT, &[Sym("N"), Sym("K")], Read),
+            arg("w", MATRIX, &[Sym("N"), Sym("K")], Read),
             arg("out", F32, &[Sym("T"), Sym("N")], Write),
         ],
         params: &[],
@@ -349,9 +362,9 @@ pub const ALL: &[CallableSpec] = &[
         name: "qkv_linear",
         args: &[
             arg("x", F32, &[Sym("T"), Sym("K")], Read),
-            arg("wq", WEIGHT, &[Sym("Q"), Sym("K")], Read),
-            arg("wk", WEIGHT, &[Sym("R"), Sym("K")], Read),
-            arg("wv", WEIGHT, &[Sym("R"), Sym("K")], Read),
+            arg("wq", MATRIX, &[Sym("Q"), Sym("K")], Read),
+            arg("wk", MATRIX, &[Sym("R"), Sym("K")], Read),
+            arg("wv", MATRIX, &[Sym("R"), Sym("K")], Read),
             arg("q", F32, &[Sym("T"), Sym("Q")], Write),
             arg("k", F32, &[Sym("T"), Sym("R")], Write),
             arg("v", F32, &[Sym("T"), Sym("R")], Write),
@@ -367,8 +380,8 @@ pub const ALL: &[CallableSpec] = &[
         name: "silu_gate_linear",
         args: &[
             arg("x", F32, &[Sym("T"), Sym("K")], Read),
-            arg("w_gate", WEIGHT, &[Sym("I"), Sym("K")], Read),
-            arg("w_up", WEIGHT, &[Sym("I"), Sym("K")], Read),
+            arg("w_gate", MATRIX, &[Sym("I"), Sym("K")], Read),
+            arg("w_up", MATRIX, &[Sym("I"), Sym("K")], Read),
             arg("out", F32, &[Sym("T"), Sym("I")], Write),
         ],
         params: &[],

@@ -2,7 +2,8 @@
 
 use crate::abi::DType;
 
-/// Decodes f32, f16 or bf16 elements into f32; `None` for other dtypes.
+/// Decodes f32, f16 or bf16 elements, or dequantizes whole blocks of a block-quantized type,
+/// into f32; `None` for integer dtypes.
 pub fn decode_float(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
     match dtype {
         DType::F32 => Some(
@@ -24,6 +25,9 @@ pub fn decode_float(dtype: DType, bytes: &[u8]) -> Option<Vec<f32>> {
                 .collect(),
         ),
         DType::I32 | DType::I64 | DType::U8 => None,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K | DType::Q6_K => {
+            crate::blocks::dequantize(dtype, bytes)
+        }
     }
 }
 
@@ -42,7 +46,7 @@ pub fn encode_f32(values: &[f32]) -> Vec<u8> {
 }
 
 /// Encodes f32 values as `dtype` elements, rounding to the nearest even f16 or bf16; `None`
-/// for dtypes that are not floats.
+/// for dtypes that are not floats (and for the block-quantized ones, which only weights take).
 pub fn encode_float(dtype: DType, values: &[f32]) -> Option<Vec<u8>> {
     match dtype {
         DType::F32 => Some(encode_f32(values)),
@@ -58,7 +62,7 @@ pub fn encode_float(dtype: DType, values: &[f32]) -> Option<Vec<u8>> {
                 .flat_map(|&value| half::bf16::from_f32(value).to_le_bytes())
                 .collect(),
         ),
-        DType::I32 | DType::I64 | DType::U8 => None,
+        _ => None,
     }
 }
 

@@ -4,12 +4,14 @@
 //! * [`callables`]: the callables every device provides, with their signatures;
 //! * [`validate`]: checking launch arguments against those signatures;
 //! * [`elements`]: decoding tensor elements (f32, f16, bf16, i32) from buffer bytes;
+//! * [`blocks`]: ggml's block-quantized weight formats and their dequantization;
 //! * [`kv_cache`]: where a paged KV cache keeps each head's row for a slot;
 //! * [`export`]: the ABI plumbing for devices written in Rust ([`export_device!`]);
 //! * [`step_inputs`]: the device-maintained step inputs every device computes the same way;
 //! * [`config`]: parsing a device's `key=value,...` open-config string.
 
 pub mod abi;
+pub mod blocks;
 pub mod callables;
 pub mod config;
 pub mod elements;

@@ -455,8 +455,10 @@ fn check_constraints(
                         .and_then(|index| args.get(index))
                         .map(|arg| arg.dtype)
                 };
+                let blocks = |code| DType::from_code(code).is_some_and(DType::is_block_quantized);
                 if let (Some(a), Some(b)) = (dtype_of(first), dtype_of(second))
                     && a != b
+                    && !(blocks(a) && blocks(b))
                 {
                     let name = |code| DType::from_code(code).map_or("?", |dtype| dtype.name());
                     return Err(format!(

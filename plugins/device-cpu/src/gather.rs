@@ -1,4 +1,4 @@
-//! Row gathers: `embedding_gather` (token ids to hidden states, widening the table) and `gather_rows` (the rows whose logits are computed).
+//! Row gathers: `embedding_gather` (token ids to hidden states, widening or dequantizing the table) and `gather_rows` (the rows whose logits are computed).
 
 use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, FloatSlice, Launch};
 
@@ -84,6 +84,20 @@ pub(crate) fn run_embedding(
     context: &mut Context,
 ) -> Result<(), DeviceFailure> {
     let width = launch.dim("H");
+    let dtype = launch.dtype("table");
+    if dtype.is_block_quantized() {
+        let mut views = launch.views()?;
+        let (ids, table) = (views.i32("ids"), views.blocks("table"));
+        return crate::linear::gather_quantized_rows(
+            dtype,
+            table,
+            width,
+            ids,
+            views.f32_mut("out"),
+            &context.workers,
+        )
+        .map_err(DeviceFailure::launch_failed);
+    }
     let arrangement = launch.arrangement("table");
     #[cfg(target_arch = "x86_64")]
     if crate::linear::panels::inner_of(arrangement) == Some(width) {

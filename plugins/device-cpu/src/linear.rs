@@ -28,6 +28,9 @@
 //! sequence. So a prompt prefilled alone, in chunks or inside a batch
 //! gets the same bits. One device always runs one instruction-set level, its [`Isa`].
 //!
+//! Block-quantized weights (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) take their own path,
+//! [`quant`]: integer dot products with activations quantized per row to int8.
+//!
 //! One concept per file: [`arrangement`] (weights kept in panels), [`dispatch`] (which tiles
 //! run a launch), [`plan`] (cutting a launch into tasks and token groups), [`sink`] (where
 //! the tiles write, and the gated epilogue), [`elements`] (the weight element types), the
@@ -45,6 +48,7 @@ mod elements;
 pub(crate) mod panels;
 mod plan;
 mod portable;
+mod quant;
 mod sink;
 #[cfg(test)]
 mod tests;
@@ -60,6 +64,7 @@ use dispatch::matmul;
 pub(crate) use elements::HalfBits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
 use plan::Plan;
+pub(crate) use quant::gather_rows as gather_quantized_rows;
 use sink::{SharedOut, Sink};
 
 use crate::Context;
@@ -105,6 +110,9 @@ pub struct LinearShape {
 }
 
 pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    if quant::takes(launch, &["w"]) {
+        return quant::run(launch, context);
+    }
     let shape = LinearShape {
         tokens: launch.dim("T"),
         inner: launch.dim("K"),
@@ -119,6 +127,9 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
 }
 
 pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    if quant::takes(launch, &["wq", "wk", "wv"]) {
+        return quant::run_qkv(launch, context);
+    }
     let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
     let widths = [launch.dim("Q"), launch.dim("R"), launch.dim("R")];
     let named = [("wq", widths[0]), ("wk", widths[1]), ("wv", widths[2])];
@@ -141,6 +152,9 @@ pub(crate) fn run_silu_gate(
     launch: &mut Launch<'_>,
     context: &mut Context,
 ) -> Result<(), DeviceFailure> {
+    if quant::takes(launch, &["w_gate", "w_up"]) {
+        return quant::run_silu_gate(launch, context);
+    }
     let shape = LinearShape {
         tokens: launch.dim("T"),
         inner: launch.dim("K"),

@@ -1,4 +1,8 @@
-//! Reading a GGUF file (llama.cpp's format) held in memory: header, metadata and tensor descriptors.
+//! Reading a GGUF file (llama.cpp's format), memory-mapped or in memory: header, metadata and tensor descriptors.
+//!
+//! [`llama`] maps a Llama GGUF's metadata and names to a Hugging Face config and names,
+//! [`tokenizer`] builds `tokenizer.json` from its vocabulary, and [`folder`] puts both beside
+//! the file so the host serves a GGUF as it serves a model folder, weights as stored.
 //!
 //! Layout (little-endian, versions 2 and 3): magic `GGUF`, u32 version, u64 tensor count,
 //! u64 metadata count, the metadata key/value pairs, the tensor descriptors (name, dims with the
@@ -8,6 +12,7 @@
 //! allocation.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 pub use writer::GgufWriter;
 
@@ -21,6 +26,11 @@ pub enum GgufError {
     Malformed(String),
     #[error("GGUF metadata has no {0}")]
     MissingKey(String),
+    /// A well-formed file of a kind the host does not serve (architecture, tokenizer, rope).
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("reading {path}: {message}")]
+    Io { path: String, message: String },
     /// A metadata value of another type or range than the one asked for.
     #[error("{0}")]
     Metadata(String),
@@ -49,6 +59,18 @@ macro_rules! ensure {
         }
     };
 }
+
+/// Returns a [`GgufError::Unsupported`] built from a format string.
+macro_rules! unsupported {
+    ($($message:tt)*) => {
+        return Err(GgufError::Unsupported(format!($($message)*)))
+    };
+}
+
+pub mod folder;
+pub mod llama;
+pub mod tokenizer;
+pub mod weights;
 
 /// Names what was being read when a step fails, as the error's outer layer.
 trait Context<T> {
@@ -95,31 +117,54 @@ pub enum Value {
 
 /// The ggml element types this reader can read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)] // ggml's names: Q4_K, Q6_K
 pub enum GgmlType {
     F32,
     F16,
+    BF16,
+    Q4_0,
     Q4_1,
     Q8_0,
+    Q4_K,
+    Q6_K,
 }
 
 impl GgmlType {
+    /// The names of the types this reader reads, for errors.
+    const NAMES: &str = "F32, F16, BF16, Q4_0, Q4_1, Q8_0, Q4_K and Q6_K";
+
     fn from_id(id: u32) -> Option<Self> {
         match id {
             0 => Some(GgmlType::F32),
             1 => Some(GgmlType::F16),
+            2 => Some(GgmlType::Q4_0),
             3 => Some(GgmlType::Q4_1),
             8 => Some(GgmlType::Q8_0),
+            12 => Some(GgmlType::Q4_K),
+            14 => Some(GgmlType::Q6_K),
+            30 => Some(GgmlType::BF16),
             _ => None,
         }
     }
 
     /// (elements per block, bytes per block).
     pub fn block(self) -> (usize, usize) {
+        let dtype = self.device_dtype();
+        (dtype.block_elements() as usize, dtype.size_bytes() as usize)
+    }
+
+    /// The device dtype that holds this type's bytes as they are.
+    pub fn device_dtype(self) -> plughost_device_abi::DType {
+        use plughost_device_abi::DType;
         match self {
-            GgmlType::F32 => (1, 4),
-            GgmlType::F16 => (1, 2),
-            GgmlType::Q4_1 => (32, 20),
-            GgmlType::Q8_0 => (32, 34),
+            GgmlType::F32 => DType::F32,
+            GgmlType::F16 => DType::F16,
+            GgmlType::BF16 => DType::BF16,
+            GgmlType::Q4_0 => DType::Q4_0,
+            GgmlType::Q4_1 => DType::Q4_1,
+            GgmlType::Q8_0 => DType::Q8_0,
+            GgmlType::Q4_K => DType::Q4_K,
+            GgmlType::Q6_K => DType::Q6_K,
         }
     }
 }
@@ -145,9 +190,26 @@ impl TensorInfo {
     }
 }
 
+/// Where a file's bytes are: read into memory, or mapped.
+enum Bytes {
+    Owned(Vec<u8>),
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Owned(bytes) => bytes,
+            Bytes::Mapped(map) => map,
+        }
+    }
+}
+
 /// A parsed GGUF file and its bytes.
 pub struct Gguf {
-    bytes: Vec<u8>,
+    bytes: Bytes,
     metadata: BTreeMap<String, Value>,
     tensors: Vec<TensorInfo>,
 }
@@ -163,7 +225,25 @@ impl std::fmt::Debug for Gguf {
 }
 
 impl Gguf {
+    /// Maps the file at `path` and parses it; the tensors' bytes stay in the file's pages.
+    pub fn open(path: &Path) -> Result<Self> {
+        let io = |e: std::io::Error| GgufError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: a read-only private mapping; every range is checked against its length
+        // before use, and like every mmap loader this relies on nobody truncating the file
+        // while it is open.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Self::parse_bytes(Bytes::Mapped(map))
+    }
+
     pub fn parse(bytes: Vec<u8>) -> Result<Self> {
+        Self::parse_bytes(Bytes::Owned(bytes))
+    }
+
+    fn parse_bytes(bytes: Bytes) -> Result<Self> {
         let mut cursor = Cursor {
             bytes: &bytes,
             pos: 0,
@@ -224,6 +304,27 @@ impl Gguf {
 
     pub fn tensor_data(&self, tensor: &TensorInfo) -> &[u8] {
         &self.bytes[tensor.range.clone()]
+    }
+
+    /// Drops this process's resident pages of `tensor` when the file is mapped (a later read
+    /// maps them again from the file): once a weight is in device memory, its mapped copy
+    /// would only count twice against the process's memory.
+    pub fn release(&self, tensor: &TensorInfo) {
+        let Bytes::Mapped(map) = &self.bytes else {
+            return;
+        };
+        // SAFETY: a read-only private mapping that is never written, so dropping its pages
+        // loses nothing: a later access reads the same bytes from the file again.
+        let outcome = unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                tensor.range.start,
+                tensor.range.len(),
+            )
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(tensor = tensor.name, %error, "could not release the pages of a tensor");
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -327,9 +428,9 @@ impl RawTensor {
         let name = self.name;
         let kind = GgmlType::from_id(self.kind).with_context(|| {
             format!(
-                "tensor {name} has ggml type {}, which this reader cannot read \
-                 (it reads F32, F16, Q4_1 and Q8_0)",
-                self.kind
+                "tensor {name} has ggml type {}, which this reader cannot read (it reads {})",
+                self.kind,
+                GgmlType::NAMES
             )
         })?;
         let dims = self
@@ -558,12 +659,9 @@ mod tests {
     #[test]
     fn unsupported_tensor_types_are_named() {
         let bytes = GgufWriter::default()
-            .tensor("blk.0.attn_q.weight", &[32], 12, &[0u8; 144])
+            .tensor("blk.0.attn_q.weight", &[32], 6, &[0u8; 22])
             .build();
         let err = format!("{:#}", Gguf::parse(bytes).unwrap_err());
-        assert!(
-            err.contains("blk.0.attn_q.weight has ggml type 12"),
-            "{err}"
-        );
+        assert!(err.contains("blk.0.attn_q.weight has ggml type 6"), "{err}");
     }
 }

@@ -47,14 +47,21 @@ impl ResolvedArg {
         let dtype = DType::from_code(arg.dtype)
             .ok_or_else(|| DeviceFailure::internal("dtype passed the spec check but is unknown"))?;
         let too_large = || DeviceFailure::new(status::OUT_OF_BOUNDS, "the shape is too large");
-        let elements = arg
+        let (row_len, outer) = arg
             .dims()
+            .split_last()
+            .map_or((1, &[][..]), |(l, o)| (*l, o));
+        let rows = outer
             .iter()
             .try_fold(1u64, |count, &dim| count.checked_mul(dim))
             .ok_or_else(too_large)?;
-        let len = elements
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(too_large)?;
+        if !row_len.is_multiple_of(dtype.block_elements()) {
+            return Err(DeviceFailure::invalid_argument(format!(
+                "rows of {row_len} {dtype} elements are not whole blocks of {}",
+                dtype.block_elements()
+            )));
+        }
+        let len = dtype.tensor_bytes(rows, row_len).ok_or_else(too_large)?;
         if !arg.offset.is_multiple_of(dtype.size_bytes()) {
             return Err(DeviceFailure::invalid_argument(format!(
                 "offset {} is not a multiple of the {dtype} size ({} bytes)",

@@ -84,6 +84,16 @@ impl<'l> ArgViews<'l> {
         }
     }
 
+    /// A read-only block-quantized argument's bytes, blocks in row order (see [`crate::blocks`]).
+    pub fn blocks(&self, arg: &str) -> &'l [u8] {
+        let dtype = self.dtype(arg);
+        assert!(
+            dtype.is_block_quantized(),
+            "argument `{arg}` is {dtype}, not block-quantized"
+        );
+        self.shared(arg, dtype)
+    }
+
     /// A written f32 argument; its current contents are visible, so it also serves in-place
     /// updates.
     pub fn f32_mut(&mut self, arg: &str) -> &'l mut [f32] {

@@ -166,6 +166,11 @@ impl<'a> SharedOut<'a> {
         }
     }
 
+    /// The start of columns `columns` of row `t`, checked to lie inside `out`.
+    pub(super) fn columns(&self, t: usize, columns: Range<usize>) -> *mut f32 {
+        self.block(t, columns.start, 1, columns.len())
+    }
+
     /// Element `[t, n0]` of the block of rows `t..t + tokens`, columns `n0..n0 + columns`,
     /// checked to lie inside `out`.
     fn block(&self, t: usize, n0: usize, tokens: usize, columns: usize) -> *mut f32 {

@@ -12,12 +12,11 @@
 
 use std::collections::HashMap;
 
-use anyhow::{Context, Result, bail, ensure};
 use serde::Serialize;
 use serde::ser::SerializeMap;
 use serde_json::{Value, json};
 
-use plughost::model::gguf::Gguf;
+use super::{Context, Gguf, GgufError, Result};
 
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
@@ -87,17 +86,18 @@ pub struct GgufTokenizer<'a> {
 impl<'a> GgufTokenizer<'a> {
     pub fn from_gguf(gguf: &'a Gguf) -> Result<Self> {
         let model = gguf.str("tokenizer.ggml.model")?;
-        ensure!(
-            model == "gpt2",
-            "GGUF tokenizer model {model:?} is not supported: this converter builds byte-level BPE (gpt2)"
-        );
+        if model != "gpt2" {
+            unsupported!(
+                "GGUF tokenizer model {model:?} is not supported: only byte-level BPE (gpt2) is"
+            );
+        }
         let pre = match gguf.get("tokenizer.ggml.pre") {
             Some(_) => gguf.str("tokenizer.ggml.pre")?,
             None => "default",
         };
         if PRE_WITH_OWN_SPLIT.contains(&pre) {
-            bail!(
-                "GGUF pre-tokenizer {pre:?} needs its own split regex, which this converter does not implement"
+            unsupported!(
+                "GGUF pre-tokenizer {pre:?} needs its own split regex, which is not implemented"
             );
         }
         let tokens = gguf.str_array("tokenizer.ggml.tokens")?;
@@ -226,7 +226,8 @@ impl<'a> GgufTokenizer<'a> {
                 merges,
             },
         };
-        serde_json::to_string_pretty(&file).context("serializing tokenizer.json")
+        serde_json::to_string_pretty(&file)
+            .map_err(|e| GgufError::Malformed(format!("serializing tokenizer.json: {e}")))
     }
 
     /// `TemplateProcessing` as `TokenizersBackend.update_post_processor` sets it from the
@@ -359,7 +360,7 @@ impl Serialize for OrderedVocab<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use plughost::model::gguf::GgufWriter;
+    use crate::model::gguf::GgufWriter;
 
     #[test]
     fn byte_table_is_gpt2s() {

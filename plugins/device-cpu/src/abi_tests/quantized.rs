@@ -1,0 +1,86 @@
+//! Block-quantized weights through the C ABI: a linear and an embedding gather over Q4_1 and Q8_0 buffers as a host uploads them from a GGUF, and weights whose rows are not whole blocks refused before anything runs.
+
+use plughost_device_abi::blocks::dequantize;
+use plughost_device_abi::{DType, status};
+
+use super::device::{Device, IN, OUT, random};
+
+/// `rows` rows of 64 values in `dtype`: random blocks with small finite f16 scales.
+fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
+    let size = dtype.size_bytes() as usize;
+    let count = rows * 64 / dtype.block_elements() as usize;
+    let noise = random(seed, count * size, 1.0);
+    let mut bytes: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    for (b, block) in bytes.chunks_exact_mut(size).enumerate() {
+        let scale = half::f16::from_f32(0.01 + 0.001 * b as f32).to_le_bytes();
+        block[..2].copy_from_slice(&scale);
+        if dtype == DType::Q4_1 {
+            block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+        }
+    }
+    bytes
+}
+
+#[test]
+fn quantized_weights_serve_linears_and_gathers() {
+    let device = Device::open("").unwrap();
+    let x_values = random(3, 2 * 64, 1.0);
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        let bytes = blocks(dtype, 3, 11);
+        let w = device.upload(dtype, &[3, 64], &bytes);
+        let x = device.f32s(&[2, 64], &x_values);
+        let out = device.zeros(&[2, 3]);
+        device
+            .launch("linear", &[x.arg(IN), w.arg(IN), out.arg(OUT)], &[])
+            .unwrap();
+        let values = dequantize(dtype, &bytes).unwrap();
+        let got = device.read_f32(&out);
+        for t in 0..2 {
+            for n in 0..3 {
+                let row = &values[n * 64..(n + 1) * 64];
+                let want: f32 = row
+                    .iter()
+                    .zip(&x_values[t * 64..])
+                    .map(|(w, x)| w * x)
+                    .sum();
+                let scale: f32 = row
+                    .iter()
+                    .zip(&x_values[t * 64..])
+                    .map(|(w, x)| (w * x).abs())
+                    .sum();
+                assert!(
+                    (got[t * 3 + n] - want).abs() <= 1e-4 * scale.max(1e-3),
+                    "{dtype} [{t}, {n}]: {} vs {want}",
+                    got[t * 3 + n]
+                );
+            }
+        }
+        let ids = device.i32s(&[2], &[2, 0]);
+        let gathered = device.zeros(&[2, 64]);
+        device
+            .launch(
+                "embedding_gather",
+                &[ids.arg(IN), w.arg(IN), gathered.arg(OUT)],
+                &[],
+            )
+            .unwrap();
+        let mut expected = values[128..192].to_vec();
+        expected.extend_from_slice(&values[..64]);
+        assert_eq!(device.read_f32(&gathered), expected, "{dtype} gather");
+    }
+}
+
+#[test]
+fn rows_that_are_not_whole_blocks_are_refused() {
+    let device = Device::open("").unwrap();
+    // 48 values a row: one and a half Q8_0 blocks.
+    let w = device.upload(DType::Q8_0, &[2, 48], &[0; 2 * 51]);
+    let x = device.f32s(&[1, 48], &[0.0; 48]);
+    let out = device.f32s(&[1, 2], &[7.0; 2]);
+    let (code, message) = device
+        .launch("linear", &[x.arg(IN), w.arg(IN), out.arg(OUT)], &[])
+        .unwrap_err();
+    assert_eq!(code, status::INVALID_ARGUMENT);
+    assert!(message.contains("not whole blocks of 32"), "{message}");
+    assert_eq!(device.read_f32(&out), [7.0; 2]);
+}

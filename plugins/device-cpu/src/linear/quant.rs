@@ -1,0 +1,324 @@
+//! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
+//!
+//! A launch quantizes its activation rows to int8 once, in two levels (the values and their
+//! residual, see [`activations`]), then every output is the dot product of one weight row and
+//! one activation row ([`dots`]): integer sums per block, on AVX2 ([`avx2`]) or in plain
+//! Rust, then the scales in one fixed order. The result
+//! of an output depends only on its weight row and its token's row, so a prompt gives the
+//! same bits alone, in a batch and in chunks, and both paths give the same bits.
+//!
+//! Threads take ranges of weight rows, each row meeting every token of the launch while it
+//! is in cache.
+
+mod activations;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod dots;
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+
+use plughost_device_abi::DType;
+use plughost_device_abi::export::{DeviceFailure, Launch};
+
+use crate::Context;
+use crate::elementwise::silu_mul_span;
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
+use crate::workers::Workers;
+
+use super::sink::SharedOut;
+use activations::{Q8Row, Q8Rows};
+
+thread_local! {
+    /// Each block size's quantized activations, grown to the largest launch and reused.
+    static ROWS: RefCell<[Q8Rows; 2]> = RefCell::new(Default::default());
+}
+
+/// Whether any of the launch's weight arguments is block-quantized: such a launch runs here.
+pub(crate) fn takes(launch: &Launch<'_>, weights: &[&str]) -> bool {
+    weights.iter().any(|w| launch.dtype(w).is_block_quantized())
+}
+
+/// One weight matrix of a launch: its type, bytes and rows.
+#[derive(Clone, Copy)]
+pub struct QuantMatrix<'a> {
+    pub dtype: DType,
+    pub bytes: &'a [u8],
+    pub rows: usize,
+}
+
+/// What the outputs of a launch are made of.
+enum Outputs<'s, 'a> {
+    /// Matrix `p` into output `p`.
+    Each(&'s [SharedOut<'a>]),
+    /// `silu(x · gateᵀ) * (x · upᵀ)` into one output.
+    SiluGate(SharedOut<'a>),
+}
+
+pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    let (tokens, inner, n) = (launch.dim("T"), launch.dim("K"), launch.dim("N"));
+    let views = launch.views()?;
+    let mut views = views;
+    let x = views.f32("x");
+    let w = matrix(&views, "w", n)?;
+    let out = views.f32_mut("out");
+    let outs = [SharedOut::new(out, n)];
+    multiply(context, x, (tokens, inner), &[w], &Outputs::Each(&outs))
+}
+
+pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+    let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
+    let (q, r) = (launch.dim("Q"), launch.dim("R"));
+    let mut views = launch.views()?;
+    let x = views.f32("x");
+    let weights = [
+        matrix(&views, "wq", q)?,
+        matrix(&views, "wk", r)?,
+        matrix(&views, "wv", r)?,
+    ];
+    let outs = [
+        SharedOut::new(views.f32_mut("q"), q),
+        SharedOut::new(views.f32_mut("k"), r),
+        SharedOut::new(views.f32_mut("v"), r),
+    ];
+    multiply(context, x, (tokens, inner), &weights, &Outputs::Each(&outs))
+}
+
+pub(crate) fn run_silu_gate(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+) -> Result<(), DeviceFailure> {
+    let (tokens, inner, i) = (launch.dim("T"), launch.dim("K"), launch.dim("I"));
+    let mut views = launch.views()?;
+    let x = views.f32("x");
+    let weights = [matrix(&views, "w_gate", i)?, matrix(&views, "w_up", i)?];
+    let out = SharedOut::new(views.f32_mut("out"), i);
+    multiply(
+        context,
+        x,
+        (tokens, inner),
+        &weights,
+        &Outputs::SiluGate(out),
+    )
+}
+
+fn matrix<'a>(
+    views: &plughost_device_abi::export::ArgViews<'a>,
+    name: &str,
+    rows: usize,
+) -> Result<QuantMatrix<'a>, DeviceFailure> {
+    let dtype = views.dtype(name);
+    if !dtype.is_block_quantized() {
+        return Err(DeviceFailure::invalid_argument(format!(
+            "`{name}` is {dtype}, but the launch's other weights are block-quantized: \
+             the weights of one launch are all block-quantized or none is"
+        )));
+    }
+    Ok(QuantMatrix {
+        dtype,
+        bytes: views.blocks(name),
+        rows,
+    })
+}
+
+/// Each weight's bytes hold `rows` rows of `inner` values: what the row loop relies on.
+fn check_lengths(weights: &[QuantMatrix<'_>], inner: usize) -> Result<(), DeviceFailure> {
+    for w in weights {
+        let expected = w.dtype.tensor_bytes(w.rows as u64, inner as u64);
+        if expected != Some(w.bytes.len() as u64) {
+            return Err(DeviceFailure::internal(format!(
+                "{} weights of {} bytes do not hold {} rows of {inner}",
+                w.dtype,
+                w.bytes.len(),
+                w.rows
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `x` (`tokens` rows of `inner`) times each of `weights` into `outputs`.
+fn multiply(
+    context: &Context,
+    x: &[f32],
+    (tokens, inner): (usize, usize),
+    weights: &[QuantMatrix<'_>],
+    outputs: &Outputs<'_, '_>,
+) -> Result<(), DeviceFailure> {
+    check_lengths(weights, inner)?;
+    if tokens == 0 {
+        return Ok(());
+    }
+    ROWS.with(|cell| {
+        let mut rows = cell.borrow_mut();
+        let [small, large] = &mut *rows;
+        let mut quantized = [None, None];
+        for w in weights {
+            let block = dots::activation_block(w.dtype);
+            let (slot, rows) = if block == 32 {
+                (0, &mut *small)
+            } else {
+                (1, &mut *large)
+            };
+            if quantized[slot].is_none() {
+                rows.quantize(x, inner, block);
+                quantized[slot] = Some(());
+            }
+        }
+        let rows_for = |dtype: DType| {
+            if dots::activation_block(dtype) == 32 {
+                &*small
+            } else {
+                &*large
+            }
+        };
+        let kernel = RowKernel { isa: context.isa };
+        match outputs {
+            Outputs::Each(outs) => {
+                let total: usize = weights.iter().map(|w| w.rows).sum();
+                run_rows(&context.workers, total, |range| {
+                    // A range may cross from one matrix into the next.
+                    let mut first = 0;
+                    for (w, out) in weights.iter().zip(outs.iter()) {
+                        let mine = range.start.max(first)..range.end.min(first + w.rows);
+                        if !mine.is_empty() {
+                            let local = mine.start - first..mine.end - first;
+                            kernel.rows_into(*w, rows_for(w.dtype), local, tokens, out);
+                        }
+                        first += w.rows;
+                    }
+                });
+            }
+            Outputs::SiluGate(out) => {
+                let [gate, up] = [weights[0], weights[1]];
+                run_rows(&context.workers, gate.rows, |range| {
+                    kernel.gated_rows_into([gate, up], rows_for, range, tokens, out);
+                });
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Runs `task` over `0..rows` in ranges spread over the workers.
+fn run_rows(workers: &Workers, rows: usize, task: impl Fn(std::ops::Range<usize>) + Sync + Send) {
+    workers.for_each_range(rows, task);
+}
+
+/// Which integer sums a launch uses.
+#[derive(Clone, Copy)]
+struct RowKernel {
+    isa: Isa,
+}
+
+impl RowKernel {
+    /// The weight row times both levels of the activation row, first level first.
+    fn dot(self, dtype: DType, w: &[u8], [high, low]: [Q8Row<'_>; 2]) -> f32 {
+        self.dot_level(dtype, w, high) + self.dot_level(dtype, w, low)
+    }
+
+    fn dot_level(self, dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.has(IsaLevel::Avx2) {
+            // SAFETY: the level has AVX2 (checked just above); `check_lengths` made every
+            // weight row whole blocks, and the activations were quantized for this `inner`.
+            return unsafe { avx2::dot_row_avx2(dtype, w, x) };
+        }
+        dots::dot_row::<dots::Portable>(dtype, w, x)
+    }
+
+    /// Outputs `range` of `w` for every token into `out`.
+    fn rows_into(
+        self,
+        w: QuantMatrix<'_>,
+        x: &Q8Rows,
+        range: std::ops::Range<usize>,
+        tokens: usize,
+        out: &SharedOut<'_>,
+    ) {
+        let row_bytes = w.bytes.len() / w.rows.max(1);
+        for t in 0..tokens {
+            let start = out.columns(t, range.clone());
+            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
+            // `range` of every row (the ranges of a launch are disjoint).
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
+            for (n, value) in range.clone().zip(columns.iter_mut()) {
+                let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
+                *value = self.dot(w.dtype, row, x.row(t));
+            }
+        }
+    }
+
+    /// `silu(gate) * up` for outputs `range` and every token, through the same SiLU as
+    /// `silu_mul`, so it matches two `linear`s and `silu_mul` bit for bit.
+    fn gated_rows_into<'r>(
+        self,
+        [gate, up]: [QuantMatrix<'_>; 2],
+        rows_for: impl Fn(DType) -> &'r Q8Rows,
+        range: std::ops::Range<usize>,
+        tokens: usize,
+        out: &SharedOut<'_>,
+    ) {
+        let row_bytes = |w: &QuantMatrix| w.bytes.len() / w.rows.max(1);
+        let mut g = vec![0.0f32; range.len()];
+        let mut u = vec![0.0f32; range.len()];
+        for t in 0..tokens {
+            for (i, n) in range.clone().enumerate() {
+                let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
+                g[i] = self.dot(
+                    gate.dtype,
+                    &gate.bytes[n * gb..(n + 1) * gb],
+                    rows_for(gate.dtype).row(t),
+                );
+                u[i] = self.dot(
+                    up.dtype,
+                    &up.bytes[n * ub..(n + 1) * ub],
+                    rows_for(up.dtype).row(t),
+                );
+            }
+            let start = out.columns(t, range.clone());
+            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
+            // `range` of every row (the ranges of a launch are disjoint).
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
+            silu_mul_span(self.isa, &g, &u, columns);
+        }
+    }
+}
+
+/// Gathers rows of a block-quantized table into f32 (`embedding_gather`).
+pub(crate) fn gather_rows(
+    dtype: DType,
+    table: &[u8],
+    width: usize,
+    indices: &[i32],
+    out: &mut [f32],
+    workers: &Workers,
+) -> Result<(), String> {
+    let row_bytes = dtype
+        .tensor_bytes(1, width as u64)
+        .map(|b| b as usize)
+        .filter(|&b| b > 0)
+        .ok_or_else(|| format!("rows of {width} are not whole {dtype} blocks"))?;
+    let num_rows = table.len() / row_bytes;
+    for (position, &index) in indices.iter().enumerate() {
+        if usize::try_from(index).map_or(true, |index| index >= num_rows) {
+            return Err(format!(
+                "ids[{position}] = {index} is outside 0..{num_rows}"
+            ));
+        }
+    }
+    let rows_per_task = workers.rows_per_task(indices.len(), width);
+    workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
+        let first = task * rows_per_task;
+        for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
+            let index = index as usize;
+            let row = &table[index * row_bytes..(index + 1) * row_bytes];
+            // Whole blocks of the right count (checked above): this cannot fail.
+            let _ = plughost_device_abi::blocks::dequantize_into(dtype, row, out_row);
+        }
+    });
+    Ok(())
+}

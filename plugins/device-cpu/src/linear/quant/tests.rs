@@ -1,0 +1,302 @@
+//! The block-quantized linears against the `gguf` Python package's dequantization (`reference.json`, made by `tests/reference/gguf_blocks_reference.py`), on every path the CPU has, alone, in a batch and chunked.
+
+use super::*;
+use crate::isa::IsaLevel;
+use crate::test_support::noise;
+use dots::{BlockInts, Portable};
+
+struct Case {
+    dtype: DType,
+    /// Two weight rows.
+    rows: Vec<u8>,
+    values: Vec<f32>,
+    x: Vec<f32>,
+    exact: Vec<f64>,
+    quantized: Vec<f64>,
+}
+
+fn hex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+fn hex_f32(text: &str) -> Vec<f32> {
+    hex(text)
+        .chunks_exact(4)
+        .map(|b| f32::from_bits(u32::from_be_bytes([b[0], b[1], b[2], b[3]])))
+        .collect()
+}
+
+const INNER: usize = 512;
+
+fn cases() -> Vec<Case> {
+    let json: serde_json::Value =
+        serde_json::from_str(include_str!("reference.json")).expect("reference.json");
+    assert_eq!(json["inner"], INNER);
+    DType::BLOCK_QUANTIZED
+        .iter()
+        .map(|&dtype| {
+            let case = &json["cases"][dtype.name()];
+            let strings = |key: &str| -> Vec<String> {
+                case[key]
+                    .as_array()
+                    .expect(key)
+                    .iter()
+                    .map(|v| v.as_str().expect(key).to_string())
+                    .collect()
+            };
+            let floats = |key: &str| -> Vec<f64> {
+                case[key]
+                    .as_array()
+                    .expect(key)
+                    .iter()
+                    .map(|v| v.as_f64().expect(key))
+                    .collect()
+            };
+            Case {
+                dtype,
+                rows: strings("rows").iter().flat_map(|r| hex(r)).collect(),
+                values: strings("values").iter().flat_map(|r| hex_f32(r)).collect(),
+                x: hex_f32(case["x"].as_str().expect("x")),
+                exact: floats("exact"),
+                quantized: floats("quantized"),
+            }
+        })
+        .collect()
+}
+
+/// The paths this CPU has: portable, and AVX2 where present.
+fn paths() -> Vec<Isa> {
+    let mut paths = vec![Isa::at(IsaLevel::Portable).expect("portable")];
+    if let Ok(avx2) = Isa::at(IsaLevel::Avx2) {
+        paths.push(avx2);
+    }
+    paths
+}
+
+#[test]
+fn dequantization_matches_the_gguf_package_exactly() {
+    for case in cases() {
+        let values =
+            plughost_device_abi::blocks::dequantize(case.dtype, &case.rows).expect("whole blocks");
+        assert_eq!(values.len(), case.values.len(), "{}", case.dtype);
+        for (k, (ours, theirs)) in values.iter().zip(&case.values).enumerate() {
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "{} value {k}", case.dtype);
+        }
+    }
+}
+
+#[test]
+fn dot_products_match_the_reference_on_every_path() {
+    for case in cases() {
+        let mut rows = Q8Rows::default();
+        rows.quantize(&case.x, INNER, dots::activation_block(case.dtype));
+        let row_bytes = case.rows.len() / 2;
+        for (r, w) in case.rows.chunks_exact(row_bytes).enumerate() {
+            // Scale of the sum: the error of f32 arithmetic is relative to it.
+            let magnitude: f64 = case.values[r * INNER..(r + 1) * INNER]
+                .iter()
+                .zip(&case.x)
+                .map(|(&w, &x)| f64::from(w * x).abs())
+                .sum();
+            let mut bits = Vec::new();
+            for isa in paths() {
+                let [high, _] = rows.row(0);
+                let kernel = RowKernel { isa };
+                let one_level = f64::from(kernel.dot_level(case.dtype, w, high));
+                let ours = f64::from(kernel.dot(case.dtype, w, rows.row(0)));
+                let name = format!("{} row {r} at {}", case.dtype, isa.level());
+                // The first level alone against the same int8 activations (llama.cpp's
+                // arithmetic): only f32 rounding differs.
+                assert!(
+                    (one_level - case.quantized[r]).abs() <= 1e-5 * magnitude,
+                    "{name}: {one_level} vs {} (scale {magnitude})",
+                    case.quantized[r]
+                );
+                // Both levels against f32 activations: within the residual's rounding.
+                assert!(
+                    (ours - case.exact[r]).abs() <= 1e-4 * magnitude,
+                    "{name}: {ours} vs exact {} (scale {magnitude})",
+                    case.exact[r]
+                );
+                bits.push(ours.to_bits());
+            }
+            assert!(
+                bits.windows(2).all(|p| p[0] == p[1]),
+                "{} row {r}: the paths disagree",
+                case.dtype
+            );
+        }
+    }
+}
+
+/// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
+fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
+    let context = Context {
+        workers: Workers::new(threads).expect("workers"),
+        scratch: Vec::new(),
+        isa,
+        bf16_products: Default::default(),
+    };
+    let tokens = x.len() / INNER;
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    let outs = [SharedOut::new(&mut out, w.rows)];
+    multiply(&context, x, (tokens, INNER), &[w], &Outputs::Each(&outs)).expect("launch");
+    out
+}
+
+#[test]
+fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
+    let tokens = 16;
+    let x: Vec<f32> = (0..tokens * INNER).map(|i| noise(3, i) * 4.0).collect();
+    for case in cases() {
+        let w = QuantMatrix {
+            dtype: case.dtype,
+            bytes: &case.rows,
+            rows: 2,
+        };
+        for isa in paths() {
+            let batch = launch_rows(isa, w, &x, 2);
+            for t in 0..tokens {
+                let alone = launch_rows(isa, w, &x[t * INNER..(t + 1) * INNER], 1);
+                assert_eq!(
+                    alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    batch[t * 2..t * 2 + 2]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>(),
+                    "{} token {t} at {}",
+                    case.dtype,
+                    isa.level()
+                );
+            }
+            // Chunks of 5, 5 and 6 tokens, as a chunked prefill runs them.
+            let mut chunked = Vec::new();
+            for range in [0..5, 5..10, 10..16] {
+                chunked.extend(launch_rows(
+                    isa,
+                    w,
+                    &x[range.start * INNER..range.end * INNER],
+                    2,
+                ));
+            }
+            assert_eq!(
+                chunked.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                batch.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{} chunked at {}",
+                case.dtype,
+                isa.level()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_fused_launches_match_the_plain_ones() {
+    let tokens = 3;
+    let x: Vec<f32> = (0..tokens * INNER).map(|i| noise(5, i)).collect();
+    let all = cases();
+    let (gate, up) = (&all[4], &all[3]);
+    fn matrix(case: &Case) -> QuantMatrix<'_> {
+        QuantMatrix {
+            dtype: case.dtype,
+            bytes: &case.rows,
+            rows: 2,
+        }
+    }
+    for isa in paths() {
+        let context = Context {
+            workers: Workers::new(2).expect("workers"),
+            scratch: Vec::new(),
+            isa,
+            bf16_products: Default::default(),
+        };
+        let g = launch_rows(isa, matrix(gate), &x, 2);
+        let u = launch_rows(isa, matrix(up), &x, 2);
+        let mut expected = vec![0.0; g.len()];
+        silu_mul_span(isa, &g, &u, &mut expected);
+        let mut out = vec![f32::NAN; g.len()];
+        let shared = SharedOut::new(&mut out, 2);
+        let weights = [matrix(gate), matrix(up)];
+        multiply(
+            &context,
+            &x,
+            (tokens, INNER),
+            &weights,
+            &Outputs::SiluGate(shared),
+        )
+        .expect("launch");
+        assert_eq!(
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "silu gate (Q6_K gate, Q4_K up) at {}",
+            isa.level()
+        );
+        // Three matrices of three types in one launch, as a Q4_K_M layer's q, k and v.
+        let (q, k, v) = (matrix(&all[3]), matrix(&all[4]), matrix(&all[0]));
+        let mut outs = [
+            vec![0.0; tokens * 2],
+            vec![0.0; tokens * 2],
+            vec![0.0; tokens * 2],
+        ];
+        {
+            let [a, b, c] = &mut outs;
+            let shared = [
+                SharedOut::new(a, 2),
+                SharedOut::new(b, 2),
+                SharedOut::new(c, 2),
+            ];
+            multiply(
+                &context,
+                &x,
+                (tokens, INNER),
+                &[q, k, v],
+                &Outputs::Each(&shared),
+            )
+            .expect("launch");
+        }
+        for (out, w) in outs.iter().zip([q, k, v]) {
+            assert_eq!(
+                out,
+                &launch_rows(isa, w, &x, 1),
+                "{} at {}",
+                w.dtype,
+                isa.level()
+            );
+        }
+    }
+}
+
+#[test]
+fn weights_that_are_not_whole_rows_are_an_error() {
+    let case = &cases()[0];
+    let w = QuantMatrix {
+        dtype: case.dtype,
+        bytes: &case.rows[..case.rows.len() - 1],
+        rows: 2,
+    };
+    let context = Context {
+        workers: Workers::new(1).expect("workers"),
+        scratch: Vec::new(),
+        isa: Isa::at(IsaLevel::Portable).expect("portable"),
+        bf16_products: Default::default(),
+    };
+    let mut out = vec![0.0; 2];
+    let outs = [SharedOut::new(&mut out, 2)];
+    let error = multiply(&context, &case.x, (1, INNER), &[w], &Outputs::Each(&outs)).unwrap_err();
+    assert!(
+        error.message().contains("do not hold 2 rows"),
+        "{}",
+        error.message()
+    );
+}
+
+#[test]
+fn portable_integer_sums_are_what_the_definitions_say() {
+    // One Q4_K block of nibbles all 1 against activations all 2: each 32-value sum is 64.
+    let qs = [0x11u8; 128];
+    let x = [2i8; 256];
+    assert_eq!(Portable::q4_k(&qs, &x), [64; 8]);
+}
