@@ -45,7 +45,8 @@ fn qwen3_template_model() -> PathBuf {
     dir
 }
 
-fn server() -> &'static String {
+/// The server of the Qwen3-template model, shared with the other APIs' tool checks.
+pub(crate) fn server() -> &'static String {
     static BASE: OnceLock<String> = OnceLock::new();
     BASE.get_or_init(|| {
         let plugin = |file: &str| PluginSpec {

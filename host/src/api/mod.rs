@@ -6,12 +6,16 @@
 //! [`stream`]'s server-sent events. Every failure is an [`ApiError`], turned into a status and
 //! an OpenAI error body by the one table in [`error`].
 //!
+//! Anthropic's Messages API ([`anthropic`]) translates its bodies into chat requests and takes
+//! the same path; its routes answer errors in Anthropic's shape.
+//!
 //! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
 //! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod anthropic;
 pub mod auth;
 pub mod body;
 pub mod browser;
@@ -24,6 +28,7 @@ pub mod error;
 pub mod held_body;
 pub mod logprobs;
 pub mod marker;
+pub mod named_stream;
 pub mod openai;
 pub mod options;
 pub mod reasoning;
@@ -119,11 +124,13 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     let generation = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/messages", post(anthropic::create))
         .route_layer(from_fn_with_state(admission, admission::admit));
     let mut app = Router::new()
         .merge(generation)
         .merge(admin)
         .route("/v1/models", get(routes::models))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/version", get(routes::version))
@@ -140,6 +147,7 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     app.layer(body_limit)
         .layer(map_response(error::ensure_json_body))
         .layer(CatchPanicLayer::custom(error::panic_response))
+        .layer(from_fn(anthropic::error_shape))
         .layer(from_fn(request_id::assign))
         .with_state(state)
 }

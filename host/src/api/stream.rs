@@ -59,7 +59,7 @@ struct State<F> {
 impl<F: ChunkFormat> State<F> {
     fn on_event(&mut self, index: usize, event: ChoiceEvent) {
         match event {
-            ChoiceEvent::Delta { text, logprobs } => {
+            ChoiceEvent::Delta { text, logprobs, .. } => {
                 self.usage.first_text();
                 if let Some(chunk) = self.format.delta(index, text, &logprobs) {
                     self.queued.push_back(Event::default().data(chunk));

@@ -26,6 +26,8 @@ use super::validation::ResponseShape;
 pub enum ChoiceEvent {
     Delta {
         text: String,
+        /// The tokens behind the text, including those of a stop string the text leaves out.
+        token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
     },
     Finished {
@@ -69,11 +71,17 @@ fn choice_stream(
     stream::unfold(Some(receiver), move |receiver| async move {
         let mut receiver = receiver?;
         let event = match receiver.recv().await {
-            Some(GenerationEvent::Delta { text, logprobs, .. }) => {
-                return Some((
-                    (index, ChoiceEvent::Delta { text, logprobs }),
-                    Some(receiver),
-                ));
+            Some(GenerationEvent::Delta {
+                text,
+                token_ids,
+                logprobs,
+            }) => {
+                let delta = ChoiceEvent::Delta {
+                    text,
+                    token_ids,
+                    logprobs,
+                };
+                return Some(((index, delta), Some(receiver)));
             }
             Some(GenerationEvent::Finished { reason, usage }) => {
                 ChoiceEvent::Finished { reason, usage }
@@ -95,6 +103,7 @@ fn choice_stream(
 #[derive(Debug, Clone)]
 pub struct ChoiceOutput {
     pub text: String,
+    pub token_ids: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub finish_reason: FinishReason,
 }
@@ -107,13 +116,19 @@ pub async fn collect(
 ) -> Result<Vec<ChoiceOutput>, ApiError> {
     let num_choices = shape.num_choices();
     let mut texts = vec![String::new(); num_choices];
+    let mut tokens = vec![Vec::new(); num_choices];
     let mut logprobs = vec![Vec::new(); num_choices];
     let mut reasons = vec![None; num_choices];
     while let Some((index, event)) = events.next().await {
         match event {
-            ChoiceEvent::Delta { text, logprobs: l } => {
+            ChoiceEvent::Delta {
+                text,
+                token_ids,
+                logprobs: l,
+            } => {
                 usage.first_text();
                 texts[index].push_str(&text);
+                tokens[index].extend(token_ids);
                 logprobs[index].extend(l);
             }
             ChoiceEvent::Finished { reason, usage: u } => {
@@ -125,12 +140,14 @@ pub async fn collect(
     }
     texts
         .into_iter()
+        .zip(tokens)
         .zip(logprobs)
         .zip(reasons)
-        .map(|((text, logprobs), reason)| {
+        .map(|(((text, token_ids), logprobs), reason)| {
             let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
             Ok(ChoiceOutput {
                 text,
+                token_ids,
                 logprobs,
                 finish_reason,
             })
