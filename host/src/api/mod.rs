@@ -6,8 +6,9 @@
 //! [`stream`]'s server-sent events. Every failure is an [`ApiError`], turned into a status and
 //! an OpenAI error body by the one table in [`error`].
 //!
-//! Anthropic's Messages API ([`anthropic`]) translates its bodies into chat requests and takes
-//! the same path; its routes answer errors in Anthropic's shape.
+//! Anthropic's Messages API ([`anthropic`]) and OpenAI's Responses API ([`responses`])
+//! translate their bodies into chat requests and take the same path; the Messages routes
+//! answer errors in Anthropic's shape.
 //!
 //! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
 //! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
@@ -33,6 +34,7 @@ pub mod openai;
 pub mod options;
 pub mod reasoning;
 pub mod request_id;
+pub mod responses;
 pub mod routes;
 pub mod server;
 pub mod stream;
@@ -79,6 +81,8 @@ pub struct ApiConfig {
     pub drain: drain::Drain,
     /// Whether chat responses split reasoning from the answer.
     pub reasoning_parser: options::ReasoningParserChoice,
+    /// The TTL and byte cap of the Responses API's store.
+    pub response_store: responses::store::ResponseStoreLimits,
 }
 
 impl Default for ApiConfig {
@@ -92,6 +96,7 @@ impl Default for ApiConfig {
             admin_keys: ApiKeys::default(),
             drain: drain::Drain::default(),
             reasoning_parser: options::ReasoningParserChoice::Auto,
+            response_store: Default::default(),
         }
     }
 }
@@ -102,6 +107,8 @@ pub struct AppState {
     pub config: ApiConfig,
     /// Unix seconds when the router was built, the `created` of the model card.
     pub started: u64,
+    /// Responses made with `store: true`, for `GET /v1/responses/{id}` and follow-ups.
+    pub responses: Arc<responses::store::ResponseStore>,
 }
 
 /// The API's routes over an engine, for `serve` and for tests that embed it.
@@ -116,21 +123,28 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     let keys = Arc::new(config.api_keys.clone());
     let admin = admin::routes(config.admin_keys.clone());
     let cors = config.allowed_origins.as_ref().map(browser::cors_layer);
+    let responses = Arc::new(responses::store::ResponseStore::new(config.response_store));
     let state = Arc::new(AppState {
         engine,
         config,
         started: unix_seconds(),
+        responses,
     });
     let generation = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/messages", post(anthropic::create))
+        .route("/v1/responses", post(responses::create))
         .route_layer(from_fn_with_state(admission, admission::admit));
     let mut app = Router::new()
         .merge(generation)
         .merge(admin)
         .route("/v1/models", get(routes::models))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/version", get(routes::version))
@@ -195,7 +209,7 @@ impl ResponseMeta {
     }
 }
 
-fn unix_seconds() -> u64 {
+pub(crate) fn unix_seconds() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -442,15 +442,5 @@ pub fn anthropic_names(error: ApiError) -> ApiError {
         }
         param
     };
-    match error {
-        ApiError::InvalidParam { param, message } => ApiError::InvalidParam {
-            param: param.map(rename),
-            message,
-        },
-        ApiError::Unsupported { param, message } => ApiError::Unsupported {
-            param: rename(param),
-            message,
-        },
-        other => other,
-    }
+    error.with_param_renamed(rename)
 }
