@@ -224,3 +224,34 @@ fn an_x_api_key_header_is_checked_like_a_bearer_key() {
         .expect("sent");
     assert_eq!(models.status().as_u16(), 200);
 }
+
+#[test]
+fn a_thinking_models_reasoning_is_a_thinking_block_unless_thinking_is_disabled() {
+    let base = super::tools::server();
+    // A constrained answer of a thinking model starts after its reasoning block, which the
+    // prompt opens: the random model then reasons until `max_tokens`.
+    let mut body = hello(6);
+    body["output_config"] =
+        json!({"format": {"type": "json_schema", "schema": {"type": "object"}}});
+    let (status, text) = post(base, "/v1/messages", &[], &body);
+    assert_eq!(status, 200, "{text}");
+    let message = json_of(&text);
+    assert_eq!(message["content"][0]["type"], "thinking", "{message}");
+    assert!(
+        message["content"][0]["thinking"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty()),
+        "{message}"
+    );
+    body["thinking"] = json!({"type": "disabled"});
+    let (status, text) = post(base, "/v1/messages", &[], &body);
+    assert_eq!(status, 200, "{text}");
+    let message = json_of(&text);
+    let kinds: Vec<&Value> = message["content"]
+        .as_array()
+        .expect("content")
+        .iter()
+        .map(|b| &b["type"])
+        .collect();
+    assert!(kinds.iter().all(|k| *k != "thinking"), "{message}");
+}

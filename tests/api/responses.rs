@@ -173,3 +173,44 @@ fn fields_it_cannot_honour_are_refused_naming_them() {
         "{error}"
     );
 }
+
+#[test]
+fn a_thinking_models_reasoning_is_a_reasoning_item_whole_and_streamed() {
+    let url = format!("{}/v1/responses", super::tools::server());
+    // A constrained answer of a thinking model starts after its reasoning block, which the
+    // prompt opens: the random model then reasons until `max_output_tokens`.
+    let body = json!({"model": MODEL, "input": "Hi", "max_output_tokens": 6, "temperature": 0,
+        "text": {"format": {"type": "json_object"}}});
+    let (status, whole) = send(reqwest::Method::POST, &url, None, Some(&body));
+    assert_eq!(status, 200, "{whole}");
+    let reasoning = &whole["output"][0];
+    assert_eq!(reasoning["type"], "reasoning", "{whole}");
+    let text = reasoning["content"][0]["text"]
+        .as_str()
+        .expect("reasoning text");
+    assert!(!text.is_empty(), "{whole}");
+    let counted = &whole["usage"]["output_tokens_details"]["reasoning_tokens"];
+    assert!(counted.as_u64().is_some_and(|n| n > 0), "{whole}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let response = reqwest::blocking::Client::new()
+        .post(&url)
+        .json(&streamed)
+        .send()
+        .expect("sent");
+    let events: Vec<Value> = crate::common::api::sse_data(&response.text().expect("a body"))
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("JSON"))
+        .collect();
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, text);
+    let last = events.last().expect("events");
+    assert_eq!(
+        last["response"]["output"][0]["content"][0]["text"], text,
+        "{last}"
+    );
+}
