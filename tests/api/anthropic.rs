@@ -1,11 +1,9 @@
 //! Anthropic's Messages API against real servers: the official anthropic client (plain, streamed, a forced tool, count_tokens, a typed error), the stream's named events, `max_tokens` clamped to the context, errors in Anthropic's shape, and `x-api-key` checked like a Bearer key.
 
-use std::process::Command;
-
 use plughost::api::{ApiConfig, ApiKeys};
 use serde_json::{Value, json};
 
-use crate::common::api::{MODEL, server, spawn_server, sse_data};
+use crate::common::api::{MODEL, run_client_check, server, spawn_server, sse_data};
 
 fn post(base: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> (u16, String) {
     let mut request = reqwest::blocking::Client::new()
@@ -34,25 +32,7 @@ fn hello(max_tokens: i64) -> Value {
 
 #[test]
 fn the_anthropic_python_client_works_unchanged() {
-    let python = std::env::var("PLUGHOST_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "PLUGHOST_TEST_PYTHON is not set: `cargo xtask test` installs the clients and sets it"
-        )
-    });
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/anthropic_client_check.py");
-    let output = Command::new(python)
-        .arg(script)
-        .arg(super::tools::server())
-        .arg(MODEL)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.trim() == "ok",
-        "anthropic client check failed:\n{stdout}\n{stderr}"
-    );
+    run_client_check("anthropic_client_check.py", super::tools::server());
 }
 
 #[test]

@@ -1,11 +1,9 @@
 //! OpenAI's Responses API against real servers: the official openai client and the Agents SDK (plain, streamed, stored, continued, a forced function call, structured output), stored responses visible only to the key that made them under random ids, and fields it cannot honour refused naming them.
 
-use std::process::Command;
-
 use plughost::api::{ApiConfig, ApiKeys};
 use serde_json::{Value, json};
 
-use crate::common::api::{MODEL, server, spawn_server};
+use crate::common::api::{MODEL, run_client_check, server, spawn_server};
 
 fn send(
     method: reqwest::Method,
@@ -31,25 +29,7 @@ fn send(
 
 #[test]
 fn the_openai_client_and_the_agents_sdk_work_unchanged() {
-    let python = std::env::var("PLUGHOST_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "PLUGHOST_TEST_PYTHON is not set: `cargo xtask test` installs the clients and sets it"
-        )
-    });
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/responses_client_check.py");
-    let output = Command::new(python)
-        .arg(script)
-        .arg(&server().base)
-        .arg(MODEL)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.trim() == "ok",
-        "responses client check failed:\n{stdout}\n{stderr}"
-    );
+    run_client_check("responses_client_check.py", &server().base);
 }
 
 #[test]

@@ -11,33 +11,16 @@ import sys
 import anthropic
 import jsonschema
 
+from client_checks import WEATHER, check, fail
+
 base, model = sys.argv[1], sys.argv[2]
 client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 1, "maxLength": 12},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 TOOLS = [{"name": "get_weather", "description": "The weather in a city.", "input_schema": WEATHER}]
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 # The test model is random and would never end a reasoning block, after which a forced call
 # starts: thinking off, so the call is forced from the first token.
 NO_THINKING = {"type": "disabled"}
-
-
-def fail(message):
-    print(f"FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 def check_tool_use(message, where):

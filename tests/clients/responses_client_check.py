@@ -19,26 +19,12 @@ import jsonschema
 import openai
 from openai import AsyncOpenAI, OpenAI
 
+from client_checks import WEATHER, check, fail
+
 base, model = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
 
-WEATHER = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}},
-    "required": ["city"],
-    "additionalProperties": False,
-}
 TOOLS = [{"type": "function", "name": "get_weather", "description": "The weather in a city.", "parameters": WEATHER, "strict": True}]
-
-
-def fail(message):
-    print(f"FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def check(condition, message):
-    if not condition:
-        fail(message)
 
 
 def calls_of(response, where):

@@ -42,6 +42,7 @@ pub mod submit;
 pub mod tokenize;
 pub mod tool_calls;
 pub mod tools;
+pub mod translated;
 pub mod validation;
 
 use std::future::Future;

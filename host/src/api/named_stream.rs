@@ -1,21 +1,17 @@
 //! Server-sent events of the APIs whose events carry names (Anthropic's Messages, OpenAI's Responses): one choice, each event an `event:` line and a JSON `data:` line, and no `[DONE]`.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
-use futures::stream;
+use axum::response::Response;
+use axum::response::sse::Event;
 use serde::Serialize;
-use tracing::Instrument;
 
 use crate::engine::{EngineError, FinishReason};
 
 use super::error::ApiError;
 use super::openai::Usage;
-use super::stream::to_json;
+use super::stream::{EventSource, respond, to_json};
 use super::submit::{ChoiceEvent, ChoiceEvents, UsageTally};
 
 /// How one API names and writes the events of its single choice.
@@ -71,6 +67,31 @@ impl<F: NamedEvents> State<F> {
     }
 }
 
+impl<F: NamedEvents> EventSource for State<F> {
+    fn ready(&mut self) -> Option<Event> {
+        self.queued.pop_front()
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn events(&mut self) -> &mut ChoiceEvents {
+        &mut self.events
+    }
+
+    fn take(&mut self, next: Option<(usize, ChoiceEvent)>) {
+        match next {
+            Some((_, event)) => self.on_event(event),
+            None => {
+                self.done = true;
+                let events = self.failure(ApiError::Unavailable(EngineError::Stopped));
+                self.queued.extend(events);
+            }
+        }
+    }
+}
+
 /// The SSE response of a streaming request with one choice. As in [`super::stream::sse`], the
 /// body owns the choice's events, so a client that goes away aborts the generation.
 pub fn sse<F: NamedEvents>(
@@ -86,29 +107,5 @@ pub fn sse<F: NamedEvents>(
         usage,
         done: false,
     };
-    let span = tracing::Span::current();
-    let body = stream::unfold(state, move |mut state| {
-        async move {
-            loop {
-                if let Some(event) = state.queued.pop_front() {
-                    return Some((Ok::<_, Infallible>(event), state));
-                }
-                if state.done {
-                    return None;
-                }
-                match state.events.next().await {
-                    Some((_, event)) => state.on_event(event),
-                    None => {
-                        state.done = true;
-                        let events = state.failure(ApiError::Unavailable(EngineError::Stopped));
-                        state.queued.extend(events);
-                    }
-                }
-            }
-        }
-        .instrument(span.clone())
-    });
-    Sse::new(body.boxed())
-        .keep_alive(KeepAlive::new().interval(keep_alive))
-        .into_response()
+    respond(state, keep_alive)
 }

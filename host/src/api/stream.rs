@@ -101,8 +101,7 @@ pub fn error_event(error: ApiError) -> Event {
 }
 
 /// The SSE response of a streaming request. The body owns the merged choice events, so a
-/// client that disconnects drops them and the engine aborts every choice. The body is polled
-/// after the handler returned, so it carries the request's span along for its log lines.
+/// client that disconnects drops them and the engine aborts every choice.
 pub fn sse<F: ChunkFormat>(
     events: ChoiceEvents,
     mut format: F,
@@ -121,25 +120,61 @@ pub fn sse<F: ChunkFormat>(
         queued,
         done: false,
     };
+    respond(state, config.keep_alive)
+}
+
+/// The state of a stream being sent: events ready to go, and the choices' events to read.
+pub trait EventSource: Send + 'static {
+    /// The next event ready to send, if any.
+    fn ready(&mut self) -> Option<Event>;
+    /// Whether the stream has ended once nothing is ready.
+    fn done(&self) -> bool;
+    fn events(&mut self) -> &mut ChoiceEvents;
+    /// Takes the next choice event, `None` when every choice has ended.
+    fn take(&mut self, next: Option<(usize, ChoiceEvent)>);
+}
+
+/// The SSE response that sends `source`'s events, with keep-alive comments. The body is
+/// polled after the handler returned, so it carries the request's span for its log lines.
+pub fn respond<S: EventSource>(source: S, keep_alive: Duration) -> Response {
     let span = tracing::Span::current();
-    let body = stream::unfold(state, move |mut state| {
+    let body = stream::unfold(source, move |mut source| {
         async move {
             loop {
-                if let Some(event) = state.queued.pop_front() {
-                    return Some((Ok::<_, Infallible>(event), state));
+                if let Some(event) = source.ready() {
+                    return Some((Ok::<_, Infallible>(event), source));
                 }
-                if state.done {
+                if source.done() {
                     return None;
                 }
-                match state.events.next().await {
-                    Some((index, event)) => state.on_event(index, event),
-                    None => state.on_end(),
-                }
+                let next = source.events().next().await;
+                source.take(next);
             }
         }
         .instrument(span.clone())
     });
     Sse::new(body.boxed())
-        .keep_alive(KeepAlive::new().interval(config.keep_alive))
+        .keep_alive(KeepAlive::new().interval(keep_alive))
         .into_response()
+}
+
+impl<F: ChunkFormat> EventSource for State<F> {
+    fn ready(&mut self) -> Option<Event> {
+        self.queued.pop_front()
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn events(&mut self) -> &mut ChoiceEvents {
+        &mut self.events
+    }
+
+    fn take(&mut self, next: Option<(usize, ChoiceEvent)>) {
+        match next {
+            Some((index, event)) => self.on_event(index, event),
+            None => self.on_end(),
+        }
+    }
 }

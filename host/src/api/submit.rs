@@ -155,6 +155,21 @@ pub async fn collect(
         .collect()
 }
 
+/// The output of a request's only choice (the Messages and Responses APIs have no `n`).
+pub async fn collect_one(
+    events: ChoiceEvents,
+    shape: &ResponseShape,
+    usage: &mut UsageTally,
+) -> Result<ChoiceOutput, ApiError> {
+    collect(events, shape, usage)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(ApiError::Internal {
+            message: "the request ran no choice".into(),
+        })
+}
+
 /// Token counts over a request's choices: each prompt counts once, every choice's output counts.
 #[derive(Debug, Clone)]
 pub struct UsageTally {

@@ -24,7 +24,7 @@ use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::error::ApiError;
 use super::submit::{self, UsageTally};
-use super::validation::{self, BudgetBeyondContext};
+use super::validation::{self, BudgetBeyondContext, ValidatedRequest};
 use super::{AppState, RequestId, validate_off_thread};
 
 pub use answer::error_body;
@@ -44,22 +44,10 @@ pub async fn create(
     Extension(access): Extension<AccessRecord>,
     ApiJson(body): ApiJson<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    let summary = app.engine.summary()?;
-    let tokenizer = summary.tokenizer.clone();
-    let reasoning_parser = app.config.reasoning_parser;
+    let tokenizer = app.engine.summary()?.tokenizer;
     let stream = body.stream.unwrap_or(false);
     let stop_sequences = body.stop_sequences.clone().unwrap_or_default();
-    let validated = validate_off_thread(move || {
-        let chat = body.to_chat(Purpose::Generate)?;
-        validation::validate_conversation(
-            chat,
-            &summary,
-            reasoning_parser,
-            BudgetBeyondContext::Clamp,
-        )
-        .map_err(anthropic_names)
-    })
-    .await?;
+    let validated = validate(&app, body, Purpose::Generate).await?;
     let (requests, shape) = validated.into_parts();
     ticket.reserve(shape.num_choices())?;
     let (events, _) = submit::submit(&app.engine, &request_id, requests)?;
@@ -80,15 +68,30 @@ pub async fn create(
             app.config.keep_alive,
         ));
     }
-    let output = submit::collect(events, &shape, &mut usage)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or(ApiError::Internal {
-            message: "a message request ran no choice".into(),
-        })?;
+    let output = submit::collect_one(events, &shape, &mut usage).await?;
     let message = Message::whole(start, shape.chat_output.reader(), output, usage.usage());
     Ok(Json(message).into_response())
+}
+
+/// The chat request a Messages body stands for, validated off the async threads.
+async fn validate(
+    app: &AppState,
+    body: MessagesRequest,
+    purpose: Purpose,
+) -> Result<ValidatedRequest, ApiError> {
+    let summary = app.engine.summary()?;
+    let reasoning_parser = app.config.reasoning_parser;
+    validate_off_thread(move || {
+        let chat = body.to_chat(purpose)?;
+        validation::validate_conversation(
+            chat,
+            &summary,
+            reasoning_parser,
+            BudgetBeyondContext::Clamp,
+        )
+        .map_err(anthropic_names)
+    })
+    .await
 }
 
 #[derive(Serialize)]
@@ -101,19 +104,7 @@ pub async fn count_tokens(
     State(app): State<Arc<AppState>>,
     ApiJson(body): ApiJson<MessagesRequest>,
 ) -> Result<Json<TokenCount>, ApiError> {
-    let summary = app.engine.summary()?;
-    let reasoning_parser = app.config.reasoning_parser;
-    let validated = validate_off_thread(move || {
-        let chat = body.to_chat(Purpose::CountTokens)?;
-        validation::validate_conversation(
-            chat,
-            &summary,
-            reasoning_parser,
-            BudgetBeyondContext::Clamp,
-        )
-        .map_err(anthropic_names)
-    })
-    .await?;
+    let validated = validate(&app, body, Purpose::CountTokens).await?;
     Ok(Json(TokenCount {
         input_tokens: validated.shape.prompt_lens.iter().map(|&l| l as u64).sum(),
     }))

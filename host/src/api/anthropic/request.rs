@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 use crate::api::body::{FromJsonBody, typed};
 use crate::api::error::ApiError;
 use crate::api::openai::{ChatCompletionRequest, GenerationBody};
+use crate::api::translated::{ChatBody, string_field, tool_param, unsupported};
 
 /// `POST /v1/messages` and `/v1/messages/count_tokens`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -55,13 +56,6 @@ fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::invalid(param, message)
 }
 
-fn unsupported(param: impl Into<String>, message: impl Into<String>) -> ApiError {
-    ApiError::Unsupported {
-        param: param.into(),
-        message: message.into(),
-    }
-}
-
 impl MessagesRequest {
     /// The chat request this body stands for.
     pub fn to_chat(
@@ -69,11 +63,7 @@ impl MessagesRequest {
         purpose: Purpose,
     ) -> Result<GenerationBody<ChatCompletionRequest>, ApiError> {
         self.refuse_hosted_features()?;
-        let mut chat = Map::new();
-        if let Some(model) = &self.model {
-            chat.insert("model".into(), model.clone().into());
-        }
-        chat.insert("messages".into(), Value::Array(self.chat_messages()?));
+        let mut chat = ChatBody::new(self.model.as_ref(), self.chat_messages()?);
         match (self.max_tokens, purpose) {
             (Some(m), _) if m < 1 => {
                 return Err(invalid(
@@ -81,49 +71,33 @@ impl MessagesRequest {
                     format!("`max_tokens` must be at least 1, got {m}"),
                 ));
             }
-            (Some(m), Purpose::Generate) => {
-                chat.insert("max_tokens".into(), m.into());
-            }
+            (Some(m), Purpose::Generate) => chat.set("max_tokens", m),
             (None, Purpose::Generate) => {
                 return Err(invalid("max_tokens", "`max_tokens` is required"));
             }
             (_, Purpose::CountTokens) => {}
         }
-        for (name, value) in [
+        chat.set_present([
             ("temperature", self.temperature.map(Value::from)),
             ("top_p", self.top_p.map(Value::from)),
             ("top_k", self.top_k.map(Value::from)),
             ("stop", self.stop_sequences.clone().map(Value::from)),
-        ] {
-            if let Some(value) = value {
-                chat.insert(name.into(), value);
-            }
-        }
-        if let Some(tools) = &self.tools {
-            let tools = tools
-                .iter()
-                .enumerate()
-                .map(|(i, tool)| function_tool(i, tool))
-                .collect::<Result<Vec<_>, _>>()?;
-            chat.insert("tools".into(), Value::Array(tools));
-        }
+        ]);
+        chat.set_tools(self.tools.as_deref(), function_tool)?;
         if let Some(choice) = self.tool_choice.as_ref().filter(|c| !c.is_null()) {
             let (choice, parallel) = tool_choice(choice)?;
-            chat.insert("tool_choice".into(), choice);
-            if let Some(parallel) = parallel {
-                chat.insert("parallel_tool_calls".into(), parallel.into());
-            }
+            chat.set("tool_choice", choice);
+            chat.set_present([("parallel_tool_calls", parallel.map(Value::from))]);
         }
-        if let Some(format) = self.response_format()? {
-            chat.insert("response_format".into(), format);
-        }
-        if let Some(thinking) = self.thinking_enabled()? {
-            chat.insert(
-                "chat_template_kwargs".into(),
-                json!({ "enable_thinking": thinking }),
-            );
-        }
-        GenerationBody::from_json(&Value::Object(chat)).map_err(anthropic_names)
+        chat.set_present([
+            ("response_format", self.response_format()?),
+            (
+                "chat_template_kwargs",
+                self.thinking_enabled()?
+                    .map(|thinking| json!({ "enable_thinking": thinking })),
+            ),
+        ]);
+        chat.finish(anthropic_name)
     }
 
     fn refuse_hosted_features(&self) -> Result<(), ApiError> {
@@ -308,15 +282,6 @@ fn chat_turn(index: usize, message: &Value, out: &mut Vec<Value>) -> Result<(), 
     Ok(())
 }
 
-fn string_field<'a>(param: &str, block: &'a Value, field: &str) -> Result<&'a str, ApiError> {
-    block.get(field).and_then(Value::as_str).ok_or_else(|| {
-        invalid(
-            format!("{param}.{field}"),
-            format!("this block needs a string `{field}`"),
-        )
-    })
-}
-
 fn text_of(param: &str, block: &Value) -> Result<String, ApiError> {
     match block.get("type").and_then(Value::as_str) {
         Some("text") => Ok(string_field(param, block, "text")?.to_string()),
@@ -423,24 +388,26 @@ fn tool_choice(choice: &Value) -> Result<(Value, Option<bool>), ApiError> {
     Ok((chat, parallel))
 }
 
+/// A chat request's parameter as the Messages API names it.
+fn anthropic_name(param: String) -> String {
+    fn field(path: &str) -> &str {
+        match path {
+            ".function.parameters" => ".input_schema",
+            ".function.name" => ".name",
+            ".function" => "",
+            other => other,
+        }
+    }
+    fn other(param: String) -> String {
+        match param.as_str() {
+            "stop" => "stop_sequences".into(),
+            _ => param,
+        }
+    }
+    tool_param(param, field, other)
+}
+
 /// A chat validation error with the parameter named as the Messages API names it.
 pub fn anthropic_names(error: ApiError) -> ApiError {
-    let rename = |param: String| -> String {
-        if param == "stop" {
-            return "stop_sequences".into();
-        }
-        if let Some(rest) = param.strip_prefix("tools[")
-            && let Some((index, field)) = rest.split_once(']')
-        {
-            let field = match field {
-                ".function.parameters" => ".input_schema",
-                ".function.name" => ".name",
-                ".function" => "",
-                other => other,
-            };
-            return format!("tools[{index}]{field}");
-        }
-        param
-    };
-    error.with_param_renamed(rename)
+    error.with_param_renamed(anthropic_name)
 }

@@ -90,13 +90,7 @@ pub async fn create(
         let keep_alive = app.config.keep_alive;
         return Ok(super::named_stream::sse(events, builder, usage, keep_alive));
     }
-    let output = submit::collect(events, &shape, &mut usage)
-        .await?
-        .into_iter()
-        .next()
-        .ok_or(ApiError::Internal {
-            message: "a Responses request ran no choice".into(),
-        })?;
+    let output = submit::collect_one(events, &shape, &mut usage).await?;
     let response = builder.whole(&output.text, output.finish_reason, usage.usage());
     Ok(Json(response).into_response())
 }

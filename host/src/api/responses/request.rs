@@ -9,6 +9,7 @@ use serde_json::{Map, Value, json};
 use crate::api::body::{FromJsonBody, typed};
 use crate::api::error::ApiError;
 use crate::api::openai::{ChatCompletionRequest, GenerationBody};
+use crate::api::translated::{ChatBody, string_field, tool_param, unsupported};
 
 /// `POST /v1/responses`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -53,13 +54,6 @@ impl FromJsonBody for ResponsesRequest {
 
 fn invalid(param: impl Into<String>, message: impl Into<String>) -> ApiError {
     ApiError::invalid(param, message)
-}
-
-fn unsupported(param: impl Into<String>, message: impl Into<String>) -> ApiError {
-    ApiError::Unsupported {
-        param: param.into(),
-        message: message.into(),
-    }
 }
 
 impl ResponsesRequest {
@@ -167,12 +161,8 @@ impl ResponsesRequest {
             messages.push(json!({"role": "system", "content": instructions}));
         }
         messages.extend_from_slice(conversation);
-        let mut chat = Map::new();
-        if let Some(model) = &self.model {
-            chat.insert("model".into(), model.clone().into());
-        }
-        chat.insert("messages".into(), Value::Array(messages));
-        for (name, value) in [
+        let mut chat = ChatBody::new(self.model.as_ref(), messages);
+        chat.set_present([
             ("max_tokens", self.max_output_tokens.map(Value::from)),
             ("temperature", self.temperature.map(Value::from)),
             ("top_p", self.top_p.map(Value::from)),
@@ -180,26 +170,13 @@ impl ResponsesRequest {
                 "parallel_tool_calls",
                 self.parallel_tool_calls.map(Value::from),
             ),
-        ] {
-            if let Some(value) = value {
-                chat.insert(name.into(), value);
-            }
-        }
-        if let Some(tools) = &self.tools {
-            let tools = tools
-                .iter()
-                .enumerate()
-                .map(|(i, tool)| function_tool(i, tool))
-                .collect::<Result<Vec<_>, _>>()?;
-            chat.insert("tools".into(), Value::Array(tools));
-        }
+        ]);
+        chat.set_tools(self.tools.as_deref(), function_tool)?;
         if let Some(choice) = self.tool_choice.as_ref().filter(|c| !c.is_null()) {
-            chat.insert("tool_choice".into(), tool_choice(choice)?);
+            chat.set("tool_choice", tool_choice(choice)?);
         }
-        if let Some(format) = self.response_format()? {
-            chat.insert("response_format".into(), format);
-        }
-        GenerationBody::from_json(&Value::Object(chat)).map_err(responses_names)
+        chat.set_present([("response_format", self.response_format()?)]);
+        chat.finish(responses_name)
     }
 
     /// `text.format` as chat's `response_format`.
@@ -353,15 +330,6 @@ fn text_parts(param: &str, parts: &[Value]) -> Result<String, ApiError> {
     Ok(texts.join("\n"))
 }
 
-fn string_field<'a>(param: &str, item: &'a Value, field: &str) -> Result<&'a str, ApiError> {
-    item.get(field).and_then(Value::as_str).ok_or_else(|| {
-        invalid(
-            format!("{param}.{field}"),
-            format!("this item needs a string `{field}`"),
-        )
-    })
-}
-
 /// A Responses function tool (`name`, `description`, `parameters`, `strict` at the top level)
 /// as a chat one; the built-in tools are refused.
 fn function_tool(index: usize, tool: &Value) -> Result<Value, ApiError> {
@@ -399,22 +367,24 @@ fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
     }
 }
 
+/// A chat request's parameter as the Responses API names it.
+fn responses_name(param: String) -> String {
+    fn field(path: &str) -> &str {
+        path.strip_prefix(".function").unwrap_or(path)
+    }
+    fn other(param: String) -> String {
+        let renamed = match param.as_str() {
+            "max_tokens" => "max_output_tokens",
+            "response_format" => "text.format",
+            "messages" => "input",
+            _ => return param,
+        };
+        renamed.into()
+    }
+    tool_param(param, field, other)
+}
+
 /// A chat validation error with the parameter named as the Responses API names it.
 pub fn responses_names(error: ApiError) -> ApiError {
-    let rename = |param: String| -> String {
-        match param.as_str() {
-            "max_tokens" => return "max_output_tokens".into(),
-            "response_format" => return "text.format".into(),
-            "messages" => return "input".into(),
-            _ => {}
-        }
-        if let Some(rest) = param.strip_prefix("tools[")
-            && let Some((index, field)) = rest.split_once(']')
-        {
-            let field = field.strip_prefix(".function").unwrap_or(field);
-            return format!("tools[{index}]{field}");
-        }
-        param
-    };
-    error.with_param_renamed(rename)
+    error.with_param_renamed(responses_name)
 }
