@@ -1,6 +1,5 @@
 //! Server-sent events of the APIs whose events carry names (Anthropic's Messages, OpenAI's Responses): one choice, each event an `event:` line and a JSON `data:` line, and no `[DONE]`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use axum::response::Response;
@@ -11,7 +10,7 @@ use crate::engine::{EngineError, FinishReason};
 
 use super::error::ApiError;
 use super::openai::Usage;
-use super::stream::{EventSource, respond, to_json};
+use super::stream::{EventSource, Outbox, respond, to_json};
 use super::submit::{ChoiceEvent, ChoiceEvents, UsageTally};
 
 /// How one API names and writes the events of its single choice.
@@ -32,11 +31,9 @@ pub fn named<T: Serialize>(name: &str, data: &T) -> Event {
 }
 
 struct State<F> {
-    events: ChoiceEvents,
+    outbox: Outbox,
     format: F,
     usage: UsageTally,
-    queued: VecDeque<Event>,
-    done: bool,
 }
 
 impl<F: NamedEvents> State<F> {
@@ -50,15 +47,15 @@ impl<F: NamedEvents> State<F> {
             }
             ChoiceEvent::Finished { reason, usage } => {
                 self.usage.add(0, &usage);
-                self.done = true;
+                self.outbox.done = true;
                 self.format.finish(reason, self.usage.usage())
             }
             ChoiceEvent::Failed(error) => {
-                self.done = true;
+                self.outbox.done = true;
                 self.failure(error)
             }
         };
-        self.queued.extend(events);
+        self.outbox.queued.extend(events);
     }
 
     fn failure(&mut self, error: ApiError) -> Vec<Event> {
@@ -68,25 +65,17 @@ impl<F: NamedEvents> State<F> {
 }
 
 impl<F: NamedEvents> EventSource for State<F> {
-    fn ready(&mut self) -> Option<Event> {
-        self.queued.pop_front()
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-
-    fn events(&mut self) -> &mut ChoiceEvents {
-        &mut self.events
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
     }
 
     fn take(&mut self, next: Option<(usize, ChoiceEvent)>) {
         match next {
             Some((_, event)) => self.on_event(event),
             None => {
-                self.done = true;
+                self.outbox.done = true;
                 let events = self.failure(ApiError::Unavailable(EngineError::Stopped));
-                self.queued.extend(events);
+                self.outbox.queued.extend(events);
             }
         }
     }
@@ -101,11 +90,9 @@ pub fn sse<F: NamedEvents>(
     keep_alive: Duration,
 ) -> Response {
     let state = State {
-        events,
-        queued: format.opening().into(),
+        outbox: Outbox::new(events, format.opening().into()),
         format,
         usage,
-        done: false,
     };
     respond(state, keep_alive)
 }

@@ -48,12 +48,10 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
 }
 
 struct State<F> {
-    events: ChoiceEvents,
+    outbox: Outbox,
     format: F,
     usage: UsageTally,
     include_usage: bool,
-    queued: VecDeque<Event>,
-    done: bool,
 }
 
 impl<F: ChunkFormat> State<F> {
@@ -62,18 +60,18 @@ impl<F: ChunkFormat> State<F> {
             ChoiceEvent::Delta { text, logprobs, .. } => {
                 self.usage.first_text();
                 if let Some(chunk) = self.format.delta(index, text, &logprobs) {
-                    self.queued.push_back(Event::default().data(chunk));
+                    self.outbox.queued.push_back(Event::default().data(chunk));
                 }
             }
             ChoiceEvent::Finished { reason, usage } => {
                 self.usage.add(index, &usage);
                 for chunk in self.format.finish(index, reason) {
-                    self.queued.push_back(Event::default().data(chunk));
+                    self.outbox.queued.push_back(Event::default().data(chunk));
                 }
             }
             ChoiceEvent::Failed(error) => {
-                self.queued.push_back(error_event(error));
-                self.done = true;
+                self.outbox.queued.push_back(error_event(error));
+                self.outbox.done = true;
             }
         }
     }
@@ -81,11 +79,14 @@ impl<F: ChunkFormat> State<F> {
     fn on_end(&mut self) {
         if self.include_usage {
             let usage = self.usage.usage();
-            self.queued
+            self.outbox
+                .queued
                 .push_back(Event::default().data(self.format.usage(usage)));
         }
-        self.queued.push_back(Event::default().data("[DONE]"));
-        self.done = true;
+        self.outbox
+            .queued
+            .push_back(Event::default().data("[DONE]"));
+        self.outbox.done = true;
     }
 }
 
@@ -113,23 +114,35 @@ pub fn sse<F: ChunkFormat>(
         .map(|chunk| Event::default().data(chunk))
         .collect();
     let state = State {
-        events,
+        outbox: Outbox::new(events, queued),
         format,
         usage,
         include_usage: config.include_usage,
-        queued,
-        done: false,
     };
     respond(state, config.keep_alive)
 }
 
-/// The state of a stream being sent: events ready to go, and the choices' events to read.
+/// A stream being sent: the events ready to go, and the choices' events still to read.
+pub struct Outbox {
+    events: ChoiceEvents,
+    pub queued: VecDeque<Event>,
+    /// Nothing more is read once the queued events are sent.
+    pub done: bool,
+}
+
+impl Outbox {
+    pub fn new(events: ChoiceEvents, queued: VecDeque<Event>) -> Outbox {
+        Outbox {
+            events,
+            queued,
+            done: false,
+        }
+    }
+}
+
+/// How a stream turns the choices' events into SSE events.
 pub trait EventSource: Send + 'static {
-    /// The next event ready to send, if any.
-    fn ready(&mut self) -> Option<Event>;
-    /// Whether the stream has ended once nothing is ready.
-    fn done(&self) -> bool;
-    fn events(&mut self) -> &mut ChoiceEvents;
+    fn outbox(&mut self) -> &mut Outbox;
     /// Takes the next choice event, `None` when every choice has ended.
     fn take(&mut self, next: Option<(usize, ChoiceEvent)>);
 }
@@ -141,13 +154,14 @@ pub fn respond<S: EventSource>(source: S, keep_alive: Duration) -> Response {
     let body = stream::unfold(source, move |mut source| {
         async move {
             loop {
-                if let Some(event) = source.ready() {
+                let outbox = source.outbox();
+                if let Some(event) = outbox.queued.pop_front() {
                     return Some((Ok::<_, Infallible>(event), source));
                 }
-                if source.done() {
+                if outbox.done {
                     return None;
                 }
-                let next = source.events().next().await;
+                let next = outbox.events.next().await;
                 source.take(next);
             }
         }
@@ -159,16 +173,8 @@ pub fn respond<S: EventSource>(source: S, keep_alive: Duration) -> Response {
 }
 
 impl<F: ChunkFormat> EventSource for State<F> {
-    fn ready(&mut self) -> Option<Event> {
-        self.queued.pop_front()
-    }
-
-    fn done(&self) -> bool {
-        self.done
-    }
-
-    fn events(&mut self) -> &mut ChoiceEvents {
-        &mut self.events
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
     }
 
     fn take(&mut self, next: Option<(usize, ChoiceEvent)>) {
