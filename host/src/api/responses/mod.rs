@@ -122,10 +122,15 @@ fn echo(body: &ResponsesRequest) -> Map<String, Value> {
         "reasoning": {"effort": null, "summary": null},
         "service_tier": "default",
     });
-    match fields {
+    let mut fields = match fields {
         Value::Object(map) => map,
         _ => Map::new(),
+    };
+    // OpenAI's schema has no `null` user: absent when the request named none.
+    if body.user.is_none() {
+        fields.remove("user");
     }
+    fields
 }
 
 /// `GET /v1/responses/{id}`: a stored response, to the key that made it.

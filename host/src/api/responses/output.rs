@@ -144,7 +144,13 @@ impl ResponseBuilder {
             incomplete.map_or(Value::Null, |reason| json!({ "reason": reason })),
         );
         response.insert("output".into(), Value::Array(output));
-        response.insert("usage".into(), usage.map_or(Value::Null, |u| self.usage(u)));
+        // Absent until the response ends: OpenAI's schema has no `null` usage.
+        if let Some(usage) = usage {
+            response.insert("usage".into(), self.usage(usage));
+        }
+        if status == "completed" {
+            response.insert("completed_at".into(), crate::api::unix_seconds().into());
+        }
         Value::Object(response)
     }
 
