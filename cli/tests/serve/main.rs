@@ -1,5 +1,5 @@
 //! The `plughost` binary serving, end to end: `serve` and `generate`, the operational endpoints,
-//! the metrics contract, the system fingerprint, and the deployment manifests that run it.
+//! the metrics contract, the system fingerprint, the Responses API's store, and the deployment manifests that run it.
 
 #[path = "../serve_support/mod.rs"]
 mod serve_support;
@@ -9,4 +9,5 @@ mod cli_serve;
 mod deploy_manifests;
 mod metrics_contract;
 mod operational_endpoints;
+mod response_store;
 mod system_fingerprint;
