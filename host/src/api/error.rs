@@ -70,7 +70,7 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error(
         "You didn't provide an API key. Send it in an Authorization header using Bearer auth \
-         (Authorization: Bearer YOUR_KEY)."
+         (Authorization: Bearer YOUR_KEY), or as x-api-key: YOUR_KEY."
     )]
     MissingApiKey,
     #[error("Incorrect API key provided.")]
