@@ -95,7 +95,7 @@ check(after.usage.input_tokens + (after.usage.cache_read_input_tokens or 0) > pr
 # Structured output: the text is JSON that matches the schema.
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"], "additionalProperties": False}
 shaped = client.messages.create(
-    model=model, max_tokens=60, messages=MESSAGES, thinking=NO_THINKING,
+    model=model, max_tokens=120, messages=MESSAGES, thinking=NO_THINKING,
     output_config={"format": {"type": "json_schema", "schema": CITY}},
 )
 jsonschema.validate(json.loads("".join(b.text for b in shaped.content if b.type == "text")), CITY)

@@ -119,11 +119,15 @@ except openai.BadRequestError as e:
 
 # An agent with one function tool: the forced first call runs the tool, whose result is the
 # agent's answer.
+from typing import Annotated  # noqa: E402
+
 from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool  # noqa: E402
+from pydantic import Field  # noqa: E402
 
 
+# The city's length is bounded so that the random test model's call ends within max_tokens.
 @function_tool
-def get_weather(city: str) -> str:
+def get_weather(city: Annotated[str, Field(min_length=1, max_length=12)]) -> str:
     """The weather in a city."""
     return f"Sunny in {city}."
 
@@ -133,7 +137,7 @@ agent = Agent(
     instructions="Answer with the weather.",
     tools=[get_weather],
     model=OpenAIResponsesModel(model=model, openai_client=AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)),
-    model_settings=ModelSettings(tool_choice="get_weather", max_tokens=120),
+    model_settings=ModelSettings(tool_choice="get_weather", max_tokens=120, temperature=0),
     tool_use_behavior="stop_on_first_tool",
 )
 result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=2))
