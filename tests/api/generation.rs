@@ -193,6 +193,12 @@ async fn chat_answers_as_json_and_as_a_stream() {
         ),
         (Some("assistant"), Some("length"))
     );
+    // OpenAI's schema requires `refusal`, null when the model did not refuse.
+    assert_eq!(
+        choice["message"].get("refusal"),
+        Some(&serde_json::Value::Null),
+        "{whole}"
+    );
     let (prompt_tokens, completion_tokens, total) = usage_of(&whole);
     // The ChatML rendering of both messages plus the generation prompt.
     let rendered = "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is the time?<|im_end|>\n<|im_start|>assistant\n";
@@ -238,11 +244,31 @@ async fn chat_logprobs_have_the_openai_shape() {
     let mut body = chat_body(6);
     body["logprobs"] = json!(true);
     body["top_logprobs"] = json!(3);
+    let mut streamed = body.clone();
     let response = post("/v1/chat/completions", body).await;
-    let content = response["choices"][0]["logprobs"]["content"]
-        .as_array()
-        .expect("logprobs.content");
+    let logprobs = &response["choices"][0]["logprobs"];
+    assert_eq!(
+        logprobs.get("refusal"),
+        Some(&serde_json::Value::Null),
+        "{logprobs}"
+    );
+    let content = logprobs["content"].as_array().expect("logprobs.content");
     assert_eq!(content.len(), 6);
+    streamed["stream"] = json!(true);
+    let (chunks, _) = post_stream("/v1/chat/completions", streamed).await;
+    let with_logprobs: Vec<_> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["logprobs"])
+        .filter(|l| !l.is_null())
+        .collect();
+    assert!(!with_logprobs.is_empty(), "{chunks:?}");
+    for logprobs in with_logprobs {
+        assert_eq!(
+            logprobs.get("refusal"),
+            Some(&serde_json::Value::Null),
+            "{logprobs}"
+        );
+    }
     for entry in content {
         let top = entry["top_logprobs"].as_array().expect("top_logprobs");
         assert_eq!(top.len(), 3, "{entry}");

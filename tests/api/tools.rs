@@ -1,7 +1,6 @@
 //! Tool calling and reasoning through the API on the tiny Qwen3 with the real Qwen3 chat template: forced calls through the official openai client (streaming and not) parse and match their schemas, bad tool requests get 400 naming the field, and `<think>` blocks come back as `reasoning_content`.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
 use plughost::api::ApiConfig;
@@ -11,7 +10,7 @@ use plughost::plugins::PluginSpec;
 use serde_json::{Value, json};
 
 use crate::common;
-use crate::common::api::{MODEL, model_dir, spawn_server};
+use crate::common::api::{MODEL, model_dir, run_client_check, spawn_server};
 
 /// The tiny Qwen3 with the real Qwen3 chat template (from the tokenizer reference, rendered
 /// by `transformers`) and room for its tool prompt, in a scratch folder.
@@ -45,7 +44,8 @@ fn qwen3_template_model() -> PathBuf {
     dir
 }
 
-fn server() -> &'static String {
+/// The server of the Qwen3-template model, shared with the other APIs' tool checks.
+pub(crate) fn server() -> &'static String {
     static BASE: OnceLock<String> = OnceLock::new();
     BASE.get_or_init(|| {
         let plugin = |file: &str| PluginSpec {
@@ -83,25 +83,7 @@ fn server() -> &'static String {
 
 #[test]
 fn forced_tool_calls_parse_and_match_through_the_openai_client() {
-    let python = std::env::var("PLUGHOST_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!(
-            "PLUGHOST_TEST_PYTHON is not set: `cargo xtask test` installs the clients and sets it"
-        )
-    });
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/openai_tools_check.py");
-    let output = Command::new(python)
-        .arg(script)
-        .arg(server())
-        .arg(MODEL)
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stdout.trim() == "ok",
-        "tools check failed:\n{stdout}\n{stderr}"
-    );
+    run_client_check("openai_tools_check.py", server());
 }
 
 fn chat(body: Value) -> (u16, Value) {

@@ -157,3 +157,29 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
             .and_then(|v| v.trim().parse().ok())
     })
 }
+
+/// Runs `tests/clients/SCRIPT BASE MODEL` with the test Python (`cargo xtask test` installs the
+/// clients and sets `PLUGHOST_TEST_PYTHON`), and fails unless it prints only `ok`.
+pub fn run_client_check(script: &str, base: &str) {
+    let python = std::env::var("PLUGHOST_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "PLUGHOST_TEST_PYTHON is not set: `cargo xtask test` installs the clients and sets it"
+        )
+    });
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("clients")
+        .join(script);
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .arg(base)
+        .arg(MODEL)
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.trim() == "ok",
+        "{} failed:\n{stdout}\n{stderr}",
+        script.display()
+    );
+}

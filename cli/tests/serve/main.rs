@@ -1,6 +1,6 @@
 //! The `plughost` binary serving, end to end: `serve` and `generate`, the model families, the
-//! operational endpoints, the metrics contract, the system fingerprint, GGUF files, and the
-//! deployment manifests that run it.
+//! operational endpoints, the metrics contract, the system fingerprint, GGUF files, the Responses
+//! API's store, and the deployment manifests that run it.
 
 #[path = "../serve_support/mod.rs"]
 mod serve_support;
@@ -11,5 +11,6 @@ mod deploy_manifests;
 mod metrics_contract;
 mod model_folders;
 mod operational_endpoints;
+mod response_store;
 mod serve_gguf;
 mod system_fingerprint;

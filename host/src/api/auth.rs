@@ -1,4 +1,4 @@
-//! API keys: which routes need one, and checking `Authorization: Bearer KEY` in constant time.
+//! API keys: which routes need one, and checking `Authorization: Bearer KEY` (or Anthropic's `x-api-key: KEY`) in constant time.
 
 use std::fmt;
 use std::sync::Arc;
@@ -100,6 +100,28 @@ pub(crate) fn bearer_token(headers: &HeaderMap) -> Option<&[u8]> {
     (!token.is_empty() && value.get(6) == Some(&b' ')).then_some(token)
 }
 
+/// The API key a request presents: `Authorization: Bearer KEY`, else `x-api-key: KEY` as
+/// Anthropic's clients send it.
+pub(crate) fn presented_key(headers: &HeaderMap) -> Option<&[u8]> {
+    bearer_token(headers).or_else(|| {
+        let key = headers.get(X_API_KEY)?.as_bytes().trim_ascii();
+        (!key.is_empty()).then_some(key)
+    })
+}
+
+const X_API_KEY: &str = "x-api-key";
+
+/// Who made a stored object: the digest of the key the request presented (`None` without
+/// one), so that only requests with the same key see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyOwner(Option<[u8; 32]>);
+
+impl KeyOwner {
+    pub fn of(headers: &HeaderMap) -> KeyOwner {
+        KeyOwner(presented_key(headers).map(digest))
+    }
+}
+
 /// Lets a request through when the API is open, the route is a probe's, or it carries a key
 /// the server accepts; otherwise answers 401.
 pub async fn require_api_key(
@@ -111,7 +133,7 @@ pub async fn require_api_key(
     if keys.is_empty() || OPEN_PATHS.contains(&path) || path.starts_with(ADMIN_PREFIX) {
         return next.run(request).await;
     }
-    match bearer_token(request.headers()) {
+    match presented_key(request.headers()) {
         Some(token) if keys.accepts(token) => next.run(request).await,
         Some(_) => ApiError::InvalidApiKey.into_response(),
         None => ApiError::MissingApiKey.into_response(),
@@ -164,5 +186,18 @@ mod tests {
             assert_eq!(bearer_token(&headers), token, "{header:?}");
         }
         assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn an_x_api_key_header_presents_a_key_too_and_bearer_wins() {
+        let mut headers = HeaderMap::new();
+        headers.insert(X_API_KEY, HeaderValue::from_static(" sk-x "));
+        assert_eq!(presented_key(&headers), Some(&b"sk-x"[..]));
+        headers.insert(AUTHORIZATION, HeaderValue::from_static("Bearer sk-b"));
+        assert_eq!(presented_key(&headers), Some(&b"sk-b"[..]));
+        assert_ne!(KeyOwner::of(&headers), KeyOwner::of(&HeaderMap::new()));
+        headers.insert(X_API_KEY, HeaderValue::from_static(""));
+        headers.remove(AUTHORIZATION);
+        assert_eq!(presented_key(&headers), None);
     }
 }

@@ -96,6 +96,7 @@ fn message(plan: &ChatOutputPlan, read: ChoiceDelta) -> ChatMessageOut {
     ChatMessageOut {
         role: ASSISTANT,
         content: (!only_calls).then_some(read.content),
+        refusal: None,
         reasoning_content: plan.splits_reasoning().then_some(read.reasoning),
         tool_calls: tool_calls(read.calls, false),
     }

@@ -59,6 +59,9 @@ pub enum ApiError {
     ChatTemplate { message: String },
     #[error("The model `{model}` does not exist.")]
     ModelNotFound { model: String },
+    /// A stored response that does not exist, expired, or belongs to another key.
+    #[error("No response with id '{id}' was found.")]
+    StoredResponseNotFound { id: String, param: Option<String> },
     #[error("Invalid URL ({method} {path})")]
     RouteNotFound { method: String, path: String },
     #[error("Method {method} is not allowed for {path}")]
@@ -67,7 +70,7 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error(
         "You didn't provide an API key. Send it in an Authorization header using Bearer auth \
-         (Authorization: Bearer YOUR_KEY)."
+         (Authorization: Bearer YOUR_KEY), or as x-api-key: YOUR_KEY."
     )]
     MissingApiKey,
     #[error("Incorrect API key provided.")]
@@ -126,6 +129,22 @@ impl ApiError {
         ApiError::InvalidParam {
             param: Some(param.into()),
             message: message.into(),
+        }
+    }
+
+    /// The same error with its parameter renamed, for a route whose body names the field
+    /// differently from the chat request it was translated into.
+    pub fn with_param_renamed(self, rename: impl Fn(String) -> String) -> ApiError {
+        match self {
+            ApiError::InvalidParam { param, message } => ApiError::InvalidParam {
+                param: param.map(rename),
+                message,
+            },
+            ApiError::Unsupported { param, message } => ApiError::Unsupported {
+                param: rename(param),
+                message,
+            },
+            other => other,
         }
     }
 
@@ -195,6 +214,7 @@ impl From<ApiError> for (StatusCode, Json<ErrorResponse>) {
             NoChatTemplate { .. } =>        (S::BAD_REQUEST, INVALID_REQUEST, Some("no_chat_template"), None),
             ChatTemplate { .. } =>          (S::BAD_REQUEST, INVALID_REQUEST, Some("chat_template_error"), Some("messages".into())),
             ModelNotFound { .. } =>         (S::NOT_FOUND, INVALID_REQUEST, Some("model_not_found"), Some("model".into())),
+            StoredResponseNotFound { param, .. } => (S::NOT_FOUND, INVALID_REQUEST, Some("not_found"), param),
             RouteNotFound { .. } =>         (S::NOT_FOUND, INVALID_REQUEST, Some("not_found"), None),
             MethodNotAllowed { .. } =>      (S::METHOD_NOT_ALLOWED, INVALID_REQUEST, Some("method_not_allowed"), None),
             BodyTooLarge { .. } =>          (S::PAYLOAD_TOO_LARGE, INVALID_REQUEST, Some("request_too_large"), None),

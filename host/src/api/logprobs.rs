@@ -123,7 +123,10 @@ pub fn chat_logprobs(
             }
         })
         .collect();
-    ChatLogprobs { content }
+    ChatLogprobs {
+        content,
+        refusal: None,
+    }
 }
 
 #[cfg(test)]

@@ -6,12 +6,17 @@
 //! [`stream`]'s server-sent events. Every failure is an [`ApiError`], turned into a status and
 //! an OpenAI error body by the one table in [`error`].
 //!
+//! Anthropic's Messages API ([`anthropic`]) and OpenAI's Responses API ([`responses`])
+//! translate their bodies into chat requests and take the same path; the Messages routes
+//! answer errors in Anthropic's shape.
+//!
 //! Before a handler runs, the layers of [`router`] name the request ([`request_id`]), check its
 //! key ([`auth`]), its content type ([`browser`]) and the room for it ([`admission`]).
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod anthropic;
 pub mod auth;
 pub mod body;
 pub mod browser;
@@ -24,10 +29,12 @@ pub mod error;
 pub mod held_body;
 pub mod logprobs;
 pub mod marker;
+pub mod named_stream;
 pub mod openai;
 pub mod options;
 pub mod reasoning;
 pub mod request_id;
+pub mod responses;
 pub mod routes;
 pub mod server;
 pub mod stream;
@@ -35,6 +42,7 @@ pub mod submit;
 pub mod tokenize;
 pub mod tool_calls;
 pub mod tools;
+pub mod translated;
 pub mod validation;
 
 use std::future::Future;
@@ -74,6 +82,8 @@ pub struct ApiConfig {
     pub drain: drain::Drain,
     /// Whether chat responses split reasoning from the answer.
     pub reasoning_parser: options::ReasoningParserChoice,
+    /// The TTL and byte cap of the Responses API's store.
+    pub response_store: responses::store::ResponseStoreLimits,
 }
 
 impl Default for ApiConfig {
@@ -87,6 +97,7 @@ impl Default for ApiConfig {
             admin_keys: ApiKeys::default(),
             drain: drain::Drain::default(),
             reasoning_parser: options::ReasoningParserChoice::Auto,
+            response_store: Default::default(),
         }
     }
 }
@@ -97,6 +108,8 @@ pub struct AppState {
     pub config: ApiConfig,
     /// Unix seconds when the router was built, the `created` of the model card.
     pub started: u64,
+    /// Responses made with `store: true`, for `GET /v1/responses/{id}` and follow-ups.
+    pub responses: Arc<responses::store::ResponseStore>,
 }
 
 /// The API's routes over an engine, for `serve` and for tests that embed it.
@@ -111,19 +124,28 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     let keys = Arc::new(config.api_keys.clone());
     let admin = admin::routes(config.admin_keys.clone());
     let cors = config.allowed_origins.as_ref().map(browser::cors_layer);
+    let responses = Arc::new(responses::store::ResponseStore::new(config.response_store));
     let state = Arc::new(AppState {
         engine,
         config,
         started: unix_seconds(),
+        responses,
     });
     let generation = Router::new()
         .route("/v1/completions", post(completions::create))
         .route("/v1/chat/completions", post(chat::create))
+        .route("/v1/messages", post(anthropic::create))
+        .route("/v1/responses", post(responses::create))
         .route_layer(from_fn_with_state(admission, admission::admit));
     let mut app = Router::new()
         .merge(generation)
         .merge(admin)
         .route("/v1/models", get(routes::models))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/version", get(routes::version))
@@ -140,6 +162,7 @@ pub fn router(engine: Arc<EngineHandle>, config: ApiConfig) -> Router {
     app.layer(body_limit)
         .layer(map_response(error::ensure_json_body))
         .layer(CatchPanicLayer::custom(error::panic_response))
+        .layer(from_fn(anthropic::error_shape))
         .layer(from_fn(request_id::assign))
         .with_state(state)
 }
@@ -187,7 +210,7 @@ impl ResponseMeta {
     }
 }
 
-fn unix_seconds() -> u64 {
+pub(crate) fn unix_seconds() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -222,6 +222,9 @@ pub struct ChatMessageOut {
     pub role: &'static str,
     /// `null` when the answer is only tool calls.
     pub content: Option<String>,
+    /// Always `null`: no model here refuses by a separate channel, and OpenAI's schema
+    /// requires the field.
+    pub refusal: Option<String>,
     /// The thinking block of a reasoning model, when the server splits it out.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
@@ -251,6 +254,8 @@ pub struct FunctionCallOut {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ChatLogprobs {
     pub content: Vec<ChatTokenLogprob>,
+    /// Always `null` (no refusal tokens), and required by OpenAI's schema.
+    pub refusal: Option<Vec<ChatTokenLogprob>>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -1,4 +1,4 @@
-//! The `serve` flags of the HTTP layer (keys, browsers, admission, body size) and the
+//! The `serve` flags of the HTTP layer (keys, browsers, admission, body size, the response store) and the
 //! [`ApiConfig`] they make.
 
 use std::net::SocketAddr;
@@ -8,6 +8,7 @@ use clap::Args;
 use super::ApiConfig;
 use super::auth::ApiKeys;
 use super::browser::AllowedOrigins;
+use super::responses::store::ResponseStoreLimits;
 use crate::cli::parse_bytes;
 use crate::load_metrics::MetricNames;
 
@@ -51,6 +52,13 @@ pub struct HttpArgs {
     /// a router's endpoint picker reads them by default.
     #[arg(long, value_enum, default_value_t = MetricNames::Plughost)]
     pub metrics_names: MetricNames,
+    /// Seconds a response made with `store: true` stays retrievable (`GET /v1/responses/ID`,
+    /// `previous_response_id`). The store is in memory, per process.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub response_store_ttl: u64,
+    /// Most bytes of stored responses, e.g. `64MiB`; the oldest go first beyond it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_body_size, default_value = "64MiB")]
+    pub response_store_size: usize,
 }
 
 /// `--reasoning-parser`.
@@ -84,6 +92,10 @@ impl HttpArgs {
             allowed_origins: self.allowed_origins.clone(),
             max_waiting_requests: self.max_waiting_requests as usize,
             reasoning_parser: self.reasoning_parser,
+            response_store: ResponseStoreLimits {
+                ttl: std::time::Duration::from_secs(self.response_store_ttl),
+                max_bytes: self.response_store_size,
+            },
             ..ApiConfig::default()
         })
     }

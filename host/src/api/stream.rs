@@ -48,32 +48,30 @@ pub fn to_json<T: Serialize>(value: &T) -> String {
 }
 
 struct State<F> {
-    events: ChoiceEvents,
+    outbox: Outbox,
     format: F,
     usage: UsageTally,
     include_usage: bool,
-    queued: VecDeque<Event>,
-    done: bool,
 }
 
 impl<F: ChunkFormat> State<F> {
     fn on_event(&mut self, index: usize, event: ChoiceEvent) {
         match event {
-            ChoiceEvent::Delta { text, logprobs } => {
+            ChoiceEvent::Delta { text, logprobs, .. } => {
                 self.usage.first_text();
                 if let Some(chunk) = self.format.delta(index, text, &logprobs) {
-                    self.queued.push_back(Event::default().data(chunk));
+                    self.outbox.queued.push_back(Event::default().data(chunk));
                 }
             }
             ChoiceEvent::Finished { reason, usage } => {
                 self.usage.add(index, &usage);
                 for chunk in self.format.finish(index, reason) {
-                    self.queued.push_back(Event::default().data(chunk));
+                    self.outbox.queued.push_back(Event::default().data(chunk));
                 }
             }
             ChoiceEvent::Failed(error) => {
-                self.queued.push_back(error_event(error));
-                self.done = true;
+                self.outbox.queued.push_back(error_event(error));
+                self.outbox.done = true;
             }
         }
     }
@@ -81,11 +79,14 @@ impl<F: ChunkFormat> State<F> {
     fn on_end(&mut self) {
         if self.include_usage {
             let usage = self.usage.usage();
-            self.queued
+            self.outbox
+                .queued
                 .push_back(Event::default().data(self.format.usage(usage)));
         }
-        self.queued.push_back(Event::default().data("[DONE]"));
-        self.done = true;
+        self.outbox
+            .queued
+            .push_back(Event::default().data("[DONE]"));
+        self.outbox.done = true;
     }
 }
 
@@ -101,8 +102,7 @@ pub fn error_event(error: ApiError) -> Event {
 }
 
 /// The SSE response of a streaming request. The body owns the merged choice events, so a
-/// client that disconnects drops them and the engine aborts every choice. The body is polled
-/// after the handler returned, so it carries the request's span along for its log lines.
+/// client that disconnects drops them and the engine aborts every choice.
 pub fn sse<F: ChunkFormat>(
     events: ChoiceEvents,
     mut format: F,
@@ -114,32 +114,73 @@ pub fn sse<F: ChunkFormat>(
         .map(|chunk| Event::default().data(chunk))
         .collect();
     let state = State {
-        events,
+        outbox: Outbox::new(events, queued),
         format,
         usage,
         include_usage: config.include_usage,
-        queued,
-        done: false,
     };
+    respond(state, config.keep_alive)
+}
+
+/// A stream being sent: the events ready to go, and the choices' events still to read.
+pub struct Outbox {
+    events: ChoiceEvents,
+    pub queued: VecDeque<Event>,
+    /// Nothing more is read once the queued events are sent.
+    pub done: bool,
+}
+
+impl Outbox {
+    pub fn new(events: ChoiceEvents, queued: VecDeque<Event>) -> Outbox {
+        Outbox {
+            events,
+            queued,
+            done: false,
+        }
+    }
+}
+
+/// How a stream turns the choices' events into SSE events.
+pub trait EventSource: Send + 'static {
+    fn outbox(&mut self) -> &mut Outbox;
+    /// Takes the next choice event, `None` when every choice has ended.
+    fn take(&mut self, next: Option<(usize, ChoiceEvent)>);
+}
+
+/// The SSE response that sends `source`'s events, with keep-alive comments. The body is
+/// polled after the handler returned, so it carries the request's span for its log lines.
+pub fn respond<S: EventSource>(source: S, keep_alive: Duration) -> Response {
     let span = tracing::Span::current();
-    let body = stream::unfold(state, move |mut state| {
+    let body = stream::unfold(source, move |mut source| {
         async move {
             loop {
-                if let Some(event) = state.queued.pop_front() {
-                    return Some((Ok::<_, Infallible>(event), state));
+                let outbox = source.outbox();
+                if let Some(event) = outbox.queued.pop_front() {
+                    return Some((Ok::<_, Infallible>(event), source));
                 }
-                if state.done {
+                if outbox.done {
                     return None;
                 }
-                match state.events.next().await {
-                    Some((index, event)) => state.on_event(index, event),
-                    None => state.on_end(),
-                }
+                let next = outbox.events.next().await;
+                source.take(next);
             }
         }
         .instrument(span.clone())
     });
     Sse::new(body.boxed())
-        .keep_alive(KeepAlive::new().interval(config.keep_alive))
+        .keep_alive(KeepAlive::new().interval(keep_alive))
         .into_response()
+}
+
+impl<F: ChunkFormat> EventSource for State<F> {
+    fn outbox(&mut self) -> &mut Outbox {
+        &mut self.outbox
+    }
+
+    fn take(&mut self, next: Option<(usize, ChoiceEvent)>) {
+        match next {
+            Some((index, event)) => self.on_event(index, event),
+            None => self.on_end(),
+        }
+    }
 }

@@ -26,6 +26,8 @@ use super::validation::ResponseShape;
 pub enum ChoiceEvent {
     Delta {
         text: String,
+        /// The tokens behind the text, including those of a stop string the text leaves out.
+        token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
     },
     Finished {
@@ -69,11 +71,17 @@ fn choice_stream(
     stream::unfold(Some(receiver), move |receiver| async move {
         let mut receiver = receiver?;
         let event = match receiver.recv().await {
-            Some(GenerationEvent::Delta { text, logprobs, .. }) => {
-                return Some((
-                    (index, ChoiceEvent::Delta { text, logprobs }),
-                    Some(receiver),
-                ));
+            Some(GenerationEvent::Delta {
+                text,
+                token_ids,
+                logprobs,
+            }) => {
+                let delta = ChoiceEvent::Delta {
+                    text,
+                    token_ids,
+                    logprobs,
+                };
+                return Some(((index, delta), Some(receiver)));
             }
             Some(GenerationEvent::Finished { reason, usage }) => {
                 ChoiceEvent::Finished { reason, usage }
@@ -98,6 +106,7 @@ fn choice_stream(
 #[derive(Debug, Clone)]
 pub struct ChoiceOutput {
     pub text: String,
+    pub token_ids: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
     pub finish_reason: FinishReason,
 }
@@ -110,13 +119,19 @@ pub async fn collect(
 ) -> Result<Vec<ChoiceOutput>, ApiError> {
     let num_choices = shape.num_choices();
     let mut texts = vec![String::new(); num_choices];
+    let mut tokens = vec![Vec::new(); num_choices];
     let mut logprobs = vec![Vec::new(); num_choices];
     let mut reasons = vec![None; num_choices];
     while let Some((index, event)) = events.next().await {
         match event {
-            ChoiceEvent::Delta { text, logprobs: l } => {
+            ChoiceEvent::Delta {
+                text,
+                token_ids,
+                logprobs: l,
+            } => {
                 usage.first_text();
                 texts[index].push_str(&text);
+                tokens[index].extend(token_ids);
                 logprobs[index].extend(l);
             }
             ChoiceEvent::Finished { reason, usage: u } => {
@@ -128,17 +143,34 @@ pub async fn collect(
     }
     texts
         .into_iter()
+        .zip(tokens)
         .zip(logprobs)
         .zip(reasons)
-        .map(|((text, logprobs), reason)| {
+        .map(|(((text, token_ids), logprobs), reason)| {
             let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
             Ok(ChoiceOutput {
                 text,
+                token_ids,
                 logprobs,
                 finish_reason,
             })
         })
         .collect()
+}
+
+/// The output of a request's only choice (the Messages and Responses APIs have no `n`).
+pub async fn collect_one(
+    events: ChoiceEvents,
+    shape: &ResponseShape,
+    usage: &mut UsageTally,
+) -> Result<ChoiceOutput, ApiError> {
+    collect(events, shape, usage)
+        .await?
+        .into_iter()
+        .next()
+        .ok_or(ApiError::Internal {
+            message: "the request ran no choice".into(),
+        })
 }
 
 /// Token counts over a request's choices: each prompt counts once, every choice's output counts.

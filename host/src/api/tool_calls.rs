@@ -197,6 +197,12 @@ fn merge_content(pieces: Vec<OutputPiece>) -> Vec<OutputPiece> {
 }
 
 fn call_id() -> String {
+    random_id("call")
+}
+
+/// `PREFIX_` and 24 random letters and digits (about 143 bits): ids of calls, stored
+/// responses and their items, which no client can guess.
+pub fn random_id(prefix: &str) -> String {
     use rand::Rng;
     use rand::distr::Alphanumeric;
     let suffix: String = rand::rng()
@@ -204,7 +210,7 @@ fn call_id() -> String {
         .take(24)
         .map(char::from)
         .collect();
-    format!("call_{suffix}")
+    format!("{prefix}_{suffix}")
 }
 
 /// The calls and the content of a whole text.

@@ -52,6 +52,15 @@ pub(super) enum DefaultMaxTokens {
     ContextEnd,
 }
 
+/// What happens to a `max_tokens` that does not fit in the context beside the prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetBeyondContext {
+    /// 400 `context_length_exceeded`, as OpenAI's routes answer.
+    Refuse,
+    /// Cut to what fits: Anthropic's clients send a large `max_tokens` whatever the model.
+    Clamp,
+}
+
 /// How the response is sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamSettings {
@@ -123,13 +132,29 @@ pub fn validate_completion(
     };
     let prompts = completion_prompts(request.prompt.as_ref(), model)?;
     let default = DefaultMaxTokens::UpTo(COMPLETIONS_DEFAULT_MAX_TOKENS);
-    build(&sampling, prompts, logprobs, default, model, None)
+    let budget = Budget {
+        default,
+        beyond_context: BudgetBeyondContext::Refuse,
+    };
+    build(&sampling, prompts, logprobs, budget, model, None)
 }
 
 pub fn validate_chat(
     body: GenerationBody<ChatCompletionRequest>,
     model: &ModelSummary,
     reasoning_parser: ReasoningParserChoice,
+) -> Result<ValidatedRequest, ApiError> {
+    validate_conversation(body, model, reasoning_parser, BudgetBeyondContext::Refuse)
+}
+
+/// A chat request, whichever API it came in by: the Messages and Responses routes translate
+/// their bodies into one and validate it here, so every route shares the template, the
+/// tools, the grammar and the engine path.
+pub fn validate_conversation(
+    body: GenerationBody<ChatCompletionRequest>,
+    model: &ModelSummary,
+    reasoning_parser: ReasoningParserChoice,
+    beyond_context: BudgetBeyondContext,
 ) -> Result<ValidatedRequest, ApiError> {
     let GenerationBody { request, sampling } = body;
     check_model(request.model.as_deref(), model)?;
@@ -207,7 +232,10 @@ pub fn validate_chat(
         &sampling,
         vec![tokens],
         logprobs,
-        DefaultMaxTokens::ContextEnd,
+        Budget {
+            default: DefaultMaxTokens::ContextEnd,
+            beyond_context,
+        },
         model,
         forced_tool_call,
     )?;
@@ -347,19 +375,26 @@ fn unsupported(param: &str, message: &str) -> ApiError {
     }
 }
 
+/// The output budget rules of a route.
+#[derive(Debug, Clone, Copy)]
+struct Budget {
+    default: DefaultMaxTokens,
+    beyond_context: BudgetBeyondContext,
+}
+
 /// The engine requests of every prompt's choices, with the shared parameters checked once.
 fn build(
     fields: &SamplingFields,
     prompts: Vec<Vec<u32>>,
     logprobs: Option<u32>,
-    default_max_tokens: DefaultMaxTokens,
+    budget: Budget,
     model: &ModelSummary,
     forced_tool_call: Option<ConstraintSource>,
 ) -> Result<ValidatedRequest, ApiError> {
     let fields = &with_model_defaults(fields, &model.generation_defaults);
     let default_max_tokens = match model.generation_defaults.max_new_tokens {
         Some(n) => DefaultMaxTokens::UpTo(n),
-        None => default_max_tokens,
+        None => budget.default,
     };
     let sampling = SamplingParams {
         num_top_logprobs: logprobs.unwrap_or(0),
@@ -383,7 +418,13 @@ fn build(
     let mut choices = Vec::with_capacity(prompts.len() * n);
     let mut prompt_lens = Vec::with_capacity(prompts.len());
     for prompt in prompts {
-        let max_tokens = max_tokens(requested, default_max_tokens, prompt.len(), model)?;
+        let max_tokens = max_tokens(
+            requested,
+            default_max_tokens,
+            budget.beyond_context,
+            prompt.len(),
+            model,
+        )?;
         prompt_lens.push(prompt.len() as u32);
         for i in 0..n {
             // With a seed, choice i draws from seed + i: repeatable, and the choices differ.

@@ -9,7 +9,8 @@ use crate::api::openai::SamplingFields;
 use crate::engine::{ModelSummary, StopConditions};
 
 use super::{
-    DefaultMaxTokens, MAX_CHOICES, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, StreamSettings,
+    BudgetBeyondContext, DefaultMaxTokens, MAX_CHOICES, MAX_N, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS,
+    StreamSettings,
 };
 
 /// Checks an optional number against a rule; `rule` completes "`name` must be ...".
@@ -214,11 +215,12 @@ pub(super) fn stream_settings(fields: &SamplingFields) -> Result<Option<StreamSe
     }
 }
 
-/// The output budget of one prompt: as asked if it fits the context (else 400); unasked, the
-/// default capped to the rest of the context.
+/// The output budget of one prompt: as asked if it fits the context (else 400, or the rest of
+/// the context where the route clamps); unasked, the default capped to the rest of the context.
 pub(super) fn max_tokens(
     requested: Option<i64>,
     default: DefaultMaxTokens,
+    beyond_context: BudgetBeyondContext,
     prompt_len: usize,
     model: &ModelSummary,
 ) -> Result<u32, ApiError> {
@@ -235,6 +237,9 @@ pub(super) fn max_tokens(
             "max_tokens",
             format!("`max_tokens` must be at least 1, got {m}"),
         )),
+        Some(m) if beyond_context == BudgetBeyondContext::Clamp && prompt < context => {
+            Ok((m as u64).min(context - prompt) as u32)
+        }
         Some(m) if prompt + m as u64 > context => Err(too_long(m as u64)),
         Some(m) => Ok(m as u32),
         None if prompt >= context => Err(too_long(1)),
