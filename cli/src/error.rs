@@ -30,6 +30,11 @@ pub enum CliError {
     Rejected(#[from] PluginRejection),
     #[error(transparent)]
     Bench(#[from] BenchError),
+    #[error(
+        "--quantize {target} applies to f32/f16/bf16 safetensors; {} is a GGUF file, served in its stored types",
+        path.display()
+    )]
+    QuantizeGguf { path: PathBuf, target: &'static str },
     #[error("device worker: {0}")]
     DeviceWorker(#[from] plughost::device::worker::WorkerError),
     /// A default component or device that is not in the plugins folder.

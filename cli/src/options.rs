@@ -11,6 +11,7 @@ use plughost::device::DeviceIsolation;
 use plughost::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
 use plughost::engine::{EngineOptions, EngineSetup, RestartBudget};
 use plughost::model::GenerationConfigSource;
+use plughost::model::WeightQuantization;
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{Deployment, InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
 use plughost::runtime::KvCacheDtype;
@@ -78,6 +79,11 @@ pub struct ModelArgs {
     /// generation_config.json.
     #[arg(long, default_value = "auto", value_parser = parse_generation_config)]
     pub generation_config: GenerationConfigSource,
+    /// Quantize the attention and MLP projections of f32/f16/bf16 safetensors at load: `q8_0`,
+    /// or `q4_k` (a row that does not split into 256-value blocks becomes q8_0). A GGUF file
+    /// is served in its stored types and refuses this option.
+    #[arg(long, value_enum)]
+    pub quantize: Option<WeightQuantization>,
     /// Where compiled components are cached.
     #[arg(long, env = "PLUGHOST_CACHE_DIR")]
     pub component_cache: Option<PathBuf>,
@@ -217,6 +223,14 @@ impl ModelArgs {
             None => Deployment::default(),
         };
         let component_cache = self.component_cache.clone().or_else(default_cache_dir);
+        if let Some(target) = self.quantize
+            && plughost::model::gguf::folder::is_gguf_file(&self.model)
+        {
+            return Err(CliError::QuantizeGguf {
+                path: self.model.clone(),
+                target: target.name(),
+            });
+        }
         let model = model_folder(&self.model, component_cache.as_deref())?;
         let named_samplers = deployment.named_samplers();
         let scheduler = match deployment.scheduler {
@@ -278,6 +292,7 @@ impl ModelArgs {
                 },
                 device_worker: None,
                 generation_config: self.generation_config.clone(),
+                quantize: self.quantize,
             },
             profile_output: self.profile_output.clone(),
         })

@@ -6,6 +6,7 @@ mod common;
 mod checkpoint;
 mod gguf_quantized;
 mod parity;
+mod quantize_at_load;
 mod qwen3;
 mod smollm2_checkpoint;
 mod smollm2_generation;

@@ -98,6 +98,15 @@ impl ModelIdentity {
         self
     }
 
+    /// Weights quantized at load change every token: `--quantize` is part of the identity.
+    pub fn with_quantization(mut self, quantization: Option<&str>) -> ModelIdentity {
+        if let Some(target) = quantization {
+            self.files
+                .push_str(&format!("quantized at load: {target}\n"));
+        }
+        self
+    }
+
     /// The fingerprint of this model with its glue (`glue`: its sha256 and WIT version) and
     /// `components`: `fp_` and 16 hex digits.
     pub fn fingerprint(&self, glue: &str, components: &[ComponentStatus]) -> String {

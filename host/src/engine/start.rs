@@ -12,6 +12,7 @@ use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
 use crate::model::{
     ChatTemplate, GenerationConfigSource, GenerationDefaults, ModelConfig, ModelError, Tokenizer,
+    WeightQuantization,
 };
 use crate::plugins::glue::GluePlugin;
 use crate::plugins::{Generation, GenerationError, NamedSamplers, PluginError, PluginSpec};
@@ -115,6 +116,8 @@ pub struct EngineOptions {
     pub device_worker: Option<WorkerCommand>,
     /// Where requests' sampling defaults and extra end tokens come from.
     pub generation_config: GenerationConfigSource,
+    /// Quantize the linear projections of f32/f16/bf16 weights to this block type at load.
+    pub quantize: Option<WeightQuantization>,
 }
 
 impl Default for EngineOptions {
@@ -134,6 +137,7 @@ impl Default for EngineOptions {
             device_restarts: RestartBudget::default(),
             device_worker: None,
             generation_config: GenerationConfigSource::Model,
+            quantize: None,
         }
     }
 }
@@ -288,8 +292,14 @@ pub(super) fn build_core(
             eos_token_ids.push(id);
         }
     }
-    let (runtime, recipe) =
-        load_with_recipe(device, &mut glue, info, &setup.model_dir, runtime_config)?;
+    let (runtime, recipe) = load_with_recipe(
+        device,
+        &mut glue,
+        info,
+        &setup.model_dir,
+        runtime_config,
+        options.quantize,
+    )?;
     let recovery = (options.device_isolation == DeviceIsolation::Process)
         .then(|| DeviceRecovery::new(device_source, recipe, options.device_restarts));
     let hashing = Instant::now();
@@ -302,7 +312,8 @@ pub(super) fn build_core(
             &setup.device_config,
             setup.component_cache.as_deref(),
         )
-        .with_generation_defaults(&generation_defaults),
+        .with_generation_defaults(&generation_defaults)
+        .with_quantization(options.quantize.map(WeightQuantization::name)),
     );
     deployments.stamp(&mut deployment);
     let deployment = Arc::new(deployment);

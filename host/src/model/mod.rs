@@ -13,10 +13,12 @@ mod error;
 mod generation_config;
 pub mod gguf;
 mod pyfmt;
+pub mod quantize;
 mod tokenizer;
 
 pub use chat_template::{ChatMessage, ChatTemplate, RenderOptions, ToolCall, ToolCallSyntax};
 pub use checkpoint::{Checkpoint, DType, ModelConfig, TensorView};
 pub use error::ModelError;
 pub use generation_config::{GenerationConfigSource, GenerationDefaults};
+pub use quantize::WeightQuantization;
 pub use tokenizer::{Bounded, DecodeStream, Tokenizer};

@@ -1,9 +1,11 @@
 //! Putting a model folder on a device: the glue describes it, the checkpoint is checked, the program is prepared.
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 
 use crate::device::Device;
-use crate::model::{Checkpoint, ModelError};
+use crate::model::{Checkpoint, ModelError, WeightQuantization, quantize};
 use crate::plugins::PluginError;
 use crate::plugins::glue::GluePlugin;
 
@@ -57,6 +59,70 @@ pub fn load_model(
     }
 }
 
+/// A checkpoint whose linear projections (`*_proj.weight`) are quantized to ggml block types
+/// as they are uploaded; other tensors, and weights already block-quantized, pass unchanged.
+/// One weight's blocks exist at a time.
+struct QuantizingSource<'a> {
+    inner: &'a dyn WeightSource,
+    target: WeightQuantization,
+    done: Cell<usize>,
+    total: usize,
+}
+
+impl<'a> QuantizingSource<'a> {
+    fn new(inner: &'a dyn WeightSource, target: WeightQuantization, info: &ModelInfo) -> Self {
+        let total = info
+            .weights
+            .iter()
+            .filter(|w| is_projection(&w.name))
+            .count();
+        QuantizingSource {
+            inner,
+            target,
+            done: Cell::new(0),
+            total,
+        }
+    }
+}
+
+fn is_projection(name: &str) -> bool {
+    name.ends_with("_proj.weight")
+}
+
+impl WeightSource for QuantizingSource<'_> {
+    fn weight(&self, name: &str) -> Result<WeightView<'_>, RuntimeError> {
+        let view = self.inner.weight(name)?;
+        if !is_projection(name) || view.shape.len() != 2 {
+            return Ok(view);
+        }
+        let Some(dtype) = self.target.dtype_for(view.shape[1] as usize) else {
+            return Ok(view);
+        };
+        let Some(values) = quantize::widen(view.dtype, &view.bytes) else {
+            return Ok(view);
+        };
+        let done = self.done.get() + 1;
+        self.done.set(done);
+        // Long work shows progress: a line per tenth of the projections.
+        if done == self.total || done % self.total.div_ceil(10).max(1) == 0 {
+            tracing::info!(
+                target = self.target.name(),
+                "quantized {done} of {} projection weights",
+                self.total
+            );
+        }
+        Ok(WeightView {
+            dtype,
+            shape: view.shape,
+            bytes: Cow::Owned(quantize::quantize(dtype, &values)),
+        })
+    }
+
+    fn uploaded(&self, name: &str) {
+        self.inner.uploaded(name);
+    }
+}
+
 /// What it takes to put a model on a device again without its glue: after a device worker
 /// was lost, a new one prepares the same program with the same weights.
 #[derive(Clone, Debug)]
@@ -65,6 +131,28 @@ pub struct ModelRecipe {
     program: StepProgram,
     model_dir: PathBuf,
     config: RuntimeConfig,
+    quantize: Option<WeightQuantization>,
+}
+
+/// Prepares `program` on `device` with the weights of `checkpoint`, quantized to `quantize`
+/// when given; the device is closed when that fails.
+fn prepare_checkpoint(
+    device: Device,
+    info: ModelInfo,
+    program: &StepProgram,
+    checkpoint: &Checkpoint,
+    config: RuntimeConfig,
+    quantize: Option<WeightQuantization>,
+) -> Result<Runtime, LoadError> {
+    let quantizing = quantize.map(|target| QuantizingSource::new(checkpoint, target, &info));
+    let weights: &dyn WeightSource = match &quantizing {
+        Some(source) => source,
+        None => checkpoint,
+    };
+    Runtime::prepare(device, info, program, weights, config).map_err(|(device, e)| {
+        device.close();
+        LoadError::Runtime(e)
+    })
 }
 
 impl ModelRecipe {
@@ -77,17 +165,14 @@ impl ModelRecipe {
                 return Err(e.into());
             }
         };
-        Runtime::prepare(
+        prepare_checkpoint(
             device,
             self.info.clone(),
             &self.program,
             &checkpoint,
             self.config,
+            self.quantize,
         )
-        .map_err(|(device, e)| {
-            device.close();
-            LoadError::Runtime(e)
-        })
     }
 }
 
@@ -100,16 +185,18 @@ pub fn load_described(
     model_dir: &Path,
     config: RuntimeConfig,
 ) -> Result<Runtime, LoadError> {
-    load_with_recipe(device, glue, info, model_dir, config).map(|(runtime, _)| runtime)
+    load_with_recipe(device, glue, info, model_dir, config, None).map(|(runtime, _)| runtime)
 }
 
-/// [`load_described`], also returning the recipe that prepares the same model again.
+/// [`load_described`], with the linear projections quantized to `quantize` when given; also
+/// returns the recipe that prepares the same model again.
 pub fn load_with_recipe(
     device: Device,
     glue: &mut GluePlugin,
     info: ModelInfo,
     model_dir: &Path,
     config: RuntimeConfig,
+    quantize: Option<WeightQuantization>,
 ) -> Result<(Runtime, ModelRecipe), LoadError> {
     let prepared = (|| {
         let checkpoint = Checkpoint::open(model_dir)?;
@@ -134,12 +221,8 @@ pub fn load_with_recipe(
         program,
         model_dir: model_dir.to_path_buf(),
         config,
+        quantize,
     };
-    let runtime = Runtime::prepare(device, info, &recipe.program, &checkpoint, config).map_err(
-        |(device, e)| {
-            device.close();
-            LoadError::Runtime(e)
-        },
-    )?;
+    let runtime = prepare_checkpoint(device, info, &recipe.program, &checkpoint, config, quantize)?;
     Ok((runtime, recipe))
 }
