@@ -112,3 +112,15 @@ fn corrupt_and_unsupported_gguf_files_are_errors_naming_the_problem() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn quantizing_a_gguf_file_at_load_is_refused_naming_both() {
+    let path = workspace().join("tests/fixtures/tiny-llama-gguf/mixed.gguf");
+    let (status, stderr) = run_until_exit(&path, &["--quantize", "q4_k"]);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--quantize q4_k applies to f32/f16/bf16 safetensors")
+            && stderr.contains("mixed.gguf is a GGUF file"),
+        "{stderr}"
+    );
+}
