@@ -104,7 +104,7 @@ impl WeightSource for QuantizingSource<'_> {
         let done = self.done.get() + 1;
         self.done.set(done);
         // Long work shows progress: a line per tenth of the projections.
-        if done == self.total || done % self.total.div_ceil(10).max(1) == 0 {
+        if done == self.total || done.is_multiple_of(self.total.div_ceil(10).max(1)) {
             tracing::info!(
                 target = self.target.name(),
                 "quantized {done} of {} projection weights",
