@@ -611,13 +611,26 @@ pub struct Head<'a, E> {
 }
 
 impl<E> Head<'_, E> {
-    /// The element offset of this head's row at `position` in either cache.
-    fn offset(&self, position: usize) -> usize {
-        let block_size = self.shape.block_size;
-        // Checked by `check_blocks`: the entry exists and is a block of the cache.
-        let block = self.block_row[position / block_size] as usize;
-        let slot = block * block_size + position % block_size;
-        self.shape.cache_layout().row(slot, self.kv_head)
+    /// The element offsets, in either cache, of this head's rows at positions `start..` (one
+    /// per element of `offsets`): a division per call, not per position.
+    fn offsets(&self, start: usize, offsets: &mut [usize]) {
+        let (block_size, head_dim) = (self.shape.block_size, self.shape.head_dim);
+        let layout = self.shape.cache_layout();
+        let (mut index, mut within) = (start / block_size, start % block_size);
+        // Checked by `check_blocks`: the entries read exist and are blocks of the cache.
+        let block_start =
+            |index: usize| layout.row(self.block_row[index] as usize * block_size, self.kv_head);
+        let mut base = block_start(index);
+        for (i, offset) in offsets.iter_mut().enumerate() {
+            if i > 0 && within == 0 {
+                base = block_start(index);
+            }
+            *offset = base + within * head_dim;
+            within += 1;
+            if within == block_size {
+                (index, within) = (index + 1, 0);
+            }
+        }
     }
 }
 

@@ -69,17 +69,15 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
                 (max, (old_max - max).exp())
             };
             let max_lanes = _mm256_set1_ps(max);
-            let halves: [__m256; 2] = std::array::from_fn(|half| {
-                let x = load(&scores, half);
-                first_lanes(
-                    exp(_mm256_sub_ps(x, max_lanes)),
-                    valid.saturating_sub(8 * half),
-                )
-            });
-            let tile_sum = reduce(_mm256_add_ps(halves[0], halves[1]));
             let mut weights = [0.0f32; TILE];
-            store(&mut weights, 0, halves[0]);
-            store(&mut weights, 1, halves[1]);
+            let mut total = _mm256_setzero_ps();
+            for chunk in 0..valid.div_ceil(8) {
+                let x = load(&scores, chunk);
+                let w = first_lanes(exp(_mm256_sub_ps(x, max_lanes)), valid - 8 * chunk);
+                total = _mm256_add_ps(total, w);
+                store(&mut weights, chunk, w);
+            }
+            let tile_sum = reduce(total);
             let rescale_lanes = _mm256_set1_ps(rescale);
             // Eight chunks at a time: their accumulators and one value vector fit the registers.
             for c0 in (0..C).step_by(8) {

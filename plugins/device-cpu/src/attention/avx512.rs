@@ -6,16 +6,22 @@
 //! None of it depends on the other rows of the block.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_mov_ps, _mm512_maskz_mov_ps,
-    _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps, _mm512_sub_ps,
+    __m512, __mmask16, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_mov_ps,
+    _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps, _mm512_sub_ps,
 };
 
 use super::online::{KvTile, QueryBlock, TILE, state_len};
 use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
+/// Rows of at most this many queries read the tile from the cache directly: widening it
+/// first pays off only when many rows read it.
+const DIRECT_ROWS: usize = 4;
+
 /// The rows of `block` (heads of `16 * C`) through one tile, into their states (see
-/// `online::attend_tile`); `buffer` holds at least `2 * TILE * 16 * C` f32s.
+/// `online::attend_tile`); `buffer` holds at least `2 * TILE * 16 * C` f32s. Where the tile's
+/// rows are read from changes no bits: widening is exact.
 ///
 /// # Safety
 /// The CPU has AVX-512 F and DQ (isa level `avx512`).
@@ -28,6 +34,15 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     buffer: &mut [f32],
 ) {
     let head_dim = 16 * C;
+    if block.tokens * block.heads <= DIRECT_ROWS {
+        let rows = |data| KvRows {
+            data,
+            offsets: Some(tile.offsets),
+            head_dim,
+        };
+        let kv = (rows(tile.keys), rows(tile.values));
+        return attend_rows::<E, C>(block, tile, kv, scale, (states, first));
+    }
     let (keys, values) = buffer.split_at_mut(TILE * head_dim);
     for (j, &offset) in tile.offsets.iter().enumerate() {
         let (key, value) = (
@@ -39,70 +54,182 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
             store(&mut values[j * head_dim..], c, load_cached(value, c));
         }
     }
+    let rows = |data| KvRows {
+        data,
+        offsets: None,
+        head_dim,
+    };
+    let kv = (rows(&keys[..]), rows(&values[..]));
+    attend_rows::<f32, C>(block, tile, kv, scale, (states, first));
+}
+
+/// The key or value rows of a tile: in the cache at `offsets`, or one after the other.
+#[derive(Clone, Copy)]
+struct KvRows<'a, K> {
+    data: &'a [K],
+    offsets: Option<&'a [usize]>,
+    head_dim: usize,
+}
+
+impl<'a, K> KvRows<'a, K> {
+    #[inline]
+    fn row(&self, j: usize) -> &'a [K] {
+        let start = match self.offsets {
+            Some(offsets) => offsets[j],
+            None => j * self.head_dim,
+        };
+        &self.data[start..start + self.head_dim]
+    }
+}
+
+/// [`attend_tile`] once the tile's rows are where `keys` and `values` say. A token's heads
+/// go through the values a few at a time, so each value row is loaded once for all of them.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn attend_rows<K: CacheElement, const C: usize>(
+    block: &QueryBlock<'_>,
+    tile: &KvTile<'_, impl Sized>,
+    (keys, values): (KvRows<'_, K>, KvRows<'_, K>),
+    scale: f32,
+    (states, first): (&mut [f32], bool),
+) {
+    let head_dim = 16 * C;
     let stride = state_len(head_dim);
+    // Heads per pass over the values: their accumulators fill half the registers.
+    let pass_heads = 16 / C;
     for token in 0..block.tokens {
         let valid = tile.valid(block.end(token));
         if valid == 0 {
             continue;
         }
-        let mask = lanes_mask(valid);
-        for head in 0..block.heads {
-            let query = block.query(token, head, head_dim);
-            let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
-            let mut products = [_mm512_setzero_ps(); TILE];
-            for (product, key) in products[..valid]
-                .iter_mut()
-                .zip(keys.chunks_exact(head_dim))
-            {
-                let mut acc = _mm512_mul_ps(q[0], load(key, 0));
-                for (c, &q) in q.iter().enumerate().skip(1) {
-                    acc = _mm512_fmadd_ps(q, load(key, c), acc);
-                }
-                *product = acc;
+        let token_states = &mut states[token * block.heads * stride..][..block.heads * stride];
+        let mut weights = [[0.0f32; TILE]; 4];
+        let mut rescales = [0.0f32; 4];
+        for (pass, pass_states) in token_states.chunks_mut(pass_heads * stride).enumerate() {
+            let heads = pass_states.len() / stride;
+            for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
+                let query = block.query(token, pass * pass_heads + h, head_dim);
+                let row = (query, keys, valid, scale);
+                rescales[h] = weigh::<K, C>(row, (state, first), &mut weights[h]);
             }
-            let scores = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
-            let lanes = to_array(_mm512_mask_mov_ps(
-                _mm512_set1_ps(f32::NEG_INFINITY),
-                mask,
-                scores,
-            ));
-            let tile_max = lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let state = &mut states[(token * block.heads + head) * stride..][..stride];
-            let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
-            let (max, rescale) = if first {
-                (tile_max, 0.0)
-            } else {
-                let max = old_max.max(tile_max);
-                (max, (old_max - max).exp())
-            };
-            let weights =
-                _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
-            let tile_sum = reduce(weights);
-            let weights = to_array(weights);
-            let mut acc: [__m512; C] = if first {
-                [_mm512_setzero_ps(); C]
-            } else {
-                let rescale = _mm512_set1_ps(rescale);
-                std::array::from_fn(|c| _mm512_mul_ps(load(state, c), rescale))
-            };
-            for (&weight, value) in weights[..valid].iter().zip(values.chunks_exact(head_dim)) {
-                let weight = _mm512_set1_ps(weight);
-                for (c, acc) in acc.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(weight, load(value, c), *acc);
-                }
+            let pass_values = (values, valid, first);
+            macro_rules! accumulate {
+                ($g:literal) => {
+                    accumulate::<K, C, $g>(&weights, &rescales, pass_values, pass_states)
+                };
             }
-            for (c, &acc) in acc.iter().enumerate() {
-                store(state, c, acc);
+            match heads {
+                1 => accumulate!(1),
+                2 => accumulate!(2),
+                3 => accumulate!(3),
+                _ => accumulate!(4),
             }
-            state[head_dim] = max;
-            state[head_dim + 1] = if first {
-                tile_sum
-            } else {
-                old_sum * rescale + tile_sum
-            };
         }
     }
 }
+
+/// The exponentials of one query row's scores over the tile into `weights`, after its
+/// running maximum and sum in `state` take the tile in; returns the factor its output must be
+/// rescaled by (none for the first tile).
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn weigh<K: CacheElement, const C: usize>(
+    (query, keys, valid, scale): (&[f32], KvRows<'_, K>, usize, f32),
+    (state, first): (&mut [f32], bool),
+    weights: &mut [f32; TILE],
+) -> f32 {
+    let head_dim = 16 * C;
+    let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
+    let mut scores = [_mm512_set1_ps(f32::NEG_INFINITY); SCORE_VECTORS];
+    for (group, scores) in scores.iter_mut().enumerate() {
+        let count = valid.saturating_sub(16 * group).min(16);
+        if count == 0 {
+            break;
+        }
+        let mut products = [_mm512_setzero_ps(); 16];
+        for (j, product) in products[..count].iter_mut().enumerate() {
+            let key = keys.row(16 * group + j);
+            let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
+            for (c, &q) in q.iter().enumerate().skip(1) {
+                acc = _mm512_fmadd_ps(q, load_cached(key, c), acc);
+            }
+            *product = acc;
+        }
+        let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
+        *scores = _mm512_mask_mov_ps(*scores, lanes_mask(count), sums);
+    }
+    let lane_max = scores
+        .iter()
+        .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {
+            _mm512_max_ps(m, s)
+        });
+    let tile_max = to_array(lane_max)
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
+    let (max, rescale) = if first {
+        (tile_max, 0.0)
+    } else {
+        let max = old_max.max(tile_max);
+        (max, (old_max - max).exp())
+    };
+    let mut total = _mm512_setzero_ps();
+    for (group, &scores) in scores.iter().enumerate() {
+        let mask = lanes_mask(valid.saturating_sub(16 * group));
+        let w = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
+        total = _mm512_add_ps(total, w);
+        store(&mut weights[16 * group..], 0, w);
+    }
+    let tile_sum = reduce(total);
+    state[head_dim] = max;
+    state[head_dim + 1] = if first {
+        tile_sum
+    } else {
+        old_sum * rescale + tile_sum
+    };
+    rescale
+}
+
+/// The outputs of `G` heads (`states`, one after the other): rescaled, then the weighted
+/// value rows added position by position, each value row loaded once for all `G`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn accumulate<K: CacheElement, const C: usize, const G: usize>(
+    weights: &[[f32; TILE]; 4],
+    rescales: &[f32; 4],
+    (values, valid, first): (KvRows<'_, K>, usize, bool),
+    states: &mut [f32],
+) {
+    let head_dim = 16 * C;
+    let stride = state_len(head_dim);
+    let mut acc: [[__m512; C]; G] = std::array::from_fn(|h| {
+        if first {
+            [_mm512_setzero_ps(); C]
+        } else {
+            let rescale = _mm512_set1_ps(rescales[h]);
+            std::array::from_fn(|c| _mm512_mul_ps(load(&states[h * stride..], c), rescale))
+        }
+    });
+    for j in 0..valid {
+        let value = values.row(j);
+        let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
+        for (acc, weights) in acc.iter_mut().zip(weights) {
+            let weight = _mm512_set1_ps(weights[j]);
+            for (acc, &v) in acc.iter_mut().zip(&v) {
+                *acc = _mm512_fmadd_ps(weight, v, *acc);
+            }
+        }
+    }
+    for (h, acc) in acc.iter().enumerate() {
+        for (c, &acc) in acc.iter().enumerate() {
+            store(&mut states[h * stride..], c, acc);
+        }
+    }
+}
+
+/// Score vectors of one tile.
+const SCORE_VECTORS: usize = TILE / 16;
 
 /// Sixteen f32s from element `16 * c` of `row`.
 #[inline]

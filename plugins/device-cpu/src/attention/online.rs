@@ -14,8 +14,9 @@ use crate::isa::Isa;
 use crate::kv_cache::CacheElement;
 use crate::vector::{axpy, dot};
 
-/// Key positions per tile: what one vector of scores covers.
-pub const TILE: usize = 16;
+/// Key positions per tile: the running maximum and sum are updated once per tile, so a long
+/// tile spreads their cost; a short one keeps the widened keys and values in L1.
+pub const TILE: usize = 64;
 
 /// The f32s of one row's state: the unnormalized output (`head_dim`), then the running
 /// maximum of the scores, then the running sum of their exponentials.
@@ -121,8 +122,8 @@ pub fn attend_range<E: CacheElement>(
     let mut next = [0usize; TILE];
     let tile_offsets = |start: usize, offsets: &mut [usize; TILE]| {
         let len = TILE.min(end.saturating_sub(start));
-        for (i, offset) in offsets[..len].iter_mut().enumerate() {
-            *offset = head.offset(start + i);
+        if len > 0 {
+            head.offsets(start, &mut offsets[..len]);
         }
         len
     };
