@@ -1,256 +1,337 @@
-//! Tests of paged attention: every kernel path against dense causal attention, bit-exact batch invariance, half-width caches and refused layouts.
+//! Tests of paged attention: every kernel path against dense causal attention at depths that cross many tiles, ranges and blocks, bit-exact batch invariance, half-width caches and refused layouts.
+
+mod invariance;
 
 use super::*;
 use crate::test_support::{assert_close, noise};
 
-const HEAD_DIM: usize = 8;
-const NUM_HEADS: usize = 4;
-const NUM_KV_HEADS: usize = 2;
-const BLOCK_SIZE: usize = 4;
-const NUM_BLOCKS: usize = 64;
+/// How far a path's output may be from the f64 reference, relative to `max(1, |expected|)`.
+/// Every path multiplies and adds in f32 (unit roundoff 2^-24 ≈ 6e-8): a score is a sum of
+/// `head_dim` products of size about 1, an output a weighted mean of values of size at most 1
+/// whose weights sum to one, so the error is some tens of roundoffs; 2e-5 leaves headroom
+/// while still catching a wrong position, weight or rescale (errors of 1e-2 and more).
+const F32_TOLERANCE: f64 = 2e-5;
 
-/// One sequence of a test step: tokens cached before the step, tokens computed in it.
-#[derive(Clone, Copy)]
+/// The heads and paging of a test step.
+#[derive(Clone, Copy, Debug)]
+struct Heads {
+    num_heads: usize,
+    num_kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+/// One sequence of a test step: `id` picks its keys, values and queries (the same for every
+/// step it is part of), `cached` tokens come before the step and `computed` are in it.
+#[derive(Clone, Copy, Debug)]
 struct Sequence {
+    id: u64,
     cached: usize,
     computed: usize,
 }
 
-/// The full K and V of a sequence, `[len, Hk, D]`, and its queries `[computed, Hq, D]`.
-struct Dense {
+impl Sequence {
+    fn new(id: u64, cached: usize, computed: usize) -> Sequence {
+        Sequence {
+            id,
+            cached,
+            computed,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.cached + self.computed
+    }
+}
+
+impl Heads {
+    /// Element `d` of the key (`which` 0) or value (1) of KV head `kv_head` at `position`.
+    fn kv(&self, which: u64, id: u64, (position, kv_head, d): (usize, usize, usize)) -> f32 {
+        noise(
+            100 * (which + 1) + id,
+            (position * self.num_kv_heads + kv_head) * self.head_dim + d,
+        )
+    }
+
+    /// The query of `head` at `position`, all `head_dim` elements.
+    fn query(&self, id: u64, position: usize, head: usize) -> impl Iterator<Item = f32> {
+        let start = (position * self.num_heads + head) * self.head_dim;
+        (start..start + self.head_dim).map(move |i| 2.0 * noise(300 + id, i))
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Plain causal attention of `sequence`'s computed tokens in f64, `[computed, Hq*D]`.
+    fn reference(&self, sequence: &Sequence) -> Vec<f64> {
+        let group = self.num_heads / self.num_kv_heads;
+        let scale = f64::from(self.scale());
+        let mut out = Vec::new();
+        for position in sequence.cached..sequence.len() {
+            for h in 0..self.num_heads {
+                let q: Vec<f64> = self
+                    .query(sequence.id, position, h)
+                    .map(f64::from)
+                    .collect();
+                let kv = |which, p, d| f64::from(self.kv(which, sequence.id, (p, h / group, d)));
+                let scores: Vec<f64> = (0..=position)
+                    .map(|p| (0..self.head_dim).map(|d| q[d] * kv(0, p, d)).sum::<f64>() * scale)
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                for d in 0..self.head_dim {
+                    let value: f64 = (0..=position).map(|p| weights[p] * kv(1, p, d)).sum();
+                    out.push(value / total);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// A step laid out as the device sees it: the sequences' keys and values in a paged cache
+/// (blocks handed out in a scattered order, unused table entries -1, unused slots NaN), the
+/// queries of their computed tokens and one padding row after them.
+struct Step {
+    heads: Heads,
+    sequences: Vec<Sequence>,
+    q: Vec<f32>,
     keys: Vec<f32>,
     values: Vec<f32>,
-    queries: Vec<f32>,
+    block_table: Vec<i32>,
+    seq_lens: Vec<i32>,
+    query_start: Vec<i32>,
+    num_blocks: usize,
+    blocks_per_seq: usize,
 }
 
-fn dense(seq: usize, sequence: &Sequence, head_dim: usize) -> Dense {
-    let len = sequence.cached + sequence.computed;
-    let kv_len = len * NUM_KV_HEADS * head_dim;
-    let q_len = sequence.computed * NUM_HEADS * head_dim;
-    Dense {
-        keys: (0..kv_len).map(|i| noise(100 + seq as u64, i)).collect(),
-        values: (0..kv_len).map(|i| noise(200 + seq as u64, i)).collect(),
-        queries: (0..q_len)
-            .map(|i| 2.0 * noise(300 + seq as u64, i))
-            .collect(),
-    }
-}
-
-/// Plain causal attention over the dense K/V with f64 arithmetic.
-fn reference(dense: &Dense, sequence: &Sequence, scale: f64, head_dim: usize) -> Vec<f64> {
-    let group = NUM_HEADS / NUM_KV_HEADS;
-    let mut out = Vec::new();
-    for j in 0..sequence.computed {
-        let position = sequence.cached + j;
-        for h in 0..NUM_HEADS {
-            let q = &dense.queries[(j * NUM_HEADS + h) * head_dim..][..head_dim];
-            let kv = |p: usize| (p * NUM_KV_HEADS + h / group) * head_dim;
-            let scores: Vec<f64> = (0..=position)
-                .map(|p| {
-                    let k = &dense.keys[kv(p)..kv(p) + head_dim];
-                    let dot: f64 = q
-                        .iter()
-                        .zip(k)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum();
-                    dot * scale
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            for d in 0..head_dim {
-                let value: f64 = (0..=position)
-                    .map(|p| weights[p] / total * f64::from(dense.values[kv(p) + d]))
-                    .sum();
-                out.push(value);
+impl Step {
+    fn new(heads: Heads, sequences: &[Sequence]) -> Step {
+        let bs = heads.block_size;
+        let blocks_per_seq = sequences
+            .iter()
+            .map(|s| s.len().div_ceil(bs))
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let num_blocks = sequences
+            .iter()
+            .map(|s| s.len().div_ceil(bs))
+            .sum::<usize>()
+            + 1;
+        let mut order: Vec<usize> = (0..num_blocks).collect();
+        order.sort_by_key(|&b| noise(77, b).to_bits());
+        let mut free = order.into_iter();
+        let row_width = heads.num_kv_heads * heads.head_dim;
+        let mut keys = vec![f32::NAN; num_blocks * bs * row_width];
+        let mut values = keys.clone();
+        let (mut q, mut block_table, mut seq_lens) = (Vec::new(), Vec::new(), Vec::new());
+        let mut query_start = vec![0];
+        for sequence in sequences {
+            let mut blocks: Vec<i32> = Vec::new();
+            for position in 0..sequence.len() {
+                if position % bs == 0 {
+                    blocks.push(free.next().unwrap() as i32);
+                }
+                let block = blocks[position / bs] as usize;
+                for kv_head in 0..heads.num_kv_heads {
+                    // `[B, Hk, bs, D]`: a block holds each head's rows together.
+                    let row = ((block * heads.num_kv_heads + kv_head) * bs + position % bs)
+                        * heads.head_dim;
+                    for d in 0..heads.head_dim {
+                        let at = (position, kv_head, d);
+                        keys[row + d] = heads.kv(0, sequence.id, at);
+                        values[row + d] = heads.kv(1, sequence.id, at);
+                    }
+                }
             }
+            blocks.resize(blocks_per_seq, -1);
+            block_table.extend(blocks);
+            for position in sequence.cached..sequence.len() {
+                for h in 0..heads.num_heads {
+                    q.extend(heads.query(sequence.id, position, h));
+                }
+            }
+            seq_lens.push(sequence.len() as i32);
+            query_start.push(query_start.last().unwrap() + sequence.computed as i32);
+        }
+        q.extend(std::iter::repeat_n(1.0, heads.num_heads * heads.head_dim));
+        Step {
+            heads,
+            sequences: sequences.to_vec(),
+            q,
+            keys,
+            values,
+            block_table,
+            seq_lens,
+            query_start,
+            num_blocks,
+            blocks_per_seq,
         }
     }
-    out
-}
 
-/// Lays the sequences out in a paged cache (blocks handed out in a scattered order, unused
-/// table entries -1), adds one padding row, and compares with dense attention. Returns the
-/// output of every kernel and thread count.
-fn check_batch(what: &str, sequences: &[Sequence], head_dim: usize) -> Vec<(String, Vec<f32>)> {
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let (q_width, kv_width) = (NUM_HEADS * head_dim, NUM_KV_HEADS * head_dim);
-    let blocks_per_seq = sequences
-        .iter()
-        .map(|s| (s.cached + s.computed).div_ceil(BLOCK_SIZE))
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let mut free_blocks = (0..NUM_BLOCKS as i32).map(|b| (b * 37) % NUM_BLOCKS as i32);
+    fn shape(&self) -> AttentionShape {
+        AttentionShape {
+            num_heads: self.heads.num_heads,
+            num_kv_heads: self.heads.num_kv_heads,
+            head_dim: self.heads.head_dim,
+            block_size: self.heads.block_size,
+            num_blocks: self.num_blocks,
+            blocks_per_seq: self.blocks_per_seq,
+        }
+    }
 
-    let mut key_cache = vec![f32::NAN; NUM_BLOCKS * BLOCK_SIZE * kv_width];
-    let mut value_cache = key_cache.clone();
-    let (mut q, mut block_table, mut seq_lens) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut query_start, mut expected) = (vec![0], Vec::new());
-    for (seq, sequence) in sequences.iter().enumerate() {
-        let len = sequence.cached + sequence.computed;
-        let mut blocks: Vec<i32> = free_blocks
-            .by_ref()
-            .take(len.div_ceil(BLOCK_SIZE))
+    /// The output of every row at `isa` on `workers`, through `scratch`.
+    fn run(&self, isa: Isa, workers: &Workers, scratch: &mut AttentionScratch) -> Vec<f32> {
+        let layout = StepLayout {
+            block_table: &self.block_table,
+            seq_lens: &self.seq_lens,
+            query_start: &self.query_start,
+        };
+        let cache = KvCache {
+            keys: &self.keys[..],
+            values: &self.values[..],
+        };
+        let mut out = vec![f32::NAN; self.q.len()];
+        let params = (self.shape(), self.heads.scale());
+        attend(
+            (isa, workers, scratch),
+            &self.q,
+            &cache,
+            &layout,
+            &mut out,
+            params,
+        )
+        .unwrap();
+        out
+    }
+
+    /// The output row of sequence `index`'s computed token at `position`.
+    fn row<'a>(&self, out: &'a [f32], index: usize, position: usize) -> &'a [f32] {
+        let sequence = &self.sequences[index];
+        assert!((sequence.cached..sequence.len()).contains(&position));
+        let row = self.query_start[index] as usize + position - sequence.cached;
+        let width = self.heads.num_heads * self.heads.head_dim;
+        &out[row * width..(row + 1) * width]
+    }
+
+    /// Checks every path and thread count against the reference (zeros for the padding row)
+    /// and returns the outputs.
+    fn check(&self, what: &str) -> Vec<(String, Vec<f32>)> {
+        let mut expected: Vec<f64> = self
+            .sequences
+            .iter()
+            .flat_map(|s| self.heads.reference(s))
             .collect();
-        let dense = dense(seq, sequence, head_dim);
-        for p in 0..len {
-            let block = blocks[p / BLOCK_SIZE] as usize;
-            for kv_head in 0..NUM_KV_HEADS {
-                // `[B, Hk, bs, D]`: a block holds each head's rows together.
-                let at =
-                    ((block * NUM_KV_HEADS + kv_head) * BLOCK_SIZE + p % BLOCK_SIZE) * head_dim;
-                let row = (p * NUM_KV_HEADS + kv_head) * head_dim;
-                let row = row..row + head_dim;
-                key_cache[at..at + head_dim].copy_from_slice(&dense.keys[row.clone()]);
-                value_cache[at..at + head_dim].copy_from_slice(&dense.values[row]);
+        expected.extend(std::iter::repeat_n(
+            0.0,
+            self.heads.num_heads * self.heads.head_dim,
+        ));
+        let mut outputs = Vec::new();
+        for isa in Isa::every() {
+            for threads in [1, 2] {
+                let workers = Workers::new(threads).unwrap();
+                let out = self.run(isa, &workers, &mut AttentionScratch::default());
+                let what = format!("{what}, {:?}, {isa:?}, {threads} threads", self.heads);
+                assert_close(&out, &expected, F32_TOLERANCE, &what);
+                outputs.push((what, out));
             }
         }
-        blocks.resize(blocks_per_seq, -1);
-        block_table.extend(blocks);
-        q.extend_from_slice(&dense.queries);
-        seq_lens.push(len as i32);
-        query_start.push(query_start[seq] + sequence.computed as i32);
-        expected.extend(reference(&dense, sequence, f64::from(scale), head_dim));
-    }
-    q.extend(std::iter::repeat_n(1.0, q_width));
-    expected.extend(std::iter::repeat_n(0.0, q_width));
-
-    let shape = AttentionShape {
-        num_heads: NUM_HEADS,
-        num_kv_heads: NUM_KV_HEADS,
-        head_dim,
-        block_size: BLOCK_SIZE,
-        num_blocks: NUM_BLOCKS,
-        blocks_per_seq,
-    };
-    let layout = StepLayout {
-        block_table: &block_table,
-        seq_lens: &seq_lens,
-        query_start: &query_start,
-    };
-    let cache = KvCache {
-        keys: &key_cache,
-        values: &value_cache,
-    };
-    let mut outputs = Vec::new();
-    for (isa, threads) in Isa::every().into_iter().flat_map(|i| [(i, 1), (i, 2)]) {
-        let workers = Workers::new(threads).unwrap();
-        let mut out = vec![f32::NAN; q.len()];
-        let params = (shape, scale);
-        paged_attention(isa, &q, &cache, &layout, &mut out, params, &workers).unwrap();
-        let what = format!("{what}, {isa:?}, {threads} threads");
-        assert_close(&out, &expected, 1e-5, &what);
-        outputs.push((what, out));
-    }
-    // Work splits by (token, KV head), never by thread: two threads give one's bits.
-    for pair in outputs.chunks_exact(2) {
-        let bits = |v: &[f32]| -> Vec<u32> { v.iter().map(|x| x.to_bits()).collect() };
-        assert_eq!(
-            bits(&pair[0].1),
-            bits(&pair[1].1),
-            "{} and {}",
-            pair[0].0,
-            pair[1].0
-        );
-    }
-    outputs
-}
-
-#[test]
-fn a_decode_gives_the_same_bits_alone_and_in_a_batch() {
-    // What else a step computes changes nothing of a decode's output.
-    let decode = Sequence {
-        cached: 90,
-        computed: 1,
-    };
-    let prefill = Sequence {
-        cached: 0,
-        computed: 40,
-    };
-    let alone = check_batch("a decode alone", &[decode], HEAD_DIM);
-    let batched = check_batch("a decode and a prefill", &[decode, prefill], HEAD_DIM);
-    let row = NUM_HEADS * HEAD_DIM;
-    for ((what, alone), (_, batched)) in alone.iter().zip(&batched) {
-        let bits = |v: &[f32]| -> Vec<u32> { v[..row].iter().map(|x| x.to_bits()).collect() };
-        assert_eq!(bits(alone), bits(batched), "{what}");
+        outputs
     }
 }
+
+/// Bits of `values`, for exact comparisons.
+fn bits(values: &[f32]) -> Vec<u32> {
+    values.iter().map(|x| x.to_bits()).collect()
+}
+
+const SMALL: Heads = Heads {
+    num_heads: 4,
+    num_kv_heads: 2,
+    head_dim: 8,
+    block_size: 4,
+};
 
 #[test]
 fn mixed_batches_match_dense_causal_attention() {
     let cases = [
+        // Small enough to run on the calling thread.
         (
-            // Small enough to run on the calling thread.
             "a 5-token chunk after 7 cached tokens, a fresh 4-token prefill, two decodes",
             vec![
-                Sequence {
-                    cached: 7,
-                    computed: 5,
-                },
-                Sequence {
-                    cached: 0,
-                    computed: 4,
-                },
-                Sequence {
-                    cached: 9,
-                    computed: 1,
-                },
-                Sequence {
-                    cached: 2,
-                    computed: 1,
-                },
+                Sequence::new(0, 7, 5),
+                Sequence::new(1, 0, 4),
+                Sequence::new(2, 9, 1),
+                Sequence::new(3, 2, 1),
             ],
         ),
+        // Long enough to be split over the workers.
         (
-            // Long enough to be split over the workers.
             "longer contexts",
             vec![
-                Sequence {
-                    cached: 57,
-                    computed: 5,
-                },
-                Sequence {
-                    cached: 0,
-                    computed: 40,
-                },
-                Sequence {
-                    cached: 90,
-                    computed: 1,
-                },
-                Sequence {
-                    cached: 30,
-                    computed: 1,
-                },
+                Sequence::new(0, 57, 5),
+                Sequence::new(1, 0, 40),
+                Sequence::new(2, 90, 1),
+                Sequence::new(3, 30, 1),
             ],
         ),
     ];
     for (what, sequences) in cases {
-        check_batch(what, &sequences, HEAD_DIM);
+        let outputs = Step::new(SMALL, &sequences).check(what);
+        // Work splits by block and range, never by thread: any thread count gives one's bits.
+        for pair in outputs.chunks_exact(2) {
+            assert_eq!(
+                bits(&pair[0].1),
+                bits(&pair[1].1),
+                "{} and {}",
+                pair[0].0,
+                pair[1].0
+            );
+        }
     }
 }
 
 #[test]
-fn heads_of_64_and_128_match_dense_causal_attention() {
-    // The sizes with a vector kernel of their own (where the CPU has AVX-512): a chunk
-    // after cached tokens, a prefill crossing several blocks, and a decode.
-    let sequences = [
-        Sequence {
-            cached: 9,
-            computed: 6,
-        },
-        Sequence {
-            cached: 0,
-            computed: 23,
-        },
-        Sequence {
-            cached: 41,
-            computed: 1,
-        },
-    ];
-    for head_dim in [64, 128] {
-        check_batch(&format!("head_dim {head_dim}"), &sequences, head_dim);
+fn every_depth_block_size_group_and_head_size_matches_dense_attention() {
+    // Depths on both sides of a tile, a block and a range, and thousands of positions; for
+    // each, the last tokens of a prompt as one chunk and a decode, in one step.
+    for depth in [1, 15, 16, 17, 1000, 4100] {
+        for block_size in [16, 32] {
+            for group in [1, 3, 8] {
+                for head_dim in [64, 128] {
+                    let heads = Heads {
+                        num_heads: 2 * group,
+                        num_kv_heads: 2,
+                        head_dim,
+                        block_size,
+                    };
+                    let chunk = depth.min(if depth > 1000 { 12 } else { 70 });
+                    let sequences = [
+                        Sequence::new(0, depth - chunk, chunk),
+                        Sequence::new(1, depth - 1, 1),
+                    ];
+                    Step::new(heads, &sequences).check(&format!("depth {depth}"));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn heads_of_other_sizes_take_the_portable_tile() {
+    // 8 and 96 have no vector kernel; GQA 3 and a range boundary crossed.
+    for head_dim in [8, 96] {
+        let heads = Heads {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim,
+            block_size: 16,
+        };
+        let sequences = [Sequence::new(0, 120, 20), Sequence::new(1, 300, 1)];
+        Step::new(heads, &sequences).check("other head sizes");
     }
 }
 
