@@ -34,7 +34,7 @@ use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 use crate::Context;
 use crate::isa::Isa;
 use crate::kv_cache::{CacheElement, CacheLayout};
-use crate::linear::{Bf16Bits, F16Bits, as_wide};
+use crate::linear::{Bf16Bits, Bf16Products, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::workers::{Workers, with_scratch};
 use online::{QueryBlock, TileKernel, attend_range, finish, merge, state_len, tile_buffer_len};
@@ -45,7 +45,7 @@ const MIN_PARALLEL_WORK: usize = 64 * 1024;
 /// The positions of one range of a token's history, rounded down to whole blocks (at least
 /// one): short enough that a lone sequence's history makes tasks for every thread, long
 /// enough that merging their states costs little next to computing them.
-const RANGE_POSITIONS: usize = 128;
+const RANGE_POSITIONS: usize = 512;
 
 /// Query rows (tokens times the heads of a KV head) of one prefill task, at most: the rows
 /// that share each widened tile.
@@ -252,7 +252,11 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
     };
     let (q, out) = (views.f32("q"), views.f32_mut("out"));
     let params = (shape, scale);
-    let device = (context.isa, &context.workers, &mut context.attention);
+    let device = (
+        (context.isa, context.bf16_products),
+        &context.workers,
+        &mut context.attention,
+    );
     // One match here, so each element type gets kernels of its own.
     let done = match (views.float("key_cache"), views.float("value_cache")) {
         (FloatSlice::F32(keys), FloatSlice::F32(values)) => {
@@ -283,7 +287,7 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
 /// device keeps one [`AttentionScratch`] for all its launches; this makes one per call.)
 #[cfg(test)]
 pub fn paged_attention<E: CacheElement>(
-    isa: Isa,
+    kernels: (Isa, Bf16Products),
     q: &[f32],
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
@@ -292,12 +296,19 @@ pub fn paged_attention<E: CacheElement>(
     workers: &Workers,
 ) -> Result<(), String> {
     let mut scratch = AttentionScratch::default();
-    attend((isa, workers, &mut scratch), q, cache, layout, out, params)
+    attend(
+        (kernels, workers, &mut scratch),
+        q,
+        cache,
+        layout,
+        out,
+        params,
+    )
 }
 
 /// `q` and `out` are `[T, Hq*D]`. Rows that no sequence covers come out as zeros.
 fn attend<E: CacheElement>(
-    (isa, workers, scratch): (Isa, &Workers, &mut AttentionScratch),
+    ((isa, products), workers, scratch): ((Isa, Bf16Products), &Workers, &mut AttentionScratch),
     q: &[f32],
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
@@ -306,7 +317,8 @@ fn attend<E: CacheElement>(
 ) -> Result<(), String> {
     // Heads of 64 or 128 run the vector kernels, other sizes portable code; chosen once per
     // launch, so every row of a step computes the same way.
-    let kernel = TileKernel::new(isa, shape.head_dim);
+    let bf16_keys = products == Bf16Products::Bf16 && E::bf16_bits(cache.keys).is_some();
+    let kernel = TileKernel::new(isa, shape.head_dim, bf16_keys);
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let cuts = Cuts::new(shape);

@@ -6,9 +6,10 @@
 //! None of it depends on the other rows of the block.
 
 use std::arch::x86_64::{
-    __m512, __mmask16, _mm512_add_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_mov_ps,
-    _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_storeu_ps, _mm512_sub_ps,
+    __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps,
+    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_maskz_mov_ps,
+    _mm512_max_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+    _mm512_sub_ps,
 };
 
 use super::online::{KvTile, QueryBlock, TILE, state_len};
@@ -20,47 +21,174 @@ use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 const DIRECT_ROWS: usize = 4;
 
 /// The rows of `block` (heads of `16 * C`) through one tile, into their states (see
-/// `online::attend_tile`); `buffer` holds at least `2 * TILE * 16 * C` f32s. Where the tile's
-/// rows are read from changes no bits: widening is exact.
+/// `online::attend_tile`); `buffer` holds at least `2 * TILE * 16 * C` f32s. With
+/// `bf16_keys` (the bits of `tile.keys`) the scores are bf16 products. Where the tile's rows
+/// are read from changes no bits: widening is exact.
 ///
 /// # Safety
-/// The CPU has AVX-512 F and DQ (isa level `avx512`).
+/// The CPU has AVX-512 F and DQ (isa level `avx512`), and AVX-512 BF16 (isa level
+/// `avx512_bf16`) if `bf16_keys` is given.
 #[target_feature(enable = "avx512f,avx512dq")]
 pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
-    block: &QueryBlock<'_>,
-    tile: &KvTile<'_, E>,
+    (block, tile, bf16_keys): (&QueryBlock<'_>, &KvTile<'_, E>, Option<&[u16]>),
     scale: f32,
     (states, first): (&mut [f32], bool),
     buffer: &mut [f32],
 ) {
     let head_dim = 16 * C;
-    if block.tokens * block.heads <= DIRECT_ROWS {
-        let rows = |data| KvRows {
-            data,
-            offsets: Some(tile.offsets),
-            head_dim,
+    let direct = block.tokens * block.heads <= DIRECT_ROWS;
+    let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
+    if !direct {
+        let widen = |cache: &[E], buffer: &mut [f32]| {
+            for (j, &offset) in tile.offsets.iter().enumerate() {
+                let row = &cache[offset..offset + head_dim];
+                for c in 0..C {
+                    store(&mut buffer[j * head_dim..], c, load_cached(row, c));
+                }
+            }
         };
-        let kv = (rows(tile.keys), rows(tile.values));
-        return attend_rows::<E, C>(block, tile, kv, scale, (states, first));
-    }
-    let (keys, values) = buffer.split_at_mut(TILE * head_dim);
-    for (j, &offset) in tile.offsets.iter().enumerate() {
-        let (key, value) = (
-            &tile.keys[offset..offset + head_dim],
-            &tile.values[offset..offset + head_dim],
-        );
-        for c in 0..C {
-            store(&mut keys[j * head_dim..], c, load_cached(key, c));
-            store(&mut values[j * head_dim..], c, load_cached(value, c));
+        widen(tile.values, value_buffer);
+        if bf16_keys.is_none() {
+            widen(tile.keys, key_buffer);
         }
     }
-    let rows = |data| KvRows {
-        data,
-        offsets: None,
-        head_dim,
-    };
-    let kv = (rows(&keys[..]), rows(&values[..]));
-    attend_rows::<f32, C>(block, tile, kv, scale, (states, first));
+    let rows = (block, tile.valid_counts());
+    let updates = (scale, (states, first));
+    match (bf16_keys, direct) {
+        (Some(bits), true) => {
+            let kv = (
+                Bf16Keys(KvRows::at(bits, tile.offsets, head_dim)),
+                KvRows::at(tile.values, tile.offsets, head_dim),
+            );
+            attend_rows::<_, E, C>(rows, kv, updates)
+        }
+        (Some(bits), false) => {
+            let kv = (
+                Bf16Keys(KvRows::at(bits, tile.offsets, head_dim)),
+                KvRows::packed(value_buffer, head_dim),
+            );
+            attend_rows::<_, f32, C>(rows, kv, updates)
+        }
+        (None, true) => {
+            let kv = (
+                WideKeys(KvRows::at(tile.keys, tile.offsets, head_dim)),
+                KvRows::at(tile.values, tile.offsets, head_dim),
+            );
+            attend_rows::<_, E, C>(rows, kv, updates)
+        }
+        (None, false) => {
+            let kv = (
+                WideKeys(KvRows::packed(key_buffer, head_dim)),
+                KvRows::packed(value_buffer, head_dim),
+            );
+            attend_rows::<_, f32, C>(rows, kv, updates)
+        }
+    }
+}
+
+/// How a query row's scores against a tile's keys are computed.
+trait Scores: Copy {
+    /// The scaled scores of `query` against the tile's first `valid` keys, sixteen per vector;
+    /// the lanes past `valid` are negative infinity.
+    ///
+    /// # Safety
+    /// The CPU has the level the implementing type asks for.
+    unsafe fn scores<const C: usize>(
+        self,
+        query: &[f32],
+        valid: usize,
+        scale: f32,
+    ) -> [__m512; SCORE_VECTORS];
+}
+
+/// Keys widened to f32 and multiplied in f32 FMAs (isa level `avx512`).
+#[derive(Clone, Copy)]
+struct WideKeys<'a, K>(KvRows<'a, K>);
+
+/// Keys as stored in a bf16 cache, multiplied by the query rounded to bf16 through
+/// `vdpbf16ps` (isa level `avx512_bf16`).
+#[derive(Clone, Copy)]
+struct Bf16Keys<'a>(KvRows<'a, u16>);
+
+impl<K: CacheElement> Scores for WideKeys<'_, K> {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn scores<const C: usize>(
+        self,
+        query: &[f32],
+        valid: usize,
+        scale: f32,
+    ) -> [__m512; SCORE_VECTORS] {
+        let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
+        score_groups(valid, scale, |j| {
+            let key = self.0.row(j);
+            let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
+            for (c, &q) in q.iter().enumerate().skip(1) {
+                acc = _mm512_fmadd_ps(q, load_cached(key, c), acc);
+            }
+            acc
+        })
+    }
+}
+
+impl Scores for Bf16Keys<'_> {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+    unsafe fn scores<const C: usize>(
+        self,
+        query: &[f32],
+        valid: usize,
+        scale: f32,
+    ) -> [__m512; SCORE_VECTORS] {
+        // Pairs of query vectors rounded into one vector of 32 bf16s; `C` is even.
+        let q: [__m512bh; 4] = std::array::from_fn(|i| {
+            if 2 * i + 1 < C {
+                _mm512_cvtne2ps_pbh(load(query, 2 * i + 1), load(query, 2 * i))
+            } else {
+                _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())
+            }
+        });
+        score_groups(valid, scale, |j| {
+            let key = self.0.row(j);
+            let mut acc = _mm512_setzero_ps();
+            for (i, &q) in q.iter().enumerate().take(C / 2) {
+                let chunk = &key[32 * i..32 * i + 32];
+                // SAFETY: `chunk` holds 32 bf16s.
+                let k = unsafe {
+                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
+                        chunk.as_ptr().cast(),
+                    ))
+                };
+                acc = _mm512_dpbf16_ps(acc, q, k);
+            }
+            acc
+        })
+    }
+}
+
+/// The scaled scores of the first `valid` keys from `product(j)`, key `j`'s sixteen partial
+/// sums: one transposed reduction per sixteen keys, negative infinity past `valid`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn score_groups(
+    valid: usize,
+    scale: f32,
+    product: impl Fn(usize) -> __m512,
+) -> [__m512; SCORE_VECTORS] {
+    let mut scores = [_mm512_set1_ps(f32::NEG_INFINITY); SCORE_VECTORS];
+    for (group, scores) in scores.iter_mut().enumerate() {
+        let count = valid.saturating_sub(16 * group).min(16);
+        if count == 0 {
+            break;
+        }
+        let mut products = [_mm512_setzero_ps(); 16];
+        for (j, p) in products[..count].iter_mut().enumerate() {
+            *p = product(16 * group + j);
+        }
+        let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
+        *scores = _mm512_mask_mov_ps(*scores, lanes_mask(count), sums);
+    }
+    scores
 }
 
 /// The key or value rows of a tile: in the cache at `offsets`, or one after the other.
@@ -72,6 +200,24 @@ struct KvRows<'a, K> {
 }
 
 impl<'a, K> KvRows<'a, K> {
+    /// Rows in a cache at these element offsets.
+    fn at(data: &'a [K], offsets: &'a [usize], head_dim: usize) -> KvRows<'a, K> {
+        KvRows {
+            data,
+            offsets: Some(offsets),
+            head_dim,
+        }
+    }
+
+    /// Rows one after the other.
+    fn packed(data: &'a [K], head_dim: usize) -> KvRows<'a, K> {
+        KvRows {
+            data,
+            offsets: None,
+            head_dim,
+        }
+    }
+
     #[inline]
     fn row(&self, j: usize) -> &'a [K] {
         let start = match self.offsets {
@@ -82,23 +228,22 @@ impl<'a, K> KvRows<'a, K> {
     }
 }
 
-/// [`attend_tile`] once the tile's rows are where `keys` and `values` say. A token's heads
-/// go through the values a few at a time, so each value row is loaded once for all of them.
+/// [`attend_tile`] once the tile's rows are where `keys` and `values` say; `valid[t]` is how
+/// many of the tile's positions token `t` attends to. A token's heads go through the values
+/// a few at a time, so each value row is loaded once for all of them.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn attend_rows<K: CacheElement, const C: usize>(
-    block: &QueryBlock<'_>,
-    tile: &KvTile<'_, impl Sized>,
-    (keys, values): (KvRows<'_, K>, KvRows<'_, K>),
-    scale: f32,
-    (states, first): (&mut [f32], bool),
+fn attend_rows<S: Scores, V: CacheElement, const C: usize>(
+    (block, valid): (&QueryBlock<'_>, impl Fn(usize) -> usize),
+    (keys, values): (S, KvRows<'_, V>),
+    (scale, (states, first)): (f32, (&mut [f32], bool)),
 ) {
     let head_dim = 16 * C;
     let stride = state_len(head_dim);
     // Heads per pass over the values: their accumulators fill half the registers.
     let pass_heads = 16 / C;
     for token in 0..block.tokens {
-        let valid = tile.valid(block.end(token));
+        let valid = valid(block.end(token));
         if valid == 0 {
             continue;
         }
@@ -109,13 +254,14 @@ fn attend_rows<K: CacheElement, const C: usize>(
             let heads = pass_states.len() / stride;
             for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
                 let query = block.query(token, pass * pass_heads + h, head_dim);
-                let row = (query, keys, valid, scale);
-                rescales[h] = weigh::<K, C>(row, (state, first), &mut weights[h]);
+                // SAFETY: `attend_tile` made `keys` at the level it asks for.
+                let scores = unsafe { keys.scores::<C>(query, valid, scale) };
+                rescales[h] = weigh(scores, valid, (state, first), &mut weights[h]);
             }
             let pass_values = (values, valid, first);
             macro_rules! accumulate {
                 ($g:literal) => {
-                    accumulate::<K, C, $g>(&weights, &rescales, pass_values, pass_states)
+                    accumulate::<V, C, $g>(&weights, &rescales, pass_values, pass_states)
                 };
             }
             match heads {
@@ -128,36 +274,18 @@ fn attend_rows<K: CacheElement, const C: usize>(
     }
 }
 
-/// The exponentials of one query row's scores over the tile into `weights`, after its
+/// The exponentials of one query row's `scores` over the tile into `weights`, after its
 /// running maximum and sum in `state` take the tile in; returns the factor its output must be
 /// rescaled by (none for the first tile).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn weigh<K: CacheElement, const C: usize>(
-    (query, keys, valid, scale): (&[f32], KvRows<'_, K>, usize, f32),
+fn weigh(
+    scores: [__m512; SCORE_VECTORS],
+    valid: usize,
     (state, first): (&mut [f32], bool),
     weights: &mut [f32; TILE],
 ) -> f32 {
-    let head_dim = 16 * C;
-    let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
-    let mut scores = [_mm512_set1_ps(f32::NEG_INFINITY); SCORE_VECTORS];
-    for (group, scores) in scores.iter_mut().enumerate() {
-        let count = valid.saturating_sub(16 * group).min(16);
-        if count == 0 {
-            break;
-        }
-        let mut products = [_mm512_setzero_ps(); 16];
-        for (j, product) in products[..count].iter_mut().enumerate() {
-            let key = keys.row(16 * group + j);
-            let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
-            for (c, &q) in q.iter().enumerate().skip(1) {
-                acc = _mm512_fmadd_ps(q, load_cached(key, c), acc);
-            }
-            *product = acc;
-        }
-        let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
-        *scores = _mm512_mask_mov_ps(*scores, lanes_mask(count), sums);
-    }
+    let head_dim = state.len() - 2;
     let lane_max = scores
         .iter()
         .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {

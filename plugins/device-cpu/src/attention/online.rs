@@ -35,9 +35,11 @@ pub fn tile_buffer_len(head_dim: usize) -> usize {
 pub enum TileKernel {
     /// Any head size: `dot` and `axpy` at the level's width, scalar softmax.
     Portable(Isa),
-    /// AVX-512, heads of `16 * C`.
+    /// AVX-512, heads of `16 * C`; with `bf16_scores` (a bf16 cache at `avx512_bf16` with
+    /// `bf16_products=bf16`) the scores are `vdpbf16ps` products of the query rounded to bf16
+    /// and the keys as stored.
     #[cfg(target_arch = "x86_64")]
-    Avx512 { vectors: usize },
+    Avx512 { vectors: usize, bf16_scores: bool },
     /// AVX2, heads of `8 * C`.
     #[cfg(target_arch = "x86_64")]
     Avx2 { vectors: usize },
@@ -45,12 +47,16 @@ pub enum TileKernel {
 
 impl TileKernel {
     /// The kernel for heads of `head_dim` at `isa`: a vector kernel for 64 and 128.
-    pub fn new(isa: Isa, head_dim: usize) -> TileKernel {
+    /// `bf16_keys`: the keys are bf16 and bf16 products are asked for.
+    pub fn new(isa: Isa, head_dim: usize, bf16_keys: bool) -> TileKernel {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = bf16_keys;
         #[cfg(target_arch = "x86_64")]
         match (isa.vectors(), head_dim) {
             (crate::isa::Vectors::Avx512, 64 | 128) => {
                 return TileKernel::Avx512 {
                     vectors: head_dim / 16,
+                    bf16_scores: bf16_keys && isa.has(crate::isa::IsaLevel::Avx512Bf16),
                 };
             }
             (crate::isa::Vectors::Avx2, 64 | 128) => {
@@ -102,6 +108,13 @@ impl<E> KvTile<'_, E> {
     pub fn valid(&self, end: usize) -> usize {
         end.min(self.start + self.offsets.len())
             .saturating_sub(self.start)
+    }
+
+    /// [`KvTile::valid`] without the borrow of the tile.
+    #[cfg(target_arch = "x86_64")]
+    pub fn valid_counts(&self) -> impl Fn(usize) -> usize + use<E> {
+        let (start, end) = (self.start, self.start + self.offsets.len());
+        move |row_end: usize| row_end.min(end).saturating_sub(start)
     }
 }
 
@@ -163,12 +176,26 @@ fn attend_tile<E: CacheElement>(
             portable_tile(isa, block, tile, scale, (states, first), buffer)
         }
         #[cfg(target_arch = "x86_64")]
-        TileKernel::Avx512 { vectors } => {
+        TileKernel::Avx512 {
+            vectors,
+            bf16_scores,
+        } => {
+            let bf16_keys = if bf16_scores {
+                E::bf16_bits(tile.keys)
+            } else {
+                None
+            };
             macro_rules! tile {
                 ($c:literal) => {
-                    // SAFETY: `TileKernel::new` chose this kernel from a level with AVX-512.
+                    // SAFETY: `TileKernel::new` chose this kernel from a level with AVX-512,
+                    // and asked for bf16 scores only at a level with AVX-512 BF16.
                     unsafe {
-                        avx512::attend_tile::<E, $c>(block, tile, scale, (states, first), buffer)
+                        avx512::attend_tile::<E, $c>(
+                            (block, tile, bf16_keys),
+                            scale,
+                            (states, first),
+                            buffer,
+                        )
                     }
                 };
             }

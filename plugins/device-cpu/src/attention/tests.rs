@@ -12,6 +12,46 @@ use crate::test_support::{assert_close, noise};
 /// while still catching a wrong position, weight or rescale (errors of 1e-2 and more).
 const F32_TOLERANCE: f64 = 2e-5;
 
+/// As [`F32_TOLERANCE`], for scores from bf16 products: the query rounded to bf16 moves each
+/// score by up to 2^-9 ≈ 2e-3 of its terms' size (about 1 here), so each weight `exp(score)`
+/// by as much relatively, and an output, a weighted mean of values of size at most 1, by a
+/// few times that; 1e-2 leaves headroom and still catches a wrong position or weight.
+const BF16_TOLERANCE: f64 = 1e-2;
+
+/// One way a launch may compute: an isa level, and whether its cache is bf16 multiplied in
+/// bf16 products (`avx512_bf16` only) or f32 multiplied in f32.
+#[derive(Clone, Copy, Debug)]
+struct Path {
+    isa: Isa,
+    bf16: bool,
+}
+
+impl Path {
+    /// Every path this CPU has.
+    fn every() -> Vec<Path> {
+        let mut paths: Vec<Path> = Isa::every()
+            .into_iter()
+            .map(|isa| Path { isa, bf16: false })
+            .collect();
+        let top = Isa::detect();
+        if top.has(crate::isa::IsaLevel::Avx512Bf16) {
+            paths.push(Path {
+                isa: top,
+                bf16: true,
+            });
+        }
+        paths
+    }
+
+    fn tolerance(self) -> f64 {
+        if self.bf16 {
+            BF16_TOLERANCE
+        } else {
+            F32_TOLERANCE
+        }
+    }
+}
+
 /// The heads and paging of a test step.
 #[derive(Clone, Copy, Debug)]
 struct Heads {
@@ -100,6 +140,8 @@ struct Step {
     q: Vec<f32>,
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// The same caches in bf16.
+    bf16: (Vec<Bf16Bits>, Vec<Bf16Bits>),
     block_table: Vec<i32>,
     seq_lens: Vec<i32>,
     query_start: Vec<i32>,
@@ -158,10 +200,12 @@ impl Step {
             query_start.push(query_start.last().unwrap() + sequence.computed as i32);
         }
         q.extend(std::iter::repeat_n(1.0, heads.num_heads * heads.head_dim));
+        let narrow = |cache: &[f32]| cache.iter().map(|&x| Bf16Bits::from_f32(x)).collect();
         Step {
             heads,
             sequences: sequences.to_vec(),
             q,
+            bf16: (narrow(&keys), narrow(&values)),
             keys,
             values,
             block_table,
@@ -183,28 +227,31 @@ impl Step {
         }
     }
 
-    /// The output of every row at `isa` on `workers`, through `scratch`.
-    fn run(&self, isa: Isa, workers: &Workers, scratch: &mut AttentionScratch) -> Vec<f32> {
+    /// The output of every row on `path` and `workers`, through `scratch`.
+    fn run(&self, path: Path, workers: &Workers, scratch: &mut AttentionScratch) -> Vec<f32> {
         let layout = StepLayout {
             block_table: &self.block_table,
             seq_lens: &self.seq_lens,
             query_start: &self.query_start,
         };
-        let cache = KvCache {
-            keys: &self.keys[..],
-            values: &self.values[..],
-        };
         let mut out = vec![f32::NAN; self.q.len()];
         let params = (self.shape(), self.heads.scale());
-        attend(
-            (isa, workers, scratch),
-            &self.q,
-            &cache,
-            &layout,
-            &mut out,
-            params,
-        )
-        .unwrap();
+        let done = if path.bf16 {
+            let cache = KvCache {
+                keys: &self.bf16.0[..],
+                values: &self.bf16.1[..],
+            };
+            let device = ((path.isa, Bf16Products::Bf16), workers, scratch);
+            attend(device, &self.q, &cache, &layout, &mut out, params)
+        } else {
+            let cache = KvCache {
+                keys: &self.keys[..],
+                values: &self.values[..],
+            };
+            let device = ((path.isa, Bf16Products::F32), workers, scratch);
+            attend(device, &self.q, &cache, &layout, &mut out, params)
+        };
+        done.unwrap();
         out
     }
 
@@ -230,14 +277,21 @@ impl Step {
             self.heads.num_heads * self.heads.head_dim,
         ));
         let mut outputs = Vec::new();
-        for isa in Isa::every() {
+        for path in Path::every() {
             for threads in [1, 2] {
                 let workers = Workers::new(threads).unwrap();
-                let out = self.run(isa, &workers, &mut AttentionScratch::default());
-                let what = format!("{what}, {:?}, {isa:?}, {threads} threads", self.heads);
-                assert_close(&out, &expected, F32_TOLERANCE, &what);
+                let out = self.run(path, &workers, &mut AttentionScratch::default());
+                let what = format!("{what}, {:?}, {path:?}, {threads} threads", self.heads);
+                assert_close(&out, &expected, path.tolerance(), &what);
                 outputs.push((what, out));
             }
+        }
+        // The bf16 path (last, where the CPU has it) really multiplies in bf16: it rounds the
+        // queries, so it cannot match the f32 path at the same level bit for bit.
+        if let [.., (_, f32_products), _, (what, bf16_products), _] = &outputs[..]
+            && Path::every().last().is_some_and(|path| path.bf16)
+        {
+            assert_ne!(bits(f32_products), bits(bf16_products), "{what}");
         }
         outputs
     }
@@ -383,9 +437,28 @@ fn half_width_matches_f32<E: CacheElement>(what: &str) {
         };
         for isa in Isa::every() {
             let mut half = vec![f32::NAN; q.len()];
-            paged_attention(isa, &q, &half_cache, &layout, &mut half, params, &workers).unwrap();
+            let kernels = (isa, Bf16Products::F32);
+            paged_attention(
+                kernels,
+                &q,
+                &half_cache,
+                &layout,
+                &mut half,
+                params,
+                &workers,
+            )
+            .unwrap();
             let mut full = vec![f32::NAN; q.len()];
-            paged_attention(isa, &q, &full_cache, &layout, &mut full, params, &workers).unwrap();
+            paged_attention(
+                kernels,
+                &q,
+                &full_cache,
+                &layout,
+                &mut full,
+                params,
+                &workers,
+            )
+            .unwrap();
             let same = half
                 .iter()
                 .zip(&full)
@@ -442,9 +515,16 @@ fn bad_layouts_are_refused() {
         let mut out = [0.0; 4];
         for isa in Isa::every() {
             let params = (shape, 1.0);
-            let message =
-                paged_attention(isa, &[1.0; 4], &cache, &layout, &mut out, params, &workers)
-                    .unwrap_err();
+            let message = paged_attention(
+                (isa, Bf16Products::F32),
+                &[1.0; 4],
+                &cache,
+                &layout,
+                &mut out,
+                params,
+                &workers,
+            )
+            .unwrap_err();
             assert!(message.contains(expected), "{message}");
         }
     }

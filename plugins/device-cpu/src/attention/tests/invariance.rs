@@ -41,16 +41,16 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
     let workers: Vec<Workers> = [1, 2, 3].map(|t| Workers::new(t).unwrap()).into();
     let mut scratch = AttentionScratch::default();
     for heads in [SMOLLM2, WIDE] {
-        for isa in Isa::every() {
-            let what = format!("{heads:?}, {isa:?}");
+        for path in Path::every() {
+            let what = format!("{heads:?}, {path:?}");
             let alone = Step::new(heads, &[Sequence::new(0, 0, len)]);
-            let alone_out = alone.run(isa, &workers[1], &mut scratch);
+            let alone_out = alone.run(path, &workers[1], &mut scratch);
             let expected = |position: usize| bits(alone.row(&alone_out, 0, position));
 
             let mut start = 0;
             for (i, &size) in chunks.iter().enumerate() {
                 let step = Step::new(heads, &[Sequence::new(0, start, size)]);
-                let out = step.run(isa, &workers[i % 3], &mut scratch);
+                let out = step.run(path, &workers[i % 3], &mut scratch);
                 for position in start..start + size {
                     let got = bits(step.row(&out, 0, position));
                     assert_eq!(
@@ -65,7 +65,7 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
             let mut batch: Vec<Sequence> = others(false).collect();
             batch.insert(7, Sequence::new(0, 0, len));
             let step = Step::new(heads, &batch);
-            let out = step.run(isa, &workers[2], &mut scratch);
+            let out = step.run(path, &workers[2], &mut scratch);
             for position in 0..len {
                 let got = bits(step.row(&out, 7, position));
                 assert_eq!(
@@ -77,7 +77,7 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
 
             for &position in &probes {
                 let lone = Step::new(heads, &[Sequence::new(0, position, 1)]);
-                let out = lone.run(isa, &workers[2], &mut scratch);
+                let out = lone.run(path, &workers[2], &mut scratch);
                 let got = bits(lone.row(&out, 0, position));
                 assert_eq!(
                     got,
@@ -88,7 +88,7 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
                 let mut batch: Vec<Sequence> = others(true).collect();
                 batch.insert(4, Sequence::new(0, position, 1));
                 let step = Step::new(heads, &batch);
-                let out = step.run(isa, &workers[1], &mut scratch);
+                let out = step.run(path, &workers[1], &mut scratch);
                 let got = bits(step.row(&out, 4, position));
                 assert_eq!(
                     got,
@@ -103,7 +103,7 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
 #[test]
 fn launches_reuse_the_scratch_of_the_largest_step() {
     let workers = Workers::new(2).unwrap();
-    let isa = Isa::detect();
+    let path = Path::every().pop().unwrap();
     let largest = Step::new(
         SMOLLM2,
         &[
@@ -124,11 +124,11 @@ fn launches_reuse_the_scratch_of_the_largest_step() {
             (s.partials.as_ptr() as usize, s.partials.capacity()),
         ]
     };
-    largest.run(isa, &workers, &mut scratch);
+    largest.run(path, &workers, &mut scratch);
     let after_first = held(&scratch);
     assert!(after_first.iter().all(|&(_, capacity)| capacity > 0));
     for step in [&largest, &smaller, &largest] {
-        step.run(isa, &workers, &mut scratch);
+        step.run(path, &workers, &mut scratch);
         assert_eq!(
             held(&scratch),
             after_first,
