@@ -5,8 +5,10 @@
 //! `j` of a sequence with `qlen` tokens sits at position `seq_lens[i] - qlen + j` and attends to
 //! cache positions `0..=position`, position `p` living at slot
 //! `block_table[i][p / bs] * bs + p % bs`. Query head `h` reads KV head `h / (Hq / Hk)`.
-//! Like Hugging Face's eager attention: scores are `(q · k) * scale`, softmax in f32 after
-//! subtracting the row maximum, probabilities divided by their sum, then weighted values.
+//! What Hugging Face's eager attention computes, in another order: scores `(q · k) * scale`,
+//! their exponentials after subtracting a running maximum, the weighted values divided by the
+//! exponentials' sum at the end, all in f32; with `bf16_products=bf16` over a bf16 cache at
+//! `avx512_bf16`, the scores are bf16 products (see `online::TileKernel`).
 //!
 //! The work is tiled flash-attention style ([`online`]): the query heads sharing a KV head
 //! are adjacent in a row, and a block of a sequence's query tokens meets its keys and values
@@ -16,7 +18,9 @@
 //! decode) has each range computed as a task of its own, spread over the threads, and the
 //! ranges' states merged in range order. Both fold the same states in the same order, so a
 //! row's bits depend neither on the rest of the step, nor on how its sequence was chunked, nor
-//! on the number of threads.
+//! on the number of threads. Tasks go to the threads largest first, so they finish together
+//! whatever the mix of depths; the task list and the ranges' states live in
+//! [`AttentionScratch`], reused from launch to launch.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;

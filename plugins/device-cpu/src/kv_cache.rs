@@ -31,6 +31,11 @@ pub trait CacheElement:
 pub trait CacheElement: Copy + Send + Sync {
     fn from_f32(value: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// As on x86-64, where kernels multiply bf16 as stored; none do here.
+    fn bf16_bits(cache: &[Self]) -> Option<&[u16]> {
+        let _ = cache;
+        None
+    }
 }
 
 impl CacheElement for f32 {

@@ -50,7 +50,7 @@ impl TileKernel {
     /// `bf16_keys`: the keys are bf16 and bf16 products are asked for.
     pub fn new(isa: Isa, head_dim: usize, bf16_keys: bool) -> TileKernel {
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = bf16_keys;
+        let _ = (head_dim, bf16_keys);
         #[cfg(target_arch = "x86_64")]
         match (isa.vectors(), head_dim) {
             (crate::isa::Vectors::Avx512, 64 | 128) => {
