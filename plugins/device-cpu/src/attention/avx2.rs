@@ -10,7 +10,7 @@ use std::arch::x86_64::{
     _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
 };
 
-use super::online::{KvTile, QueryBlock, TILE, state_len};
+use super::online::{KvTile, QueryBlock, TILE, TileStatistics, state_len};
 use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
 use crate::vector::avx2::exp;
@@ -61,13 +61,8 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
             let state = &mut states[(token * block.heads + head) * stride..][..stride];
-            let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
-            let (max, rescale) = if first {
-                (tile_max, 0.0)
-            } else {
-                let max = old_max.max(tile_max);
-                (max, (old_max - max).exp())
-            };
+            let statistics = TileStatistics::new(state, tile_max, first);
+            let (max, rescale) = (statistics.max, statistics.rescale);
             let max_lanes = _mm256_set1_ps(max);
             let mut weights = [0.0f32; TILE];
             let mut total = _mm256_setzero_ps();
@@ -96,12 +91,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
                     store(state, c0 + i, acc);
                 }
             }
-            state[head_dim] = max;
-            state[head_dim + 1] = if first {
-                tile_sum
-            } else {
-                old_sum * rescale + tile_sum
-            };
+            statistics.store(state, tile_sum);
         }
     }
 }

@@ -12,7 +12,7 @@ use std::arch::x86_64::{
     _mm512_sub_ps,
 };
 
-use super::online::{KvTile, QueryBlock, TILE, state_len};
+use super::online::{KvTile, QueryBlock, TILE, TileStatistics, state_len};
 use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
@@ -111,6 +111,8 @@ struct WideKeys<'a, K>(KvRows<'a, K>);
 struct Bf16Keys<'a>(KvRows<'a, u16>);
 
 impl<K: CacheElement> Scores for WideKeys<'_, K> {
+    /// # Safety
+    /// As [`Scores::scores`]: the CPU has isa level `avx512`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     unsafe fn scores<const C: usize>(
@@ -132,6 +134,8 @@ impl<K: CacheElement> Scores for WideKeys<'_, K> {
 }
 
 impl Scores for Bf16Keys<'_> {
+    /// # Safety
+    /// As [`Scores::scores`]: the CPU has isa level `avx512_bf16`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
     unsafe fn scores<const C: usize>(
@@ -285,7 +289,6 @@ fn weigh(
     (state, first): (&mut [f32], bool),
     weights: &mut [f32; TILE],
 ) -> f32 {
-    let head_dim = state.len() - 2;
     let lane_max = scores
         .iter()
         .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {
@@ -295,13 +298,8 @@ fn weigh(
         .iter()
         .copied()
         .fold(f32::NEG_INFINITY, f32::max);
-    let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
-    let (max, rescale) = if first {
-        (tile_max, 0.0)
-    } else {
-        let max = old_max.max(tile_max);
-        (max, (old_max - max).exp())
-    };
+    let statistics = TileStatistics::new(state, tile_max, first);
+    let max = statistics.max;
     let mut total = _mm512_setzero_ps();
     for (group, &scores) in scores.iter().enumerate() {
         let mask = lanes_mask(valid.saturating_sub(16 * group));
@@ -309,14 +307,8 @@ fn weigh(
         total = _mm512_add_ps(total, w);
         store(&mut weights[16 * group..], 0, w);
     }
-    let tile_sum = reduce(total);
-    state[head_dim] = max;
-    state[head_dim + 1] = if first {
-        tile_sum
-    } else {
-        old_sum * rescale + tile_sum
-    };
-    rescale
+    statistics.store(state, reduce(total));
+    statistics.rescale
 }
 
 /// The outputs of `G` heads (`states`, one after the other): rescaled, then the weighted

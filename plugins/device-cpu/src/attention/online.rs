@@ -258,14 +258,19 @@ fn portable_tile<E: CacheElement>(
                 .iter()
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
-            let (max, sum) = update_statistics(state, tile_max, first);
+            let statistics = TileStatistics::new(state, tile_max, first);
             let mut tile_sum = 0.0f32;
             for weight in &mut weights[..valid] {
-                *weight = (*weight - max).exp();
+                *weight = (*weight - statistics.max).exp();
                 tile_sum += *weight;
             }
-            let (out, stats) = state.split_at_mut(head_dim);
-            stats[1] = sum + tile_sum;
+            statistics.store(state, tile_sum);
+            let out = &mut state[..head_dim];
+            if first {
+                out.fill(0.0);
+            } else {
+                out.iter_mut().for_each(|x| *x *= statistics.rescale);
+            }
             for (&weight, value) in weights[..valid].iter().zip(values.chunks_exact(head_dim)) {
                 axpy(isa, out, weight, value);
             }
@@ -273,24 +278,51 @@ fn portable_tile<E: CacheElement>(
     }
 }
 
-/// A row's new running maximum after a tile whose largest score is `tile_max`: rescales the
-/// output by `exp(old - new)` (clears it for the first tile) and returns the new maximum with
-/// the rescaled sum, to which the caller adds the tile's exponentials.
-pub fn update_statistics(state: &mut [f32], tile_max: f32, first: bool) -> (f32, f32) {
-    let head_dim = state.len() - 2;
-    let (out, stats) = state.split_at_mut(head_dim);
-    if first {
-        out.fill(0.0);
-        stats[0] = tile_max;
-        return (tile_max, 0.0);
+/// A row's running maximum and sum taking in one tile.
+#[derive(Clone, Copy)]
+pub struct TileStatistics {
+    /// The running maximum with the tile.
+    pub max: f32,
+    /// What the output and sum so far are multiplied by: `exp(old - new)`, or zero for the
+    /// first tile (there is nothing so far).
+    pub rescale: f32,
+    old_sum: f32,
+    first: bool,
+}
+
+impl TileStatistics {
+    /// The statistics of the row whose state is `state` after a tile whose largest score is
+    /// `tile_max`.
+    pub fn new(state: &[f32], tile_max: f32, first: bool) -> TileStatistics {
+        let head_dim = state.len() - 2;
+        let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
+        if first {
+            return TileStatistics {
+                max: tile_max,
+                rescale: 0.0,
+                old_sum: 0.0,
+                first,
+            };
+        }
+        let max = old_max.max(tile_max);
+        TileStatistics {
+            max,
+            rescale: (old_max - max).exp(),
+            old_sum,
+            first,
+        }
     }
-    let max = stats[0].max(tile_max);
-    let rescale = (stats[0] - max).exp();
-    for x in out.iter_mut() {
-        *x *= rescale;
+
+    /// Stores the new maximum, and the sum so far rescaled plus the tile's exponentials.
+    pub fn store(self, state: &mut [f32], tile_sum: f32) {
+        let head_dim = state.len() - 2;
+        state[head_dim] = self.max;
+        state[head_dim + 1] = if self.first {
+            tile_sum
+        } else {
+            self.old_sum * self.rescale + tile_sum
+        };
     }
-    stats[0] = max;
-    (max, stats[1] * rescale)
 }
 
 /// Folds the state `part` of a later range into `acc`, as if `acc`'s row had gone on through
