@@ -8,7 +8,8 @@
 //! What Hugging Face's eager attention computes, in another order: scores `(q · k) * scale`,
 //! their exponentials after subtracting a running maximum, the weighted values divided by the
 //! exponentials' sum at the end, all in f32; with `bf16_products=bf16` over a bf16 cache at
-//! `avx512_bf16`, the scores are bf16 products (see `online::TileKernel`).
+//! `avx512_bf16`, scores and weighted values are bf16 products with f32 sums (see
+//! `online::TileKernel`).
 //!
 //! The work is tiled flash-attention style ([`online`]): the query heads sharing a KV head
 //! are adjacent in a row, and a block of a sequence's query tokens meets its keys and values

@@ -6,10 +6,11 @@
 //! None of it depends on the other rows of the block.
 
 use std::arch::x86_64::{
-    __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps,
-    _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_maskz_mov_ps,
-    _mm512_max_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
-    _mm512_sub_ps,
+    __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_castps_si512, _mm512_castsi512_ps,
+    _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512,
+    _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps,
+    _mm512_permutex2var_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps,
 };
 
 use super::online::{KvTile, QueryBlock, TILE, TileStatistics, state_len};
@@ -36,54 +37,42 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     buffer: &mut [f32],
 ) {
     let head_dim = 16 * C;
-    let direct = block.tokens * block.heads <= DIRECT_ROWS;
     let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
-    if !direct {
-        let widen = |cache: &[E], buffer: &mut [f32]| {
-            for (j, &offset) in tile.offsets.iter().enumerate() {
-                let row = &cache[offset..offset + head_dim];
-                for c in 0..C {
-                    store(&mut buffer[j * head_dim..], c, load_cached(row, c));
-                }
-            }
-        };
-        widen(tile.values, value_buffer);
-        if bf16_keys.is_none() {
-            widen(tile.keys, key_buffer);
-        }
-    }
     let rows = (block, tile.valid_counts());
     let updates = (scale, (states, first));
-    match (bf16_keys, direct) {
-        (Some(bits), true) => {
-            let kv = (
-                Bf16Keys(KvRows::at(bits, tile.offsets, head_dim)),
-                KvRows::at(tile.values, tile.offsets, head_dim),
-            );
-            attend_rows::<_, E, C>(rows, kv, updates)
-        }
-        (Some(bits), false) => {
-            let kv = (
-                Bf16Keys(KvRows::at(bits, tile.offsets, head_dim)),
-                KvRows::packed(value_buffer, head_dim),
-            );
-            attend_rows::<_, f32, C>(rows, kv, updates)
-        }
-        (None, true) => {
-            let kv = (
-                WideKeys(KvRows::at(tile.keys, tile.offsets, head_dim)),
-                KvRows::at(tile.values, tile.offsets, head_dim),
-            );
-            attend_rows::<_, E, C>(rows, kv, updates)
-        }
-        (None, false) => {
-            let kv = (
-                WideKeys(KvRows::packed(key_buffer, head_dim)),
-                KvRows::packed(value_buffer, head_dim),
-            );
-            attend_rows::<_, f32, C>(rows, kv, updates)
+    let in_cache = |data| KvRows::at(data, tile.offsets, head_dim);
+    if let (Some(keys), Some(values)) = (bf16_keys, E::bf16_bits(tile.values)) {
+        // SAFETY: bf16 keys come only with isa level `avx512_bf16` (the contract).
+        unsafe { pair_values::<C>(values, tile.offsets, value_buffer) };
+        let values = PairedValues {
+            pairs: value_buffer,
+            rows: KvRows::at(tile.values, tile.offsets, head_dim),
+        };
+        return attend_rows::<_, _, C>(rows, (Bf16Keys(in_cache(keys)), values), updates);
+    }
+    if block.tokens * block.heads <= DIRECT_ROWS {
+        let kv = (
+            WideKeys(KvRows::at(tile.keys, tile.offsets, head_dim)),
+            WideValues(KvRows::at(tile.values, tile.offsets, head_dim)),
+        );
+        return attend_rows::<_, _, C>(rows, kv, updates);
+    }
+    for (cache, buffer) in [
+        (tile.keys, &mut *key_buffer),
+        (tile.values, &mut *value_buffer),
+    ] {
+        for (j, &offset) in tile.offsets.iter().enumerate() {
+            let row = &cache[offset..offset + head_dim];
+            for c in 0..C {
+                store(&mut buffer[j * head_dim..], c, load_cached(row, c));
+            }
         }
     }
+    let kv = (
+        WideKeys(KvRows::packed(key_buffer, head_dim)),
+        WideValues(KvRows::packed(value_buffer, head_dim)),
+    );
+    attend_rows::<_, _, C>(rows, kv, updates)
 }
 
 /// How a query row's scores against a tile's keys are computed.
@@ -237,9 +226,9 @@ impl<'a, K> KvRows<'a, K> {
 /// a few at a time, so each value row is loaded once for all of them.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn attend_rows<S: Scores, V: CacheElement, const C: usize>(
+fn attend_rows<S: Scores, W: Values, const C: usize>(
     (block, valid): (&QueryBlock<'_>, impl Fn(usize) -> usize),
-    (keys, values): (S, KvRows<'_, V>),
+    (keys, values): (S, W),
     (scale, (states, first)): (f32, (&mut [f32], bool)),
 ) {
     let head_dim = 16 * C;
@@ -262,10 +251,11 @@ fn attend_rows<S: Scores, V: CacheElement, const C: usize>(
                 let scores = unsafe { keys.scores::<C>(query, valid, scale) };
                 rescales[h] = weigh(scores, valid, (state, first), &mut weights[h]);
             }
-            let pass_values = (values, valid, first);
+            let pass_weights = (&weights, &rescales);
             macro_rules! accumulate {
                 ($g:literal) => {
-                    accumulate::<V, C, $g>(&weights, &rescales, pass_values, pass_states)
+                    // SAFETY: `attend_tile` made `values` at the level it asks for.
+                    unsafe { values.accumulate::<C, $g>(pass_weights, (valid, first), pass_states) }
                 };
             }
             match heads {
@@ -311,36 +301,61 @@ fn weigh(
     statistics.rescale
 }
 
-/// The outputs of `G` heads (`states`, one after the other): rescaled, then the weighted
-/// value rows added position by position, each value row loaded once for all `G`.
+/// How the weighted value rows of a tile are added into the outputs of a pass's heads.
+trait Values: Copy {
+    /// The outputs of `G` heads (`states`, one after the other): rescaled, then the value
+    /// rows of the first `valid` positions added in position order, weighted by `weights`.
+    ///
+    /// # Safety
+    /// The CPU has the level the implementing type asks for.
+    unsafe fn accumulate<const C: usize, const G: usize>(
+        self,
+        weights: (&[[f32; TILE]; 4], &[f32; 4]),
+        rows: (usize, bool),
+        states: &mut [f32],
+    );
+}
+
+/// Value rows widened to f32 and added in f32 FMAs, each loaded once for all `G` heads (isa
+/// level `avx512`).
+#[derive(Clone, Copy)]
+struct WideValues<'a, K>(KvRows<'a, K>);
+
+/// The values of a bf16 cache for `vdpbf16ps` (isa level `avx512_bf16`): pair `i` of the
+/// tile's positions is `C` vectors in `pairs` whose lane `l` of vector `c` holds element
+/// `16c + l` of positions `2i` and `2i + 1` (see [`pair_values`]), added with the weights
+/// rounded to bf16; a row's last position without a partner comes from `rows`, its rounded
+/// weight multiplied in f32.
+#[derive(Clone, Copy)]
+struct PairedValues<'a, E> {
+    pairs: &'a [f32],
+    rows: KvRows<'a, E>,
+}
+
+/// The outputs of a pass, rescaled for the tile (cleared for the first).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
-fn accumulate<K: CacheElement, const C: usize, const G: usize>(
-    weights: &[[f32; TILE]; 4],
+fn rescaled<const C: usize, const G: usize>(
     rescales: &[f32; 4],
-    (values, valid, first): (KvRows<'_, K>, usize, bool),
-    states: &mut [f32],
-) {
-    let head_dim = 16 * C;
-    let stride = state_len(head_dim);
-    let mut acc: [[__m512; C]; G] = std::array::from_fn(|h| {
+    first: bool,
+    states: &[f32],
+) -> [[__m512; C]; G] {
+    let stride = state_len(16 * C);
+    std::array::from_fn(|h| {
         if first {
             [_mm512_setzero_ps(); C]
         } else {
             let rescale = _mm512_set1_ps(rescales[h]);
             std::array::from_fn(|c| _mm512_mul_ps(load(&states[h * stride..], c), rescale))
         }
-    });
-    for j in 0..valid {
-        let value = values.row(j);
-        let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
-        for (acc, weights) in acc.iter_mut().zip(weights) {
-            let weight = _mm512_set1_ps(weights[j]);
-            for (acc, &v) in acc.iter_mut().zip(&v) {
-                *acc = _mm512_fmadd_ps(weight, v, *acc);
-            }
-        }
-    }
+    })
+}
+
+/// `acc` into the outputs of a pass.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store_outputs<const C: usize, const G: usize>(acc: &[[__m512; C]; G], states: &mut [f32]) {
+    let stride = state_len(16 * C);
     for (h, acc) in acc.iter().enumerate() {
         for (c, &acc) in acc.iter().enumerate() {
             store(&mut states[h * stride..], c, acc);
@@ -348,8 +363,145 @@ fn accumulate<K: CacheElement, const C: usize, const G: usize>(
     }
 }
 
+impl<K: CacheElement> Values for WideValues<'_, K> {
+    /// # Safety
+    /// As [`Values::accumulate`]: the CPU has isa level `avx512`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn accumulate<const C: usize, const G: usize>(
+        self,
+        (weights, rescales): (&[[f32; TILE]; 4], &[f32; 4]),
+        (valid, first): (usize, bool),
+        states: &mut [f32],
+    ) {
+        let mut acc = rescaled::<C, G>(rescales, first, states);
+        for j in 0..valid {
+            let value = self.0.row(j);
+            let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
+            for (acc, weights) in acc.iter_mut().zip(weights) {
+                let weight = _mm512_set1_ps(weights[j]);
+                for (acc, &v) in acc.iter_mut().zip(&v) {
+                    *acc = _mm512_fmadd_ps(weight, v, *acc);
+                }
+            }
+        }
+        store_outputs(&acc, states);
+    }
+}
+
+impl<E: CacheElement> Values for PairedValues<'_, E> {
+    /// # Safety
+    /// As [`Values::accumulate`]: the CPU has isa level `avx512_bf16`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+    unsafe fn accumulate<const C: usize, const G: usize>(
+        self,
+        (weights, rescales): (&[[f32; TILE]; 4], &[f32; 4]),
+        (valid, first): (usize, bool),
+        states: &mut [f32],
+    ) {
+        let mut acc = rescaled::<C, G>(rescales, first, states);
+        // Each head's weights rounded to bf16, two positions per 32-bit lane.
+        let weight_pairs: [[u32; TILE / 2]; G] = std::array::from_fn(|h| {
+            let mut pairs = [0u32; TILE / 2];
+            for (k, chunk) in pairs.chunks_exact_mut(16).enumerate() {
+                let (low, high) = (load(&weights[h], 2 * k), load(&weights[h], 2 * k + 1));
+                let rounded = _mm512_cvtne2ps_pbh(high, low);
+                let bits = bf16_lanes_as_bits(rounded);
+                // SAFETY: `chunk` holds 16 u32s.
+                unsafe { _mm512_storeu_si512(chunk.as_mut_ptr().cast(), bits) };
+            }
+            pairs
+        });
+        for pair in 0..valid / 2 {
+            let v: [__m512bh; C] = std::array::from_fn(|c| {
+                let lanes = _mm512_castps_si512(load(&self.pairs[(pair * C + c) * 16..], 0));
+                bits_as_bf16_lanes(lanes)
+            });
+            for (acc, weights) in acc.iter_mut().zip(&weight_pairs) {
+                let weight = _mm512_set1_epi32(weights[pair] as i32);
+                let weight = bits_as_bf16_lanes(weight);
+                for (acc, &v) in acc.iter_mut().zip(&v) {
+                    *acc = _mm512_dpbf16_ps(*acc, weight, v);
+                }
+            }
+        }
+        if valid % 2 == 1 {
+            let value = self.rows.row(valid - 1);
+            let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
+            for (acc, weights) in acc.iter_mut().zip(&weight_pairs) {
+                let rounded = f32::from_bits((weights[valid / 2] & 0xffff) << 16);
+                let weight = _mm512_set1_ps(rounded);
+                for (acc, &v) in acc.iter_mut().zip(&v) {
+                    *acc = _mm512_fmadd_ps(weight, v, *acc);
+                }
+            }
+        }
+        store_outputs(&acc, states);
+    }
+}
+
+/// The value rows of a bf16 tile (`bits` at `offsets`) interleaved in pairs of positions
+/// into `pairs`, as [`PairedValues`] reads them; an odd last row stays out.
+///
+/// # Safety
+/// The CPU has isa level `avx512_bf16`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+unsafe fn pair_values<const C: usize>(bits: &[u16], offsets: &[usize], pairs: &mut [f32]) {
+    let head_dim = 16 * C;
+    // Lanes of the first and second rows, alternately: elements 0..16, then 16..32.
+    let low: [i16; 32] = std::array::from_fn(|i| (i / 2 + 32 * (i % 2)) as i16);
+    let high: [i16; 32] = std::array::from_fn(|i| (16 + i / 2 + 32 * (i % 2)) as i16);
+    // SAFETY: both arrays hold 32 i16s.
+    let (low, high) = unsafe {
+        (
+            _mm512_loadu_si512(low.as_ptr().cast()),
+            _mm512_loadu_si512(high.as_ptr().cast()),
+        )
+    };
+    for (pair, rows) in offsets.chunks_exact(2).enumerate() {
+        let (a, b) = (
+            &bits[rows[0]..rows[0] + head_dim],
+            &bits[rows[1]..rows[1] + head_dim],
+        );
+        for half in 0..C / 2 {
+            let (a, b) = (&a[32 * half..32 * half + 32], &b[32 * half..32 * half + 32]);
+            // SAFETY: `a` and `b` hold 32 u16s each.
+            let (a, b) = unsafe {
+                (
+                    _mm512_loadu_si512(a.as_ptr().cast()),
+                    _mm512_loadu_si512(b.as_ptr().cast()),
+                )
+            };
+            for (i, index) in [low, high].into_iter().enumerate() {
+                let c = 2 * half + i;
+                let lanes = _mm512_permutex2var_epi16(a, index, b);
+                store(
+                    &mut pairs[(pair * C + c) * 16..],
+                    0,
+                    _mm512_castsi512_ps(lanes),
+                );
+            }
+        }
+    }
+}
+
 /// Score vectors of one tile.
 const SCORE_VECTORS: usize = TILE / 16;
+
+/// 32 bf16 lanes seen as the 512 bits they are.
+#[inline]
+fn bf16_lanes_as_bits(v: __m512bh) -> __m512i {
+    // SAFETY: both are 512 bits, valid for every bit pattern.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
+}
+
+/// 512 bits seen as 32 bf16 lanes.
+#[inline]
+fn bits_as_bf16_lanes(v: __m512i) -> __m512bh {
+    // SAFETY: both are 512 bits, valid for every bit pattern.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
 
 /// Sixteen f32s from element `16 * c` of `row`.
 #[inline]

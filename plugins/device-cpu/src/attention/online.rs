@@ -37,7 +37,8 @@ pub enum TileKernel {
     Portable(Isa),
     /// AVX-512, heads of `16 * C`; with `bf16_scores` (a bf16 cache at `avx512_bf16` with
     /// `bf16_products=bf16`) the scores are `vdpbf16ps` products of the query rounded to bf16
-    /// and the keys as stored.
+    /// and the keys as stored, and the outputs `vdpbf16ps` products of the weights rounded to
+    /// bf16 and the values as stored.
     #[cfg(target_arch = "x86_64")]
     Avx512 { vectors: usize, bf16_scores: bool },
     /// AVX2, heads of `8 * C`.

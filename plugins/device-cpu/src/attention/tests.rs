@@ -12,10 +12,11 @@ use crate::test_support::{assert_close, noise};
 /// while still catching a wrong position, weight or rescale (errors of 1e-2 and more).
 const F32_TOLERANCE: f64 = 2e-5;
 
-/// As [`F32_TOLERANCE`], for scores from bf16 products: the query rounded to bf16 moves each
-/// score by up to 2^-9 ≈ 2e-3 of its terms' size (about 1 here), so each weight `exp(score)`
-/// by as much relatively, and an output, a weighted mean of values of size at most 1, by a
-/// few times that; 1e-2 leaves headroom and still catches a wrong position or weight.
+/// As [`F32_TOLERANCE`], for bf16 products: the query rounded to bf16 moves each score by
+/// up to 2^-9 ≈ 2e-3 of its terms' size (about 1 here), so each weight `exp(score)` by as
+/// much relatively, and rounding the weights to bf16 adds another 2^-9 relatively; an output,
+/// a weighted mean of values of size at most 1, moves by a few times that. 1e-2 leaves
+/// headroom and still catches a wrong position or weight.
 const BF16_TOLERANCE: f64 = 1e-2;
 
 /// One way a launch may compute: an isa level, and whether its cache is bf16 multiplied in
