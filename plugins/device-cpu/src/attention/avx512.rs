@@ -363,6 +363,23 @@ fn store_outputs<const C: usize, const G: usize>(acc: &[[__m512; C]; G], states:
     }
 }
 
+/// `acc[h] += weight(h) * value` for every head `h`, the value row loaded once for all.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn add_weighted<K: CacheElement, const C: usize, const G: usize>(
+    acc: &mut [[__m512; C]; G],
+    value: &[K],
+    weight: impl Fn(usize) -> f32,
+) {
+    let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
+    for (h, acc) in acc.iter_mut().enumerate() {
+        let weight = _mm512_set1_ps(weight(h));
+        for (acc, &v) in acc.iter_mut().zip(&v) {
+            *acc = _mm512_fmadd_ps(weight, v, *acc);
+        }
+    }
+}
+
 impl<K: CacheElement> Values for WideValues<'_, K> {
     /// # Safety
     /// As [`Values::accumulate`]: the CPU has isa level `avx512`.
@@ -376,14 +393,7 @@ impl<K: CacheElement> Values for WideValues<'_, K> {
     ) {
         let mut acc = rescaled::<C, G>(rescales, first, states);
         for j in 0..valid {
-            let value = self.0.row(j);
-            let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
-            for (acc, weights) in acc.iter_mut().zip(weights) {
-                let weight = _mm512_set1_ps(weights[j]);
-                for (acc, &v) in acc.iter_mut().zip(&v) {
-                    *acc = _mm512_fmadd_ps(weight, v, *acc);
-                }
-            }
+            add_weighted(&mut acc, self.0.row(j), |h| weights[h][j]);
         }
         store_outputs(&acc, states);
     }
@@ -427,15 +437,9 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
             }
         }
         if valid % 2 == 1 {
-            let value = self.rows.row(valid - 1);
-            let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
-            for (acc, weights) in acc.iter_mut().zip(&weight_pairs) {
-                let rounded = f32::from_bits((weights[valid / 2] & 0xffff) << 16);
-                let weight = _mm512_set1_ps(rounded);
-                for (acc, &v) in acc.iter_mut().zip(&v) {
-                    *acc = _mm512_fmadd_ps(weight, v, *acc);
-                }
-            }
+            // The rounded weight: the low half of the last pair.
+            let rounded = |h: usize| f32::from_bits((weight_pairs[h][valid / 2] & 0xffff) << 16);
+            add_weighted(&mut acc, self.rows.row(valid - 1), rounded);
         }
         store_outputs(&acc, states);
     }
