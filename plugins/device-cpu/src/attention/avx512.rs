@@ -392,8 +392,9 @@ impl<K: CacheElement> Values for WideValues<'_, K> {
         states: &mut [f32],
     ) {
         let mut acc = rescaled::<C, G>(rescales, first, states);
+        let weight = |h: usize, j: usize| weights[h][j];
         for j in 0..valid {
-            add_weighted(&mut acc, self.0.row(j), |h| weights[h][j]);
+            add_weighted(&mut acc, self.0.row(j), |h| weight(h, j));
         }
         store_outputs(&acc, states);
     }
