@@ -352,7 +352,7 @@ impl Engine {
         let mut out = vec![f32::NAN; q.len()];
         let params = (shape, scale);
         attention::paged_attention(
-            self.isa,
+            (self.isa, Bf16Products::F32),
             &q,
             &cache,
             &layout,

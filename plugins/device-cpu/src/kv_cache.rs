@@ -18,6 +18,12 @@ pub trait CacheElement:
 {
     fn from_f32(value: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// A cache of bf16 as its bits, for kernels that multiply bf16 as stored; `None` for the
+    /// other element types.
+    fn bf16_bits(cache: &[Self]) -> Option<&[u16]> {
+        let _ = cache;
+        None
+    }
 }
 
 /// What a KV cache may hold.
@@ -25,6 +31,11 @@ pub trait CacheElement:
 pub trait CacheElement: Copy + Send + Sync {
     fn from_f32(value: f32) -> Self;
     fn to_f32(self) -> f32;
+    /// As on x86-64, where kernels multiply bf16 as stored; none do here.
+    fn bf16_bits(cache: &[Self]) -> Option<&[u16]> {
+        let _ = cache;
+        None
+    }
 }
 
 impl CacheElement for f32 {
@@ -42,6 +53,10 @@ impl CacheElement for Bf16Bits {
     }
     fn to_f32(self) -> f32 {
         Bf16Bits::to_f32(self)
+    }
+    #[cfg(target_arch = "x86_64")]
+    fn bf16_bits(cache: &[Bf16Bits]) -> Option<&[u16]> {
+        Some(crate::linear::as_bits(cache))
     }
 }
 

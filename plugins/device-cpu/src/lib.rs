@@ -63,6 +63,8 @@ pub(crate) struct Context {
     /// The instruction-set level every kernel runs at.
     pub isa: isa::Isa,
     pub bf16_products: linear::Bf16Products,
+    /// Attention's task list and partial states, reused from launch to launch.
+    pub attention: attention::AttentionScratch,
 }
 
 impl DeviceBackend for CpuDevice {
@@ -77,6 +79,7 @@ impl DeviceBackend for CpuDevice {
                 scratch: Vec::new(),
                 isa: config.isa,
                 bf16_products: config.bf16_products,
+                attention: attention::AttentionScratch::default(),
             },
         })
     }

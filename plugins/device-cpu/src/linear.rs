@@ -62,6 +62,8 @@ pub(crate) use arrangement::{WeightOrder, restore, restore_arrangement};
 use dispatch::matmul;
 #[cfg(test)]
 pub(crate) use elements::HalfBits;
+#[cfg(target_arch = "x86_64")]
+pub(crate) use elements::as_bits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
 use plan::Plan;
 pub(crate) use quant::gather_rows as gather_quantized_rows;

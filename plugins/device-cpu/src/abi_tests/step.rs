@@ -319,7 +319,7 @@ fn step_in_process<E: CacheElement>(
     };
     let mut attention_out = vec![0.0; tokens * q_width];
     attention::paged_attention(
-        isa,
+        (isa, products),
         &q,
         &cache,
         &layout,

@@ -50,6 +50,14 @@ pub(crate) fn as_wide_mut<W: HalfBits>(bits: &mut [u16]) -> &mut [W] {
     unsafe { std::slice::from_raw_parts_mut(bits.as_mut_ptr().cast(), bits.len()) }
 }
 
+/// The bits under the weight type: [`as_wide`] undone.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn as_bits<W: HalfBits>(wide: &[W]) -> &[u16] {
+    const { assert!(size_of::<W>() == size_of::<u16>() && align_of::<W>() == align_of::<u16>()) };
+    // SAFETY: as in `as_wide`: `W` is a `repr(transparent)` newtype of `u16`.
+    unsafe { std::slice::from_raw_parts(wide.as_ptr().cast(), wide.len()) }
+}
+
 /// The `repr(transparent)` newtypes of `u16` that [`as_wide`] may produce.
 pub(crate) trait HalfBits: Copy {}
 impl HalfBits for F16Bits {}

@@ -1,0 +1,350 @@
+//! The online softmax: query rows meet key/value tiles one at a time, each row keeping a running maximum, sum and unnormalized output ([`state_len`] f32s), and states over separate ranges of the history merge in range order.
+//!
+//! A row's state after a tile depends only on its query, its state before and the tile's
+//! keys and values up to the row's own position, never on the other rows of its block. So a
+//! row computes the same bits whether it is one of a prefill block's rows or a lone decode,
+//! and whichever range of the history a thread took.
+
+use std::ops::Range;
+
+use super::Head;
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+use crate::isa::Isa;
+use crate::kv_cache::CacheElement;
+use crate::vector::{axpy, dot};
+
+/// Key positions per tile: the running maximum and sum are updated once per tile, so a long
+/// tile spreads their cost; a short one keeps the widened keys and values in L1.
+pub const TILE: usize = 64;
+
+/// The f32s of one row's state: the unnormalized output (`head_dim`), then the running
+/// maximum of the scores, then the running sum of their exponentials.
+pub fn state_len(head_dim: usize) -> usize {
+    head_dim + 2
+}
+
+/// The f32s of a tile's keys and values, widened.
+pub fn tile_buffer_len(head_dim: usize) -> usize {
+    2 * TILE * head_dim
+}
+
+/// How the rows of a tile are computed; chosen once per launch, so every row of a step
+/// computes the same way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileKernel {
+    /// Any head size: `dot` and `axpy` at the level's width, scalar softmax.
+    Portable(Isa),
+    /// AVX-512, heads of `16 * C`; with `bf16_scores` (a bf16 cache at `avx512_bf16` with
+    /// `bf16_products=bf16`) the scores are `vdpbf16ps` products of the query rounded to bf16
+    /// and the keys as stored, and the outputs `vdpbf16ps` products of the weights rounded to
+    /// bf16 and the values as stored.
+    #[cfg(target_arch = "x86_64")]
+    Avx512 { vectors: usize, bf16_scores: bool },
+    /// AVX2, heads of `8 * C`.
+    #[cfg(target_arch = "x86_64")]
+    Avx2 { vectors: usize },
+}
+
+impl TileKernel {
+    /// The kernel for heads of `head_dim` at `isa`: a vector kernel for 64 and 128.
+    /// `bf16_keys`: the keys are bf16 and bf16 products are asked for.
+    pub fn new(isa: Isa, head_dim: usize, bf16_keys: bool) -> TileKernel {
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (head_dim, bf16_keys);
+        #[cfg(target_arch = "x86_64")]
+        match (isa.vectors(), head_dim) {
+            (crate::isa::Vectors::Avx512, 64 | 128) => {
+                return TileKernel::Avx512 {
+                    vectors: head_dim / 16,
+                    bf16_scores: bf16_keys && isa.has(crate::isa::IsaLevel::Avx512Bf16),
+                };
+            }
+            (crate::isa::Vectors::Avx2, 64 | 128) => {
+                return TileKernel::Avx2 {
+                    vectors: head_dim / 8,
+                };
+            }
+            _ => {}
+        }
+        TileKernel::Portable(isa)
+    }
+}
+
+/// Consecutive query tokens of one sequence and the query heads of one KV head.
+pub struct QueryBlock<'a> {
+    /// The first token's heads (`heads * head_dim` f32s); token `t`'s start `t * stride`
+    /// further on.
+    pub queries: &'a [f32],
+    pub stride: usize,
+    pub tokens: usize,
+    pub heads: usize,
+    /// The first token attends to positions `0..first_end`, each next one to one more.
+    pub first_end: usize,
+}
+
+impl QueryBlock<'_> {
+    /// Where token `t` stops attending.
+    pub fn end(&self, token: usize) -> usize {
+        self.first_end + token
+    }
+
+    /// Query head `head` of token `token`.
+    pub fn query(&self, token: usize, head: usize, head_dim: usize) -> &[f32] {
+        &self.queries[token * self.stride + head * head_dim..][..head_dim]
+    }
+}
+
+/// The keys and values of one tile: positions `start..start + offsets.len()`, at these
+/// element offsets of the caches.
+pub struct KvTile<'a, E> {
+    pub keys: &'a [E],
+    pub values: &'a [E],
+    pub offsets: &'a [usize],
+    pub start: usize,
+}
+
+impl<E> KvTile<'_, E> {
+    /// How many of the tile's positions a token ending at `end` attends to.
+    pub fn valid(&self, end: usize) -> usize {
+        end.min(self.start + self.offsets.len())
+            .saturating_sub(self.start)
+    }
+
+    /// [`KvTile::valid`] without the borrow of the tile.
+    #[cfg(target_arch = "x86_64")]
+    pub fn valid_counts(&self) -> impl Fn(usize) -> usize + use<E> {
+        let (start, end) = (self.start, self.start + self.offsets.len());
+        move |row_end: usize| row_end.min(end).saturating_sub(start)
+    }
+}
+
+/// The states of `block`'s rows (`tokens * heads` of [`state_len`], token-major) over the
+/// positions of `range` they attend to. Tiles start at `range.start` and every
+/// [`TILE`] positions after, whatever the block, so a row's tiles are the same in every
+/// block it may be part of. Every token of the block must attend past `range.start`.
+pub fn attend_range<E: CacheElement>(
+    kernel: TileKernel,
+    block: &QueryBlock<'_>,
+    head: &Head<'_, E>,
+    (range, scale): (Range<usize>, f32),
+    states: &mut [f32],
+    buffer: &mut [f32],
+) {
+    let end = range.end.min(block.end(block.tokens - 1));
+    let mut offsets = [0usize; TILE];
+    let mut next = [0usize; TILE];
+    let tile_offsets = |start: usize, offsets: &mut [usize; TILE]| {
+        let len = TILE.min(end.saturating_sub(start));
+        if len > 0 {
+            head.offsets(start, &mut offsets[..len]);
+        }
+        len
+    };
+    let mut len = tile_offsets(range.start, &mut offsets);
+    for start in (range.start..end).step_by(TILE) {
+        let next_len = tile_offsets(start + TILE, &mut next);
+        #[cfg(target_arch = "x86_64")]
+        if head.cold {
+            for &offset in &next[..next_len] {
+                super::prefetch_row(head.cache.keys, offset, head.shape.head_dim);
+                super::prefetch_row(head.cache.values, offset, head.shape.head_dim);
+            }
+        }
+        let tile = KvTile {
+            keys: head.cache.keys,
+            values: head.cache.values,
+            offsets: &offsets[..len],
+            start,
+        };
+        let first = start == range.start;
+        attend_tile(kernel, block, &tile, scale, (states, first), buffer);
+        (offsets, len) = (next, next_len);
+    }
+}
+
+/// One tile into the states of `block`'s rows; `first` when the states hold nothing yet.
+fn attend_tile<E: CacheElement>(
+    kernel: TileKernel,
+    block: &QueryBlock<'_>,
+    tile: &KvTile<'_, E>,
+    scale: f32,
+    (states, first): (&mut [f32], bool),
+    buffer: &mut [f32],
+) {
+    match kernel {
+        TileKernel::Portable(isa) => {
+            portable_tile(isa, block, tile, scale, (states, first), buffer)
+        }
+        #[cfg(target_arch = "x86_64")]
+        TileKernel::Avx512 {
+            vectors,
+            bf16_scores,
+        } => {
+            let bf16_keys = if bf16_scores {
+                E::bf16_bits(tile.keys)
+            } else {
+                None
+            };
+            macro_rules! tile {
+                ($c:literal) => {
+                    // SAFETY: `TileKernel::new` chose this kernel from a level with AVX-512,
+                    // and asked for bf16 scores only at a level with AVX-512 BF16.
+                    unsafe {
+                        avx512::attend_tile::<E, $c>(
+                            (block, tile, bf16_keys),
+                            scale,
+                            (states, first),
+                            buffer,
+                        )
+                    }
+                };
+            }
+            if vectors == 4 { tile!(4) } else { tile!(8) }
+        }
+        #[cfg(target_arch = "x86_64")]
+        TileKernel::Avx2 { vectors } => {
+            macro_rules! tile {
+                ($c:literal) => {
+                    // SAFETY: `TileKernel::new` chose this kernel from a level with AVX2.
+                    unsafe {
+                        avx2::attend_tile::<E, $c>(block, tile, scale, (states, first), buffer)
+                    }
+                };
+            }
+            if vectors == 8 { tile!(8) } else { tile!(16) }
+        }
+    }
+}
+
+/// [`attend_tile`] for any head size: scores by `dot`, outputs by `axpy`.
+fn portable_tile<E: CacheElement>(
+    isa: Isa,
+    block: &QueryBlock<'_>,
+    tile: &KvTile<'_, E>,
+    scale: f32,
+    (states, first): (&mut [f32], bool),
+    buffer: &mut [f32],
+) {
+    let head_dim = (buffer.len() / 2) / TILE;
+    let (keys, values) = buffer.split_at_mut(TILE * head_dim);
+    for ((key, value), &offset) in keys
+        .chunks_exact_mut(head_dim)
+        .zip(values.chunks_exact_mut(head_dim))
+        .zip(tile.offsets)
+    {
+        let widen = |row: &mut [f32], cache: &[E]| {
+            for (x, &e) in row.iter_mut().zip(&cache[offset..offset + head_dim]) {
+                *x = CacheElement::to_f32(e);
+            }
+        };
+        widen(key, tile.keys);
+        widen(value, tile.values);
+    }
+    let stride = state_len(head_dim);
+    let mut states = states.chunks_exact_mut(stride);
+    for token in 0..block.tokens {
+        let valid = tile.valid(block.end(token));
+        for head in 0..block.heads {
+            let Some(state) = states.next() else { return };
+            if valid == 0 {
+                continue;
+            }
+            let query = block.query(token, head, head_dim);
+            let mut weights = [0.0f32; TILE];
+            for (weight, key) in weights[..valid].iter_mut().zip(keys.chunks_exact(head_dim)) {
+                *weight = dot(isa, query, key) * scale;
+            }
+            let tile_max = weights[..valid]
+                .iter()
+                .copied()
+                .fold(f32::NEG_INFINITY, f32::max);
+            let statistics = TileStatistics::new(state, tile_max, first);
+            let mut tile_sum = 0.0f32;
+            for weight in &mut weights[..valid] {
+                *weight = (*weight - statistics.max).exp();
+                tile_sum += *weight;
+            }
+            statistics.store(state, tile_sum);
+            let out = &mut state[..head_dim];
+            if first {
+                out.fill(0.0);
+            } else {
+                out.iter_mut().for_each(|x| *x *= statistics.rescale);
+            }
+            for (&weight, value) in weights[..valid].iter().zip(values.chunks_exact(head_dim)) {
+                axpy(isa, out, weight, value);
+            }
+        }
+    }
+}
+
+/// A row's running maximum and sum taking in one tile.
+#[derive(Clone, Copy)]
+pub struct TileStatistics {
+    /// The running maximum with the tile.
+    pub max: f32,
+    /// What the output and sum so far are multiplied by: `exp(old - new)`, or zero for the
+    /// first tile (there is nothing so far).
+    pub rescale: f32,
+    old_sum: f32,
+    first: bool,
+}
+
+impl TileStatistics {
+    /// The statistics of the row whose state is `state` after a tile whose largest score is
+    /// `tile_max`.
+    pub fn new(state: &[f32], tile_max: f32, first: bool) -> TileStatistics {
+        let head_dim = state.len() - 2;
+        let (old_max, old_sum) = (state[head_dim], state[head_dim + 1]);
+        if first {
+            return TileStatistics {
+                max: tile_max,
+                rescale: 0.0,
+                old_sum: 0.0,
+                first,
+            };
+        }
+        let max = old_max.max(tile_max);
+        TileStatistics {
+            max,
+            rescale: (old_max - max).exp(),
+            old_sum,
+            first,
+        }
+    }
+
+    /// Stores the new maximum, and the sum so far rescaled plus the tile's exponentials.
+    pub fn store(self, state: &mut [f32], tile_sum: f32) {
+        let head_dim = state.len() - 2;
+        state[head_dim] = self.max;
+        state[head_dim + 1] = if self.first {
+            tile_sum
+        } else {
+            self.old_sum * self.rescale + tile_sum
+        };
+    }
+}
+
+/// Folds the state `part` of a later range into `acc`, as if `acc`'s row had gone on through
+/// `part`'s tiles: both rescaled to the larger maximum and added.
+pub fn merge(acc: &mut [f32], part: &[f32]) {
+    let head_dim = acc.len() - 2;
+    let (max_a, max_b) = (acc[head_dim], part[head_dim]);
+    let max = max_a.max(max_b);
+    let (a, b) = ((max_a - max).exp(), (max_b - max).exp());
+    for (x, &y) in acc[..head_dim].iter_mut().zip(&part[..head_dim]) {
+        *x = *x * a + y * b;
+    }
+    acc[head_dim] = max;
+    acc[head_dim + 1] = acc[head_dim + 1] * a + part[head_dim + 1] * b;
+}
+
+/// The attention output of a finished state: its output divided by its sum.
+pub fn finish(state: &[f32], out: &mut [f32]) {
+    let head_dim = out.len();
+    let sum = state[head_dim + 1];
+    for (o, &x) in out.iter_mut().zip(&state[..head_dim]) {
+        *o = x / sum;
+    }
+}

@@ -1,0 +1,138 @@
+//! Batch invariance of attention: a row's bits are the same alone, in a batch of 16, chunked, computed as a lone token, at any thread count, on every path; and launches reuse their scratch.
+
+use super::*;
+
+/// SmolLM2's heads: nine query heads on three KV heads of 64.
+const SMOLLM2: Heads = Heads {
+    num_heads: 9,
+    num_kv_heads: 3,
+    head_dim: 64,
+    block_size: 16,
+};
+
+/// Eight query heads on one KV head of 128, blocks of 32.
+const WIDE: Heads = Heads {
+    num_heads: 8,
+    num_kv_heads: 1,
+    head_dim: 128,
+    block_size: 32,
+};
+
+/// Fifteen other sequences for a batch of 16: decodes, chunks after cached tokens and fresh
+/// prefills, in a different order from the ids.
+fn others(decodes_only: bool) -> impl Iterator<Item = Sequence> {
+    (1..16u64).map(move |id| {
+        let i = id as usize;
+        match id % 3 {
+            _ if decodes_only => Sequence::new(id, 29 * i, 1),
+            0 => Sequence::new(id, 37 * i, 1),
+            1 => Sequence::new(id, 11 * i, 9 + i),
+            _ => Sequence::new(id, 0, 3 * i),
+        }
+    })
+}
+
+#[test]
+fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
+    let len = 300;
+    let chunks = [1, 16, 5, 64, 1, 100, 113];
+    assert_eq!(chunks.iter().sum::<usize>(), len);
+    let probes = [0, 15, 16, 17, 63, 64, 127, 128, 129, 255, 256, 299];
+    let workers: Vec<Workers> = [1, 2, 3].map(|t| Workers::new(t).unwrap()).into();
+    let mut scratch = AttentionScratch::default();
+    for heads in [SMOLLM2, WIDE] {
+        for path in Path::every() {
+            let what = format!("{heads:?}, {path:?}");
+            let alone = Step::new(heads, &[Sequence::new(0, 0, len)]);
+            let alone_out = alone.run(path, &workers[1], &mut scratch);
+            let expected = |position: usize| bits(alone.row(&alone_out, 0, position));
+
+            let mut start = 0;
+            for (i, &size) in chunks.iter().enumerate() {
+                let step = Step::new(heads, &[Sequence::new(0, start, size)]);
+                let out = step.run(path, &workers[i % 3], &mut scratch);
+                for position in start..start + size {
+                    let got = bits(step.row(&out, 0, position));
+                    assert_eq!(
+                        got,
+                        expected(position),
+                        "{what}: chunk {i}, position {position}"
+                    );
+                }
+                start += size;
+            }
+
+            let mut batch: Vec<Sequence> = others(false).collect();
+            batch.insert(7, Sequence::new(0, 0, len));
+            let step = Step::new(heads, &batch);
+            let out = step.run(path, &workers[2], &mut scratch);
+            for position in 0..len {
+                let got = bits(step.row(&out, 7, position));
+                assert_eq!(
+                    got,
+                    expected(position),
+                    "{what}: in a batch, position {position}"
+                );
+            }
+
+            for &position in &probes {
+                let lone = Step::new(heads, &[Sequence::new(0, position, 1)]);
+                let out = lone.run(path, &workers[2], &mut scratch);
+                let got = bits(lone.row(&out, 0, position));
+                assert_eq!(
+                    got,
+                    expected(position),
+                    "{what}: a lone token at {position}"
+                );
+
+                let mut batch: Vec<Sequence> = others(true).collect();
+                batch.insert(4, Sequence::new(0, position, 1));
+                let step = Step::new(heads, &batch);
+                let out = step.run(path, &workers[1], &mut scratch);
+                let got = bits(step.row(&out, 4, position));
+                assert_eq!(
+                    got,
+                    expected(position),
+                    "{what}: among 16 decodes at {position}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn launches_reuse_the_scratch_of_the_largest_step() {
+    let workers = Workers::new(2).unwrap();
+    let path = Path::every().pop().unwrap();
+    let largest = Step::new(
+        SMOLLM2,
+        &[
+            Sequence::new(0, 500, 1),
+            Sequence::new(1, 0, 40),
+            Sequence::new(2, 900, 1),
+        ],
+    );
+    let smaller = Step::new(
+        SMOLLM2,
+        &[Sequence::new(3, 100, 1), Sequence::new(4, 20, 9)],
+    );
+    let mut scratch = AttentionScratch::default();
+    let held = |s: &AttentionScratch| {
+        [
+            (s.owners.as_ptr() as usize, s.owners.capacity()),
+            (s.tasks.as_ptr() as usize, s.tasks.capacity()),
+            (s.partials.as_ptr() as usize, s.partials.capacity()),
+        ]
+    };
+    largest.run(path, &workers, &mut scratch);
+    let after_first = held(&scratch);
+    assert!(after_first.iter().all(|&(_, capacity)| capacity > 0));
+    for step in [&largest, &smaller, &largest] {
+        step.run(path, &workers, &mut scratch);
+        assert_eq!(
+            held(&scratch),
+            after_first,
+            "a later launch grew or moved the scratch"
+        );
+    }
+}
