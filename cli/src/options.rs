@@ -98,11 +98,12 @@ pub struct ModelArgs {
     /// in-flight requests fail, /health answers 503 and `serve` exits non-zero.
     #[arg(long, default_value_t = 60.0, value_parser = parse_seconds)]
     pub device_timeout: f64,
-    /// Where the device library runs. `process`: in a worker process the server supervises;
-    /// when it crashes or misses --device-timeout, a new worker prepares the model again and
-    /// requests in flight resume where they were (clients see a pause). `in-process`: a
-    /// device crash ends the server, and a hang is fatal as --device-timeout says.
-    #[arg(long, value_enum, default_value_t = DeviceIsolation::InProcess)]
+    /// Where the device library runs. `process` (the default): in a worker process the
+    /// server supervises; when it crashes or misses --device-timeout, a new worker prepares
+    /// the model again and requests in flight resume where they were (clients see a pause).
+    /// `in-process`: a device crash ends the server, and a hang is fatal as --device-timeout
+    /// says.
+    #[arg(long, value_enum, default_value_t = DeviceIsolation::Process)]
     pub device_isolation: DeviceIsolation,
     /// Device worker restarts tolerated within --device-restart-window; one more means the
     /// device is broken: requests fail with 503, /health answers 503, `serve` exits non-zero.

@@ -367,7 +367,12 @@ async fn a_hung_launch_fails_the_stream_turns_health_503_and_exits_non_zero_in_t
     let device_timeout = 2;
     let mut server = Server::ready(
         &format!("hang_launch={FAULTY_LAUNCH}"),
-        &["--device-timeout", &device_timeout.to_string()],
+        &[
+            "--device-isolation",
+            "in-process",
+            "--device-timeout",
+            &device_timeout.to_string(),
+        ],
     )
     .await;
     let submitted = Instant::now();
@@ -401,7 +406,14 @@ async fn a_stalled_engine_fails_the_stream_turns_health_503_and_exits_non_zero()
     // The device takes its time, under the device timeout: no step finishes, which is a stall.
     let mut server = Server::ready(
         &format!("hang_launch={FAULTY_LAUNCH}"),
-        &["--engine-stall-timeout", "2", "--device-timeout", "600"],
+        &[
+            "--device-isolation",
+            "in-process",
+            "--engine-stall-timeout",
+            "2",
+            "--device-timeout",
+            "600",
+        ],
     )
     .await;
     let (last, _) = stream_until_end(&server).await;

@@ -139,6 +139,7 @@ fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f
         scratch: Vec::new(),
         isa,
         bf16_products: Default::default(),
+        attention: Default::default(),
     };
     let tokens = x.len() / INNER;
     let mut out = vec![f32::NAN; tokens * w.rows];
@@ -212,6 +213,7 @@ fn the_fused_launches_match_the_plain_ones() {
             scratch: Vec::new(),
             isa,
             bf16_products: Default::default(),
+            attention: Default::default(),
         };
         let g = launch_rows(isa, matrix(gate), &x, 2);
         let u = launch_rows(isa, matrix(up), &x, 2);
@@ -282,6 +284,7 @@ fn weights_that_are_not_whole_rows_are_an_error() {
         scratch: Vec::new(),
         isa: Isa::at(IsaLevel::Portable).expect("portable"),
         bf16_products: Default::default(),
+        attention: Default::default(),
     };
     let mut out = vec![0.0; 2];
     let outs = [SharedOut::new(&mut out, 2)];
