@@ -41,6 +41,17 @@ pub fn plugin_path(file_name: &str) -> PathBuf {
 
 /// The device library `device_file` of the plugins folder opened with `device_config`, and the
 /// model glue loaded for preparing a model: what `plughost::runtime::load_model` takes.
+/// The cosine similarity of two logits rows, in f64.
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
 pub fn device_and_glue(device_file: &str, device_config: &str) -> (Device, GluePlugin) {
     let library = DeviceLibrary::load(plugin_path(device_file)).expect("the device loads");
     let device = Device::open(&library, device_config).expect("the device opens");

@@ -111,16 +111,6 @@ fn run(runtime: &mut Runtime, sequences: &[(usize, &[u32])], chunk: usize) -> Ve
     rows
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
-}
-
 /// The index of the largest value (the first of equals).
 fn argmax(row: &[f32]) -> usize {
     (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best })
@@ -157,7 +147,7 @@ fn mixed_block_types_match_transformers_on_the_dequantized_weights() {
             let expected = reference_rows(&prompt.name, vocab);
             assert_eq!(rows.len(), expected.len(), "{} at {isa}", prompt.name);
             for (position, (ours, theirs)) in rows.iter().zip(&expected).enumerate() {
-                let similarity = cosine(ours, theirs);
+                let similarity = common::cosine(ours, theirs);
                 lowest = lowest.min(similarity);
                 assert!(
                     similarity >= 0.999,

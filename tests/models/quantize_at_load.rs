@@ -56,16 +56,6 @@ fn logits_per_position(runtime: &mut Runtime, tokens: &[u32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let dot: f64 = a
-        .iter()
-        .zip(b)
-        .map(|(&x, &y)| f64::from(x) * f64::from(y))
-        .sum();
-    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    dot / (norm(a) * norm(b))
-}
-
 /// The smallest cosine over positions between `model_dir` quantized to `target` and not, and
 /// the device bytes each holds.
 fn compare(model_dir: &Path, target: WeightQuantization, tokens: &[u32]) -> (f64, u64, u64) {
@@ -78,7 +68,7 @@ fn compare(model_dir: &Path, target: WeightQuantization, tokens: &[u32]) -> (f64
     let worst = expected
         .iter()
         .zip(&got)
-        .map(|(a, b)| cosine(a, b))
+        .map(|(a, b)| common::cosine(a, b))
         .fold(1.0f64, f64::min);
     (worst, plain_bytes, quantized_bytes)
 }

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::reliability_engine::{
-    DEADLINE, Server, completion, failed_start, health_after_fault, sse_data,
+    DEADLINE, Server, completion, failed_start, health_after_fault, stream_events,
 };
 
 /// A launch some steps into the first batch of streams (loading launches none).
@@ -12,20 +12,8 @@ const STREAMS: u32 = 8;
 
 /// Streams one completion; its text and finish reason, or the error event it ended with.
 async fn stream(server: &Server, body: &Value) -> Result<(String, String), Value> {
-    let mut body = body.clone();
-    body["stream"] = json!(true);
-    let response = reqwest::Client::new()
-        .post(server.url("/v1/completions"))
-        .json(&body)
-        .timeout(DEADLINE)
-        .send()
-        .await
-        .expect("the stream starts");
-    assert_eq!(response.status().as_u16(), 200);
-    let text = response.text().await.expect("the stream ends");
     let (mut output, mut finish) = (String::new(), String::new());
-    for data in sse_data(&text).iter().filter(|d| *d != "[DONE]") {
-        let event: Value = serde_json::from_str(data).expect("a JSON event");
+    for event in stream_events(server, body).await {
         if event.get("error").is_some() {
             return Err(event);
         }

@@ -327,9 +327,9 @@ pub(super) fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// Streams a long completion; the parsed last event and how many token chunks came before it.
-async fn stream_until_end(server: &Server) -> (Value, usize) {
-    let mut body = completion(8, 200);
+/// Streams the completion `body` asks for; its events, parsed, without the final `[DONE]`.
+pub(super) async fn stream_events(server: &Server, body: &Value) -> Vec<Value> {
+    let mut body = body.clone();
     body["stream"] = json!(true);
     let response = reqwest::Client::new()
         .post(server.url("/v1/completions"))
@@ -340,13 +340,18 @@ async fn stream_until_end(server: &Server) -> (Value, usize) {
         .expect("the stream starts");
     assert_eq!(response.status().as_u16(), 200);
     let text = response.text().await.expect("the stream ends");
-    let data = sse_data(&text);
-    let events: Vec<&String> = data.iter().filter(|d| *d != "[DONE]").collect();
-    let (last, before) = events.split_last().expect("events");
-    (
-        serde_json::from_str(last).expect("a JSON event"),
-        before.len(),
-    )
+    sse_data(&text)
+        .iter()
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("a JSON event"))
+        .collect()
+}
+
+/// Streams a long completion; the parsed last event and how many token chunks came before it.
+async fn stream_until_end(server: &Server) -> (Value, usize) {
+    let mut events = stream_events(server, &completion(8, 200)).await;
+    let last = events.pop().expect("events");
+    (last, events.len())
 }
 
 /// Polls `/health` until it answers something other than 200; that status, or `None` if the
