@@ -69,6 +69,8 @@ pub struct WorkerDevice {
     /// The counters the last `synchronize` or `read` brought, while nothing has been sent
     /// since: the engine reads them after every step.
     stats: Option<DeviceStats>,
+    /// The last reply's payload, reused from reply to reply.
+    reply_body: Vec<u8>,
 }
 
 impl WorkerDevice {
@@ -134,6 +136,7 @@ impl WorkerDevice {
             last_launch: None,
             callable_names: Vec::new(),
             stats: None,
+            reply_body: Vec::new(),
         };
         worker
             .set_timeouts()
@@ -143,8 +146,8 @@ impl WorkerDevice {
         payload.extend_from_slice(config.as_bytes());
         let mut header = RequestHeader::new(Op::Open);
         header.payload_len = payload.len() as u64;
-        let mut names = Vec::new();
-        worker.request(header, &payload, Some(&mut names))?;
+        worker.request(header, &payload)?;
+        let names = std::mem::take(&mut worker.reply_body);
         worker.timeout = timeout;
         worker
             .set_timeouts()
@@ -164,13 +167,13 @@ impl WorkerDevice {
     pub fn alloc(&mut self, bytes: u64) -> Result<u64, DeviceError> {
         let mut header = RequestHeader::new(Op::Alloc);
         header.a = bytes;
-        self.request(header, &[], None)
+        self.request(header, &[])
     }
 
     pub fn free(&mut self, buffer: u64) -> Result<(), DeviceError> {
         let mut header = RequestHeader::new(Op::Free);
         header.a = buffer;
-        self.request(header, &[], None).map(drop)
+        self.request(header, &[]).map(drop)
     }
 
     /// Copies `src` through the region, in pieces of the region's size; a write waits for
@@ -179,7 +182,7 @@ impl WorkerDevice {
         self.check_lost()?;
         for (i, piece) in src.chunks(REGION_BYTES).enumerate() {
             if self.region_cursor + piece.len() > REGION_BYTES {
-                self.request(RequestHeader::new(Op::Barrier), &[], None)?;
+                self.request(RequestHeader::new(Op::Barrier), &[])?;
             }
             let at = self.region_cursor;
             self.region.bytes_mut()[at..at + piece.len()].copy_from_slice(piece);
@@ -200,10 +203,9 @@ impl WorkerDevice {
             header.a = buffer;
             header.b = offset + (i * REGION_BYTES) as u64;
             header.c = piece.len() as u64;
-            let mut counters = Vec::new();
-            self.request(header, &[], Some(&mut counters))?;
+            self.request(header, &[])?;
             piece.copy_from_slice(&self.region.bytes()[..piece.len()]);
-            self.stats = decode_stats(&counters);
+            self.stats = decode_stats(&self.reply_body);
         }
         Ok(())
     }
@@ -237,13 +239,8 @@ impl WorkerDevice {
     }
 
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
-        let mut counters = Vec::new();
-        let device_ns = self.request(
-            RequestHeader::new(Op::Synchronize),
-            &[],
-            Some(&mut counters),
-        )?;
-        self.stats = decode_stats(&counters);
+        let device_ns = self.request(RequestHeader::new(Op::Synchronize), &[])?;
+        self.stats = decode_stats(&self.reply_body);
         Ok(Duration::from_nanos(device_ns))
     }
 
@@ -251,9 +248,8 @@ impl WorkerDevice {
         if let Some(stats) = self.stats {
             return Ok(stats);
         }
-        let mut payload = Vec::new();
-        self.request(RequestHeader::new(Op::Stats), &[], Some(&mut payload))?;
-        decode_stats(&payload).ok_or_else(|| DeviceError::ContractViolation {
+        self.request(RequestHeader::new(Op::Stats), &[])?;
+        decode_stats(&self.reply_body).ok_or_else(|| DeviceError::ContractViolation {
             operation: "stats",
             message: "the worker's stats were cut short".into(),
         })
@@ -262,7 +258,7 @@ impl WorkerDevice {
     pub fn callable_launches(&mut self, callable: u32) -> u64 {
         let mut header = RequestHeader::new(Op::CallableLaunches);
         header.a = callable as u64;
-        self.request(header, &[], None).unwrap_or(0)
+        self.request(header, &[]).unwrap_or(0)
     }
 
     fn check_lost(&self) -> Result<(), DeviceError> {
@@ -291,33 +287,25 @@ impl WorkerDevice {
         sent.map_err(|e| self.lose(Op::Launch, e))
     }
 
-    /// Sends `header` (after every queued request) and waits for its reply; the reply's
-    /// payload goes to `payload` when given. Returns the reply's value.
-    fn request(
-        &mut self,
-        header: RequestHeader,
-        payload: &[u8],
-        reply_payload: Option<&mut Vec<u8>>,
-    ) -> Result<u64, DeviceError> {
+    /// Sends `header` (after every queued request) and waits for its reply, whose payload is
+    /// left in `reply_body`. Returns the reply's value.
+    fn request(&mut self, header: RequestHeader, payload: &[u8]) -> Result<u64, DeviceError> {
         self.check_lost()?;
         self.queue(header, payload)?;
         self.flush()?;
         self.region_cursor = 0;
         let reply = ReplyHeader::read(&mut self.reader).map_err(|e| self.lose(header.op, e))?;
-        let mut body = Vec::new();
-        (&mut self.reader)
+        self.reply_body.clear();
+        let read = (&mut self.reader)
             .take(reply.payload_len)
-            .read_to_end(&mut body)
-            .map_err(|e| self.lose(header.op, e))?;
+            .read_to_end(&mut self.reply_body);
+        read.map_err(|e| self.lose(header.op, e))?;
         if reply.status != status::OK {
             return Err(DeviceError::Call {
                 operation: reply.op.name(),
                 status: reply.status,
-                message: String::from_utf8_lossy(&body).into_owned(),
+                message: String::from_utf8_lossy(&self.reply_body).into_owned(),
             });
-        }
-        if let Some(out) = reply_payload {
-            *out = body;
         }
         Ok(reply.value)
     }

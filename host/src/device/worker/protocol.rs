@@ -152,14 +152,14 @@ pub struct ReplyHeader {
 pub const REPLY_HEADER_BYTES: usize = 24;
 
 impl ReplyHeader {
+    /// Writes the header and `payload` and flushes; give it a buffered writer, so a reply is
+    /// one system call.
     pub fn write(&self, writer: &mut impl Write, payload: &[u8]) -> io::Result<()> {
-        let mut bytes = Vec::with_capacity(REPLY_HEADER_BYTES + payload.len());
-        bytes.extend_from_slice(&self.status.to_le_bytes());
-        bytes.extend_from_slice(&self.op.code().to_le_bytes());
-        bytes.extend_from_slice(&self.value.to_le_bytes());
-        bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        bytes.extend_from_slice(payload);
-        writer.write_all(&bytes)?;
+        writer.write_all(&self.status.to_le_bytes())?;
+        writer.write_all(&self.op.code().to_le_bytes())?;
+        writer.write_all(&self.value.to_le_bytes())?;
+        writer.write_all(&(payload.len() as u64).to_le_bytes())?;
+        writer.write_all(payload)?;
         writer.flush()
     }
 
@@ -219,15 +219,19 @@ pub fn decode_tensor_arg(bytes: &[u8]) -> TensorArg {
     }
 }
 
-pub fn encode_stats(stats: &DeviceStats) -> Vec<u8> {
-    stats_fields(stats)
-        .iter()
-        .flat_map(|value| value.to_le_bytes())
-        .collect()
+/// Bytes of the device counters on the wire.
+pub const STATS_BYTES: usize = 9 * 8;
+
+pub fn encode_stats(stats: &DeviceStats) -> [u8; STATS_BYTES] {
+    let mut out = [0u8; STATS_BYTES];
+    for (chunk, value) in out.chunks_exact_mut(8).zip(stats_fields(stats)) {
+        chunk.copy_from_slice(&value.to_le_bytes());
+    }
+    out
 }
 
 pub fn decode_stats(bytes: &[u8]) -> Option<DeviceStats> {
-    if bytes.len() < 9 * 8 {
+    if bytes.len() < STATS_BYTES {
         return None;
     }
     let mut fields = Fields(bytes);

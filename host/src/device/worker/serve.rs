@@ -171,7 +171,8 @@ impl Session {
         let Some(device) = self.device.as_mut() else {
             return Err(WorkerError::NotOpenedFirst(header.op.name()));
         };
-        let mut payload = Vec::new();
+        // The counters, for the replies that carry them; nothing on the heap.
+        let mut counters = None;
         let result = match header.op {
             Op::Alloc => device.alloc(header.a).map(BufferId::raw),
             Op::Free => device.free(BufferId::from_raw(header.a)).map(|()| 0),
@@ -183,7 +184,7 @@ impl Session {
                         &mut self.region.bytes_mut()[range],
                     )
                     .and_then(|()| {
-                        payload = encode_stats(&device.stats()?);
+                        counters = Some(encode_stats(&device.stats()?));
                         Ok(0)
                     }),
                 None => Err(out_of_region(header)),
@@ -191,11 +192,11 @@ impl Session {
             // The counters come with the answers that end a step, so reading them after it
             // costs no round trip.
             Op::Synchronize => device.synchronize().and_then(|t| {
-                payload = encode_stats(&device.stats()?);
+                counters = Some(encode_stats(&device.stats()?));
                 Ok(t.as_nanos() as u64)
             }),
             Op::Stats => device.stats().map(|stats| {
-                payload = encode_stats(&stats);
+                counters = Some(encode_stats(&stats));
                 0
             }),
             Op::CallableLaunches => {
@@ -204,7 +205,10 @@ impl Session {
             _ => Ok(0),
         };
         match result {
-            Ok(value) => self.reply(status::OK, header.op, value, &payload),
+            Ok(value) => {
+                let payload = counters.as_ref().map_or(&[][..], |c| &c[..]);
+                self.reply(status::OK, header.op, value, payload)
+            }
             Err(e) => {
                 let status = error_status(&e);
                 self.reply(status, header.op, 0, error_message(e).as_bytes())
