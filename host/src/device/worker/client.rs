@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::io::{self, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -24,6 +24,7 @@ pub use plughost_device_abi::WORKER_RESTARTS_ENV;
 pub struct WorkerCommand {
     program: PathBuf,
     args: Vec<OsString>,
+    arg0: Option<OsString>,
 }
 
 impl WorkerCommand {
@@ -34,15 +35,25 @@ impl WorkerCommand {
         WorkerCommand {
             program: program.into(),
             args: args.into_iter().map(Into::into).collect(),
+            arg0: None,
         }
     }
 
-    /// This executable's `device-worker` subcommand: the `plughost` binary serves as its own worker.
+    /// This executable's `device-worker` subcommand: the `plughost` binary serves as its own
+    /// worker. On Linux it is run as `/proc/self/exe`, the very file this process runs, so a
+    /// binary replaced on disk while the server runs (an upgrade, a rebuild) is never mixed
+    /// with the old one.
     pub fn this_executable() -> io::Result<WorkerCommand> {
-        Ok(WorkerCommand::new(
-            std::env::current_exe()?,
-            ["device-worker"],
-        ))
+        let running = Path::new("/proc/self/exe");
+        let program = if running.exists() {
+            running.to_path_buf()
+        } else {
+            std::env::current_exe()?
+        };
+        let mut command = WorkerCommand::new(program, ["device-worker"]);
+        // What `ps` and `top` show, rather than `/proc/self/exe`.
+        command.arg0 = Some("plughost-device-worker".into());
+        Ok(command)
     }
 }
 
@@ -102,13 +113,20 @@ impl WorkerDevice {
         let socket_path = socket_dir.path.join("control.sock");
         let listener = UnixListener::bind(&socket_path)
             .map_err(|e| start_error(format!("cannot listen on {}: {e}", socket_path.display())))?;
-        let mut child = Command::new(&command.program)
+        let mut child = Command::new(&command.program);
+        if let Some(arg0) = &command.arg0 {
+            child.arg0(arg0);
+        }
+        let mut child = child
             .args(&command.args)
             .arg("--socket")
             .arg(&socket_path)
             .arg("--region")
             .arg(region.path_for_worker())
             .env(WORKER_RESTARTS_ENV, restarts.to_string())
+            // Its own process group: a Ctrl-C in the terminal is the server's to handle (it
+            // drains, then closes the worker), not a crash of the worker mid-drain.
+            .process_group(0)
             .stdin(Stdio::null())
             .spawn()
             .map_err(|e| start_error(format!("cannot run {}: {e}", command.program.display())))?;
