@@ -155,3 +155,30 @@ fn a_device_that_will_not_open_in_its_worker_fails_the_start_with_its_message() 
         "once in the log line, once in the exit message: {stderr}"
     );
 }
+
+#[tokio::test]
+async fn ctrl_c_drains_the_server_and_never_reaches_its_worker() {
+    // A slow launch a few steps in keeps the stream going when the signal comes.
+    let mut server = Server::ready("hang_launch=100,hang_ms=1500", &[]).await;
+    let body = completion(8, 300);
+    let drained = {
+        let streaming = stream(&server, &body);
+        tokio::pin!(streaming);
+        // Ctrl-C once the stream is under way; the server drains it, then closes the worker.
+        tokio::select! {
+            outcome = &mut streaming => outcome,
+            () = tokio::time::sleep(std::time::Duration::from_millis(300)) => {
+                server.signal_group("INT");
+                streaming.await
+            }
+        }
+    };
+    let (text, finish) = drained.unwrap_or_else(|e| panic!("{e}\n{}", server.stderr()));
+    assert_eq!(finish, "length", "{}", server.stderr());
+    assert!(!text.is_empty());
+    server.exit_within(DEADLINE);
+    let stderr = server.stderr();
+    assert!(stderr.contains("SIGINT"), "{stderr}");
+    assert!(!stderr.contains("the device worker was killed"), "{stderr}");
+    assert!(!stderr.contains("starting a new device worker"), "{stderr}");
+}

@@ -1,6 +1,7 @@
 //! The engine's liveness and device faults, end to end: `plughost serve` on the mock device over real sockets, and a property test of the engine over random pools and request mixes.
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -66,10 +67,12 @@ impl Server {
         Server::spawn_on(MOCK, device_config, args)
     }
 
-    /// Starts `plughost serve` with the tiny model on the `device` library and `args`.
+    /// Starts `plughost serve` with the tiny model on the `device` library and `args`, in a
+    /// process group of its own (as a shell starts a job), which signals can address.
     fn spawn_on(device: &str, device_config: &str, args: &[&str]) -> Server {
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_plughost"))
+            .process_group(0)
             .arg("serve")
             .arg("--model")
             .arg(model_dir())
@@ -127,6 +130,19 @@ impl Server {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Sends `signal` to the server's process group, as a terminal sends Ctrl-C to its job.
+    pub(super) fn signal_group(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([
+                &format!("-{signal}"),
+                "--",
+                &format!("-{}", self.child.id()),
+            ])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{signal} failed");
     }
 
     pub(super) fn url(&self, path: &str) -> String {
