@@ -35,6 +35,10 @@ pub enum CliError {
         path.display()
     )]
     QuantizeGguf { path: PathBuf, target: &'static str },
+    #[error(
+        "{flag} applies to a device worker; it has no effect with --device-isolation in-process"
+    )]
+    NeedsWorker { flag: &'static str },
     #[error("device worker: {0}")]
     DeviceWorker(#[from] plughost::device::worker::WorkerError),
     /// A default component or device that is not in the plugins folder.

@@ -107,11 +107,13 @@ pub struct ModelArgs {
     pub device_isolation: DeviceIsolation,
     /// Device worker restarts tolerated within --device-restart-window; one more means the
     /// device is broken: requests fail with 503, /health answers 503, `serve` exits non-zero.
-    #[arg(long, default_value_t = 5)]
-    pub device_restart_limit: u32,
+    /// Only with `--device-isolation process`. [default: 5]
+    #[arg(long)]
+    pub device_restart_limit: Option<u32>,
     /// Seconds over which --device-restart-limit counts restarts.
-    #[arg(long, default_value_t = 600.0, value_parser = parse_seconds)]
-    pub device_restart_window: f64,
+    /// Only with `--device-isolation process`. [default: 600]
+    #[arg(long, value_parser = parse_seconds)]
+    pub device_restart_window: Option<f64>,
 }
 
 fn default_plugins_dir() -> PathBuf {
@@ -147,6 +149,35 @@ fn existing(path: PathBuf) -> Result<PathBuf, CliError> {
         Ok(path)
     } else {
         Err(CliError::MissingPlugin(path))
+    }
+}
+
+impl ModelArgs {
+    /// The restart budget of a device worker; the flags that set it mean nothing in-process,
+    /// so they are refused there rather than ignored.
+    fn restart_budget(&self) -> Result<RestartBudget, CliError> {
+        let default = RestartBudget::default();
+        if self.device_isolation == DeviceIsolation::InProcess {
+            let given = [
+                (
+                    "--device-restart-limit",
+                    self.device_restart_limit.is_some(),
+                ),
+                (
+                    "--device-restart-window",
+                    self.device_restart_window.is_some(),
+                ),
+            ];
+            if let Some((flag, _)) = given.iter().find(|(_, set)| *set) {
+                return Err(CliError::NeedsWorker { flag });
+            }
+        }
+        Ok(RestartBudget {
+            limit: self.device_restart_limit.unwrap_or(default.limit),
+            window: self
+                .device_restart_window
+                .map_or(default.window, Duration::from_secs_f64),
+        })
     }
 }
 
@@ -287,10 +318,7 @@ impl ModelArgs {
                 engine_stall_timeout: Duration::from_secs_f64(self.engine_stall_timeout),
                 device_timeout: Duration::from_secs_f64(self.device_timeout),
                 device_isolation: self.device_isolation,
-                device_restarts: RestartBudget {
-                    limit: self.device_restart_limit,
-                    window: Duration::from_secs_f64(self.device_restart_window),
-                },
+                device_restarts: self.restart_budget()?,
                 device_worker: None,
                 generation_config: self.generation_config.clone(),
                 quantize: self.quantize,

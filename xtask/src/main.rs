@@ -188,6 +188,13 @@ fn main() -> Result<()> {
                 OsStr::new("--plugins-dir"),
                 inputs.plugins.as_os_str(),
             ];
+            // One name whichever form is served, the one the README's examples use.
+            if !serve_args
+                .iter()
+                .any(|a| a.starts_with("--served-model-name"))
+            {
+                args.extend([OsStr::new("--served-model-name"), OsStr::new(SMOLLM2)]);
+            }
             args.extend(serve_args.iter().map(OsStr::new));
             tools::run(&workspace, &inputs.binaries.plughost, &args)?;
         }

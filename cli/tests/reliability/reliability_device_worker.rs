@@ -182,3 +182,21 @@ async fn ctrl_c_drains_the_server_and_never_reaches_its_worker() {
     assert!(!stderr.contains("the device worker was killed"), "{stderr}");
     assert!(!stderr.contains("starting a new device worker"), "{stderr}");
 }
+
+#[test]
+fn restart_flags_without_a_worker_are_refused_naming_them() {
+    let (status, stderr) = failed_start(
+        "",
+        &[
+            "--device-isolation",
+            "in-process",
+            "--device-restart-limit",
+            "3",
+        ],
+    );
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--device-restart-limit applies to a device worker"),
+        "{stderr}"
+    );
+}

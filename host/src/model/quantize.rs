@@ -30,6 +30,14 @@ impl WeightQuantization {
         }
     }
 
+    /// The block type this target names.
+    pub fn dtype(self) -> DType {
+        match self {
+            WeightQuantization::Q8_0 => DType::Q8_0,
+            WeightQuantization::Q4K => DType::Q4_K,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             WeightQuantization::Q8_0 => "q8_0",

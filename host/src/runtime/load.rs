@@ -95,9 +95,23 @@ impl WeightSource for QuantizingSource<'_> {
         if !is_projection(name) || view.shape.len() != 2 {
             return Ok(view);
         }
-        let Some(dtype) = self.target.dtype_for(view.shape[1] as usize) else {
+        let row_len = view.shape[1] as usize;
+        let Some(dtype) = self.target.dtype_for(row_len) else {
+            tracing::warn!(
+                weight = name,
+                "rows of {row_len} values do not split into blocks of 32: kept in {}",
+                view.dtype.name()
+            );
             return Ok(view);
         };
+        if dtype != self.target.dtype() {
+            tracing::warn!(
+                weight = name,
+                "rows of {row_len} values do not split into blocks of 256: {} instead of {}",
+                dtype.name(),
+                self.target.name()
+            );
+        }
         let Some(values) = quantize::widen(view.dtype, &view.bytes) else {
             return Ok(view);
         };
