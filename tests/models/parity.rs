@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use plughost::device::DType;
 use plughost::device::{Device, DeviceLibrary};
 use plughost::model::ModelConfig;
+use plughost::model::gguf::folder;
 use plughost::plugins::glue::GluePlugin;
 use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost::runtime::{KvCacheDtype, Runtime, RuntimeConfig, StepSequence, load_model};
@@ -70,18 +71,23 @@ fn fixture_dir(name: &str) -> PathBuf {
 }
 
 /// A scratch checkpoint folder: a fixture's weights with one style of its config, edited,
-/// as config.json. Removed on drop.
-struct ModelDir(PathBuf);
+/// as config.json, or the model folder the host makes of a GGUF. Removed on drop.
+struct ModelDir(PathBuf, Option<PathBuf>);
 
 impl ModelDir {
-    fn new(name: &str, style: ConfigStyle, edit: impl Fn(&mut serde_json::Value)) -> ModelDir {
+    /// A folder of its own: tests run in parallel threads of one process.
+    fn scratch(name: &str) -> PathBuf {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let from = fixture_dir(name);
-        let to = std::env::temp_dir().join(format!(
+        std::env::temp_dir().join(format!(
             "plughost-parity-{name}-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        ))
+    }
+
+    fn new(name: &str, style: ConfigStyle, edit: impl Fn(&mut serde_json::Value)) -> ModelDir {
+        let from = fixture_dir(name);
+        let to = ModelDir::scratch(name);
         std::fs::create_dir_all(&to).expect("temp folder");
         std::fs::copy(from.join("model.safetensors"), to.join("model.safetensors"))
             .expect("copy the weights");
@@ -91,13 +97,22 @@ impl ModelDir {
         let mut config: serde_json::Value = serde_json::from_str(&text).expect("config parses");
         edit(&mut config);
         std::fs::write(to.join("config.json"), config.to_string()).expect("write config.json");
-        ModelDir(to)
+        ModelDir(to, None)
+    }
+
+    /// The folder the host serves `fixtures/{name}/model.gguf` from.
+    fn from_gguf(name: &str) -> ModelDir {
+        let cache = ModelDir::scratch(name);
+        let file = fixture_dir(name).join("model.gguf");
+        let dir =
+            folder::prepare(&file, &cache).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        ModelDir(dir, Some(cache))
     }
 }
 
 impl Drop for ModelDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(self.1.as_ref().unwrap_or(&self.0));
     }
 }
 
@@ -136,13 +151,31 @@ impl Fixture {
         }
     }
 
-    /// Every fixture in every config style.
+    /// `{name}-gguf/model.gguf`, the fixture as llama.cpp's converter writes it, with the
+    /// fixture's references.
+    fn gguf(name: &str, tolerance: f32) -> Fixture {
+        let dir = fixture_dir(name);
+        let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+        Fixture {
+            name: format!("{name} (GGUF)"),
+            model: ModelDir::from_gguf(&format!("{name}-gguf")),
+            tolerance,
+            reference: serde_json::from_str(&text).expect("reference.json parses"),
+            logits: std::fs::read(dir.join("reference.safetensors"))
+                .expect("reference.safetensors"),
+        }
+    }
+
+    /// Every fixture in every config style, and the GGUF ones.
     fn all() -> impl Iterator<Item = Fixture> {
-        CHECKPOINTS.into_iter().flat_map(|(name, tolerance)| {
+        let folders = CHECKPOINTS.into_iter().flat_map(|(name, tolerance)| {
             STYLES
                 .into_iter()
                 .map(move |style| Fixture::open(name, tolerance, style))
-        })
+        });
+        // Llama 3's scaling as a GGUF states it: no metadata, a `rope_freqs` table of divisors
+        // (`tests/reference/make_llama3_gguf.py`), which the host fits back to the parameters.
+        folders.chain(GGUF_CHECKPOINTS.map(|(name, tolerance)| Fixture::gguf(name, tolerance)))
     }
 
     /// Rows of a reference logits tensor.
@@ -183,7 +216,7 @@ const SERVING_DEFAULT: Precision = Precision {
 /// The dtype the checkpoint's config.json names.
 fn checkpoint_dtype(dir: &Path) -> Option<String> {
     let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).expect("config.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     ModelConfig::parse(&text, &path)
         .expect("config.json parses")
         .torch_dtype
@@ -331,6 +364,8 @@ const CHECKPOINTS: [(&str, f32); 7] = [
     // YaRN, past the pretrained window of 32 positions.
     ("tiny-qwen3-yarn", 1e-4),
 ];
+
+const GGUF_CHECKPOINTS: [(&str, f32); 1] = [("tiny-llama3", 1e-4)];
 
 #[test]
 fn logits_at_every_prompt_position_match_the_reference() {

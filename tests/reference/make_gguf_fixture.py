@@ -33,6 +33,8 @@ import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from gguf_tokenizer import add_tokenizer  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_FROM = REPO / "tests/fixtures/tiny-llama"
 OUT = REPO / "tests/fixtures/tiny-llama-gguf"
@@ -148,17 +150,6 @@ def main():
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
 
-    tok = json.loads((TOKENIZER_FROM / "tokenizer.json").read_text())
-    tok_config = json.loads((TOKENIZER_FROM / "tokenizer_config.json").read_text())
-    tokens = [""] * config.vocab_size
-    for text, index in tok["model"]["vocab"].items():
-        tokens[index] = text
-    types = [1] * config.vocab_size
-    for added in tok["added_tokens"]:
-        tokens[added["id"]] = added["content"]
-        types[added["id"]] = 3 if added["special"] else 4
-    merges = [" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]]
-
     OUT.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(OUT / "mixed.gguf"), "llama")
     writer.add_name("tiny-llama-mixed")
@@ -174,15 +165,7 @@ def main():
     writer.add_rope_freq_base(10000.0)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges(merges)
-    writer.add_eos_token_id(config.eos_token_id)
-    writer.add_pad_token_id(config.pad_token_id)
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(tok_config["chat_template"])
+    add_tokenizer(writer, TOKENIZER_FROM, config.vocab_size, config.eos_token_id, config.pad_token_id)
 
     dequantized = {}
 

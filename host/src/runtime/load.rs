@@ -2,7 +2,10 @@
 
 use std::borrow::Cow;
 use std::cell::Cell;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::device::Device;
 use crate::model::{Checkpoint, ModelError, WeightQuantization, quantize};
@@ -67,6 +70,8 @@ struct QuantizingSource<'a> {
     target: WeightQuantization,
     done: Cell<usize>,
     total: usize,
+    /// Drawn only on a terminal; elsewhere (a container's log) progress is a line per tenth.
+    bar: Option<ProgressBar>,
 }
 
 impl<'a> QuantizingSource<'a> {
@@ -76,11 +81,48 @@ impl<'a> QuantizingSource<'a> {
             .iter()
             .filter(|w| is_projection(&w.name))
             .count();
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let style =
+                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} weights {elapsed}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> ");
+            ProgressBar::new(total as u64)
+                .with_style(style)
+                .with_message(format!("quantizing to {}", target.name()))
+        });
         QuantizingSource {
             inner,
             target,
             done: Cell::new(0),
             total,
+            bar,
+        }
+    }
+
+    fn advance(&self) {
+        let done = self.done.get() + 1;
+        self.done.set(done);
+        if let Some(bar) = &self.bar {
+            bar.set_position(done as u64);
+            if done == self.total {
+                bar.finish_and_clear();
+            }
+        }
+        if done == self.total || done.is_multiple_of(self.total.div_ceil(10).max(1)) {
+            tracing::info!(
+                target = self.target.name(),
+                "quantized {done} of {} projection weights",
+                self.total
+            );
+        }
+    }
+}
+
+impl Drop for QuantizingSource<'_> {
+    fn drop(&mut self) {
+        // A load that failed midway must not leave a bar on the terminal.
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
         }
     }
 }
@@ -115,16 +157,7 @@ impl WeightSource for QuantizingSource<'_> {
         let Some(values) = quantize::widen(view.dtype, &view.bytes) else {
             return Ok(view);
         };
-        let done = self.done.get() + 1;
-        self.done.set(done);
-        // Long work shows progress: a line per tenth of the projections.
-        if done == self.total || done.is_multiple_of(self.total.div_ceil(10).max(1)) {
-            tracing::info!(
-                target = self.target.name(),
-                "quantized {done} of {} projection weights",
-                self.total
-            );
-        }
+        self.advance();
         Ok(WeightView {
             dtype,
             shape: view.shape,

@@ -10,7 +10,7 @@
 
 use serde_json::{Value, json};
 
-use super::{Gguf, GgufError, Result};
+use super::{Gguf, GgufError, Result, rope};
 
 /// The shape of a Llama model as the GGUF metadata gives it.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +25,8 @@ pub struct LlamaParams {
     pub context_length: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
+    /// `rope_parameters` beyond `rope_theta`, for a scaled rotary embedding.
+    pub rope_scaling: Option<Value>,
     pub tied_embeddings: bool,
     pub bos_token_id: Option<u64>,
     pub eos_token_id: Option<u64>,
@@ -36,9 +38,6 @@ impl LlamaParams {
         let arch = gguf.str("general.architecture")?;
         if arch != "llama" {
             unsupported!("GGUF architecture {arch:?} is not supported: llama is");
-        }
-        if let Some(kind) = gguf.get("llama.rope.scaling.type") {
-            unsupported!("GGUF llama.rope.scaling.type {kind:?} is not supported");
         }
         let hidden = gguf.usize("llama.embedding_length")?;
         let heads = gguf.usize("llama.attention.head_count")?;
@@ -70,6 +69,11 @@ impl LlamaParams {
         };
         let optional_id =
             |key: &str| -> Result<Option<u64>> { gguf.get(key).map(|_| gguf.u64(key)).transpose() };
+        let rope_theta = match gguf.get("llama.rope.freq_base") {
+            Some(_) => gguf.f64("llama.rope.freq_base")? as f32,
+            None => 10_000.0,
+        };
+        let rope_scaling = rope::rope_scaling(gguf, shortest_f32(rope_theta), head_dim)?;
         Ok(LlamaParams {
             hidden,
             intermediate: gguf.usize("llama.feed_forward_length")?,
@@ -80,10 +84,8 @@ impl LlamaParams {
             vocab,
             context_length: gguf.usize("llama.context_length")?,
             rms_norm_eps: gguf.f64("llama.attention.layer_norm_rms_epsilon")? as f32,
-            rope_theta: match gguf.get("llama.rope.freq_base") {
-                Some(_) => gguf.f64("llama.rope.freq_base")? as f32,
-                None => 10_000.0,
-            },
+            rope_theta,
+            rope_scaling,
             tied_embeddings: !gguf.tensors().iter().any(|t| t.name == "output.weight"),
             bos_token_id: optional_id("tokenizer.ggml.bos_token_id")?,
             eos_token_id: optional_id("tokenizer.ggml.eos_token_id")?,
@@ -100,6 +102,14 @@ impl LlamaParams {
         // same f32 and is what the model's own config.json says.
         let eps = shortest_f32(self.rms_norm_eps);
         let theta = shortest_f32(self.rope_theta);
+        let rope_parameters = match &self.rope_scaling {
+            Some(Value::Object(scaling)) => {
+                let mut parameters = scaling.clone();
+                parameters.insert("rope_theta".into(), json!(theta));
+                Value::Object(parameters)
+            }
+            _ => json!({"rope_theta": theta, "rope_type": "default"}),
+        };
         json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -122,8 +132,8 @@ impl LlamaParams {
             "num_key_value_heads": self.kv_heads,
             "pretraining_tp": 1,
             "rms_norm_eps": eps,
-            "rope_parameters": {"rope_theta": theta, "rope_type": "default"},
-            "rope_scaling": null,
+            "rope_parameters": rope_parameters,
+            "rope_scaling": self.rope_scaling,
             "rope_theta": theta,
             "tie_word_embeddings": self.tied_embeddings,
             "use_cache": true,
@@ -279,6 +289,7 @@ mod tests {
             context_length: 8192,
             rms_norm_eps: 1e-5,
             rope_theta: 100_000.0,
+            rope_scaling: None,
             tied_embeddings: true,
             bos_token_id: Some(1),
             eos_token_id: Some(2),

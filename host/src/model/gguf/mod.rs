@@ -69,6 +69,7 @@ macro_rules! unsupported {
 
 pub mod folder;
 pub mod llama;
+pub mod rope;
 pub mod tokenizer;
 pub mod weights;
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::llama::{LlamaParams, Rotary, hf_name, required_names};
-use super::{GgmlType, Gguf, GgufError, Result};
+use super::{GgmlType, Gguf, GgufError, Result, rope};
 
 /// One tensor: where it is in the file, its HF shape and the row order it is stored in.
 #[derive(Debug)]
@@ -57,9 +57,11 @@ impl GgufWeights {
         let params = LlamaParams::from_gguf(&gguf)?;
         let mut tensors = HashMap::new();
         for (index, info) in gguf.tensors().iter().enumerate() {
+            if info.name == rope::ROPE_FREQS {
+                // Read into the config's rotary parameters by `from_gguf`.
+                continue;
+            }
             let Some((name, rotary)) = hf_name(&info.name, &params) else {
-                // llama.cpp writes a `rope_freqs` table for rope scaling, which
-                // `from_gguf` already refused; any other tensor is unknown.
                 return Err(GgufError::Unsupported(format!(
                     "GGUF tensor {} is not part of a Llama model",
                     info.name
