@@ -3,8 +3,8 @@
 //! Each weight row is cut into blocks of the target type along its input dimension. Q8_0 is
 //! llama.cpp's scheme exactly: per 32 values, `d = max|x| / 127` and `q = round(x / d)`.
 //! Q4_K keeps per 32 values a 6-bit scale and a 6-bit minimum relative to the block's two
-//! f16 factors; its scales come from each sub-block's range, with no search, so it is close to
-//! llama.cpp's quantizer but not bit for bit the same. A row whose length is not a whole
+//! f16 factors; each sub-block's pair is searched for as llama.cpp's K-quants search (grids
+//! around the range's, refitted by weighted least squares), though not bit for bit the same. A row whose length is not a whole
 //! number of 256-value blocks falls back to Q8_0, as llama.cpp falls back to a type that fits.
 
 use half::f16;
@@ -72,7 +72,7 @@ pub fn quantize(dtype: DType, values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() / elements * dtype.size_bytes() as usize);
     for block in values.chunks_exact(elements) {
         match dtype {
-            DType::Q4_K => quantize_q4_k(block, &mut out),
+            DType::Q4_K => quantize_q4_k(block, &mut out, |sub| fit_scale_and_min(sub, 15)),
             _ => quantize_q8_0(block, &mut out),
         }
     }
@@ -87,15 +87,13 @@ fn quantize_q8_0(block: &[f32], out: &mut Vec<u8>) {
     out.extend(block.iter().map(|&x| (x * id).round() as i8 as u8));
 }
 
-fn quantize_q4_k(block: &[f32], out: &mut Vec<u8>) {
+/// One Q4_K block of `block`, each 32-value sub-block's scale and minimum chosen by `fit`.
+fn quantize_q4_k(block: &[f32], out: &mut Vec<u8>, fit: impl Fn(&[f32]) -> (f32, f32)) {
     // Per sub-block of 32: value = scale * q - min, q in 0..=15, min >= 0.
     let mut scales = [0f32; 8];
     let mut mins = [0f32; 8];
     for (j, sub) in block.chunks_exact(32).enumerate() {
-        let lo = sub.iter().fold(0.0f32, |m, &x| m.min(x));
-        let hi = sub.iter().fold(f32::MIN, |m, &x| m.max(x));
-        scales[j] = (hi - lo).max(0.0) / 15.0;
-        mins[j] = -lo;
+        (scales[j], mins[j]) = fit(sub);
     }
     let d = scales.iter().fold(0.0f32, |m, &s| m.max(s)) / 63.0;
     let dmin = mins.iter().fold(0.0f32, |m, &s| m.max(s)) / 63.0;
@@ -140,6 +138,80 @@ fn quantize_q4_k(block: &[f32], out: &mut Vec<u8>) {
     for chunk in q.chunks_exact(64) {
         out.extend((0..32).map(|l| chunk[l] | (chunk[l + 32] << 4)));
     }
+}
+
+/// Candidate grids tried around the range's own, in steps of a tenth of a level either way.
+const SEARCH_STEPS: i32 = 20;
+
+/// The scale and minimum (`x ≈ scale * q - min`, `q` in `0..=levels`, `min >= 0`) that best
+/// fit `values`, weighting each value's squared error by `rms + |x|` so large values, which
+/// dominate a dot product, are kept most exactly.
+///
+/// Rounding to the grid the range gives is rarely the best choice: grids slightly finer and
+/// coarser are tried, and for each the scale and minimum are re-fitted by least squares to
+/// the levels it picked. That recovers most of the error a plain range-based grid leaves, as
+/// llama.cpp's K-quant search does.
+fn fit_scale_and_min(values: &[f32], levels: u8) -> (f32, f32) {
+    let levels = f32::from(levels);
+    let lo = values.iter().fold(0.0f32, |m, &x| m.min(x));
+    let hi = values.iter().fold(f32::MIN, |m, &x| m.max(x));
+    if hi <= lo {
+        return (0.0, -lo);
+    }
+    let rms = (values.iter().map(|x| x * x).sum::<f32>() / values.len() as f32).sqrt();
+    let weights: Vec<f32> = values.iter().map(|x| rms + x.abs()).collect();
+    let error = |scale: f32, offset: f32| -> f32 {
+        values
+            .iter()
+            .zip(&weights)
+            .map(|(&x, &w)| {
+                let q = if scale > 0.0 {
+                    ((x - offset) / scale).round().clamp(0.0, levels)
+                } else {
+                    0.0
+                };
+                w * (scale * q + offset - x).powi(2)
+            })
+            .sum()
+    };
+    let mut best = ((hi - lo) / levels, lo);
+    let mut best_error = error(best.0, best.1);
+    for step in -SEARCH_STEPS / 2..=SEARCH_STEPS / 2 {
+        let inverse = (levels + step as f32 / 10.0) / (hi - lo);
+        if inverse <= 0.0 {
+            continue;
+        }
+        // Weighted least squares of x ≈ scale * q + offset over the levels this grid picks.
+        let (mut sw, mut sq, mut sqq, mut sx, mut sqx) = (0.0f32, 0.0f32, 0.0f32, 0.0f32, 0.0f32);
+        for (&x, &w) in values.iter().zip(&weights) {
+            let q = ((x - lo) * inverse).round().clamp(0.0, levels);
+            sw += w;
+            sq += w * q;
+            sqq += w * q * q;
+            sx += w * x;
+            sqx += w * q * x;
+        }
+        let det = sw * sqq - sq * sq;
+        if det <= 0.0 {
+            continue;
+        }
+        let mut scale = (sw * sqx - sx * sq) / det;
+        let mut offset = (sqq * sx - sq * sqx) / det;
+        if offset > 0.0 {
+            // The format keeps a non-positive offset: refit the scale through zero.
+            offset = 0.0;
+            scale = if sqq > 0.0 { sqx / sqq } else { 0.0 };
+        }
+        if scale <= 0.0 {
+            continue;
+        }
+        let candidate_error = error(scale, offset);
+        if candidate_error < best_error {
+            best = (scale, offset);
+            best_error = candidate_error;
+        }
+    }
+    (best.0, -best.1)
 }
 
 #[cfg(test)]
@@ -196,6 +268,58 @@ mod tests {
             for (a, b) in block.iter().zip(back) {
                 assert!((a - b).abs() <= bound, "{a} -> {b}, bound {bound}");
             }
+        }
+    }
+
+    /// Weights as trained matrices have them: roughly normal, with a few outliers.
+    fn weights(n: usize) -> Vec<f32> {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f32 / (1u64 << 53) as f32
+        };
+        (0..n)
+            .map(|i| {
+                // Box-Muller.
+                let (u, v) = (uniform().max(1e-12), uniform());
+                let normal = (-2.0 * u.ln()).sqrt() * (std::f32::consts::TAU * v).cos();
+                let outlier = if i % 101 == 0 { 6.0 } else { 1.0 };
+                0.02 * normal * outlier
+            })
+            .collect()
+    }
+
+    fn squared_error(x: &[f32], blocks: &[u8]) -> f64 {
+        let back = dequantize(DType::Q4_K, blocks).unwrap();
+        x.iter()
+            .zip(&back)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum()
+    }
+
+    #[test]
+    fn the_q4_k_search_beats_the_range_of_each_sub_block() {
+        // Each sub-block's range cut into 15 steps, the choice without a search.
+        let range = |sub: &[f32]| {
+            let lo = sub.iter().fold(0.0f32, |m, &x| m.min(x));
+            let hi = sub.iter().fold(f32::MIN, |m, &x| m.max(x));
+            ((hi - lo).max(0.0) / 15.0, -lo)
+        };
+        // On weights like a model's, the search removes a good part of the error; on any
+        // values it removes some.
+        for (x, most) in [(weights(64 * 256), 0.9), (values(1024), 1.0)] {
+            let (mut searched, mut ranged) = (Vec::new(), Vec::new());
+            for block in x.chunks_exact(256) {
+                quantize_q4_k(block, &mut searched, |sub| fit_scale_and_min(sub, 15));
+                quantize_q4_k(block, &mut ranged, range);
+            }
+            let ratio = squared_error(&x, &searched) / squared_error(&x, &ranged);
+            assert!(
+                ratio < most,
+                "the search keeps {ratio} of the range's squared error"
+            );
         }
     }
 
