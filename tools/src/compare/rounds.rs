@@ -1,5 +1,5 @@
-//! Running the loads: both servers up, every load to one and then the other in alternating
-//! rounds, and the counters read from plughost's `/metrics` afterwards.
+//! Running the loads: every server up, every load to one server after another in rotating
+//! order over the rounds, and the counters read from plughost's `/metrics` afterwards.
 
 use super::*;
 
@@ -25,25 +25,25 @@ pub(super) struct Measured {
 }
 
 impl Bench<'_> {
-    /// Starts both servers, warms each up, then runs the rounds: every load against one and
-    /// then the other, alternating which goes first, with the read bandwidth measured before
-    /// each single-stream load. Pools each server's rounds per load, reads their peak RSS (and
-    /// plughost's counters) and stops them. The guards stop them on any error too.
-    /// Interleaving keeps a drift in the machine's speed (a shared host) from landing on one
-    /// server only; the idle server sleeps while the other is measured.
-    pub(super) fn both(
+    /// Starts every server, warms each up, then runs the rounds: every load against one server
+    /// after another, rotating which goes first, with the read bandwidth measured before each
+    /// single-stream load. Pools each server's rounds per load, reads their peak RSS (and the
+    /// counters of those with `read_metrics`) and stops them. The guards stop them on any
+    /// error too. Interleaving keeps a drift in the machine's speed (a shared host) from
+    /// landing on one server only; the idle servers sleep while one is measured.
+    pub(super) fn all(
         &self,
-        specs: [&ServerSpec; 2],
-        read_metrics: [bool; 2],
-    ) -> Result<([Measured; 2], Vec<Bandwidth>)> {
-        let mut running = [
-            RunningServer::start(specs[0])?,
-            RunningServer::start(specs[1])?,
-        ];
+        specs: &[&ServerSpec],
+        read_metrics: &[bool],
+    ) -> Result<(Vec<Measured>, Vec<Bandwidth>)> {
+        let mut running = specs
+            .iter()
+            .map(|spec| RunningServer::start(spec))
+            .collect::<Result<Vec<_>>>()?;
         for server in &mut running {
             server.wait_healthy(self.health_timeout)?;
         }
-        let pids = [running[0].pid(), running[1].pid()];
+        let pids: Vec<u32> = running.iter().map(RunningServer::pid).collect();
         let cpu_before = cpu::Snapshot::take(&pids)?;
         let warmup_shape = Shape {
             output_len: WARMUP_OUTPUT_LEN,
@@ -61,26 +61,19 @@ impl Bench<'_> {
             .with_context(|| format!("warming up {}", spec.name))?;
             server.ensure_running("the warm-up")?;
         }
-        // Runs by load index, per server.
-        let mut runs: [Vec<Vec<loads::Run>>; 2] = [
-            vec![Vec::new(); self.loads.len()],
-            vec![Vec::new(); self.loads.len()],
-        ];
+        // Runs by server, then by load index.
+        let mut runs: Vec<Vec<Vec<loads::Run>>> =
+            vec![vec![Vec::new(); self.loads.len()]; specs.len()];
         let mut bandwidths = Vec::with_capacity(self.rounds);
         for round in 0..self.rounds {
             for (index, load) in self.loads.iter().enumerate() {
                 if load.key == SINGLE {
-                    // Both servers are idle here; the bound is taken next to the decode it
+                    // Every server is idle here; the bound is taken next to the decode it
                     // bounds, not minutes away from it.
                     bandwidths.push(self.bandwidth.measure()?);
                 }
                 let load = load.in_round(round, self.loads.len());
-                let order = if (index + round) % 2 == 0 {
-                    [0, 1]
-                } else {
-                    [1, 0]
-                };
-                for which in order {
+                for which in rotation(specs.len(), index + round) {
                     let (server, spec) = (&mut running[which], specs[which]);
                     let path = loads::round_json_path(self.raw_dir, spec.name, &load, round);
                     let run =
@@ -101,13 +94,6 @@ impl Bench<'_> {
                 }
             }
         }
-        let summaries = runs.map(|per_load| {
-            self.loads
-                .iter()
-                .zip(per_load)
-                .filter_map(|(load, runs)| Some((load.key.clone(), loads::pool(&runs)?)))
-                .collect::<Vec<_>>()
-        });
         let others_cpu = cpu_before.others_share(&cpu::Snapshot::take(&pids)?);
         if others_cpu > DISTURBED {
             eprintln!(
@@ -116,12 +102,16 @@ impl Bench<'_> {
                 others_cpu * 100.0,
             );
         }
-        let mut measured = Vec::with_capacity(2);
-        for ((server, spec), (summaries, read_metrics)) in running
-            .into_iter()
-            .zip(specs)
-            .zip(summaries.into_iter().zip(read_metrics))
+        let mut measured = Vec::with_capacity(specs.len());
+        for (((server, spec), per_load), &read_metrics) in
+            running.into_iter().zip(specs).zip(runs).zip(read_metrics)
         {
+            let summaries = self
+                .loads
+                .iter()
+                .zip(per_load)
+                .filter_map(|(load, runs)| Some((load.key.clone(), loads::pool(&runs)?)))
+                .collect();
             let counters = if read_metrics {
                 read_counters(spec.port)
             } else {
@@ -137,11 +127,14 @@ impl Bench<'_> {
                 others_cpu,
             });
         }
-        let [p, l]: [Measured; 2] = measured
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("two servers measured"))?;
-        Ok(([p, l], bandwidths))
+        Ok((measured, bandwidths))
     }
+}
+
+/// The order `servers` servers take a load in: rotated by `turn`, so over the loads and the
+/// rounds each goes first, in the middle and last equally often.
+fn rotation(servers: usize, turn: usize) -> impl Iterator<Item = usize> {
+    (0..servers).map(move |i| (i + turn) % servers.max(1))
 }
 
 /// plughost's counters that tell whether the runs were what they claim: no prompt reuse, no
@@ -200,6 +193,14 @@ pub(super) fn counter(counters: &[(String, f64)], name: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_server_takes_every_place_in_turn() {
+        let orders: Vec<Vec<usize>> = (0..3).map(|t| rotation(3, t).collect()).collect();
+        assert_eq!(orders, [[0, 1, 2], [1, 2, 0], [2, 0, 1]]);
+        let two: Vec<Vec<usize>> = (0..2).map(|t| rotation(2, t).collect()).collect();
+        assert_eq!(two, [[0, 1], [1, 0]]);
+    }
 
     #[test]
     fn prometheus_counters_are_found_by_suffix_and_label() {
