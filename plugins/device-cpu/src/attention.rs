@@ -98,7 +98,11 @@ pub struct KvCache<'a, E> {
 #[derive(Clone, Copy)]
 enum RowOwner {
     Block,
-    Lone { position: usize, partials: usize },
+    /// A lone token: `ranges` states per KV head from `partials` on, in range order.
+    Lone {
+        ranges: usize,
+        partials: usize,
+    },
 }
 
 /// One task of a launch's first pass.
@@ -167,9 +171,10 @@ impl Cuts {
         }
     }
 
-    /// The ranges of a token at `position`.
-    fn ranges(self, position: usize) -> usize {
-        (position + 1).div_ceil(self.range_len)
+    /// The ranges holding the history a token at `position` attends to within `window`.
+    fn ranges(self, position: usize, window: usize) -> Range<usize> {
+        let start = (position + 1).saturating_sub(window);
+        start / self.range_len..(position + 1).div_ceil(self.range_len)
     }
 }
 
@@ -179,7 +184,7 @@ impl AttentionScratch {
     fn plan(
         &mut self,
         layout: &StepLayout<'_>,
-        shape: AttentionShape,
+        (shape, window): (AttentionShape, usize),
         num_tokens: usize,
         cuts: Cuts,
     ) -> Result<(), String> {
@@ -197,12 +202,13 @@ impl AttentionScratch {
             let first_position = span.first_position;
             if span.tokens.len() == 1 {
                 let (row, position) = (span.tokens.start, first_position);
-                let ranges = cuts.ranges(position);
-                self.owners[row] = Some(RowOwner::Lone { position, partials });
+                let held = cuts.ranges(position, window);
+                let ranges = held.len();
+                self.owners[row] = Some(RowOwner::Lone { ranges, partials });
                 let group_states = (shape.num_heads / shape.num_kv_heads) * state_len;
                 for kv_head in 0..shape.num_kv_heads {
-                    for range in 0..ranges {
-                        let slot = partials + (kv_head * ranges + range) * group_states;
+                    for (index, range) in held.clone().enumerate() {
+                        let slot = partials + (kv_head * ranges + index) * group_states;
                         self.tasks.push(Task::Range {
                             seq,
                             row,
@@ -239,7 +245,13 @@ impl AttentionScratch {
     }
 }
 
-pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
+/// `windowed`: the launch is `paged_attention_window`, whose `window` param bounds how many
+/// positions a token attends to.
+pub(crate) fn run(
+    launch: &mut Launch<'_>,
+    context: &mut Context,
+    windowed: bool,
+) -> Result<(), DeviceFailure> {
     let shape = AttentionShape {
         num_heads: launch.dim("Hq"),
         num_kv_heads: launch.dim("Hk"),
@@ -249,6 +261,11 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         blocks_per_seq: launch.dim("M"),
     };
     let scale = launch.param_f32("scale");
+    let window = if windowed {
+        launch.dim("W")
+    } else {
+        usize::MAX
+    };
     let mut views = launch.views()?;
     let layout = StepLayout {
         block_table: views.i32("block_table"),
@@ -256,7 +273,7 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
         query_start: views.i32("query_start"),
     };
     let (q, out) = (views.f32("q"), views.f32_mut("out"));
-    let params = (shape, scale);
+    let params = (shape, scale, window);
     let device = (
         (context.isa, context.bf16_products),
         &context.workers,
@@ -297,7 +314,7 @@ pub fn paged_attention<E: CacheElement>(
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
     out: &mut [f32],
-    params: (AttentionShape, f32),
+    params: (AttentionShape, f32, usize),
     workers: &Workers,
 ) -> Result<(), String> {
     let mut scratch = AttentionScratch::default();
@@ -318,7 +335,7 @@ fn attend<E: CacheElement>(
     cache: &KvCache<'_, E>,
     layout: &StepLayout<'_>,
     out: &mut [f32],
-    (shape, scale): (AttentionShape, f32),
+    (shape, scale, window): (AttentionShape, f32, usize),
 ) -> Result<(), String> {
     // Heads of 64 or 128 run the vector kernels, other sizes portable code; chosen once per
     // launch, so every row of a step computes the same way.
@@ -327,7 +344,7 @@ fn attend<E: CacheElement>(
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let cuts = Cuts::new(shape);
-    scratch.plan(layout, shape, num_tokens, cuts)?;
+    scratch.plan(layout, (shape, window), num_tokens, cuts)?;
     let AttentionScratch {
         owners,
         tasks,
@@ -343,6 +360,7 @@ fn attend<E: CacheElement>(
         shape,
         scale,
         cuts,
+        window,
     };
     {
         let (outputs, states) = (Disjoint::new(out), Disjoint::new(partials));
@@ -370,10 +388,9 @@ fn attend<E: CacheElement>(
                 None => out_group.fill(0.0),
                 Some(RowOwner::Block) => {}
                 Some(RowOwner::Lone {
-                    position,
+                    ranges,
                     partials: first,
                 }) => {
-                    let ranges = cuts.ranges(position);
                     let group_states = out_group.len() / shape.head_dim * state_len(shape.head_dim);
                     let states = &partials[first + kv_head * ranges * group_states..]
                         [..ranges * group_states];
@@ -420,6 +437,8 @@ struct Work<'a, E> {
     shape: AttentionShape,
     scale: f32,
     cuts: Cuts,
+    /// Positions a token attends to at most (`usize::MAX`: no sliding window).
+    window: usize,
 }
 
 impl<E: CacheElement> Work<'_, E> {
@@ -461,6 +480,7 @@ impl<E: CacheElement> Work<'_, E> {
                     tokens: 1,
                     heads,
                     first_end: position + 1,
+                    window: self.window,
                 };
                 let head = self.head(seq, kv_head, true);
                 let range_len = self.cuts.range_len;
@@ -491,6 +511,7 @@ impl<E: CacheElement> Work<'_, E> {
                     tokens,
                     heads,
                     first_end: first_position + 1,
+                    window: self.window,
                 };
                 let head = self.head(seq, kv_head, false);
                 let rows = tokens * heads;
@@ -516,8 +537,9 @@ impl<E: CacheElement> Work<'_, E> {
         }
     }
 
-    /// The states of `block`'s rows over their whole history into `acc`: range by range, each
-    /// range's states (in `state`) merged in order, as a lone token's ranges are.
+    /// The states of `block`'s rows over the history they attend to into `acc`: range by
+    /// range, each range's states (in `state`) taken as they are by the rows it is the first
+    /// range of, merged in order by the others, as a lone token's ranges are.
     fn attend_block(
         &self,
         block: &QueryBlock<'_>,
@@ -526,31 +548,52 @@ impl<E: CacheElement> Work<'_, E> {
         buffer: &mut [f32],
     ) {
         let range_len = self.cuts.range_len;
-        let row_states = block.heads * state_len(self.shape.head_dim);
-        let last_end = block.end(block.tokens - 1);
-        for range in 0..last_end.div_ceil(range_len) {
+        let state_len = state_len(self.shape.head_dim);
+        let row_states = block.heads * state_len;
+        let last = block.tokens - 1;
+        let first_range = block.start(0) / range_len;
+        for range in first_range..block.end(last).div_ceil(range_len) {
             let positions = range * range_len..(range + 1) * range_len;
-            // The tokens that end at or before the range's start have nothing in it.
+            // The tokens that end at or before the range's start have nothing in it, nor do
+            // those whose window starts at or after its end.
             let skip = positions.start.saturating_sub(block.first_end - 1);
-            let reaching = QueryBlock {
+            let reaching = (skip..block.tokens)
+                .take_while(|&t| block.start(t) < positions.end)
+                .count();
+            if reaching == 0 {
+                continue;
+            }
+            let sub = QueryBlock {
                 queries: &block.queries[skip * block.stride..],
-                tokens: block.tokens - skip,
+                tokens: reaching,
                 first_end: block.first_end + skip,
                 ..*block
             };
-            let params = (positions, self.scale);
-            if range == 0 {
-                attend_range(self.kernel, &reaching, head, params, acc, buffer);
-                continue;
-            }
-            let state = &mut state[skip * row_states..];
-            attend_range(self.kernel, &reaching, head, params, state, buffer);
-            let state_len = state_len(self.shape.head_dim);
-            for (acc, part) in acc[skip * row_states..]
-                .chunks_exact_mut(state_len)
-                .zip(state.chunks_exact(state_len))
+            let state = &mut state[skip * row_states..][..reaching * row_states];
+            attend_range(
+                self.kernel,
+                &sub,
+                head,
+                (positions, self.scale),
+                state,
+                buffer,
+            );
+            let acc = &mut acc[skip * row_states..][..reaching * row_states];
+            for (token, (acc, part)) in acc
+                .chunks_exact_mut(row_states)
+                .zip(state.chunks_exact(row_states))
+                .enumerate()
             {
-                merge(acc, part);
+                if sub.start(token) / range_len == range {
+                    acc.copy_from_slice(part);
+                    continue;
+                }
+                for (acc, part) in acc
+                    .chunks_exact_mut(state_len)
+                    .zip(part.chunks_exact(state_len))
+                {
+                    merge(acc, part);
+                }
             }
         }
     }

@@ -350,7 +350,7 @@ impl Engine {
         // HF: `head_dim ** -0.5`, applied as an f32 scalar.
         let scale = (c.head_dim as f64).powf(-0.5) as f32;
         let mut out = vec![f32::NAN; q.len()];
-        let params = (shape, scale);
+        let params = (shape, scale, usize::MAX);
         attention::paged_attention(
             (self.isa, Bf16Products::F32),
             &q,

@@ -20,7 +20,8 @@ pub fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         CallableId::Linear => linear(launch),
         CallableId::Rotary => rotary(launch),
         CallableId::KvWrite => kv_write(launch),
-        CallableId::PagedAttention => paged_attention(launch),
+        // The mock's attention reads a token's own position only, inside any window.
+        CallableId::PagedAttention | CallableId::PagedAttentionWindow => paged_attention(launch),
         CallableId::SiluMul => silu_mul(launch),
         CallableId::Add => add(launch),
         CallableId::GatherRows => gather_rows(launch),

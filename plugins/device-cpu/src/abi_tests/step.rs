@@ -324,7 +324,7 @@ fn step_in_process<E: CacheElement>(
         &cache,
         &layout,
         &mut attention_out,
-        (shape, 0.5),
+        (shape, 0.5, usize::MAX),
         &workers,
     )
     .unwrap();

@@ -5,12 +5,12 @@
 //! order. None of it depends on the other rows of the block.
 
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_castsi256_ps, _mm256_cmpgt_epi32, _mm256_fmadd_ps,
-    _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setr_epi32,
-    _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_and_si256, _mm256_castsi256_ps,
+    _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
 };
 
-use super::online::{KvTile, QueryBlock, TILE, TileStatistics, state_len};
+use super::online::{KvTile, QueryBlock, RowSpan, TILE, TileStatistics, state_len};
 use crate::kv_cache::CacheElement;
 use crate::linear::avx2::{Wide, reduce};
 use crate::vector::avx2::exp;
@@ -25,7 +25,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     block: &QueryBlock<'_>,
     tile: &KvTile<'_, E>,
     scale: f32,
-    (states, first): (&mut [f32], bool),
+    states: &mut [f32],
     buffer: &mut [f32],
 ) {
     let head_dim = 8 * C;
@@ -42,21 +42,23 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     }
     let stride = state_len(head_dim);
     for token in 0..block.tokens {
-        let valid = tile.valid(block.end(token));
-        if valid == 0 {
+        let RowSpan { skip, valid, first } = tile.span(block, token);
+        if skip >= valid {
             continue;
         }
         for head in 0..block.heads {
             let query = block.query(token, head, head_dim);
-            let mut scores = [0.0f32; TILE];
-            for (score, key) in scores[..valid].iter_mut().zip(keys.chunks_exact(head_dim)) {
+            // Positions before the window score negative infinity and weigh nothing.
+            let mut scores = [f32::NEG_INFINITY; TILE];
+            let keys = keys.chunks_exact(head_dim).skip(skip);
+            for (score, key) in scores[skip..valid].iter_mut().zip(keys) {
                 let mut acc = [_mm256_setzero_ps(); 2];
                 for c in 0..C {
                     acc[c % 2] = _mm256_fmadd_ps(load(query, c), load(key, c), acc[c % 2]);
                 }
                 *score = reduce(_mm256_add_ps(acc[0], acc[1])) * scale;
             }
-            let tile_max = scores[..valid]
+            let tile_max = scores[skip..valid]
                 .iter()
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
@@ -66,9 +68,10 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
             let max_lanes = _mm256_set1_ps(max);
             let mut weights = [0.0f32; TILE];
             let mut total = _mm256_setzero_ps();
-            for chunk in 0..valid.div_ceil(8) {
+            for chunk in skip / 8..valid.div_ceil(8) {
                 let x = load(&scores, chunk);
-                let w = first_lanes(exp(_mm256_sub_ps(x, max_lanes)), valid - 8 * chunk);
+                let w = exp(_mm256_sub_ps(x, max_lanes));
+                let w = lanes_between(w, skip.saturating_sub(8 * chunk), valid - 8 * chunk);
                 total = _mm256_add_ps(total, w);
                 store(&mut weights, chunk, w);
             }
@@ -81,7 +84,8 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
                 } else {
                     std::array::from_fn(|i| _mm256_mul_ps(load(state, c0 + i), rescale_lanes))
                 };
-                for (&weight, value) in weights[..valid].iter().zip(values.chunks_exact(head_dim)) {
+                let rows = values.chunks_exact(head_dim).skip(skip);
+                for (&weight, value) in weights[skip..valid].iter().zip(rows) {
                     let weight = _mm256_set1_ps(weight);
                     for (i, acc) in acc.iter_mut().enumerate() {
                         *acc = _mm256_fmadd_ps(weight, load(value, c0 + i), *acc);
@@ -123,11 +127,13 @@ fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m256 {
     unsafe { <E as Wide>::load(chunk.as_ptr()) }
 }
 
-/// `x` where fewer than `len` lanes precede the lane, else zero.
+/// `x` in lanes `from..to`, zero in the others.
 #[inline]
 #[target_feature(enable = "avx2")]
-fn first_lanes(x: __m256, len: usize) -> __m256 {
+fn lanes_between(x: __m256, from: usize, to: usize) -> __m256 {
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    let keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(len.min(8) as i32), lanes);
+    let below_to = _mm256_cmpgt_epi32(_mm256_set1_epi32(to.min(8) as i32), lanes);
+    let from_on = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(from.min(8) as i32 - 1));
+    let keep = _mm256_and_si256(below_to, from_on);
     _mm256_and_ps(x, _mm256_castsi256_ps(keep))
 }

@@ -13,7 +13,7 @@ use std::arch::x86_64::{
     _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps,
 };
 
-use super::online::{KvTile, QueryBlock, TILE, TileStatistics, state_len};
+use super::online::{KvTile, QueryBlock, RowSpan, TILE, TileStatistics, state_len};
 use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
 
@@ -33,13 +33,13 @@ const DIRECT_ROWS: usize = 4;
 pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     (block, tile, bf16_keys): (&QueryBlock<'_>, &KvTile<'_, E>, Option<&[u16]>),
     scale: f32,
-    (states, first): (&mut [f32], bool),
+    states: &mut [f32],
     buffer: &mut [f32],
 ) {
     let head_dim = 16 * C;
     let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
-    let rows = (block, tile.valid_counts());
-    let updates = (scale, (states, first));
+    let rows = (block, |token| tile.span(block, token));
+    let updates = (scale, states);
     let in_cache = |data| KvRows::at(data, tile.offsets, head_dim);
     if let (Some(keys), Some(values)) = (bf16_keys, E::bf16_bits(tile.values)) {
         // SAFETY: bf16 keys come only with isa level `avx512_bf16` (the contract).
@@ -221,25 +221,26 @@ impl<'a, K> KvRows<'a, K> {
     }
 }
 
-/// [`attend_tile`] once the tile's rows are where `keys` and `values` say; `valid[t]` is how
-/// many of the tile's positions token `t` attends to. A token's heads go through the values
+/// [`attend_tile`] once the tile's rows are where `keys` and `values` say; `span(t)` is which
+/// of the tile's positions token `t` attends to. A token's heads go through the values
 /// a few at a time, so each value row is loaded once for all of them.
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn attend_rows<S: Scores, W: Values, const C: usize>(
-    (block, valid): (&QueryBlock<'_>, impl Fn(usize) -> usize),
+    (block, span): (&QueryBlock<'_>, impl Fn(usize) -> RowSpan),
     (keys, values): (S, W),
-    (scale, (states, first)): (f32, (&mut [f32], bool)),
+    (scale, states): (f32, &mut [f32]),
 ) {
     let head_dim = 16 * C;
     let stride = state_len(head_dim);
     // Heads per pass over the values: their accumulators fill half the registers.
     let pass_heads = 16 / C;
     for token in 0..block.tokens {
-        let valid = valid(block.end(token));
-        if valid == 0 {
+        let span = span(token);
+        if span.is_empty() {
             continue;
         }
+        let RowSpan { valid, first, .. } = span;
         let token_states = &mut states[token * block.heads * stride..][..block.heads * stride];
         let mut weights = [[0.0f32; TILE]; 4];
         let mut rescales = [0.0f32; 4];
@@ -249,7 +250,7 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
                 let query = block.query(token, pass * pass_heads + h, head_dim);
                 // SAFETY: `attend_tile` made `keys` at the level it asks for.
                 let scores = unsafe { keys.scores::<C>(query, valid, scale) };
-                rescales[h] = weigh(scores, valid, (state, first), &mut weights[h]);
+                rescales[h] = weigh(scores, span, state, &mut weights[h]);
             }
             let pass_weights = (&weights, &rescales);
             macro_rules! accumulate {
@@ -268,17 +269,27 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
     }
 }
 
-/// The exponentials of one query row's `scores` over the tile into `weights`, after its
-/// running maximum and sum in `state` take the tile in; returns the factor its output must be
-/// rescaled by (none for the first tile).
+/// The exponentials of one query row's `scores` over the tile's positions `span` holds into
+/// `weights` (zero elsewhere), after its running maximum and sum in `state` take the tile in;
+/// returns the factor its output must be rescaled by (none for the first tile).
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn weigh(
-    scores: [__m512; SCORE_VECTORS],
-    valid: usize,
-    (state, first): (&mut [f32], bool),
+    mut scores: [__m512; SCORE_VECTORS],
+    span: RowSpan,
+    state: &mut [f32],
     weights: &mut [f32; TILE],
 ) -> f32 {
+    let RowSpan { skip, valid, first } = span;
+    let keep = |group: usize| {
+        lanes_mask(valid.saturating_sub(16 * group)) & !lanes_mask(skip.saturating_sub(16 * group))
+    };
+    if skip > 0 {
+        // Positions before the window take no part in the maximum.
+        for (group, scores) in scores.iter_mut().enumerate() {
+            *scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep(group), *scores);
+        }
+    }
     let lane_max = scores
         .iter()
         .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {
@@ -292,8 +303,7 @@ fn weigh(
     let max = statistics.max;
     let mut total = _mm512_setzero_ps();
     for (group, &scores) in scores.iter().enumerate() {
-        let mask = lanes_mask(valid.saturating_sub(16 * group));
-        let w = _mm512_maskz_mov_ps(mask, exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
+        let w = _mm512_maskz_mov_ps(keep(group), exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
         total = _mm512_add_ps(total, w);
         store(&mut weights[16 * group..], 0, w);
     }

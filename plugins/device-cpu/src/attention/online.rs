@@ -81,12 +81,20 @@ pub struct QueryBlock<'a> {
     pub heads: usize,
     /// The first token attends to positions `0..first_end`, each next one to one more.
     pub first_end: usize,
+    /// Positions a token attends to at most, its own included: a sliding window, or
+    /// `usize::MAX` for its whole history.
+    pub window: usize,
 }
 
 impl QueryBlock<'_> {
     /// Where token `t` stops attending.
     pub fn end(&self, token: usize) -> usize {
         self.first_end + token
+    }
+
+    /// Where token `t` starts attending: 0, or where its window begins.
+    pub fn start(&self, token: usize) -> usize {
+        self.end(token).saturating_sub(self.window)
     }
 
     /// Query head `head` of token `token`.
@@ -102,27 +110,51 @@ pub struct KvTile<'a, E> {
     pub values: &'a [E],
     pub offsets: &'a [usize],
     pub start: usize,
+    /// Where the range the tile belongs to starts.
+    pub range_start: usize,
+}
+
+/// What a tile is to one token: the positions it attends to are `skip..valid` of the tile's,
+/// and `first` when no earlier tile of the range held any of them (the token's state holds
+/// nothing of this range yet).
+#[derive(Clone, Copy)]
+pub struct RowSpan {
+    pub skip: usize,
+    pub valid: usize,
+    pub first: bool,
+}
+
+impl RowSpan {
+    pub fn is_empty(&self) -> bool {
+        self.skip >= self.valid
+    }
 }
 
 impl<E> KvTile<'_, E> {
+    /// The tile as token `token` of `block` sees it. A token's first tile of a range is the
+    /// one holding the later of the range's start and its window's start.
+    pub fn span(&self, block: &QueryBlock<'_>, token: usize) -> RowSpan {
+        let start = block.start(token);
+        let from = start.max(self.range_start);
+        RowSpan {
+            skip: start.saturating_sub(self.start),
+            valid: self.valid(block.end(token)),
+            first: (self.start..self.start + TILE).contains(&from),
+        }
+    }
+
     /// How many of the tile's positions a token ending at `end` attends to.
     pub fn valid(&self, end: usize) -> usize {
         end.min(self.start + self.offsets.len())
             .saturating_sub(self.start)
-    }
-
-    /// [`KvTile::valid`] without the borrow of the tile.
-    #[cfg(target_arch = "x86_64")]
-    pub fn valid_counts(&self) -> impl Fn(usize) -> usize + use<E> {
-        let (start, end) = (self.start, self.start + self.offsets.len());
-        move |row_end: usize| row_end.min(end).saturating_sub(start)
     }
 }
 
 /// The states of `block`'s rows (`tokens * heads` of [`state_len`], token-major) over the
 /// positions of `range` they attend to. Tiles start at `range.start` and every
 /// [`TILE`] positions after, whatever the block, so a row's tiles are the same in every
-/// block it may be part of. Every token of the block must attend past `range.start`.
+/// block it may be part of; the tiles before the first token's window are skipped. Every
+/// token of the block must attend to some position of the range.
 pub fn attend_range<E: CacheElement>(
     kernel: TileKernel,
     block: &QueryBlock<'_>,
@@ -141,8 +173,10 @@ pub fn attend_range<E: CacheElement>(
         }
         len
     };
-    let mut len = tile_offsets(range.start, &mut offsets);
-    for start in (range.start..end).step_by(TILE) {
+    // Later tokens' windows start later: none of them reaches a tile the first one does not.
+    let first_tile = range.start + block.start(0).saturating_sub(range.start) / TILE * TILE;
+    let mut len = tile_offsets(first_tile, &mut offsets);
+    for start in (first_tile..end).step_by(TILE) {
         let next_len = tile_offsets(start + TILE, &mut next);
         #[cfg(target_arch = "x86_64")]
         if head.cold {
@@ -156,26 +190,24 @@ pub fn attend_range<E: CacheElement>(
             values: head.cache.values,
             offsets: &offsets[..len],
             start,
+            range_start: range.start,
         };
-        let first = start == range.start;
-        attend_tile(kernel, block, &tile, scale, (states, first), buffer);
+        attend_tile(kernel, block, &tile, scale, states, buffer);
         (offsets, len) = (next, next_len);
     }
 }
 
-/// One tile into the states of `block`'s rows; `first` when the states hold nothing yet.
+/// One tile into the states of `block`'s rows (see [`KvTile::span`]).
 fn attend_tile<E: CacheElement>(
     kernel: TileKernel,
     block: &QueryBlock<'_>,
     tile: &KvTile<'_, E>,
     scale: f32,
-    (states, first): (&mut [f32], bool),
+    states: &mut [f32],
     buffer: &mut [f32],
 ) {
     match kernel {
-        TileKernel::Portable(isa) => {
-            portable_tile(isa, block, tile, scale, (states, first), buffer)
-        }
+        TileKernel::Portable(isa) => portable_tile(isa, block, tile, scale, states, buffer),
         #[cfg(target_arch = "x86_64")]
         TileKernel::Avx512 {
             vectors,
@@ -194,7 +226,7 @@ fn attend_tile<E: CacheElement>(
                         avx512::attend_tile::<E, $c>(
                             (block, tile, bf16_keys),
                             scale,
-                            (states, first),
+                            states,
                             buffer,
                         )
                     }
@@ -207,9 +239,7 @@ fn attend_tile<E: CacheElement>(
             macro_rules! tile {
                 ($c:literal) => {
                     // SAFETY: `TileKernel::new` chose this kernel from a level with AVX2.
-                    unsafe {
-                        avx2::attend_tile::<E, $c>(block, tile, scale, (states, first), buffer)
-                    }
+                    unsafe { avx2::attend_tile::<E, $c>(block, tile, scale, states, buffer) }
                 };
             }
             if vectors == 8 { tile!(8) } else { tile!(16) }
@@ -223,7 +253,7 @@ fn portable_tile<E: CacheElement>(
     block: &QueryBlock<'_>,
     tile: &KvTile<'_, E>,
     scale: f32,
-    (states, first): (&mut [f32], bool),
+    states: &mut [f32],
     buffer: &mut [f32],
 ) {
     let head_dim = (buffer.len() / 2) / TILE;
@@ -244,24 +274,25 @@ fn portable_tile<E: CacheElement>(
     let stride = state_len(head_dim);
     let mut states = states.chunks_exact_mut(stride);
     for token in 0..block.tokens {
-        let valid = tile.valid(block.end(token));
+        let RowSpan { skip, valid, first } = tile.span(block, token);
         for head in 0..block.heads {
             let Some(state) = states.next() else { return };
-            if valid == 0 {
+            if skip >= valid {
                 continue;
             }
             let query = block.query(token, head, head_dim);
             let mut weights = [0.0f32; TILE];
-            for (weight, key) in weights[..valid].iter_mut().zip(keys.chunks_exact(head_dim)) {
+            let keys = keys.chunks_exact(head_dim).skip(skip);
+            for (weight, key) in weights[skip..valid].iter_mut().zip(keys) {
                 *weight = dot(isa, query, key) * scale;
             }
-            let tile_max = weights[..valid]
+            let tile_max = weights[skip..valid]
                 .iter()
                 .copied()
                 .fold(f32::NEG_INFINITY, f32::max);
             let statistics = TileStatistics::new(state, tile_max, first);
             let mut tile_sum = 0.0f32;
-            for weight in &mut weights[..valid] {
+            for weight in &mut weights[skip..valid] {
                 *weight = (*weight - statistics.max).exp();
                 tile_sum += *weight;
             }
@@ -272,7 +303,8 @@ fn portable_tile<E: CacheElement>(
             } else {
                 out.iter_mut().for_each(|x| *x *= statistics.rescale);
             }
-            for (&weight, value) in weights[..valid].iter().zip(values.chunks_exact(head_dim)) {
+            let values = values.chunks_exact(head_dim).skip(skip);
+            for (&weight, value) in weights[skip..valid].iter().zip(values) {
                 axpy(isa, out, weight, value);
             }
         }

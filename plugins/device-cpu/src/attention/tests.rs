@@ -60,6 +60,8 @@ struct Heads {
     num_kv_heads: usize,
     head_dim: usize,
     block_size: usize,
+    /// Positions a token attends to at most (`usize::MAX`: its whole history).
+    window: usize,
 }
 
 /// One sequence of a test step: `id` picks its keys, values and queries (the same for every
@@ -104,7 +106,8 @@ impl Heads {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
-    /// Plain causal attention of `sequence`'s computed tokens in f64, `[computed, Hq*D]`.
+    /// Plain causal attention of `sequence`'s computed tokens in f64, `[computed, Hq*D]`,
+    /// each over the last `window` positions.
     fn reference(&self, sequence: &Sequence) -> Vec<f64> {
         let group = self.num_heads / self.num_kv_heads;
         let scale = f64::from(self.scale());
@@ -116,14 +119,20 @@ impl Heads {
                     .map(f64::from)
                     .collect();
                 let kv = |which, p, d| f64::from(self.kv(which, sequence.id, (p, h / group, d)));
-                let scores: Vec<f64> = (0..=position)
+                let seen = (position + 1).saturating_sub(self.window)..position + 1;
+                let scores: Vec<f64> = seen
+                    .clone()
                     .map(|p| (0..self.head_dim).map(|d| q[d] * kv(0, p, d)).sum::<f64>() * scale)
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
                 let total: f64 = weights.iter().sum();
                 for d in 0..self.head_dim {
-                    let value: f64 = (0..=position).map(|p| weights[p] * kv(1, p, d)).sum();
+                    let value: f64 = seen
+                        .clone()
+                        .zip(&weights)
+                        .map(|(p, w)| w * kv(1, p, d))
+                        .sum();
                     out.push(value / total);
                 }
             }
@@ -236,7 +245,7 @@ impl Step {
             query_start: &self.query_start,
         };
         let mut out = vec![f32::NAN; self.q.len()];
-        let params = (self.shape(), self.heads.scale());
+        let params = (self.shape(), self.heads.scale(), self.heads.window);
         let done = if path.bf16 {
             let cache = KvCache {
                 keys: &self.bf16.0[..],
@@ -308,6 +317,7 @@ const SMALL: Heads = Heads {
     num_kv_heads: 2,
     head_dim: 8,
     block_size: 4,
+    window: usize::MAX,
 };
 
 #[test]
@@ -362,6 +372,7 @@ fn every_depth_block_size_group_and_head_size_matches_dense_attention() {
                         num_kv_heads: 2,
                         head_dim,
                         block_size,
+                        window: usize::MAX,
                     };
                     let chunk = depth.min(if depth > 1000 { 12 } else { 70 });
                     let sequences = [
@@ -376,6 +387,31 @@ fn every_depth_block_size_group_and_head_size_matches_dense_attention() {
 }
 
 #[test]
+fn a_sliding_window_matches_dense_attention_over_the_window() {
+    // Windows shorter than a tile, across tiles, across a range, and longer than the history;
+    // prompts and decodes whose windows start inside tiles, at a tile, and before position 0.
+    for window in [1, 5, 64, 100, 700, 5000] {
+        for (group, head_dim) in [(3, 64), (1, 128), (2, 8)] {
+            let heads = Heads {
+                num_heads: 2 * group,
+                num_kv_heads: 2,
+                head_dim,
+                block_size: 16,
+                window,
+            };
+            let sequences = [
+                Sequence::new(0, 0, 90),
+                Sequence::new(1, 1100, 40),
+                Sequence::new(2, 1300, 1),
+                Sequence::new(3, 63, 1),
+                Sequence::new(4, 3, 1),
+            ];
+            Step::new(heads, &sequences).check(&format!("window {window}"));
+        }
+    }
+}
+
+#[test]
 fn heads_of_other_sizes_take_the_portable_tile() {
     // 8 and 96 have no vector kernel; GQA 3 and a range boundary crossed.
     for head_dim in [8, 96] {
@@ -384,6 +420,7 @@ fn heads_of_other_sizes_take_the_portable_tile() {
             num_kv_heads: 2,
             head_dim,
             block_size: 16,
+            window: usize::MAX,
         };
         let sequences = [Sequence::new(0, 120, 20), Sequence::new(1, 300, 1)];
         Step::new(heads, &sequences).check("other head sizes");
@@ -427,7 +464,7 @@ fn half_width_matches_f32<E: CacheElement>(what: &str) {
             query_start: &query_start,
         };
         let workers = Workers::new(2).unwrap();
-        let params = (shape, 1.0 / (head_dim as f32).sqrt());
+        let params = (shape, 1.0 / (head_dim as f32).sqrt(), usize::MAX);
         let half_cache = KvCache {
             keys: &keys[..],
             values: &values[..],
@@ -515,7 +552,7 @@ fn bad_layouts_are_refused() {
         };
         let mut out = [0.0; 4];
         for isa in Isa::every() {
-            let params = (shape, 1.0);
+            let params = (shape, 1.0, usize::MAX);
             let message = paged_attention(
                 (isa, Bf16Products::F32),
                 &[1.0; 4],

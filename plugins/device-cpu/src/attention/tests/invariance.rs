@@ -8,6 +8,7 @@ const SMOLLM2: Heads = Heads {
     num_kv_heads: 3,
     head_dim: 64,
     block_size: 16,
+    window: usize::MAX,
 };
 
 /// Eight query heads on one KV head of 128, blocks of 32.
@@ -16,6 +17,7 @@ const WIDE: Heads = Heads {
     num_kv_heads: 1,
     head_dim: 128,
     block_size: 32,
+    window: usize::MAX,
 };
 
 /// Fifteen other sequences for a batch of 16: decodes, chunks after cached tokens and fresh
@@ -34,13 +36,32 @@ fn others(decodes_only: bool) -> impl Iterator<Item = Sequence> {
 
 #[test]
 fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
-    let len = 300;
     let chunks = [1, 16, 5, 64, 1, 100, 113];
-    assert_eq!(chunks.iter().sum::<usize>(), len);
     let probes = [0, 15, 16, 17, 63, 64, 127, 128, 129, 255, 256, 299];
+    assert_invariant(&[SMOLLM2, WIDE], &chunks, &probes);
+}
+
+#[test]
+fn a_sliding_window_keeps_a_rows_bits_invariant() {
+    // Windows starting inside tiles and ranges, over a history that crosses ranges.
+    let windowed = |heads: Heads, window| Heads { window, ..heads };
+    let chunks = [1, 300, 64, 600, 77, 158];
+    let probes = [0, 99, 100, 101, 511, 512, 600, 1023, 1199];
+    assert_invariant(
+        &[windowed(SMOLLM2, 100), windowed(WIDE, 700)],
+        &chunks,
+        &probes,
+    );
+}
+
+/// For each of `heads` and every path: a sequence as long as `chunks` together gives each
+/// row the same bits alone, in those chunks, in a batch of 16, and at each of `probes` as a
+/// lone token alone and among 16 decodes, at 1, 2 and 3 threads.
+fn assert_invariant(all_heads: &[Heads], chunks: &[usize], probes: &[usize]) {
+    let len: usize = chunks.iter().sum();
     let workers: Vec<Workers> = [1, 2, 3].map(|t| Workers::new(t).unwrap()).into();
     let mut scratch = AttentionScratch::default();
-    for heads in [SMOLLM2, WIDE] {
+    for &heads in all_heads {
         for path in Path::every() {
             let what = format!("{heads:?}, {path:?}");
             let alone = Step::new(heads, &[Sequence::new(0, 0, len)]);
@@ -75,7 +96,7 @@ fn a_rows_bits_do_not_depend_on_its_batch_its_chunks_or_the_threads() {
                 );
             }
 
-            for &position in &probes {
+            for &position in probes {
                 let lone = Step::new(heads, &[Sequence::new(0, position, 1)]);
                 let out = lone.run(path, &workers[2], &mut scratch);
                 let got = bits(lone.row(&out, 0, position));
