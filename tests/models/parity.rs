@@ -1,4 +1,4 @@
-//! Parity with Hugging Face: the tiny Qwen3, Qwen2, Llama, Mistral, Llama 3 and YaRN checkpoints on the CPU device against `transformers` references.
+//! Parity with Hugging Face: the tiny Qwen3, Qwen2, Llama, Mistral (with a sliding window), Llama 3 and YaRN checkpoints on the CPU device against `transformers` references.
 //!
 //! References come from `tests/reference/make_fixtures.py` and
 //! `make_family_fixtures.py`. Every fixture runs
@@ -351,7 +351,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-const CHECKPOINTS: [(&str, f32); 7] = [
+const CHECKPOINTS: [(&str, f32); 8] = [
     ("tiny-qwen3", 1e-4),
     ("tiny-qwen3-bf16", 2e-2),
     ("tiny-llama", 1e-4),
@@ -359,6 +359,8 @@ const CHECKPOINTS: [(&str, f32); 7] = [
     ("tiny-qwen2", 1e-4),
     // A sliding window longer than every test sequence.
     ("tiny-mistral", 1e-4),
+    // A sliding window of 12 positions, far shorter than the test sequences.
+    ("tiny-mistral-swa", 1e-4),
     // Llama 3.1's rotary frequency scaling.
     ("tiny-llama3", 1e-4),
     // YaRN, past the pretrained window of 32 positions.
@@ -520,6 +522,32 @@ fn the_rope_scaling_is_read_from_either_style() {
                 fixture.name
             );
         }
+    }
+}
+
+/// The parity of tiny-mistral-swa holds because the window is applied: without it, in
+/// either config style, the logits move away from the references.
+#[test]
+fn the_sliding_window_is_applied() {
+    for style in STYLES {
+        let fixture = Fixture::edited("tiny-mistral-swa", 1e-4, style, |c| {
+            c["sliding_window"] = serde_json::Value::Null
+        });
+        let moved = fixture
+            .reference
+            .prompts
+            .iter()
+            .zip(greedy(&fixture))
+            .map(|(prompt, (_, emitted))| {
+                let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+                max_abs_diff(&emitted[NEW_TOKENS - 1], &want[NEW_TOKENS - 1])
+            })
+            .fold(0.0, f32::max);
+        assert!(
+            moved > 0.1,
+            "{}: without the window the logits moved by only {moved}",
+            fixture.name
+        );
     }
 }
 
@@ -697,28 +725,19 @@ fn loading_a_bad_checkpoint_names_the_problem() {
             "rope_theta = 1000000 and rope_parameters.rope_theta = 10000 disagree",
         ),
         (
-            "sliding layers",
+            "a layer type without a kernel",
             ConfigStyle::Transformers5,
-            |c| {
-                c["use_sliding_window"] = serde_json::json!(true);
-                c["sliding_window"] = serde_json::json!(8);
-                c["max_window_layers"] = serde_json::json!(1);
-                c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
-            },
-            r#"layer_types[1] is "sliding_attention""#,
+            |c| c["layer_types"] = serde_json::json!(["full_attention", "chunked_attention"]),
+            r#"layer_types[1] is "chunked_attention""#,
         ),
         (
-            "sliding window",
+            "sliding layers without a window",
             ConfigStyle::Transformers4,
             |c| {
-                c["use_sliding_window"] = serde_json::json!(true);
-                c["sliding_window"] = serde_json::json!(8);
-                c["max_window_layers"] = serde_json::json!(1);
-                if let Some(c) = c.as_object_mut() {
-                    c.remove("layer_types");
-                }
+                c["layer_types"] = serde_json::json!(["full_attention", "sliding_attention"]);
+                c["sliding_window"] = serde_json::Value::Null;
             },
-            "use_sliding_window = true with sliding_window = 8 is not supported",
+            "layer_types[1] is sliding_attention, but no sliding_window applies",
         ),
     ];
     let plugins = PluginRuntime::new(RuntimeOptions {

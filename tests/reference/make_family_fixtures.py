@@ -6,6 +6,8 @@ Writes, under tests/fixtures/, with the tiny tokenizer of tiny-qwen3 (run make_f
 * tiny-qwen2/       random Qwen2ForCausalLM (biases on q, k and v), float32
 * tiny-mistral/     random MistralForCausalLM with `sliding_window` 256 (longer than any test
                     sequence, and shorter than max_position_embeddings 512)
+* tiny-mistral-swa/ the same architecture with `sliding_window` 12, far shorter than the test
+                    sequences, so every layer's attention is cut by the window
 * tiny-llama3/      random LlamaForCausalLM with Llama 3.1's `rope_type: "llama3"` frequency
                     scaling, its original window (64) small enough that each of the three
                     frequency regimes holds some of a head's pairs
@@ -16,13 +18,14 @@ each with the same files and references as the fixtures of make_fixtures.py (who
 script uses). Weight seeds are scanned from a fixed start until the references pass
 make_reference's checks (varied continuations, top-2 margins), so the output is deterministic.
 
-    /tmp/refenv/bin/python tests/reference/make_family_fixtures.py
+    /tmp/refenv/bin/python tests/reference/make_family_fixtures.py [--only tiny-mistral-swa ...]
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -120,11 +123,22 @@ def families(tok: Tokenizer) -> list[tuple[str, type, object]]:
         use_sliding_window=False,
         max_window_layers=2,
     )
+    mistral_swa = MistralConfig(
+        **c,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        sliding_window=12,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+    )
     return [
         ("tiny-qwen2", Qwen2ForCausalLM, qwen2),
         ("tiny-mistral", MistralForCausalLM, mistral),
         ("tiny-llama3", LlamaForCausalLM, llama3),
         ("tiny-qwen3-yarn", Qwen3ForCausalLM, yarn),
+        ("tiny-mistral-swa", MistralForCausalLM, mistral_swa),
     ]
 
 
@@ -166,6 +180,7 @@ def check_configs() -> None:
     """What the fixtures are for is in their configs, in both styles."""
     for name, key, expected in [
         ("tiny-mistral", "sliding_window", 256),
+        ("tiny-mistral-swa", "sliding_window", 12),
         ("tiny-llama3", "rope_parameters", None),
         ("tiny-qwen3-yarn", "rope_parameters", None),
     ]:
@@ -186,7 +201,11 @@ def main() -> None:
     tok_dir = FIXTURES / "tiny-qwen3"
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
     assert tok.get_vocab_size() == make_fixtures.TOKENIZER_VOCAB
+    # `--only NAME ...` rebuilds those fixtures alone; seeds stay tied to each family's place.
+    only = sys.argv[sys.argv.index("--only") + 1:] if "--only" in sys.argv else None
     for index, (name, model_cls, config) in enumerate(families(tok)):
+        if only is not None and name not in only:
+            continue
         ref = build(name, model_cls, config, tok, tok_dir, SEED + 7000 + 100 * index)
         lens = [p["num_tokens"] for p in ref["prompts"]]
         distinct = [p["generated_distinct_tokens"] for p in ref["prompts"]]

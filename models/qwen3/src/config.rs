@@ -122,8 +122,10 @@ pub struct TransformerConfig {
     pub eps: f32,
     pub rope: Rope,
     /// The longest sequence the program computes exactly: the positions the rotary embedding
-    /// covers, or a shorter sliding window (within which full attention is the same maths).
+    /// covers.
     pub max_position: u32,
+    /// Each layer's sliding window; `None` where a layer attends to the whole sequence.
+    pub windows: Vec<Option<u32>>,
     pub tied_embeddings: bool,
     pub eos_token_ids: Vec<u32>,
 }
@@ -164,7 +166,7 @@ impl TransformerConfig {
                     .into(),
             );
         }
-        check_attention_layers(&raw)?;
+        let windows = attention_windows(&raw, family)?;
         let max_position_embeddings = raw
             .max_position_embeddings
             .unwrap_or(family.default_max_position());
@@ -176,14 +178,7 @@ impl TransformerConfig {
             max_position_embeddings,
             original_max_position_embeddings: raw.original_max_position_embeddings,
         })?;
-        let mut max_position = rope.context_window(max_position_embeddings);
-        if family == Family::Mistral
-            && let Some(window) = raw.sliding_window
-        {
-            // Every Mistral layer attends within the window. Up to that length the window
-            // masks nothing, so the program is exact there and the model is served that far.
-            max_position = max_position.min(u32::try_from(window).unwrap_or(u32::MAX).max(1));
-        }
+        let max_position = rope.context_window(max_position_embeddings);
         let kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
         let head_dim = match (raw.head_dim, family) {
             (Some(head_dim), _) => head_dim,
@@ -243,56 +238,73 @@ impl TransformerConfig {
             eps: raw.rms_norm_eps as f32,
             rope,
             max_position,
+            windows,
             tied_embeddings: raw.tie_word_embeddings,
             eos_token_ids,
         })
     }
 }
 
-/// Refuses a config in which any layer would attend within a sliding window: every layer of
-/// the program attends to the whole sequence.
-fn check_attention_layers(raw: &RawConfig) -> Result<(), String> {
+/// `max_window_layers` when a Qwen config leaves it out, as `transformers` defaults it.
+const QWEN_DEFAULT_MAX_WINDOW_LAYERS: u32 = 28;
+
+/// Each layer's sliding window (`None`: it attends to the whole sequence), as `transformers`
+/// decides it: `layer_types` when the config lists them; otherwise every Mistral layer
+/// attends within `sliding_window`, and with Qwen's `use_sliding_window` the layers from
+/// `max_window_layers` on do.
+fn attention_windows(raw: &RawConfig, family: Family) -> Result<Vec<Option<u32>>, String> {
+    let layers = raw.num_hidden_layers as usize;
+    let window = match family {
+        Family::Mistral => raw.sliding_window,
+        Family::Qwen2 | Family::Qwen3 => raw
+            .sliding_window
+            .filter(|_| raw.use_sliding_window == Some(true)),
+        Family::Llama => None,
+    };
+    let window = window
+        .map(|w| {
+            u32::try_from(w).ok().filter(|&w| w > 0).ok_or_else(|| {
+                format!(
+                    "config.json: sliding_window must be a positive number of positions, got {w}"
+                )
+            })
+        })
+        .transpose()?;
     if let Some(types) = &raw.layer_types {
-        if types.len() != raw.num_hidden_layers as usize {
+        if types.len() != layers {
             return Err(format!(
                 "config.json: layer_types lists {} layers, num_hidden_layers is {}",
                 types.len(),
                 raw.num_hidden_layers
             ));
         }
-        if let Some((i, kind)) = types
+        return types
             .iter()
             .enumerate()
-            .find(|(_, kind)| *kind != "full_attention")
-        {
-            return Err(format!(
-                "config.json: layer_types[{i}] is {kind:?}: only full_attention is supported (sliding-window attention is not implemented)"
-            ));
-        }
+            .map(|(i, kind)| match kind.as_str() {
+                "full_attention" => Ok(None),
+                "sliding_attention" => window.map(Some).ok_or_else(|| {
+                    format!(
+                        "config.json: layer_types[{i}] is sliding_attention, but no sliding_window applies"
+                    )
+                }),
+                other => Err(format!(
+                    "config.json: layer_types[{i}] is {other:?}: only full_attention and sliding_attention are supported"
+                )),
+            })
+            .collect();
     }
-    // Qwen's convention, which `transformers` follows when `layer_types` is absent: with
-    // use_sliding_window, layers from index max_window_layers on attend within sliding_window.
-    // Without the flag, or without a window, sliding_window is ignored, as there.
-    if raw.use_sliding_window == Some(true)
-        && let Some(window) = raw.sliding_window
-    {
-        let all_layers_full = raw
-            .max_window_layers
-            .is_some_and(|full| full >= raw.num_hidden_layers);
-        if !all_layers_full {
-            let from = raw
+    Ok(match family {
+        Family::Qwen2 | Family::Qwen3 => {
+            let full = raw
                 .max_window_layers
-                .map_or("max_window_layers is not set".to_string(), |full| {
-                    format!("max_window_layers is {full}")
-                });
-            return Err(format!(
-                "config.json: use_sliding_window = true with sliding_window = {window} is not supported: \
-                 {from}, so some of the {} layers would attend within a sliding window, which is not implemented",
-                raw.num_hidden_layers
-            ));
+                .unwrap_or(QWEN_DEFAULT_MAX_WINDOW_LAYERS);
+            (0..layers)
+                .map(|i| window.filter(|_| i as u32 >= full))
+                .collect()
         }
-    }
-    Ok(())
+        Family::Mistral | Family::Llama => vec![window; layers],
+    })
 }
 
 #[cfg(test)]
@@ -435,9 +447,9 @@ mod tests {
                 "quantization_config",
             ),
             (
-                r#""use_sliding_window": false, "sliding_window": null, "max_window_layers": 28"#,
-                r#""use_sliding_window": true, "sliding_window": 4096, "max_window_layers": 20"#,
-                "use_sliding_window = true with sliding_window = 4096 is not supported: max_window_layers is 20",
+                r#""use_sliding_window": false, "sliding_window": null"#,
+                r#""use_sliding_window": true, "sliding_window": 0"#,
+                "sliding_window must be a positive number of positions",
             ),
             (
                 r#""num_key_value_heads": 8"#,
@@ -561,47 +573,64 @@ mod tests {
     }
 
     #[test]
-    fn refuses_sliding_window_layers_and_accepts_windows_no_layer_uses() {
+    fn each_layer_slides_as_transformers_says() {
         let v5 = qwen3_v5();
+        let with_window = |text: &str| {
+            text.replace(
+                r#""use_sliding_window": false"#,
+                r#""use_sliding_window": true"#,
+            )
+            .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#)
+        };
+        let windows = |text: &str| {
+            TransformerConfig::parse(text)
+                .unwrap_or_else(|e| panic!("{e}: {text}"))
+                .windows
+        };
         let mut types = vec!["\"full_attention\""; 28];
         types[27] = "\"sliding_attention\"";
         let sliding = QWEN3_V5.replace("LAYER_TYPES", &types.join(", "));
-        let err = TransformerConfig::parse(&sliding).expect_err("a sliding layer");
+        // A listed sliding layer slides, the others do not.
+        let listed = windows(&with_window(&sliding));
+        assert_eq!(listed[27], Some(4096));
+        assert!(listed[..27].iter().all(Option::is_none));
+        // Without a window that applies, a sliding layer is an error naming it.
+        let err = TransformerConfig::parse(&sliding).expect_err("no window");
         assert!(
-            err.contains(r#"layer_types[27] is "sliding_attention""#),
+            err.contains("layer_types[27] is sliding_attention"),
+            "{err}"
+        );
+        let chunked = QWEN3_V5.replace("LAYER_TYPES", &["\"chunked_attention\""; 28].join(", "));
+        let err = TransformerConfig::parse(&chunked).expect_err("an unknown layer type");
+        assert!(
+            err.contains(r#"layer_types[0] is "chunked_attention""#),
             "{err}"
         );
         let short = QWEN3_V5.replace("LAYER_TYPES", r#""full_attention""#);
         let err = TransformerConfig::parse(&short).expect_err("one layer type for 28 layers");
         assert!(err.contains("layer_types lists 1 layers"), "{err}");
 
-        let accepted = [
+        // Qwen's flag: the layers from max_window_layers on slide.
+        let from_20 = windows(
+            &with_window(QWEN3).replace(r#""max_window_layers": 28"#, r#""max_window_layers": 20"#),
+        );
+        assert!(from_20[..20].iter().all(Option::is_none));
+        assert!(from_20[20..].iter().all(|w| *w == Some(4096)));
+        let none_slide = [
             // Qwen2.5-style: a window, but the flag is off.
             v5.replace(r#""sliding_window": null"#, r#""sliding_window": 32768"#),
-            // The flag on, but every layer below max_window_layers: none slides.
-            v5.replace(
-                r#""use_sliding_window": false"#,
-                r#""use_sliding_window": true"#,
-            )
-            .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#),
+            // The flag on, but every layer below max_window_layers (28, also its default).
+            with_window(&v5),
+            with_window(QWEN3).replace(r#", "max_window_layers": 28"#, ""),
             // The flag on without a window.
             v5.replace(
                 r#""use_sliding_window": false"#,
                 r#""use_sliding_window": true"#,
             ),
         ];
-        for text in accepted {
-            TransformerConfig::parse(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        for text in none_slide {
+            assert!(windows(&text).iter().all(Option::is_none), "{text}");
         }
-        let unset = QWEN3
-            .replace(r#", "max_window_layers": 28"#, "")
-            .replace(
-                r#""use_sliding_window": false"#,
-                r#""use_sliding_window": true"#,
-            )
-            .replace(r#""sliding_window": null"#, r#""sliding_window": 4096"#);
-        let err = TransformerConfig::parse(&unset).expect_err("max_window_layers unset");
-        assert!(err.contains("max_window_layers is not set"), "{err}");
     }
 
     #[test]
@@ -611,12 +640,14 @@ mod tests {
                 .replace("LlamaForCausalLM", "MistralForCausalLM");
             TransformerConfig::parse(&text).unwrap_or_else(|e| panic!("{extra}: {e}"))
         };
-        // Mistral 7B v0.1: every layer slides over 4096 positions; full attention is the same
-        // maths up to there, so that is as far as it is served.
+        // Mistral 7B v0.1: every layer slides over 4096 positions, and the model is served as
+        // far as its rotary embedding goes.
         let v01 = mistral(r#""max_position_embeddings": 32768, "sliding_window": 4096"#);
-        assert_eq!((v01.family, v01.max_position), (Family::Mistral, 4096));
+        assert_eq!((v01.family, v01.max_position), (Family::Mistral, 32768));
+        assert!(v01.windows.iter().all(|w| *w == Some(4096)));
         let v03 = mistral(r#""max_position_embeddings": 32768, "sliding_window": null"#);
         assert_eq!(v03.max_position, 32768);
+        assert!(v03.windows.iter().all(Option::is_none));
         let long_window = mistral(r#""max_position_embeddings": 32768, "sliding_window": 65536"#);
         assert_eq!(long_window.max_position, 32768);
         assert_eq!(

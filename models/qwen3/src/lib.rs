@@ -3,10 +3,10 @@
 //! The families share one decoder layer: Qwen3 adds a per-head RMSNorm on queries and keys,
 //! Qwen2 biases on the q, k and v projections. config.json is read in both `transformers` 4
 //! and 5 styles. The rotary inverse frequencies (default, Llama 3 or YaRN scaling) are
-//! computed here once and passed to the device as constants of the program. Anything this
-//! glue does not compute exactly (other biases, other RoPE scalings or partial rotation,
-//! sliding-window layers beyond their window, quantized weights, other activations) is
-//! refused with a message naming the config key.
+//! computed here once and passed to the device as constants of the program; sliding-window
+//! layers launch `paged_attention_window`. Anything this glue does not compute exactly
+//! (other biases, other RoPE scalings or partial rotation, other layer types, quantized
+//! weights, other activations) is refused with a message naming the config key.
 
 mod config;
 mod program;

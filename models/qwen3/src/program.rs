@@ -351,8 +351,23 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
             ],
             vec![],
         );
+        let mut params = vec![
+            Param::Int(c.heads as i64),
+            Param::Int(c.kv_heads as i64),
+            Param::Int(head_dim),
+            Param::BlockSize,
+            Param::Float(attention_scale),
+        ];
+        let window = c.windows.get(l as usize).copied().flatten();
+        let callable = match window {
+            Some(window) => {
+                params.push(Param::Int(i64::from(window)));
+                "paged_attention_window"
+            }
+            None => "paged_attention",
+        };
         t.push(
-            "paged_attention",
+            callable,
             vec![
                 read("q"),
                 TensorArg {
@@ -368,13 +383,7 @@ pub fn build(c: &TransformerConfig) -> StepProgram {
                 step("query_start", ArgTag::Input),
                 write("attn"),
             ],
-            vec![
-                Param::Int(c.heads as i64),
-                Param::Int(c.kv_heads as i64),
-                Param::Int(head_dim),
-                Param::BlockSize,
-                Param::Float(attention_scale),
-            ],
+            params,
         );
         t.linear("attn", w("self_attn.o_proj.weight"), "proj");
         t.add_rms_norm("proj", w("post_attention_layernorm.weight"), c.eps);
@@ -526,6 +535,35 @@ mod tests {
         for arch in ["Qwen3ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"] {
             assert_eq!(biased(arch), 0, "{arch}");
         }
+    }
+
+    #[test]
+    fn sliding_layers_attend_within_their_window() {
+        let text = r#"{"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+            "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 500, "use_sliding_window": true,
+            "sliding_window": 48, "max_window_layers": 1}"#;
+        let program = build(&TransformerConfig::parse(text).expect("a windowed config"));
+        let attention: Vec<(&str, Option<i64>)> = program
+            .tasks
+            .iter()
+            .filter(|t| t.callable.starts_with("paged_attention"))
+            .map(|t| {
+                let window = match t.params.get(5) {
+                    Some(Param::Int(window)) => Some(*window),
+                    _ => None,
+                };
+                (t.callable.as_str(), window)
+            })
+            .collect();
+        assert_eq!(
+            attention,
+            [
+                ("paged_attention", None),
+                ("paged_attention_window", Some(48)),
+                ("paged_attention_window", Some(48)),
+            ]
+        );
     }
 
     #[test]

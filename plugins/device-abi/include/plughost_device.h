@@ -59,6 +59,11 @@
  * 15 add_rms_norm(x f32[T,H] inout, y f32[T,H], weight W[H],
  *                 out f32[T,H]; eps)   x += y, then out = rms_norm(x)
  * 16 bias_add(x f32[T,N] inout, bias W[N])   x[t,:] += bias
+ * 17 paged_attention_window(the arguments of paged_attention;
+ *                           num_heads, num_kv_heads, head_dim, block_size,
+ *                           scale, window)
+ *                           a token at position p attends to positions
+ *                           max(0, p - window + 1)..=p
  * Arguments a callable writes accept tags OUTPUT, OUTPUT_EXISTING, INOUT and
  * NO_DEP; arguments it reads accept INPUT, INOUT and NO_DEP; arguments it
  * reads and writes accept INOUT and NO_DEP.

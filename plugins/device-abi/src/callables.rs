@@ -17,9 +17,6 @@ pub enum CallableId {
     Rotary,
     KvWrite,
     PagedAttention,
-    /// `paged_attention` within a sliding window: a token attends to the last `window`
-    /// positions of its history, itself included.
-    PagedAttentionWindow,
     SiluMul,
     Add,
     GatherRows,
@@ -30,6 +27,9 @@ pub enum CallableId {
     SiluGateLinear,
     AddRmsNorm,
     BiasAdd,
+    /// `paged_attention` within a sliding window: a token attends to the last `window`
+    /// positions of its history, itself included.
+    PagedAttentionWindow,
 }
 
 /// The signature of one callable.
@@ -293,34 +293,6 @@ pub const ALL: &[CallableSpec] = &[
         ],
     },
     CallableSpec {
-        id: CallableId::PagedAttentionWindow,
-        name: "paged_attention_window",
-        args: &[
-            arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
-            arg("key_cache", KV, KV_CACHE, Read),
-            arg("value_cache", KV, KV_CACHE, Read),
-            arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
-            arg("seq_lens", I32, &[Sym("S")], Read),
-            arg("query_start", I32, &[PlusOne("S")], Read),
-            arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
-        ],
-        params: &[
-            dim_param("num_heads", "Hq"),
-            dim_param("num_kv_heads", "Hk"),
-            dim_param("head_dim", "D"),
-            dim_param("block_size", "bs"),
-            f32_bits("scale"),
-            dim_param("window", "W"),
-        ],
-        constraints: &[
-            Constraint::MultipleOf {
-                value: "Hq",
-                factor: "Hk",
-            },
-            Constraint::SameDtype("key_cache", "value_cache"),
-        ],
-    },
-    CallableSpec {
         id: CallableId::SiluMul,
         name: "silu_mul",
         args: &[
@@ -439,6 +411,34 @@ pub const ALL: &[CallableSpec] = &[
         ],
         params: &[],
         constraints: &[],
+    },
+    CallableSpec {
+        id: CallableId::PagedAttentionWindow,
+        name: "paged_attention_window",
+        args: &[
+            arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
+            arg("key_cache", KV, KV_CACHE, Read),
+            arg("value_cache", KV, KV_CACHE, Read),
+            arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
+            arg("seq_lens", I32, &[Sym("S")], Read),
+            arg("query_start", I32, &[PlusOne("S")], Read),
+            arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
+        ],
+        params: &[
+            dim_param("num_heads", "Hq"),
+            dim_param("num_kv_heads", "Hk"),
+            dim_param("head_dim", "D"),
+            dim_param("block_size", "bs"),
+            f32_bits("scale"),
+            dim_param("window", "W"),
+        ],
+        constraints: &[
+            Constraint::MultipleOf {
+                value: "Hq",
+                factor: "Hk",
+            },
+            Constraint::SameDtype("key_cache", "value_cache"),
+        ],
     },
 ];
 

@@ -203,6 +203,20 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
             ],
             vec![HQ as i64, HK as i64, D as i64, BS as i64, scale],
         ),
+        // The same attention within a window of 4 positions, into the same output.
+        (
+            "paged_attention_window",
+            vec![
+                arg(q, F32, &[T, HQ * D], Input),
+                arg(key_cache, F32, &cache_shape, Input),
+                arg(value_cache, F32, &cache_shape, Input),
+                step_layout[0],
+                step_layout[1],
+                step_layout[2],
+                arg(attention, F32, &[T, HQ * D], Output),
+            ],
+            vec![HQ as i64, HK as i64, D as i64, BS as i64, scale, 4],
+        ),
         (
             "linear",
             vec![
