@@ -87,7 +87,7 @@ fn corrupt_and_unsupported_gguf_files_are_errors_naming_the_problem() {
         (
             "type",
             gguf_with_tensor(6, &[0u8; 22]),
-            "token_embd.weight has ggml type 6, which this reader cannot read",
+            "token_embd.weight has ggml type 6 (Q5_0), which this reader cannot read",
         ),
         (
             "architecture",

@@ -417,6 +417,56 @@ impl Gguf {
     }
 }
 
+/// ggml's name of a type id, for messages about the types this reader does not read.
+fn ggml_type_name(id: u32) -> &'static str {
+    const NAMES: [&str; 43] = [
+        "F32",
+        "F16",
+        "Q4_0",
+        "Q4_1",
+        "Q4_2",
+        "Q4_3",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q8_1",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "Q8_K",
+        "IQ2_XXS",
+        "IQ2_XS",
+        "IQ3_XXS",
+        "IQ1_S",
+        "IQ4_NL",
+        "IQ3_S",
+        "IQ2_S",
+        "IQ4_XS",
+        "I8",
+        "I16",
+        "I32",
+        "I64",
+        "F64",
+        "IQ1_M",
+        "BF16",
+        "Q4_0_4_4",
+        "Q4_0_4_8",
+        "Q4_0_8_8",
+        "TQ1_0",
+        "TQ2_0",
+        "IQ4_NL_4_4",
+        "IQ4_NL_4_8",
+        "IQ4_NL_8_8",
+        "MXFP4",
+        "NVFP4",
+        "Q1_0",
+        "Q2_0",
+    ];
+    NAMES.get(id as usize).copied().unwrap_or("unknown to ggml")
+}
+
 struct RawTensor {
     name: String,
     dims: Vec<u64>,
@@ -429,8 +479,9 @@ impl RawTensor {
         let name = self.name;
         let kind = GgmlType::from_id(self.kind).with_context(|| {
             format!(
-                "tensor {name} has ggml type {}, which this reader cannot read (it reads {})",
+                "tensor {name} has ggml type {} ({}), which this reader cannot read (it reads {})",
                 self.kind,
+                ggml_type_name(self.kind),
                 GgmlType::NAMES
             )
         })?;
@@ -663,6 +714,6 @@ mod tests {
             .tensor("blk.0.attn_q.weight", &[32], 6, &[0u8; 22])
             .build();
         let err = format!("{:#}", Gguf::parse(bytes).unwrap_err());
-        assert!(err.contains("blk.0.attn_q.weight has ggml type 6"), "{err}");
+        assert!(err.contains("blk.0.attn_q.weight has ggml type 6 (Q5_0)"), "{err}");
     }
 }
