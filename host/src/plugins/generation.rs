@@ -574,7 +574,7 @@ fn dry_run_scheduler(plugin: &mut SchedulerPlugin) -> Result<(), String> {
         total_blocks: 16,
     };
     let plan = plugin
-        .schedule(&views, &resources)
+        .schedule(1, &views, &resources)
         .map_err(|e| e.to_string())?;
     sched::validate_plan(&plan, &views, &resources).map_err(|e| format!("invalid plan: {e}"))?;
     if plan.run.is_empty() {
