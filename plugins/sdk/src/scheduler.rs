@@ -183,8 +183,10 @@ impl PlanBuilder {
 pub trait Scheduler: Sized + 'static {
     /// Builds the scheduler from its JSON config (may be empty).
     fn init(config: &str) -> Result<Self, String>;
-    /// Decides one step. Running requests come first, then the others in arrival order.
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan;
+    /// Decides engine step `step`. Steps count from 1 and only go up while the engine lives,
+    /// whatever happens to this instance (a deployment's dry run, before it serves, is step 0):
+    /// it is the clock a policy reads (steps waited), the same on any machine. Running requests come first, then the others in arrival order.
+    fn schedule(&mut self, step: u64, requests: &[RequestView], resources: &Resources) -> Plan;
 }
 
 #[cfg(feature = "scheduler")]
@@ -276,6 +278,7 @@ macro_rules! export_scheduler {
             }
 
             fn schedule(
+                step: u64,
                 requests: Vec<
                     $crate::scheduler::bindings::plughost::plugin::scheduling::RequestView,
                 >,
@@ -287,7 +290,9 @@ macro_rules! export_scheduler {
                     .collect();
                 let resources = $crate::scheduler::adapter::resources(resources);
                 let plan = __PLUGHOST_SCHEDULER.with(|cell| match cell.borrow_mut().as_mut() {
-                    Some(s) => $crate::scheduler::Scheduler::schedule(s, &requests, &resources),
+                    Some(s) => {
+                        $crate::scheduler::Scheduler::schedule(s, step, &requests, &resources)
+                    }
                     None => $crate::scheduler::Plan::default(),
                 });
                 $crate::scheduler::adapter::plan(plan)
