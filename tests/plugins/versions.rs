@@ -93,7 +93,9 @@ fn requests(priority: i32) -> Vec<GenerationRequest> {
                 },
             };
             GenerationRequest {
-                prompt_tokens: (0..6 + 3 * i).map(|t| 11 + (t * 17 + i * 5) % 400).collect(),
+                prompt_tokens: (0..6 + 3 * i)
+                    .map(|t| 11 + (t * 17 + i * 5) % 400)
+                    .collect(),
                 sampling,
                 max_tokens: 10 + i,
                 stop: StopConditions {

@@ -327,7 +327,10 @@ mod tests {
             world: Some("scheduler"),
         };
         assert_eq!(
-            contract.check("x.wasm", "scheduler").unwrap_err().to_string(),
+            contract
+                .check("x.wasm", "scheduler")
+                .unwrap_err()
+                .to_string(),
             "component x.wasm names plughost:plugin@0.1.0 and @0.2.0; a component is built for \
              one version"
         );

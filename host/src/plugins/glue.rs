@@ -35,7 +35,9 @@ macro_rules! program_records {
             store: &mut wasmtime::Store<PluginState>,
             config_json: &str,
         ) -> wasmtime::Result<Result<StepProgram, String>> {
-            Ok(world.call_build_program(store, config_json)?.map(step_program))
+            Ok(world
+                .call_build_program(store, config_json)?
+                .map(step_program))
         }
 
         fn model_info(info: types::ModelInfo) -> ModelInfo {
@@ -81,7 +83,9 @@ macro_rules! program_records {
                         policy: match i.policy {
                             types::RefreshPolicy::EveryStep => RefreshPolicy::EveryStep,
                             types::RefreshPolicy::OnChange => RefreshPolicy::OnChange,
-                            types::RefreshPolicy::DeviceMaintained => RefreshPolicy::DeviceMaintained,
+                            types::RefreshPolicy::DeviceMaintained => {
+                                RefreshPolicy::DeviceMaintained
+                            }
                         },
                     })
                     .collect(),

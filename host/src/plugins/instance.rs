@@ -227,8 +227,7 @@ pub(crate) trait World: Sized + 'static {
         linker: &mut Linker<PluginState>,
         version: ContractVersion,
     ) -> wasmtime::Result<()>;
-    fn pre(pre: InstancePre<PluginState>, version: ContractVersion)
-    -> wasmtime::Result<Self::Pre>;
+    fn pre(pre: InstancePre<PluginState>, version: ContractVersion) -> wasmtime::Result<Self::Pre>;
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self>;
     fn call_init(
         &self,

@@ -89,10 +89,7 @@ impl<Old: WorldBindings, New: WorldBindings> World for Versioned<Old, New> {
         }
     }
 
-    fn pre(
-        pre: InstancePre<PluginState>,
-        version: ContractVersion,
-    ) -> wasmtime::Result<Self::Pre> {
+    fn pre(pre: InstancePre<PluginState>, version: ContractVersion) -> wasmtime::Result<Self::Pre> {
         Ok(match version {
             ContractVersion::V0_1 => Versioned::V0_1(Old::pre(pre)?),
             ContractVersion::V0_2 => Versioned::V0_2(New::pre(pre)?),

@@ -72,7 +72,9 @@ impl Guest for Standard {
     fn init(config: String) -> Result<(), String> {
         match config.trim() {
             "" | "{}" => Ok(()),
-            other => Err(format!("the standard sampler takes no options, got {other}")),
+            other => Err(format!(
+                "the standard sampler takes no options, got {other}"
+            )),
         }
     }
 

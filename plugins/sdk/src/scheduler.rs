@@ -185,12 +185,16 @@ pub trait Scheduler: Sized + 'static {
     fn init(config: &str) -> Result<Self, String>;
     /// Decides engine step `step`. Steps count from 1 and only go up while the engine lives,
     /// whatever happens to this instance (a deployment's dry run, before it serves, is step 0):
-    /// it is the clock a policy reads (steps waited), the same on any machine. Running requests come first, then the others in arrival order.
+    /// it is the clock a policy reads (steps waited), the same on any machine. Running
+    /// requests come first, then the others in arrival order.
     fn schedule(&mut self, step: u64, requests: &[RequestView], resources: &Resources) -> Plan;
 }
 
 #[cfg(feature = "scheduler")]
 #[doc(hidden)]
+// The generated export takes `schedule`'s arguments flattened: the step, the list's pointer and
+// length, and each field of `resources`.
+#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
