@@ -8,7 +8,7 @@ use plughost::engine::{
 };
 use plughost::metrics::Metrics;
 use plughost::plugins::scheduler::SchedulerPlugin;
-use plughost::plugins::{InstanceLimits, PluginRuntime, PluginSpec, RuntimeOptions};
+use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::{Penalties, SamplingParams};
 use plughost_sdk::scheduler::{Phase, RequestView, Resources};
 
@@ -21,16 +21,6 @@ const PRIORITY_STEP_CHECK: i32 = -1005;
 /// Generous: each request below takes a few dozen mock steps.
 const DEADLINE: Duration = Duration::from_secs(120);
 
-fn plugin(file: &str) -> PluginSpec {
-    PluginSpec {
-        component: common::plugin_path(file),
-        config: Default::default(),
-        memory_mib: None,
-        call_timeout_ms: None,
-        failure: Default::default(),
-    }
-}
-
 /// An engine on the mock device with `scheduler` and `sampler`: eight sequences at once, a
 /// step budget of 16 tokens (so prompts are prefilled in chunks) and a pool of 24 blocks of 4,
 /// which eight requests outgrow (so some are preempted and recompute).
@@ -40,9 +30,9 @@ fn start(scheduler: &str, sampler: &str) -> EngineHandle {
         model_name: api::MODEL.into(),
         device_library: common::plugin_path("libplughost_device_mock.so"),
         device_config: String::new(),
-        glue: plugin("plughost_model_qwen3.wasm"),
-        scheduler: Some(plugin(scheduler)),
-        sampler: Some(plugin(sampler)),
+        glue: api::plugin("plughost_model_qwen3.wasm"),
+        scheduler: Some(api::plugin(scheduler)),
+        sampler: Some(api::plugin(sampler)),
         named_samplers: Default::default(),
         component_cache: Some(std::env::temp_dir().join("plughost-test-component-cache")),
         options: EngineOptions {
@@ -143,24 +133,21 @@ fn generate_all(engine: &EngineHandle, requests: Vec<GenerationRequest>) -> Vec<
 }
 
 fn metric(engine: &EngineHandle, name: &str) -> f64 {
-    let text = engine.metrics().render();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|rest| rest.trim().parse().ok())
-        })
-        .unwrap_or_else(|| panic!("metric {name} missing from:\n{text}"))
+    api::metric(&engine.metrics().render(), name).unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
-/// The WIT version `/admin/deployment` shows for each component, scheduler first.
-fn wit_versions(engine: &EngineHandle) -> Vec<(String, String)> {
-    engine
+/// Checks that `/admin/deployment` names `version` for the scheduler and the sampler.
+fn assert_wit_versions(engine: &EngineHandle, version: &str) {
+    let listed: Vec<(String, String)> = engine
         .deployment()
         .expect("a deployment")
         .components
         .iter()
         .map(|c| (c.slot.to_string(), c.wit_version.clone()))
-        .collect()
+        .collect();
+    let expected = [("scheduler", version), ("sampler", version)]
+        .map(|(slot, version)| (slot.to_string(), version.to_string()));
+    assert_eq!(listed, expected);
 }
 
 #[test]
@@ -171,13 +158,7 @@ fn components_of_0_1_run_through_the_adapter_with_the_tokens_of_their_0_2_builds
         "plughost_sampler_standard.wasm",
     );
     let expected = generate_all(&current, requests(0));
-    assert_eq!(
-        wit_versions(&current),
-        [
-            ("scheduler".to_string(), "0.2.0".to_string()),
-            ("sampler".to_string(), "0.2.0".to_string())
-        ]
-    );
+    assert_wit_versions(&current, "0.2.0");
     current.shutdown();
 
     let legacy = start(
@@ -185,13 +166,7 @@ fn components_of_0_1_run_through_the_adapter_with_the_tokens_of_their_0_2_builds
         "plughost_sampler_standard_wit01.wasm",
     );
     let tokens = generate_all(&legacy, requests(0));
-    assert_eq!(
-        wit_versions(&legacy),
-        [
-            ("scheduler".to_string(), "0.1.0".to_string()),
-            ("sampler".to_string(), "0.1.0".to_string())
-        ]
-    );
+    assert_wit_versions(&legacy, "0.1.0");
     for (i, (got, want)) in tokens.iter().zip(&expected).enumerate() {
         assert_eq!(got, want, "request {i}: the 0.1 components' tokens");
     }

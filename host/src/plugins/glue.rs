@@ -10,10 +10,20 @@ use super::versioned::{Versioned, impl_world_bindings};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 use crate::runtime::program::{ModelInfo, StepProgram};
 
-/// The records glue returns, as a version's generated ones, read into the runtime's types at
-/// this boundary; `types` names the version's `program` interface where this is invoked.
-macro_rules! program_records {
-    () => {
+/// One version's model-glue bindings, generated from the WIT in folder `$wit`, and the
+/// records glue returns, read into the runtime's types at this boundary.
+macro_rules! glue_version {
+    ($wit:tt) => {
+        mod bindings {
+            wasmtime::component::bindgen!({
+                path: $wit,
+                world: "model-glue",
+            });
+        }
+        pub(super) use bindings::ModelGlue;
+        use bindings::plughost::plugin::program as types;
+
+        use super::{PluginState, impl_world_bindings};
         use crate::runtime::program::{
             ArgTag, BufferRef, Dim, Dtype, Extent, KvLayout, ModelInfo, Param, RefreshPolicy,
             Scratch, StepInput, StepInputKind, StepProgram, Task, TensorArg, WeightSpec,
@@ -171,34 +181,12 @@ macro_rules! program_records {
 
 /// `plughost:plugin@0.1`: the same records as 0.2.
 mod v0_1 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.1",
-            world: "model-glue",
-        });
-    }
-    pub(super) use bindings::ModelGlue;
-    use bindings::plughost::plugin::program as types;
-
-    use super::{PluginState, impl_world_bindings};
-
-    program_records!();
+    glue_version!("../wit/0.1");
 }
 
 /// `plughost:plugin@0.2`, the host's own.
 mod v0_2 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.2",
-            world: "model-glue",
-        });
-    }
-    pub(super) use bindings::ModelGlue;
-    use bindings::plughost::plugin::program as types;
-
-    use super::{PluginState, impl_world_bindings};
-
-    program_records!();
+    glue_version!("../wit/0.2");
 }
 
 type Bindings = Versioned<v0_1::ModelGlue, v0_2::ModelGlue>;

@@ -11,11 +11,36 @@ use super::instance::{ContainedInstance, PluginState};
 use super::versioned::{Versioned, impl_world_bindings};
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
-/// The host's records as a version's generated ones and back; `wit` names the version's
-/// `scheduling` interface where this is invoked. Both versions' records have the same fields.
-macro_rules! scheduling_records {
-    () => {
+/// One version's scheduler bindings, generated from the WIT in folder `$wit`, and its
+/// `schedule`: the host's records as the version's generated ones (both versions' records have
+/// the same fields) and back, with the version's call (`$call`) in between.
+macro_rules! scheduler_version {
+    ($wit:tt, |$world:ident, $store:ident, $step:ident, $views:ident, $resources:ident| $call:expr) => {
+        mod bindings {
+            wasmtime::component::bindgen!({
+                path: $wit,
+                world: "scheduler",
+            });
+        }
+        pub(super) use bindings::Scheduler;
+        use bindings::plughost::plugin::scheduling as wit;
         use plughost_sdk::scheduler::{Phase, Plan, RequestView, Resources, Scheduled};
+
+        use super::{PluginState, impl_world_bindings};
+
+        impl_world_bindings!(bindings::Scheduler, SchedulerPre, "scheduler");
+
+        pub(super) fn schedule(
+            $world: &Scheduler,
+            $store: &mut wasmtime::Store<PluginState>,
+            $step: u64,
+            requests: &[RequestView],
+            resources: &Resources,
+        ) -> wasmtime::Result<Plan> {
+            let $views = &views(requests);
+            let $resources = self::resources(resources);
+            $call.map(plan)
+        }
 
         pub(super) fn views(requests: &[RequestView]) -> Vec<wit::RequestView> {
             requests
@@ -70,61 +95,14 @@ macro_rules! scheduling_records {
 
 /// `plughost:plugin@0.1`: the adapter drops the step number, which this version lacks.
 mod v0_1 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.1",
-            world: "scheduler",
-        });
-    }
-    pub(super) use bindings::Scheduler;
-    use bindings::plughost::plugin::scheduling as wit;
-
-    use super::{PluginState, impl_world_bindings};
-
-    impl_world_bindings!(bindings::Scheduler, SchedulerPre, "scheduler");
-    scheduling_records!();
-
-    pub(super) fn schedule(
-        world: &Scheduler,
-        store: &mut wasmtime::Store<PluginState>,
-        requests: &[RequestView],
-        resources: &Resources,
-    ) -> wasmtime::Result<Plan> {
-        let views = views(requests);
-        world
-            .call_schedule(store, &views, self::resources(resources))
-            .map(plan)
-    }
+    scheduler_version!("../wit/0.1", |world, store, _step, views, resources| world
+        .call_schedule(store, views, resources));
 }
 
 /// `plughost:plugin@0.2`, the host's own.
 mod v0_2 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.2",
-            world: "scheduler",
-        });
-    }
-    pub(super) use bindings::Scheduler;
-    use bindings::plughost::plugin::scheduling as wit;
-
-    use super::{PluginState, impl_world_bindings};
-
-    impl_world_bindings!(bindings::Scheduler, SchedulerPre, "scheduler");
-    scheduling_records!();
-
-    pub(super) fn schedule(
-        world: &Scheduler,
-        store: &mut wasmtime::Store<PluginState>,
-        step: u64,
-        requests: &[RequestView],
-        resources: &Resources,
-    ) -> wasmtime::Result<Plan> {
-        let views = views(requests);
-        world
-            .call_schedule(store, step, &views, self::resources(resources))
-            .map(plan)
-    }
+    scheduler_version!("../wit/0.2", |world, store, step, views, resources| world
+        .call_schedule(store, step, views, resources));
 }
 
 type Bindings = Versioned<v0_1::Scheduler, v0_2::Scheduler>;
@@ -167,7 +145,7 @@ impl SchedulerPlugin {
         resources: &Resources,
     ) -> Result<Plan, PluginError> {
         self.instance.call(|world, store| match world {
-            Versioned::V0_1(world) => v0_1::schedule(world, store, requests, resources),
+            Versioned::V0_1(world) => v0_1::schedule(world, store, step, requests, resources),
             Versioned::V0_2(world) => v0_2::schedule(world, store, step, requests, resources),
         })
     }

@@ -9,61 +9,17 @@
 mod sample;
 
 use plughost::plugin::sampling as wit;
-use plughost_sdk::sampler::{Candidate, LogitsRow, Penalties, SamplingParams};
 
 wit_bindgen::generate!({
     path: "../../wit/0.1",
     world: "sampler",
 });
 
-/// One row of the host's logits batch, through the 0.1 resource.
-struct Row<'a> {
-    batch: &'a wit::LogitsBatch,
-    row: u32,
-}
+/// The SDK's conversions, over this component's 0.1 records.
+mod adapter {
+    use super::plughost::plugin::sampling as wit;
 
-fn candidates(list: Vec<wit::Candidate>) -> Vec<Candidate> {
-    list.into_iter()
-        .map(|c| Candidate {
-            id: c.id,
-            value: c.value,
-        })
-        .collect()
-}
-
-impl LogitsRow for Row<'_> {
-    fn len(&self) -> u32 {
-        self.batch.vocab_size()
-    }
-    fn argmax(&self) -> u32 {
-        self.batch.argmax(self.row)
-    }
-    fn top_k(&self, k: u32) -> Vec<Candidate> {
-        candidates(self.batch.top_k(self.row, k))
-    }
-    fn read(&self, start: u32, len: u32) -> Vec<f32> {
-        self.batch.read(self.row, start, len)
-    }
-    fn log_softmax(&self, ids: &[u32], temperature: f32) -> Vec<f32> {
-        self.batch.log_softmax(self.row, ids, temperature)
-    }
-    fn log_sum_exp(&self, temperature: f32) -> f32 {
-        self.batch.log_sum_exp(self.row, temperature)
-    }
-    fn sample_full(&self, temperature: f32, u: f32) -> u32 {
-        self.batch.sample_full(self.row, temperature, u)
-    }
-    fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
-        self.batch.sample_top_p(self.row, temperature, top_p, u)
-    }
-    fn apply_penalties(&self, p: &Penalties) {
-        let p = wit::Penalties {
-            presence: p.presence,
-            frequency: p.frequency,
-            repetition: p.repetition,
-        };
-        self.batch.apply_penalties(self.row, p)
-    }
+    plughost_sdk::__sampling_adapter!();
 }
 
 struct Standard;
@@ -90,39 +46,14 @@ impl Guest for Standard {
             ));
         }
         let mut sampled = Vec::with_capacity(batch.len());
-        for (row, s) in (0u32..).zip(&batch) {
-            let row = Row { batch: logits, row };
-            if row.is_empty() {
+        for (row, s) in (0u32..).zip(batch) {
+            let row = adapter::Row { batch: logits, row };
+            if plughost_sdk::sampler::LogitsRow::is_empty(&row) {
                 return Err(format!("request {}: the logits row is empty", s.request));
             }
-            let p = s.params;
-            let params = SamplingParams {
-                temperature: p.temperature,
-                top_k: p.top_k,
-                top_p: p.top_p,
-                min_p: p.min_p,
-                penalties: Penalties {
-                    presence: p.penalties.presence,
-                    frequency: p.penalties.frequency,
-                    repetition: p.penalties.repetition,
-                },
-                seed: p.seed,
-                logprobs: p.logprobs,
-                num_top_logprobs: p.num_top_logprobs,
-            };
+            let params = adapter::params(s.params);
             let token = sample::sample_sequence(&row, &params, s.request, s.position);
-            sampled.push(wit::Sampled {
-                token: token.token,
-                logprob: token.logprob,
-                top_logprobs: token
-                    .top_logprobs
-                    .into_iter()
-                    .map(|c| wit::Candidate {
-                        id: c.id,
-                        value: c.value,
-                    })
-                    .collect(),
-            });
+            sampled.push(adapter::sampled(token));
         }
         Ok(sampled)
     }

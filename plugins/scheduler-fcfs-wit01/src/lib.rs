@@ -10,13 +10,17 @@ mod policy;
 
 use std::cell::RefCell;
 
-use plughost::plugin::scheduling as wit;
-use plughost_sdk::scheduler as sdk;
-
 wit_bindgen::generate!({
     path: "../../wit/0.1",
     world: "scheduler",
 });
+
+/// The SDK's conversions, over this component's 0.1 records.
+mod adapter {
+    use super::plughost::plugin::scheduling as wit;
+
+    plughost_sdk::__scheduling_adapter!();
+}
 
 thread_local! {
     static CONFIG: RefCell<policy::FcfsConfig> = RefCell::new(policy::FcfsConfig::default());
@@ -31,45 +35,11 @@ impl Guest for Fcfs {
         Ok(())
     }
 
-    fn schedule(requests: Vec<wit::RequestView>, resources: wit::Resources) -> wit::Plan {
-        let requests: Vec<sdk::RequestView> = requests
-            .into_iter()
-            .map(|v| sdk::RequestView {
-                id: v.id,
-                phase: match v.phase {
-                    wit::Phase::Waiting => sdk::Phase::Waiting,
-                    wit::Phase::Running => sdk::Phase::Running,
-                    wit::Phase::Preempted => sdk::Phase::Preempted,
-                },
-                priority: v.priority,
-                arrival_us: v.arrival_us,
-                prompt_len: v.prompt_len,
-                computed_len: v.computed_len,
-                cached_prefix_len: v.cached_prefix_len,
-                output_len: v.output_len,
-                max_output: v.max_output,
-                blocks_held: v.blocks_held,
-            })
-            .collect();
-        let resources = sdk::Resources {
-            token_budget: resources.token_budget,
-            max_running: resources.max_running,
-            block_size: resources.block_size,
-            free_blocks: resources.free_blocks,
-            total_blocks: resources.total_blocks,
-        };
+    fn schedule(requests: Vec<RequestView>, resources: Resources) -> Plan {
+        let requests: Vec<_> = requests.into_iter().map(adapter::request_view).collect();
+        let resources = adapter::resources(resources);
         let plan = CONFIG.with(|c| policy::schedule(&requests, &resources, &c.borrow()));
-        wit::Plan {
-            run: plan
-                .run
-                .into_iter()
-                .map(|s| wit::Scheduled {
-                    id: s.id,
-                    num_tokens: s.num_tokens,
-                })
-                .collect(),
-            preempt: plan.preempt,
-        }
+        adapter::plan(plan)
     }
 }
 

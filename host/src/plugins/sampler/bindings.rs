@@ -1,7 +1,7 @@
 //! The sampler world's bindings in each contract version: the host's `logits-batch` resource and the records of one call.
 //!
 //! The sampling interface has the same shape in 0.1 and 0.2, so one definition serves both:
-//! each version's module generates its bindings and expands [`sampling_world!`] over them.
+//! each version's module expands [`sampling_world!`] with the folder of its WIT.
 
 use plughost_sdk::sampler::{Candidate, Penalties, Sampled};
 use wasmtime::component::Resource;
@@ -41,10 +41,23 @@ impl PluginState {
     }
 }
 
-/// Everything a version's sampler bindings need from the host, where `bindings` is that
-/// version's generated module and `wit` its `sampling` interface.
+/// One version's sampler bindings, generated from the WIT in folder `$wit`, with everything
+/// they need from the host.
 macro_rules! sampling_world {
-    () => {
+    ($wit:tt) => {
+        mod bindings {
+            wasmtime::component::bindgen!({
+                path: $wit,
+                world: "sampler",
+                with: { "plughost:plugin/sampling.logits-batch": crate::plugins::logits::LogitsBatchHandle },
+                imports: { default: trappable },
+            });
+        }
+        pub(crate) use bindings::Sampler;
+        use bindings::plughost::plugin::sampling as wit;
+
+        use super::*;
+
         impl_world_bindings!(bindings::Sampler, SamplerPre, "sampler");
 
         impl wit::Host for PluginState {}
@@ -209,36 +222,10 @@ macro_rules! sampling_world {
 
 /// `plughost:plugin@0.1`: the same records as 0.2.
 pub(crate) mod v0_1 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.1",
-            world: "sampler",
-            with: { "plughost:plugin/sampling.logits-batch": crate::plugins::logits::LogitsBatchHandle },
-            imports: { default: trappable },
-        });
-    }
-    pub(crate) use bindings::Sampler;
-    use bindings::plughost::plugin::sampling as wit;
-
-    use super::*;
-
-    sampling_world!();
+    sampling_world!("../wit/0.1");
 }
 
 /// `plughost:plugin@0.2`, the host's own.
 pub(crate) mod v0_2 {
-    mod bindings {
-        wasmtime::component::bindgen!({
-            path: "../wit/0.2",
-            world: "sampler",
-            with: { "plughost:plugin/sampling.logits-batch": crate::plugins::logits::LogitsBatchHandle },
-            imports: { default: trappable },
-        });
-    }
-    pub(crate) use bindings::Sampler;
-    use bindings::plughost::plugin::sampling as wit;
-
-    use super::*;
-
-    sampling_world!();
+    sampling_world!("../wit/0.2");
 }
