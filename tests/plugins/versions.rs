@@ -8,7 +8,7 @@ use plughost::engine::{
 };
 use plughost::metrics::Metrics;
 use plughost::plugins::scheduler::SchedulerPlugin;
-use plughost::plugins::{InstanceLimits, PluginRuntime, RuntimeOptions};
+use plughost::plugins::{ContractVersion, InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::{Penalties, SamplingParams};
 use plughost_sdk::scheduler::{Phase, RequestView, Resources};
 
@@ -136,11 +136,13 @@ fn metric(engine: &EngineHandle, name: &str) -> f64 {
     api::metric(&engine.metrics().render(), name).unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
-/// Checks that `/admin/deployment` names `version` for the scheduler and the sampler.
+/// Checks that `/admin/deployment` names `version` for the scheduler and the sampler, and the
+/// current one for the glue.
 fn assert_wit_versions(engine: &EngineHandle, version: &str) {
-    let listed: Vec<(String, String)> = engine
-        .deployment()
-        .expect("a deployment")
+    let deployment = engine.deployment().expect("a deployment");
+    let glue = deployment.glue.as_ref().expect("the glue is listed");
+    assert_eq!(glue.wit_version, ContractVersion::CURRENT.as_str());
+    let listed: Vec<(String, String)> = deployment
         .components
         .iter()
         .map(|c| (c.slot.to_string(), c.wit_version.clone()))
