@@ -1,4 +1,4 @@
-//! Components of both contract versions in a running engine: 0.1 builds of FCFS and the standard sampler run through the host's adapter and give the tokens of their 0.2 builds, each names its version, and a 0.2 scheduler sees the engine's step number count up.
+//! Components of both contract versions in a running engine: 0.1 builds of the decoder glue, FCFS and the standard sampler run through the host's adapter and give the tokens of their 0.2 builds, each names its version, and a 0.2 scheduler sees the engine's step number count up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,16 +21,16 @@ const PRIORITY_STEP_CHECK: i32 = -1005;
 /// Generous: each request below takes a few dozen mock steps.
 const DEADLINE: Duration = Duration::from_secs(120);
 
-/// An engine on the mock device with `scheduler` and `sampler`: eight sequences at once, a
+/// An engine on the mock device with `glue`, `scheduler` and `sampler`: eight sequences at once, a
 /// step budget of 16 tokens (so prompts are prefilled in chunks) and a pool of 24 blocks of 4,
 /// which eight requests outgrow (so some are preempted and recompute).
-fn start(scheduler: &str, sampler: &str) -> EngineHandle {
+fn start(glue: &str, scheduler: &str, sampler: &str) -> EngineHandle {
     let setup = EngineSetup {
         model_dir: api::model_dir(),
         model_name: api::MODEL.into(),
         device_library: common::plugin_path("libplughost_device_mock.so"),
         device_config: String::new(),
-        glue: api::plugin("plughost_model_qwen3.wasm"),
+        glue: api::plugin(glue),
         scheduler: Some(api::plugin(scheduler)),
         sampler: Some(api::plugin(sampler)),
         named_samplers: Default::default(),
@@ -136,12 +136,11 @@ fn metric(engine: &EngineHandle, name: &str) -> f64 {
     api::metric(&engine.metrics().render(), name).unwrap_or_else(|| panic!("metric {name} missing"))
 }
 
-/// Checks that `/admin/deployment` names `version` for the scheduler and the sampler, and the
-/// current one for the glue.
+/// Checks that `/admin/deployment` names `version` for the glue, the scheduler and the sampler.
 fn assert_wit_versions(engine: &EngineHandle, version: &str) {
     let deployment = engine.deployment().expect("a deployment");
     let glue = deployment.glue.as_ref().expect("the glue is listed");
-    assert_eq!(glue.wit_version, ContractVersion::CURRENT.as_str());
+    assert_eq!(glue.wit_version, version);
     let listed: Vec<(String, String)> = deployment
         .components
         .iter()
@@ -156,14 +155,16 @@ fn assert_wit_versions(engine: &EngineHandle, version: &str) {
 fn components_of_0_1_run_through_the_adapter_with_the_tokens_of_their_0_2_builds() {
     let _process = crate::shared_process();
     let current = start(
+        "plughost_model_qwen3.wasm",
         "plughost_scheduler_fcfs.wasm",
         "plughost_sampler_standard.wasm",
     );
     let expected = generate_all(&current, requests(0));
-    assert_wit_versions(&current, "0.2.0");
+    assert_wit_versions(&current, ContractVersion::CURRENT.as_str());
     current.shutdown();
 
     let legacy = start(
+        "plughost_model_qwen3_wit01.wasm",
         "plughost_scheduler_fcfs_wit01.wasm",
         "plughost_sampler_standard_wit01.wasm",
     );
@@ -229,6 +230,7 @@ fn a_0_2_scheduler_sees_the_step_number_count_up() {
     // In the engine every step counts up, so the checking requests run to the end under the
     // scheduler's own plans.
     let engine = start(
+        "plughost_model_qwen3.wasm",
         "plughost_scheduler_faulty.wasm",
         "plughost_sampler_standard.wasm",
     );
