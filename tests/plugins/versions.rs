@@ -1,4 +1,4 @@
-//! Components of both contract versions in a running engine: 0.1 builds of the decoder glue, FCFS and the standard sampler run through the host's adapter and give the tokens of their 0.2 builds, each names its version, and a 0.2 scheduler sees the engine's step number count up.
+//! Components of both contract versions: 0.1 builds of the decoder glue, FCFS and the standard sampler run through the host's adapter and give the tokens of their 0.2 builds, each names its version, a 0.1 component of another shape is named against the 0.1 contract, and a 0.2 scheduler sees the engine's step number count up.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,6 +7,7 @@ use plughost::engine::{
     EngineHandle, EngineOptions, EngineSetup, GenerationEvent, GenerationRequest, StopConditions,
 };
 use plughost::metrics::Metrics;
+use plughost::plugins::sampler::SamplerPlugin;
 use plughost::plugins::scheduler::SchedulerPlugin;
 use plughost::plugins::{ContractVersion, InstanceLimits, PluginRuntime, RuntimeOptions};
 use plughost_sdk::sampler::{Penalties, SamplingParams};
@@ -246,4 +247,39 @@ fn a_0_2_scheduler_sees_the_step_number_count_up() {
         "the scheduler never saw a step number that did not count up"
     );
     engine.shutdown();
+}
+
+#[test]
+fn a_0_1_component_whose_records_differ_is_named_against_the_0_1_contract() {
+    let _process = crate::shared_process();
+    let original = std::fs::read(common::plugin_path("plughost_sampler_standard_wit01.wasm"))
+        .expect("the 0.1 sampler");
+    // The fourth field of `sampling-params` renamed, same length, so the file stays well formed.
+    let mut edited = original.clone();
+    let mut renamed = 0;
+    for start in 0..original.len().saturating_sub(5) {
+        if &original[start..start + 5] == b"min-p" {
+            edited[start..start + 5].copy_from_slice(b"max-p");
+            renamed += 1;
+        }
+    }
+    assert!(renamed > 0, "the component names `min-p`");
+    let dir = std::env::temp_dir().join(format!("plughost-versions-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch folder");
+    let path = dir.join("sampler-max-p.wasm");
+    std::fs::write(&path, &edited).expect("the edited component");
+    let runtime = PluginRuntime::new(RuntimeOptions::default()).expect("plugin runtime");
+    let error = SamplerPlugin::load(&runtime, &path, "", InstanceLimits::default())
+        .err()
+        .expect("a component whose records differ is refused");
+    let _ = std::fs::remove_dir_all(&dir);
+    let message = error.to_string();
+    assert!(
+        message.contains("the sampler world of plughost:plugin@0.1.0")
+            && message.contains(
+                "record `sampling-params` of plughost:plugin/sampling@0.1.0 differs: field 4 is \
+                 `min-p` in this host and `max-p` in the component"
+            ),
+        "{message}"
+    );
 }
