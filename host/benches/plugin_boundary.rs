@@ -127,17 +127,17 @@ fn bench_scheduler(runtime: &PluginRuntime) {
         total_blocks: 100_000,
     };
     let empty = median(20_000, || {
-        fcfs.schedule(&[], &resources).expect("schedule");
+        fcfs.schedule(1, &[], &resources).expect("schedule");
     });
     let views = requests(256);
     let full = median(2_000, || {
-        fcfs.schedule(&views, &resources).expect("schedule");
+        fcfs.schedule(1, &views, &resources).expect("schedule");
     });
     let native_policy = {
         use plughost_sdk::scheduler::Scheduler;
         let mut native = plughost_scheduler_fcfs::Fcfs::init("").expect("native fcfs");
         median(2_000, || {
-            std::hint::black_box(native.schedule(&views, &resources));
+            std::hint::black_box(native.schedule(1, &views, &resources));
         })
     };
     println!(

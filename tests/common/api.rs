@@ -21,7 +21,8 @@ pub fn model_dir() -> PathBuf {
         .join(MODEL)
 }
 
-fn plugin(file: &str) -> PluginSpec {
+/// A built component with no config, the default limits and failure policy.
+pub fn plugin(file: &str) -> PluginSpec {
     PluginSpec {
         component: common::plugin_path(file),
         config: Default::default(),

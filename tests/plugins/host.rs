@@ -171,9 +171,9 @@ fn fcfs_plan_for_a_synthetic_queue() {
             },
         },
     ];
-    for case in cases {
+    for (step, case) in (1..).zip(cases) {
         let plan = fcfs
-            .schedule(&case.requests, &case.resources)
+            .schedule(step, &case.requests, &case.resources)
             .expect("schedule call");
         assert_eq!(plan, case.want, "{}", case.name);
     }
@@ -308,7 +308,7 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     };
     let ordinary = [view(1, Phase::Waiting, 4, 0, 0, 0)];
     let healthy = scheduler
-        .schedule(&ordinary, &resources)
+        .schedule(1, &ordinary, &resources)
         .expect("ordinary call");
     assert_eq!(
         healthy.run,
@@ -332,13 +332,14 @@ fn faults_are_contained_and_the_next_call_gets_a_fresh_instance() {
     for (i, (name, priority, is_expected)) in cases.into_iter().enumerate() {
         let mut bad = view(2, Phase::Waiting, 4, 0, 0, 0);
         bad.priority = priority;
+        let step = 2 * i as u64 + 2;
         let err = scheduler
-            .schedule(&[bad], &resources)
+            .schedule(step, &[bad], &resources)
             .err()
             .unwrap_or_else(|| panic!("{name}: must fail"));
         assert!(is_expected(&err), "{name}: unexpected error {err}");
         let after = scheduler
-            .schedule(&ordinary, &resources)
+            .schedule(step + 1, &ordinary, &resources)
             .expect("next call on a fresh instance");
         assert_eq!(after, healthy, "{name}: fresh instance answers as before");
         let stats = scheduler.stats();
@@ -367,14 +368,14 @@ fn a_plugin_that_keeps_faulting_is_backed_off() {
         total_blocks: 10,
     };
     // The default policy: 5 faults within 60 s back the plugin off for 10 s.
-    for _ in 0..5 {
+    for step in 1..=5 {
         let err = scheduler
-            .schedule(std::slice::from_ref(&bad), &resources)
+            .schedule(step, std::slice::from_ref(&bad), &resources)
             .expect_err("traps");
         assert!(matches!(err, PluginError::Trap { .. }), "{err}");
     }
     let err = scheduler
-        .schedule(&[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources)
+        .schedule(6, &[view(1, Phase::Waiting, 4, 0, 0, 0)], &resources)
         .expect_err("backed off");
     assert!(matches!(err, PluginError::BackingOff { .. }), "{err}");
     assert_eq!(scheduler.stats().faults, 5);

@@ -1,4 +1,4 @@
-//! Plugin tests in one binary, so the test build links wasmtime once for them: every built component through the host, a sampler's faults and memory, and the example plugins in a running engine.
+//! Plugin tests in one binary, so the test build links wasmtime once for them: every built component through the host, a sampler's faults and memory, the example plugins in a running engine, and components of both contract versions.
 //!
 //! The modules run as threads of one process. One test reads this process's resident set,
 //! which any test running beside it would disturb: it holds [`whole_process`], and every
@@ -10,6 +10,7 @@ mod common;
 mod examples;
 mod faults;
 mod host;
+mod versions;
 
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 

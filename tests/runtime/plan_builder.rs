@@ -76,7 +76,7 @@ fn plans_built_with_plan_builder_always_pass_the_host_checks() {
     let mut random = Random(0x9E37_79B9_7F4A_7C15);
     let mut scheduler = PriorityAging::init("").expect("defaults");
     let mut ran = 0;
-    for _ in 0..5_000 {
+    for step in 1..=5_000 {
         let (requests, resources) = random_step(&mut random);
         let mut builder = PlanBuilder::new(&requests, &resources);
         for request in &requests {
@@ -88,7 +88,7 @@ fn plans_built_with_plan_builder_always_pass_the_host_checks() {
         let plan = builder.finish();
         ran += plan.run.len();
         check(&plan, &requests, &resources, "PlanBuilder");
-        let plan = scheduler.schedule(&requests, &resources);
+        let plan = scheduler.schedule(step, &requests, &resources);
         check(&plan, &requests, &resources, "priority scheduler");
     }
     assert!(ran > 5_000, "the random steps ran requests ({ran})");

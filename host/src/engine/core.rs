@@ -60,6 +60,7 @@ pub struct EngineCore {
     logits: Vec<f32>,
     /// Spans of every step, when a profile was asked for.
     profiler: Option<Profiler>,
+    /// Steps run since the engine started: the number a scheduler plugin plans each step by.
     num_steps: u64,
     /// Progress stamps for the watchdog, and the requests it fails if the engine cannot.
     health: Arc<EngineHealth>,

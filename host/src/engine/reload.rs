@@ -97,6 +97,8 @@ pub struct DeploymentStatus {
     pub config: Option<String>,
     /// The `system_fingerprint` of requests that start now.
     pub system_fingerprint: String,
+    /// The prepared model's glue, which reloads never change.
+    pub glue: Option<GlueStatus>,
     pub components: Vec<ComponentStatus>,
     /// The names requests may send as `"sampler"`, `default` first.
     pub samplers: Vec<String>,
@@ -111,6 +113,15 @@ pub struct DeploymentStatus {
 pub struct DrainingGeneration {
     pub generation: u64,
     pub components: Vec<ComponentStatus>,
+}
+
+/// The model glue as `/admin/deployment` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GlueStatus {
+    pub file: String,
+    pub sha256: String,
+    /// The `plughost:plugin` version it was built for.
+    pub wit_version: String,
 }
 
 /// The prepared model's glue, which no reload may change.
@@ -277,6 +288,11 @@ impl Deployments {
             generation: generation.number(),
             loaded_at: unix_seconds(generation.loaded_at()),
             system_fingerprint: generation.fingerprint().to_string(),
+            glue: lock(&self.glue).as_ref().map(|g| GlueStatus {
+                file: g.path.display().to_string(),
+                sha256: g.sha256.clone(),
+                wit_version: g.wit_version.clone(),
+            }),
             config: self
                 .source()
                 .and_then(|s| s.config)

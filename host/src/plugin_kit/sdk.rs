@@ -111,11 +111,17 @@ mod tests {
     fn the_shipped_sdk_has_its_sources_and_the_contract() {
         let files: Vec<&str> = bundled::SDK_FILES.iter().map(|(path, _)| *path).collect();
         assert!(files.contains(&"src/lib.rs"), "{files:?}");
+        let package = format!(
+            "package plughost:plugin@{};",
+            crate::plugins::ContractVersion::CURRENT
+        );
         assert!(
-            files
-                .iter()
-                .any(|f| f.starts_with("wit/") && f.ends_with(".wit")),
-            "{files:?}"
+            bundled::SDK_FILES.iter().any(|(path, contents)| {
+                path.starts_with("wit/")
+                    && path.ends_with(".wit")
+                    && String::from_utf8_lossy(contents).contains(&package)
+            }),
+            "no WIT file with `{package}` in {files:?}"
         );
         let manifest: toml::Table = bundled::SDK_MANIFEST.parse().unwrap();
         assert_eq!(manifest["package"]["name"].as_str(), Some("plughost-sdk"));

@@ -6,8 +6,58 @@
 
 use semver::Version;
 
-/// The version of the WIT package the host implements.
-pub(crate) const CONTRACT_VERSION: &str = "0.1.0";
+/// The versions of the WIT package this host speaks, oldest first. Components of the newest
+/// run natively; older ones through an adapter that gives them the records they know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ContractVersion {
+    /// `plughost:plugin@0.1.0`: the first contract.
+    V0_1,
+    /// `plughost:plugin@0.2.0`: adds the engine step number to the scheduler's inputs.
+    V0_2,
+}
+
+impl ContractVersion {
+    /// Every version this host speaks, oldest first.
+    pub const ALL: [ContractVersion; 2] = [ContractVersion::V0_1, ContractVersion::V0_2];
+    /// The version the SDK, the templates and the in-tree plugins are built for.
+    pub const CURRENT: ContractVersion = ContractVersion::V0_2;
+
+    /// The release this host implements, as `major.minor.patch`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => "0.1.0",
+            ContractVersion::V0_2 => "0.2.0",
+        }
+    }
+
+    /// The version's WIT, as the host's bindings of it were generated from.
+    pub(crate) const fn wit(self) -> &'static str {
+        match self {
+            ContractVersion::V0_1 => include_str!("../../../wit/0.1/plugin.wit"),
+            ContractVersion::V0_2 => include_str!("../../../wit/0.2/plugin.wit"),
+        }
+    }
+
+    /// The version of this host that speaks `version` under semver: before 1.0 the minor
+    /// version must match (`0.2.x` is 0.2), from 1.0 on the major must.
+    pub fn of(version: &str) -> Option<ContractVersion> {
+        let version = Version::parse(version).ok()?;
+        ContractVersion::ALL.into_iter().find(|ours| {
+            let ours = Version::parse(ours.as_str()).unwrap_or_else(|_| Version::new(0, 0, 0));
+            if ours.major == 0 {
+                version.major == 0 && version.minor == ours.minor
+            } else {
+                version.major == ours.major && version.minor <= ours.minor
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for ContractVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The package whose interfaces a component imports and exports.
 const CONTRACT_PACKAGE: &str = "plughost:plugin/";
@@ -38,6 +88,14 @@ pub enum ContractError {
         component: String,
         version: String,
         speaks: String,
+    },
+    #[error(
+        "component {component} names plughost:plugin@{}; a component is built for one version",
+        versions.join(" and @")
+    )]
+    Mixed {
+        component: String,
+        versions: Vec<String>,
     },
     #[error("{component} exports the {world} world; the [{slot}] slot needs {needs}")]
     World {
@@ -113,13 +171,19 @@ impl ComponentContract {
         &self.versions
     }
 
-    /// The version the component was built for, or the host's when it names none.
+    /// The version the component was built for, or the host's newest when it names none.
     pub fn version(&self) -> &str {
         self.versions
             .iter()
-            .find(|v| !speaks(v))
+            .find(|v| ContractVersion::of(v).is_none())
             .or(self.versions.first())
-            .map_or(CONTRACT_VERSION, String::as_str)
+            .map_or(ContractVersion::CURRENT.as_str(), String::as_str)
+    }
+
+    /// The host's version that runs the component: the one it names (the newest when it
+    /// names none), if the host speaks it.
+    pub fn speaks(&self) -> Option<ContractVersion> {
+        ContractVersion::of(self.version())
     }
 
     /// The world the component exports, when its exports match one.
@@ -127,16 +191,33 @@ impl ComponentContract {
         self.world
     }
 
-    /// Refuses a component built for a contract version this host does not speak.
+    /// Refuses a component built for a contract version this host does not speak, or for two
+    /// of them at once.
     pub fn check_version(&self, component: &str) -> Result<(), ContractError> {
-        match self.versions.iter().find(|v| !speaks(v)) {
-            None => Ok(()),
-            Some(version) => Err(ContractError::Version {
+        if let Some(version) = self
+            .versions
+            .iter()
+            .find(|v| ContractVersion::of(v).is_none())
+        {
+            return Err(ContractError::Version {
                 component: component.to_string(),
                 version: version.clone(),
                 speaks: host_speaks(),
-            }),
+            });
         }
+        let mut spoken: Vec<ContractVersion> = self
+            .versions
+            .iter()
+            .filter_map(|v| ContractVersion::of(v))
+            .collect();
+        spoken.dedup();
+        if spoken.len() > 1 {
+            return Err(ContractError::Mixed {
+                component: component.to_string(),
+                versions: self.versions.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// Refuses a component whose world is not `needs`, the world of the slot it was given.
@@ -190,32 +271,16 @@ fn slot_of(world: &'static str) -> &'static str {
     }
 }
 
-fn host_version() -> Version {
-    Version::parse(CONTRACT_VERSION).unwrap_or_else(|_| Version::new(0, 0, 0))
-}
-
-/// Semver compatibility with the host's contract: before 1.0 the minor version must match,
-/// from 1.0 on the major must match and the minor be no newer than the host's.
-fn speaks(version: &str) -> bool {
-    let host = host_version();
-    let Ok(version) = Version::parse(version) else {
-        return false;
-    };
-    if host.major == 0 {
-        version.major == 0 && version.minor == host.minor
-    } else {
-        version.major == host.major && version.minor <= host.minor
-    }
-}
-
-/// The versions this host speaks, as people write them: `0.1.x`, or `1.0 to 1.3`.
+/// The versions this host speaks, as people write them: `0.1.x or 0.2.x`.
 fn host_speaks() -> String {
-    let host = host_version();
-    if host.major == 0 {
-        format!("0.{}.x", host.minor)
-    } else {
-        format!("{0}.0 to {0}.{1}", host.major, host.minor)
-    }
+    let series: Vec<String> = ContractVersion::ALL
+        .iter()
+        .map(|v| match v.as_str().rsplit_once('.') {
+            Some((series, _)) => format!("{series}.x"),
+            None => v.as_str().to_string(),
+        })
+        .collect();
+    series.join(" or ")
 }
 
 #[cfg(test)]
@@ -224,29 +289,56 @@ mod tests {
 
     #[test]
     fn versions_are_compatible_under_semver() {
-        assert!(speaks("0.1.0"));
-        assert!(speaks("0.1.7"));
-        assert!(!speaks("0.2.0"));
-        assert!(!speaks("1.1.0"));
-        assert!(!speaks("zero"));
-        assert_eq!(host_speaks(), "0.1.x");
+        assert_eq!(ContractVersion::of("0.1.0"), Some(ContractVersion::V0_1));
+        assert_eq!(ContractVersion::of("0.1.7"), Some(ContractVersion::V0_1));
+        assert_eq!(ContractVersion::of("0.2.3"), Some(ContractVersion::V0_2));
+        assert_eq!(ContractVersion::of("0.3.0"), None);
+        assert_eq!(ContractVersion::of("1.1.0"), None);
+        assert_eq!(ContractVersion::of("zero"), None);
+        assert_eq!(host_speaks(), "0.1.x or 0.2.x");
+    }
+
+    #[test]
+    fn each_version_has_its_wit() {
+        for version in ContractVersion::ALL {
+            assert!(
+                version
+                    .wit()
+                    .contains(&format!("package plughost:plugin@{version};")),
+                "{version}"
+            );
+        }
     }
 
     #[test]
     fn the_messages_name_what_the_component_was_built_for() {
         let contract = ComponentContract {
+            versions: vec!["0.2.0".into(), "0.3.0".into()],
+            world: Some("scheduler"),
+        };
+        assert_eq!(contract.version(), "0.3.0");
+        assert_eq!(contract.speaks(), None);
+        assert_eq!(
+            contract.check("x.wasm", "sampler").unwrap_err().to_string(),
+            "component x.wasm was built for plughost:plugin@0.3.0; this host speaks 0.1.x or 0.2.x"
+        );
+        let contract = ComponentContract {
             versions: vec!["0.1.0".into(), "0.2.0".into()],
             world: Some("scheduler"),
         };
-        assert_eq!(contract.version(), "0.2.0");
         assert_eq!(
-            contract.check("x.wasm", "sampler").unwrap_err().to_string(),
-            "component x.wasm was built for plughost:plugin@0.2.0; this host speaks 0.1.x"
+            contract
+                .check("x.wasm", "scheduler")
+                .unwrap_err()
+                .to_string(),
+            "component x.wasm names plughost:plugin@0.1.0 and @0.2.0; a component is built for \
+             one version"
         );
         let contract = ComponentContract {
             versions: vec!["0.1.0".into()],
             world: Some("scheduler"),
         };
+        assert_eq!(contract.speaks(), Some(ContractVersion::V0_1));
         assert_eq!(
             contract.check("x.wasm", "sampler").unwrap_err().to_string(),
             "x.wasm exports the scheduler world; the [sampler] slot needs sampler"
@@ -278,7 +370,11 @@ mod tests {
             });
             let contract = ComponentContract::read(&bytes).unwrap();
             assert_eq!(contract.world(), Some(world), "{file}");
-            assert_eq!(contract.versions(), [CONTRACT_VERSION], "{file}");
+            assert_eq!(
+                contract.versions(),
+                [ContractVersion::CURRENT.as_str()],
+                "{file}"
+            );
         }
         assert!(
             ComponentContract::read(b"\0asm\x01\0\0\0").is_err(),

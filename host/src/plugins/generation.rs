@@ -573,8 +573,9 @@ fn dry_run_scheduler(plugin: &mut SchedulerPlugin) -> Result<(), String> {
         free_blocks: 16,
         total_blocks: 16,
     };
+    // Step 0: no engine step, so the first real one counts up from it.
     let plan = plugin
-        .schedule(&views, &resources)
+        .schedule(0, &views, &resources)
         .map_err(|e| e.to_string())?;
     sched::validate_plan(&plan, &views, &resources).map_err(|e| format!("invalid plan: {e}"))?;
     if plan.run.is_empty() {

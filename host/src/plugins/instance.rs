@@ -9,6 +9,7 @@ use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::PluginError;
+use super::contract::ContractVersion;
 use super::generation::Slot;
 use super::logits::LogitsBatch;
 use super::policy::{FaultPolicy, FaultTracker, Unavailable};
@@ -217,12 +218,16 @@ impl PluginState {
     }
 }
 
-/// One WIT world as the host sees it: how to link, pre-instantiate, instantiate and init it.
+/// One WIT world as the host sees it, in whichever contract version a component names: how
+/// to link, pre-instantiate, instantiate and init it.
 pub(crate) trait World: Sized + 'static {
     type Pre: Clone;
     const NAME: &'static str;
-    fn add_to_linker(linker: &mut Linker<PluginState>) -> wasmtime::Result<()>;
-    fn pre(pre: InstancePre<PluginState>) -> wasmtime::Result<Self::Pre>;
+    fn add_to_linker(
+        linker: &mut Linker<PluginState>,
+        version: ContractVersion,
+    ) -> wasmtime::Result<()>;
+    fn pre(pre: InstancePre<PluginState>, version: ContractVersion) -> wasmtime::Result<Self::Pre>;
     fn instantiate(pre: &Self::Pre, store: &mut Store<PluginState>) -> wasmtime::Result<Self>;
     fn call_init(
         &self,
@@ -230,46 +235,6 @@ pub(crate) trait World: Sized + 'static {
         config: &str,
     ) -> wasmtime::Result<Result<(), String>>;
 }
-
-/// Implements [`World`] for a world's generated bindings; every world links, pre-instantiates,
-/// instantiates and initialises the same way.
-macro_rules! impl_world {
-    ($bindings:ident :: $world:ident, $pre:ident, $name:literal) => {
-        impl $crate::plugins::instance::World for $bindings::$world {
-            type Pre = $bindings::$pre<$crate::plugins::instance::PluginState>;
-            const NAME: &'static str = $name;
-
-            fn add_to_linker(
-                linker: &mut wasmtime::component::Linker<$crate::plugins::instance::PluginState>,
-            ) -> wasmtime::Result<()> {
-                type State = $crate::plugins::instance::PluginState;
-                $bindings::$world::add_to_linker::<State, wasmtime::component::HasSelf<State>>(
-                    linker,
-                    |s| s,
-                )
-            }
-            fn pre(
-                pre: wasmtime::component::InstancePre<$crate::plugins::instance::PluginState>,
-            ) -> wasmtime::Result<Self::Pre> {
-                $bindings::$pre::new(pre)
-            }
-            fn instantiate(
-                pre: &Self::Pre,
-                store: &mut wasmtime::Store<$crate::plugins::instance::PluginState>,
-            ) -> wasmtime::Result<Self> {
-                pre.instantiate(&mut *store)
-            }
-            fn call_init(
-                &self,
-                store: &mut wasmtime::Store<$crate::plugins::instance::PluginState>,
-                config: &str,
-            ) -> wasmtime::Result<Result<(), String>> {
-                self.call_init(store, config)
-            }
-        }
-    };
-}
-pub(crate) use impl_world;
 
 struct Live<W> {
     store: Store<PluginState>,

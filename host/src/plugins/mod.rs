@@ -21,8 +21,9 @@ mod runtime;
 pub mod sampler;
 mod sandbox;
 pub mod scheduler;
+mod versioned;
 
-pub use contract::{ComponentContract, ContractError, check_component};
+pub use contract::{ComponentContract, ContractError, ContractVersion, check_component};
 pub use deployment::{
     DEFAULT_SAMPLER_NAME, Deployment, DeploymentError, NamedSamplers, PluginSpec,
 };

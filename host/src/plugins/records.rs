@@ -9,15 +9,17 @@ use wasmtime::Engine;
 use wasmtime::component::types::{self as wt, ComponentItem};
 use wit_parser::{Resolve, Type, TypeDefKind};
 
-use super::contract::CONTRACT_VERSION;
+use super::contract::ContractVersion;
 
-/// The contract this host speaks, as the bindings were generated from.
-const HOST_WIT: &str = include_str!("../../../wit/0.1/plugin.wit");
-
-/// The first named type of `component` whose shape differs from the host's, as a sentence.
-pub(crate) fn first_difference(engine: &Engine, component: &wt::Component) -> Option<String> {
+/// The first named type of `component` whose shape differs from the host's WIT of `version`,
+/// the version the component names, as a sentence.
+pub(crate) fn first_difference(
+    engine: &Engine,
+    component: &wt::Component,
+    version: ContractVersion,
+) -> Option<String> {
     let mut resolve = Resolve::default();
-    let package = resolve.push_str("plugin.wit", HOST_WIT).ok()?;
+    let package = resolve.push_str("plugin.wit", version.wit()).ok()?;
     let prefix = "plughost:plugin/";
     for (name, import) in component.imports(engine) {
         let Some(interface) = name
@@ -42,7 +44,7 @@ pub(crate) fn first_difference(engine: &Engine, component: &wt::Component) -> Op
             let ours = &resolve.types[ours].kind;
             if let Some(difference) = compare(&resolve, ours, &theirs) {
                 return Some(format!(
-                    "{} `{type_name}` of {prefix}{interface}@{CONTRACT_VERSION} differs: {difference}",
+                    "{} `{type_name}` of {prefix}{interface}@{version} differs: {difference}",
                     kind_name(ours)
                 ));
             }
@@ -275,15 +277,18 @@ mod tests {
 
     #[test]
     fn the_host_wit_parses() {
-        let mut resolve = Resolve::default();
-        let package = resolve
-            .push_str("plugin.wit", HOST_WIT)
-            .expect("the host's WIT");
-        let sampling = resolve.packages[package].interfaces["sampling"];
-        assert!(
-            resolve.interfaces[sampling]
-                .types
-                .contains_key("sampling-params")
-        );
+        for version in ContractVersion::ALL {
+            let mut resolve = Resolve::default();
+            let package = resolve
+                .push_str("plugin.wit", version.wit())
+                .expect("the host's WIT");
+            let sampling = resolve.packages[package].interfaces["sampling"];
+            assert!(
+                resolve.interfaces[sampling]
+                    .types
+                    .contains_key("sampling-params"),
+                "{version}"
+            );
+        }
     }
 }

@@ -11,7 +11,7 @@ use wasmtime::{Config, Engine};
 
 use super::PluginError;
 use super::cache::ComponentCache;
-use super::contract::{CONTRACT_VERSION, ComponentContract};
+use super::contract::ComponentContract;
 use super::instance::{ContainedInstance, InstanceLimits, PluginState, World};
 use super::records;
 
@@ -63,7 +63,8 @@ pub(crate) struct CompiledComponent {
     pub component: Component,
     /// Hex SHA-256 of the component file.
     pub sha256: String,
-    /// The version of `plughost:plugin` the component imports, or the host's when it names none.
+    /// The version of `plughost:plugin` the component imports, or the host's newest when it
+    /// names none.
     pub wit_version: String,
     /// The contract version and world the component names.
     pub contract: ComponentContract,
@@ -147,17 +148,20 @@ impl PluginRuntime {
     ) -> Result<ContainedInstance<W>, PluginError> {
         // A component of another world would fail to link with a message about a missing
         // import; name the world it exports and the one the slot needs instead.
-        compiled
-            .contract
-            .check_world(&path.display().to_string(), W::NAME)?;
+        let name = path.display().to_string();
+        compiled.contract.check(&name, W::NAME)?;
+        let version = compiled.contract.speaks().ok_or_else(|| {
+            PluginError::Runtime(format!("{name} names no contract version this host speaks"))
+        })?;
         let component = &compiled.component;
         let incompatible = |e: wasmtime::Error| PluginError::Incompatible {
             path: path.to_path_buf(),
             world: W::NAME,
-            version: CONTRACT_VERSION,
+            version: version.as_str(),
             message: match records::first_difference(
                 &self.shared.engine,
                 &component.component_type(),
+                version,
             ) {
                 Some(difference) => format!("{difference} ({e:#})"),
                 None => format!("{e:#}"),
@@ -166,9 +170,10 @@ impl PluginRuntime {
         let mut linker: Linker<PluginState> = Linker::new(&self.shared.engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
-        W::add_to_linker(&mut linker).map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
+        W::add_to_linker(&mut linker, version)
+            .map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
         let pre = linker.instantiate_pre(component).map_err(incompatible)?;
-        let pre = W::pre(pre).map_err(incompatible)?;
+        let pre = W::pre(pre, version).map_err(incompatible)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

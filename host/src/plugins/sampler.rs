@@ -3,25 +3,19 @@
 use std::path::Path;
 use std::time::Duration;
 
-use plughost_sdk::sampler::{Candidate, Sampled, SamplingParams};
+use plughost_sdk::sampler::{Sampled, SamplingParams};
 use wasmtime::component::Resource;
 
 use super::generation::Slot;
 use super::instance::{ContainedInstance, PluginState};
-use super::logits::{self, LogitsBatch, LogitsBatchHandle};
+use super::logits::{LogitsBatch, LogitsBatchHandle};
 use super::policy::{FaultPolicy, Unavailable};
+use super::versioned::Versioned;
 use super::{InstanceLimits, PluginError, PluginRuntime, PluginStats};
 
-mod bindings {
-    wasmtime::component::bindgen!({
-        path: "../wit/0.1",
-        world: "sampler",
-        with: { "plughost:plugin/sampling.logits-batch": crate::plugins::logits::LogitsBatchHandle },
-        imports: { default: trappable },
-    });
-}
+mod bindings;
 
-use bindings::plughost::plugin::sampling as wit;
+type Bindings = Versioned<bindings::v0_1::Sampler, bindings::v0_2::Sampler>;
 
 /// One sequence of a sampling call, in batch order.
 #[derive(Debug, Clone, Copy)]
@@ -32,175 +26,9 @@ pub struct SequenceToSample {
     pub params: SamplingParams,
 }
 
-super::instance::impl_world!(bindings::Sampler, SamplerPre, "sampler");
-
-fn out_of_range(row: u32) -> wasmtime::Error {
-    wasmtime::Error::msg(format!("logits row {row} is out of range"))
-}
-
-impl PluginState {
-    fn logits_row(&self, row: u32) -> wasmtime::Result<&[f32]> {
-        self.logits
-            .row(row as usize)
-            .ok_or_else(|| out_of_range(row))
-    }
-}
-
-impl PluginState {
-    fn penalise(&mut self, row: u32, penalties: wit::Penalties) -> wasmtime::Result<()> {
-        let (values, history) = self
-            .logits
-            .row_mut(row as usize)
-            .ok_or_else(|| out_of_range(row))?;
-        // Penalties rewrite the row in place; keep what they overwrite, so a failed call can
-        // hand the rows back as they came (culprit isolation and the fallback need them).
-        // They touch each distinct token once, so those are all there is to keep.
-        let undo = &mut self.undo;
-        for &t in history.distinct() {
-            if let Some(&v) = values.get(t as usize) {
-                undo.push((row, t, v));
-            }
-        }
-        let penalties = plughost_sdk::sampler::Penalties {
-            presence: penalties.presence,
-            frequency: penalties.frequency,
-            repetition: penalties.repetition,
-        };
-        logits::apply_penalties(values, history, &penalties);
-        Ok(())
-    }
-}
-
-impl wit::Host for PluginState {}
-impl bindings::plughost::plugin::types::Host for PluginState {}
-
-impl wit::HostLogitsBatch for PluginState {
-    fn rows(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
-        Ok(self.logits.rows() as u32)
-    }
-    fn vocab_size(&mut self, _: Resource<LogitsBatchHandle>) -> wasmtime::Result<u32> {
-        Ok(self.logits.vocab() as u32)
-    }
-    fn argmax(&mut self, _: Resource<LogitsBatchHandle>, row: u32) -> wasmtime::Result<u32> {
-        self.host_work(|s| Ok(logits::argmax(s.logits_row(row)?)))
-    }
-    fn top_k(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        k: u32,
-    ) -> wasmtime::Result<Vec<wit::Candidate>> {
-        let best =
-            self.host_work(|s| Ok::<_, wasmtime::Error>(logits::top_k(s.logits_row(row)?, k)))?;
-        Ok(best
-            .into_iter()
-            .map(|c| wit::Candidate {
-                id: c.id,
-                value: c.value,
-            })
-            .collect())
-    }
-    fn read(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        start: u32,
-        len: u32,
-    ) -> wasmtime::Result<Vec<f32>> {
-        self.host_work(|s| Ok(logits::read(s.logits_row(row)?, start, len)))
-    }
-    fn log_softmax(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        ids: Vec<u32>,
-        temperature: f32,
-    ) -> wasmtime::Result<Vec<f32>> {
-        self.host_work(|s| Ok(logits::log_softmax(s.logits_row(row)?, &ids, temperature)))
-    }
-    fn log_sum_exp(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-    ) -> wasmtime::Result<f32> {
-        self.host_work(|s| Ok(logits::log_sum_exp(s.logits_row(row)?, temperature)))
-    }
-    fn sample_full(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-        u: f32,
-    ) -> wasmtime::Result<u32> {
-        self.host_work(|s| Ok(logits::sample_full(s.logits_row(row)?, temperature, u)))
-    }
-    fn sample_top_p(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        temperature: f32,
-        top_p: f32,
-        u: f32,
-    ) -> wasmtime::Result<u32> {
-        self.host_work(|s| {
-            Ok(logits::sample_top_p(
-                s.logits_row(row)?,
-                temperature,
-                top_p,
-                u,
-            ))
-        })
-    }
-    fn apply_penalties(
-        &mut self,
-        _: Resource<LogitsBatchHandle>,
-        row: u32,
-        penalties: wit::Penalties,
-    ) -> wasmtime::Result<()> {
-        self.host_work(|s| s.penalise(row, penalties))
-    }
-    fn drop(&mut self, handle: Resource<LogitsBatchHandle>) -> wasmtime::Result<()> {
-        self.table().delete(handle)?;
-        Ok(())
-    }
-}
-
-fn params_to_wit(p: &SamplingParams) -> wit::SamplingParams {
-    wit::SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k,
-        top_p: p.top_p,
-        min_p: p.min_p,
-        penalties: wit::Penalties {
-            presence: p.penalties.presence,
-            frequency: p.penalties.frequency,
-            repetition: p.penalties.repetition,
-        },
-        seed: p.seed,
-        logprobs: p.logprobs,
-        num_top_logprobs: p.num_top_logprobs,
-    }
-}
-
-fn sampled_from_wit(s: wit::Sampled) -> Sampled {
-    Sampled {
-        token: s.token,
-        logprob: s.logprob,
-        top_logprobs: s
-            .top_logprobs
-            .into_iter()
-            .map(|c| Candidate {
-                id: c.id,
-                value: c.value,
-            })
-            .collect(),
-    }
-}
-
 /// A loaded sampler plugin.
 pub struct SamplerPlugin {
-    instance: ContainedInstance<bindings::Sampler>,
+    instance: ContainedInstance<Bindings>,
     /// The values the last call's penalties overwrote, `(row, token, value)` in write order;
     /// its capacity is reused from call to call.
     undo: Vec<(u32, u32, f32)>,
@@ -208,8 +36,8 @@ pub struct SamplerPlugin {
 
 impl super::generation::PluginWorld for SamplerPlugin {
     const WORLD: &'static str = "sampler";
-    type Bindings = bindings::Sampler;
-    fn from_instance(instance: ContainedInstance<bindings::Sampler>) -> Self {
+    type Bindings = Bindings;
+    fn from_instance(instance: ContainedInstance<Bindings>) -> Self {
         SamplerPlugin {
             instance,
             undo: Vec::new(),
@@ -440,23 +268,22 @@ impl SamplerPlugin {
         count: bool,
     ) -> Result<Vec<Sampled>, BatchFailure> {
         let plugin = self.instance.name().to_string();
-        let batch: Vec<wit::Sequence> = sequences
-            .iter()
-            .map(|s| wit::Sequence {
-                request: s.request,
-                position: s.position,
-                params: params_to_wit(&s.params),
-            })
-            .collect();
         let undo = &mut self.undo;
         undo.clear();
-        let call = |world: &bindings::Sampler, store: &mut wasmtime::Store<PluginState>| {
+        let call = |world: &Bindings, store: &mut wasmtime::Store<PluginState>| {
             std::mem::swap(&mut store.data_mut().logits, logits);
             std::mem::swap(&mut store.data_mut().undo, undo);
             let outcome = (|| {
                 let handle = store.data_mut().table().push(LogitsBatchHandle)?;
                 let borrowed = Resource::<LogitsBatchHandle>::new_borrow(handle.rep());
-                let result = world.call_sample(&mut *store, borrowed, &batch);
+                let result = match world {
+                    Versioned::V0_1(world) => {
+                        bindings::v0_1::sample(world, &mut *store, borrowed, sequences)
+                    }
+                    Versioned::V0_2(world) => {
+                        bindings::v0_2::sample(world, &mut *store, borrowed, sequences)
+                    }
+                };
                 store.data_mut().table().delete(handle)?;
                 result
             })();
@@ -478,9 +305,7 @@ impl SamplerPlugin {
         };
         let returned = result.map_err(failed)?;
         let fault = match returned {
-            Ok(sampled) if sampled.len() == sequences.len() => {
-                return Ok(sampled.into_iter().map(sampled_from_wit).collect());
-            }
+            Ok(sampled) if sampled.len() == sequences.len() => return Ok(sampled),
             Ok(sampled) => PluginError::Refused {
                 plugin,
                 message: format!("{} tokens for {} sequences", sampled.len(), sequences.len()),

@@ -3,7 +3,9 @@
 //! It exists to show that a scheduler decides only *when* work happens, never what the
 //! tokens are: whatever this plan does, every request must produce the tokens it produces
 //! alone. Every plan is valid (built with the SDK's `PlanBuilder`) and runs at least one
-//! request, so the engine always moves.
+//! request, so the engine always moves. Each step draws from a stream keyed by the seed and
+//! the host's step number, so a run's plans depend on the step, not on how many calls this
+//! instance has seen.
 //!
 //! Config (JSON, all optional): `seed` (default 1) and `preempt_percent`, the chance that
 //! a running request is preempted in a step (default 20; above 90 is refused).
@@ -30,8 +32,6 @@ impl Default for ChaoticConfig {
 
 pub struct Chaotic {
     config: ChaoticConfig,
-    /// Steps planned so far: each step draws from its own stream.
-    steps: u32,
 }
 
 impl Chaotic {
@@ -41,7 +41,6 @@ impl Chaotic {
                 seed,
                 preempt_percent,
             },
-            steps: 0,
         }
     }
 }
@@ -63,9 +62,9 @@ impl Scheduler for Chaotic {
         Ok(Chaotic::new(config.seed, config.preempt_percent))
     }
 
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan {
-        let mut rng = RowRng::new(self.config.seed, self.steps);
-        self.steps = self.steps.wrapping_add(1);
+    fn schedule(&mut self, step: u64, requests: &[RequestView], resources: &Resources) -> Plan {
+        // The step's own stream: its low bits key the position, its high bits the seed.
+        let mut rng = RowRng::new(self.config.seed ^ (step >> 32), step as u32);
         let mut below = |n: u32| -> u32 { (rng.next().as_f64() * f64::from(n.max(1))) as u32 };
         let mut order: Vec<&RequestView> = requests.iter().collect();
         // Fisher-Yates with the step's stream.
@@ -157,8 +156,13 @@ mod tests {
             .collect();
         let mut scheduler = Chaotic::new(7, 50);
         let mut plans = Vec::new();
-        for _ in 0..50 {
-            let plan = scheduler.schedule(&requests, &resources);
+        for step in 1..=50 {
+            let plan = scheduler.schedule(step, &requests, &resources);
+            assert_eq!(
+                plan,
+                scheduler.schedule(step, &requests, &resources),
+                "a step's plan depends on the step, not on the calls before it"
+            );
             assert!(!plan.run.is_empty(), "every step runs a request: {plan:?}");
             for s in &plan.run {
                 assert!(s.num_tokens >= 1);

@@ -17,24 +17,33 @@ pub const PRIORITY_GROW: i32 = -1003;
 /// A request with this priority makes the call return a plan that runs nothing: valid, but
 /// an engine that followed it would never move again.
 pub const PRIORITY_IDLE: i32 = -1004;
+/// A request with this priority makes the call plan nothing unless the step number is larger
+/// than every one this instance saw before: a host whose step does not count up gets faults.
+pub const PRIORITY_STEP_CHECK: i32 = -1005;
 
-pub struct Faulty;
+pub struct Faulty {
+    /// The largest step number seen so far.
+    last_step: Option<u64>,
+}
 
 impl Scheduler for Faulty {
     fn init(config: &str) -> Result<Self, String> {
         if config.contains("\"trap_in_init\":true") {
             panic!("asked to trap in init");
         }
-        Ok(Faulty)
+        Ok(Faulty { last_step: None })
     }
 
-    fn schedule(&mut self, requests: &[RequestView], _resources: &Resources) -> Plan {
+    fn schedule(&mut self, step: u64, requests: &[RequestView], _resources: &Resources) -> Plan {
+        let counted_up = self.last_step.is_none_or(|last| step > last);
+        self.last_step = Some(self.last_step.map_or(step, |last| last.max(step)));
         for r in requests {
             match r.priority {
                 PRIORITY_TRAP => panic!("asked to trap"),
                 PRIORITY_LOOP => spin_forever(),
                 PRIORITY_GROW => grow_forever(),
                 PRIORITY_IDLE => return Plan::default(),
+                PRIORITY_STEP_CHECK if !counted_up => return Plan::default(),
                 _ => {}
             }
         }

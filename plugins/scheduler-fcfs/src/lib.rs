@@ -31,7 +31,7 @@ impl Scheduler for Fcfs {
         FcfsConfig::from_json(config).map(Fcfs::new)
     }
 
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan {
+    fn schedule(&mut self, _step: u64, requests: &[RequestView], resources: &Resources) -> Plan {
         policy::schedule(requests, resources, &self.config)
     }
 }

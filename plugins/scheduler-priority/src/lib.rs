@@ -9,11 +9,12 @@
 //! next token needs a KV block and none is free, the running request with
 //! the lowest effective priority is preempted to make room.
 //!
-//! The aging clock is the engine step: a step is the service every running
-//! request gets, so "steps waited" measures how long others were served
-//! first, whatever the speed of the device. Its state (when each request
-//! started waiting) lives in the plugin instance; if the host replaces the
-//! instance after a fault, waiting requests start aging afresh.
+//! The aging clock is the engine step number the host passes with every plan:
+//! a step is the service every running request gets, so "steps waited"
+//! measures how long others were served first, whatever the speed of the
+//! device, and steps the host decided without this plugin count too. When
+//! each request started waiting lives in the plugin instance; if the host
+//! replaces the instance after a fault, waiting requests start aging afresh.
 
 use std::collections::HashMap;
 
@@ -67,7 +68,7 @@ impl PriorityConfig {
 #[derive(Debug, Clone, Default)]
 pub struct PriorityAging {
     config: PriorityConfig,
-    /// Steps decided so far: the aging clock.
+    /// The engine step being decided: the aging clock.
     step: u64,
     /// The step at which each waiting or preempted request was first seen waiting.
     waiting_since: HashMap<RequestId, u64>,
@@ -86,15 +87,14 @@ impl PriorityAging {
         let waited = self
             .waiting_since
             .get(&request.id)
-            .map_or(0, |since| self.step - since);
+            .map_or(0, |&since| self.step.saturating_sub(since));
         f64::from(request.priority) + self.config.aging_rate * waited as f64
     }
 
-    /// Updates the aging clock for this step's requests: waiting ones keep the step they
-    /// started waiting at, running ones and requests that are gone are forgotten.
-    fn observe(&mut self, requests: &[RequestView]) {
-        self.step += 1;
-        let step = self.step;
+    /// Sets the aging clock to engine step `step` for this step's requests: waiting ones keep
+    /// the step they started waiting at, running ones and requests that are gone are forgotten.
+    fn observe(&mut self, step: u64, requests: &[RequestView]) {
+        self.step = step;
         let mut seen = HashMap::with_capacity(requests.len());
         for request in requests {
             if request.phase != Phase::Running {
@@ -123,8 +123,8 @@ impl Scheduler for PriorityAging {
         PriorityConfig::from_json(config).map(PriorityAging::new)
     }
 
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan {
-        self.observe(requests);
+    fn schedule(&mut self, step: u64, requests: &[RequestView], resources: &Resources) -> Plan {
+        self.observe(step, requests);
         let chunk = self.config.max_prefill_chunk;
         let mut plan = PlanBuilder::new(requests, resources);
         let running = self.ranked(requests.iter().filter(|r| r.phase == Phase::Running));
@@ -201,8 +201,11 @@ mod tests {
         // One slot per step: the order of admission is the order of the plan's single entry.
         let mut order = Vec::new();
         let mut left = requests.clone();
-        while !left.is_empty() {
-            let plan = scheduler.schedule(&left, &resources(1, 64));
+        for step in 1.. {
+            if left.is_empty() {
+                break;
+            }
+            let plan = scheduler.schedule(step, &left, &resources(1, 64));
             let id = admitted(&plan)[0];
             order.push(id);
             left.retain(|r| r.id != id);
@@ -220,8 +223,11 @@ mod tests {
         let mut admitted_low_at = None;
         for step in 0..40u64 {
             let newcomer = request(100 + step, Phase::Waiting, 5);
-            let plan =
-                scheduler.schedule(&[busy.clone(), low.clone(), newcomer], &resources(2, 64));
+            let plan = scheduler.schedule(
+                step + 1,
+                &[busy.clone(), low.clone(), newcomer],
+                &resources(2, 64),
+            );
             let ids = admitted(&plan);
             assert_eq!(ids[0], 2, "the running request decodes first");
             if ids[1] == 1 {
@@ -235,8 +241,11 @@ mod tests {
         let mut without_aging = PriorityAging::init(r#"{"aging_rate": 0}"#).unwrap();
         for step in 0..40u64 {
             let newcomer = request(100 + step, Phase::Waiting, 5);
-            let plan =
-                without_aging.schedule(&[busy.clone(), low.clone(), newcomer], &resources(2, 64));
+            let plan = without_aging.schedule(
+                step + 1,
+                &[busy.clone(), low.clone(), newcomer],
+                &resources(2, 64),
+            );
             assert_ne!(
                 admitted(&plan)[1],
                 1,
@@ -251,7 +260,7 @@ mod tests {
         // Both running requests hold 2 full blocks; each next token needs a third.
         let high = request(1, Phase::Running, 9);
         let low = request(2, Phase::Running, 1);
-        let plan = scheduler.schedule(&[high, low], &resources(4, 0));
+        let plan = scheduler.schedule(1, &[high, low], &resources(4, 0));
         assert_eq!(admitted(&plan), [1]);
         // The freed blocks go to the high one's token; the low one recomputes later.
         assert_eq!(plan.preempt, [2]);

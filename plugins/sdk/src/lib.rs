@@ -1,7 +1,7 @@
 //! Guest-side SDK: plugin authors implement a plain Rust trait and call one export macro.
 //!
 //! The types here mirror the WIT contract in `wit/plugin.wit` (the workspace's
-//! `wit/0.1/`) as ordinary Rust values, so plugin logic compiles and is
+//! `wit/0.2/`) as ordinary Rust values, so plugin logic compiles and is
 //! unit-tested natively. The
 //! world bindings are generated only under the matching cargo feature
 //! (`scheduler`, `sampler`, `model-glue`); enable exactly one per plugin.
@@ -19,7 +19,7 @@ pub mod scheduler;
 pub mod model_glue;
 
 /// The version of the WIT package this SDK implements.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 #[doc(hidden)]
 pub mod __private {

@@ -141,100 +141,113 @@ pub mod bindings {
     });
 }
 
+/// The conversions between one contract version's generated sampling records (`wit` where it
+/// is expanded) and the SDK's types: `Row`, a row of the host's logits batch, `params` and
+/// `sampled`. The SDK expands it over its own bindings; a component bound to another version
+/// can expand it over its own.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __sampling_adapter {
+    () => {
+        use $crate::sampler::{Candidate, LogitsRow, Penalties, Sampled, SamplingParams};
+
+        fn penalties_to_wit(p: &Penalties) -> wit::Penalties {
+            wit::Penalties {
+                presence: p.presence,
+                frequency: p.frequency,
+                repetition: p.repetition,
+            }
+        }
+
+        fn penalties(p: wit::Penalties) -> Penalties {
+            Penalties {
+                presence: p.presence,
+                frequency: p.frequency,
+                repetition: p.repetition,
+            }
+        }
+
+        fn candidates(list: Vec<wit::Candidate>) -> Vec<Candidate> {
+            list.into_iter()
+                .map(|c| Candidate {
+                    id: c.id,
+                    value: c.value,
+                })
+                .collect()
+        }
+
+        /// One row of the host's logits batch.
+        pub struct Row<'a> {
+            pub batch: &'a wit::LogitsBatch,
+            pub row: u32,
+        }
+
+        impl LogitsRow for Row<'_> {
+            fn len(&self) -> u32 {
+                self.batch.vocab_size()
+            }
+            fn argmax(&self) -> u32 {
+                self.batch.argmax(self.row)
+            }
+            fn top_k(&self, k: u32) -> Vec<Candidate> {
+                candidates(self.batch.top_k(self.row, k))
+            }
+            fn read(&self, start: u32, len: u32) -> Vec<f32> {
+                self.batch.read(self.row, start, len)
+            }
+            fn log_softmax(&self, ids: &[u32], temperature: f32) -> Vec<f32> {
+                self.batch.log_softmax(self.row, ids, temperature)
+            }
+            fn log_sum_exp(&self, temperature: f32) -> f32 {
+                self.batch.log_sum_exp(self.row, temperature)
+            }
+            fn sample_full(&self, temperature: f32, u: f32) -> u32 {
+                self.batch.sample_full(self.row, temperature, u)
+            }
+            fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
+                self.batch.sample_top_p(self.row, temperature, top_p, u)
+            }
+            fn apply_penalties(&self, p: &Penalties) {
+                self.batch.apply_penalties(self.row, penalties_to_wit(p))
+            }
+        }
+
+        pub fn params(p: wit::SamplingParams) -> SamplingParams {
+            SamplingParams {
+                temperature: p.temperature,
+                top_k: p.top_k,
+                top_p: p.top_p,
+                min_p: p.min_p,
+                penalties: penalties(p.penalties),
+                seed: p.seed,
+                logprobs: p.logprobs,
+                num_top_logprobs: p.num_top_logprobs,
+            }
+        }
+
+        pub fn sampled(s: Sampled) -> wit::Sampled {
+            wit::Sampled {
+                token: s.token,
+                logprob: s.logprob,
+                top_logprobs: s
+                    .top_logprobs
+                    .into_iter()
+                    .map(|c| wit::Candidate {
+                        id: c.id,
+                        value: c.value,
+                    })
+                    .collect(),
+            }
+        }
+    };
+}
+
 #[cfg(feature = "sampler")]
 #[doc(hidden)]
 pub mod adapter {
     use super::bindings::plughost::plugin::sampling as wit;
-    use super::*;
 
-    fn penalties_to_wit(p: &Penalties) -> wit::Penalties {
-        wit::Penalties {
-            presence: p.presence,
-            frequency: p.frequency,
-            repetition: p.repetition,
-        }
-    }
-
-    fn penalties(p: wit::Penalties) -> Penalties {
-        Penalties {
-            presence: p.presence,
-            frequency: p.frequency,
-            repetition: p.repetition,
-        }
-    }
-
-    fn candidates(list: Vec<wit::Candidate>) -> Vec<Candidate> {
-        list.into_iter()
-            .map(|c| Candidate {
-                id: c.id,
-                value: c.value,
-            })
-            .collect()
-    }
-
-    /// One row of the host's logits batch.
-    pub struct Row<'a> {
-        pub batch: &'a wit::LogitsBatch,
-        pub row: u32,
-    }
-
-    impl LogitsRow for Row<'_> {
-        fn len(&self) -> u32 {
-            self.batch.vocab_size()
-        }
-        fn argmax(&self) -> u32 {
-            self.batch.argmax(self.row)
-        }
-        fn top_k(&self, k: u32) -> Vec<Candidate> {
-            candidates(self.batch.top_k(self.row, k))
-        }
-        fn read(&self, start: u32, len: u32) -> Vec<f32> {
-            self.batch.read(self.row, start, len)
-        }
-        fn log_softmax(&self, ids: &[u32], temperature: f32) -> Vec<f32> {
-            self.batch.log_softmax(self.row, ids, temperature)
-        }
-        fn log_sum_exp(&self, temperature: f32) -> f32 {
-            self.batch.log_sum_exp(self.row, temperature)
-        }
-        fn sample_full(&self, temperature: f32, u: f32) -> u32 {
-            self.batch.sample_full(self.row, temperature, u)
-        }
-        fn sample_top_p(&self, temperature: f32, top_p: f32, u: f32) -> u32 {
-            self.batch.sample_top_p(self.row, temperature, top_p, u)
-        }
-        fn apply_penalties(&self, p: &Penalties) {
-            self.batch.apply_penalties(self.row, penalties_to_wit(p))
-        }
-    }
-
-    pub fn params(p: wit::SamplingParams) -> SamplingParams {
-        SamplingParams {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            penalties: penalties(p.penalties),
-            seed: p.seed,
-            logprobs: p.logprobs,
-            num_top_logprobs: p.num_top_logprobs,
-        }
-    }
-
-    pub fn sampled(s: Sampled) -> wit::Sampled {
-        wit::Sampled {
-            token: s.token,
-            logprob: s.logprob,
-            top_logprobs: s
-                .top_logprobs
-                .into_iter()
-                .map(|c| wit::Candidate {
-                    id: c.id,
-                    value: c.value,
-                })
-                .collect(),
-        }
-    }
+    crate::__sampling_adapter!();
 }
 
 /// Exports a [`Sampler`] implementation as the component's `sampler` world.

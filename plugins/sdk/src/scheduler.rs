@@ -183,12 +183,18 @@ impl PlanBuilder {
 pub trait Scheduler: Sized + 'static {
     /// Builds the scheduler from its JSON config (may be empty).
     fn init(config: &str) -> Result<Self, String>;
-    /// Decides one step. Running requests come first, then the others in arrival order.
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan;
+    /// Decides engine step `step`. Steps count from 1 and only go up while the engine lives,
+    /// whatever happens to this instance (a deployment's dry run, before it serves, is step 0):
+    /// it is the clock a policy reads (steps waited), the same on any machine. Running
+    /// requests come first, then the others in arrival order.
+    fn schedule(&mut self, step: u64, requests: &[RequestView], resources: &Resources) -> Plan;
 }
 
 #[cfg(feature = "scheduler")]
 #[doc(hidden)]
+// The generated export takes `schedule`'s arguments flattened: the step, the list's pointer and
+// length, and each field of `resources`.
+#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
@@ -199,58 +205,70 @@ pub mod bindings {
     });
 }
 
+/// The conversions between one contract version's generated scheduling records (`wit` where
+/// it is expanded) and the SDK's types: `request_view`, `resources` and `plan`. The SDK expands
+/// it over its own bindings; a component bound to another version can expand it over its own.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __scheduling_adapter {
+    () => {
+        use $crate::scheduler::{Phase, Plan, RequestView, Resources};
+
+        fn phase(phase: wit::Phase) -> Phase {
+            match phase {
+                wit::Phase::Waiting => Phase::Waiting,
+                wit::Phase::Running => Phase::Running,
+                wit::Phase::Preempted => Phase::Preempted,
+            }
+        }
+
+        pub fn request_view(v: wit::RequestView) -> RequestView {
+            RequestView {
+                id: v.id,
+                phase: phase(v.phase),
+                priority: v.priority,
+                arrival_us: v.arrival_us,
+                prompt_len: v.prompt_len,
+                computed_len: v.computed_len,
+                cached_prefix_len: v.cached_prefix_len,
+                output_len: v.output_len,
+                max_output: v.max_output,
+                blocks_held: v.blocks_held,
+            }
+        }
+
+        pub fn resources(r: wit::Resources) -> Resources {
+            Resources {
+                token_budget: r.token_budget,
+                max_running: r.max_running,
+                block_size: r.block_size,
+                free_blocks: r.free_blocks,
+                total_blocks: r.total_blocks,
+            }
+        }
+
+        pub fn plan(p: Plan) -> wit::Plan {
+            wit::Plan {
+                run: p
+                    .run
+                    .into_iter()
+                    .map(|s| wit::Scheduled {
+                        id: s.id,
+                        num_tokens: s.num_tokens,
+                    })
+                    .collect(),
+                preempt: p.preempt,
+            }
+        }
+    };
+}
+
 #[cfg(feature = "scheduler")]
 #[doc(hidden)]
 pub mod adapter {
     use super::bindings::plughost::plugin::scheduling as wit;
-    use super::*;
 
-    fn phase(phase: wit::Phase) -> Phase {
-        match phase {
-            wit::Phase::Waiting => Phase::Waiting,
-            wit::Phase::Running => Phase::Running,
-            wit::Phase::Preempted => Phase::Preempted,
-        }
-    }
-
-    pub fn request_view(v: wit::RequestView) -> RequestView {
-        RequestView {
-            id: v.id,
-            phase: phase(v.phase),
-            priority: v.priority,
-            arrival_us: v.arrival_us,
-            prompt_len: v.prompt_len,
-            computed_len: v.computed_len,
-            cached_prefix_len: v.cached_prefix_len,
-            output_len: v.output_len,
-            max_output: v.max_output,
-            blocks_held: v.blocks_held,
-        }
-    }
-
-    pub fn resources(r: wit::Resources) -> Resources {
-        Resources {
-            token_budget: r.token_budget,
-            max_running: r.max_running,
-            block_size: r.block_size,
-            free_blocks: r.free_blocks,
-            total_blocks: r.total_blocks,
-        }
-    }
-
-    pub fn plan(p: Plan) -> wit::Plan {
-        wit::Plan {
-            run: p
-                .run
-                .into_iter()
-                .map(|s| wit::Scheduled {
-                    id: s.id,
-                    num_tokens: s.num_tokens,
-                })
-                .collect(),
-            preempt: p.preempt,
-        }
-    }
+    crate::__scheduling_adapter!();
 }
 
 /// Exports a [`Scheduler`] implementation as the component's `scheduler` world.
@@ -276,6 +294,7 @@ macro_rules! export_scheduler {
             }
 
             fn schedule(
+                step: u64,
                 requests: Vec<
                     $crate::scheduler::bindings::plughost::plugin::scheduling::RequestView,
                 >,
@@ -287,7 +306,9 @@ macro_rules! export_scheduler {
                     .collect();
                 let resources = $crate::scheduler::adapter::resources(resources);
                 let plan = __PLUGHOST_SCHEDULER.with(|cell| match cell.borrow_mut().as_mut() {
-                    Some(s) => $crate::scheduler::Scheduler::schedule(s, &requests, &resources),
+                    Some(s) => {
+                        $crate::scheduler::Scheduler::schedule(s, step, &requests, &resources)
+                    }
                     None => $crate::scheduler::Plan::default(),
                 });
                 $crate::scheduler::adapter::plan(plan)

@@ -47,7 +47,7 @@ async fn a_failed_reload_answers_422_and_changes_nothing() {
             "component_failed",
             &[
                 "[sampler]",
-                "was built for plughost:plugin@0.2.0; this host speaks 0.1.x",
+                "was built for plughost:plugin@0.3.0; this host speaks 0.1.x or 0.2.x",
             ],
         ),
         (
@@ -261,7 +261,7 @@ async fn the_admin_routes_need_the_admin_key() {
     for slot in ["scheduler", "sampler"] {
         let c = component(&listing, slot);
         assert_eq!(c["world"], slot);
-        assert_eq!(c["wit_version"], "0.1.0");
+        assert_eq!(c["wit_version"], "0.2.0");
         assert_eq!(c["sha256"].as_str().map(str::len), Some(64));
         assert_eq!(c["state"], "active");
     }

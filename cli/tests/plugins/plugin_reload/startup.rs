@@ -31,7 +31,7 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
         (
             other_version_deployment(&dir),
             vec![format!(
-                "component {} was built for plughost:plugin@0.2.0; this host speaks 0.1.x",
+                "component {} was built for plughost:plugin@0.3.0; this host speaks 0.1.x or 0.2.x",
                 other_version.display()
             )],
         ),
@@ -42,7 +42,7 @@ fn serve_with_a_broken_deployment_exits_with_the_cause() {
             ),
             vec![
                 "[sampler]".to_string(),
-                "record `sampling-params` of plughost:plugin/sampling@0.1.0 differs: field 4 is \
+                "record `sampling-params` of plughost:plugin/sampling@0.2.0 differs: field 4 is \
                  `min-p` in this host and `max-p` in the component"
                     .to_string(),
             ],
@@ -97,14 +97,14 @@ fn serve_until_exit(args: &[&str]) -> String {
     log
 }
 
-/// A copy of the standard sampler whose import and export names say `plughost:plugin@0.2.0`:
+/// A copy of the standard sampler whose import and export names say `plughost:plugin@0.3.0`:
 /// the version string has the same length, so the rewritten component stays well formed.
 fn other_version_component(dir: &Path) -> PathBuf {
     rewritten_sampler(
         dir,
-        "sampler-0.2.0.wasm",
-        b"plughost:plugin/sampling@0.1.0",
+        "sampler-0.3.0.wasm",
         b"plughost:plugin/sampling@0.2.0",
+        b"plughost:plugin/sampling@0.3.0",
     )
 }
 

@@ -185,7 +185,7 @@ async fn reload_under_load(device: &str) {
         Some(1.0)
     );
     let info = format!(
-        "plughost_plugin_info{{component=\"{}\",sha256={},slot=\"scheduler\",wit_version=\"0.1.0\"}}",
+        "plughost_plugin_info{{component=\"{}\",sha256={},slot=\"scheduler\",wit_version=\"0.2.0\"}}",
         scheduler["file"].as_str().unwrap_or(""),
         scheduler["sha256"]
     );

@@ -85,7 +85,7 @@ impl EngineCore {
         let Some(component) = deployment.scheduler() else {
             return sched::fallback_plan(&views, &resources);
         };
-        let failure = match Self::plan_from(component, &views, &resources) {
+        let failure = match Self::plan_from(component, self.num_steps, &views, &resources) {
             Ok(plan) => return plan,
             Err(failure) => failure,
         };
@@ -101,13 +101,15 @@ impl EngineCore {
         sched::fallback_plan(&views, &resources)
     }
 
-    /// The component's checked plan; a fault is counted against its failure policy.
+    /// The component's checked plan for step `step`; a fault is counted against its failure
+    /// policy.
     fn plan_from(
         component: &LoadedComponent<SchedulerPlugin>,
+        step: u64,
         views: &[RequestView],
         resources: &Resources,
     ) -> Result<Plan, PluginError> {
-        let plan = match component.plugin().schedule(views, resources) {
+        let plan = match component.plugin().schedule(step, views, resources) {
             Ok(plan) => plan,
             Err(e) => {
                 if e.is_unavailable() {

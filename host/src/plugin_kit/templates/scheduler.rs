@@ -40,7 +40,9 @@ impl Scheduler for ShortestPromptFirst {
         Ok(ShortestPromptFirst { config })
     }
 
-    fn schedule(&mut self, requests: &[RequestView], resources: &Resources) -> Plan {
+    // `step` numbers the engine's steps, counting up: the clock for a policy that needs time
+    // (steps waited), the same on any machine. This one orders by prompt length alone.
+    fn schedule(&mut self, _step: u64, requests: &[RequestView], resources: &Resources) -> Plan {
         let mut plan = PlanBuilder::new(requests, resources);
         for request in requests.iter().filter(|r| r.phase == Phase::Running) {
             plan.run(request, self.config.max_prefill_chunk);
@@ -94,7 +96,7 @@ mod tests {
     fn the_shortest_prompt_is_admitted_first() {
         let mut scheduler = ShortestPromptFirst::init("").unwrap();
         let requests = [waiting(1, 300), waiting(2, 20), waiting(3, 90)];
-        let plan = scheduler.schedule(&requests, &resources(128));
+        let plan = scheduler.schedule(1, &requests, &resources(128));
         let order: Vec<(u64, u32)> = plan.run.iter().map(|s| (s.id, s.num_tokens)).collect();
         // 20 + 90 fit; the long prompt gets the rest of the budget as a first chunk.
         assert_eq!(order, [(2, 20), (3, 90), (1, 18)]);
