@@ -13,6 +13,7 @@
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod bench_support;
 mod dots;
 #[cfg(test)]
 mod tests;
@@ -31,6 +32,7 @@ use crate::workers::Workers;
 
 use super::sink::SharedOut;
 use activations::{Q8Row, Q8Rows};
+pub use bench_support::QuantizedBench;
 
 thread_local! {
     /// Each block size's quantized activations, grown to the largest launch and reused.
