@@ -9,7 +9,9 @@
 //! at least five runs of at least `--seconds` (default 0.5) in all: the weights' bytes over
 //! that time is the GB/s (and times the tokens, what batching gains). The read bandwidth is measured before and after with the probe
 //! `cargo xtask compare` uses (`tools/src/bandwidth.rs`); the fraction is against their median.
-//! The portable level is slow and left out unless `--portable` asks for it.
+//! The portable level is slow and left out unless `--portable` asks for it. On a shared
+//! machine, `--threads 1` adds a figure other processes do not move: GB/s per second the
+//! launching thread spent on a CPU, what one core's kernels reach.
 
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tools/src/bandwidth.rs"]
@@ -117,18 +119,31 @@ fn activations(len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The median time of one launch, over at least five runs and `seconds` in all.
-fn time_launch(seconds: f64, mut launch: impl FnMut()) -> Duration {
+/// The calling thread's time on a CPU so far (Linux's schedstat), if the system says.
+fn thread_cpu_time() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+/// What one launch took: the median wall time over at least five runs and `seconds` in all,
+/// and the mean time the calling thread spent on a CPU, which a shared machine's other load
+/// does not inflate (with one thread, all of the launch's work).
+fn time_launch(seconds: f64, mut launch: impl FnMut()) -> (Duration, Option<Duration>) {
     launch(); // warm-up: the activations' buffers grow, the workers wake
     let mut times = Vec::new();
     let start = Instant::now();
+    let cpu_start = thread_cpu_time();
     while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 10_000) {
         let run = Instant::now();
         launch();
         times.push(run.elapsed());
     }
+    let cpu = thread_cpu_time()
+        .zip(cpu_start)
+        .map(|(end, start)| (end - start) / times.len() as u32);
     times.sort();
-    times[times.len() / 2]
+    (times[times.len() / 2], cpu)
 }
 
 fn main() {
@@ -188,20 +203,21 @@ fn main() {
                     {
                         continue;
                     }
-                    let time = time_launch(options.seconds, || {
+                    let (time, cpu) = time_launch(options.seconds, || {
                         bench
                             .linear(dtype, black_box(&w), rows, black_box(&x), &mut out)
                             .expect("launch");
                         black_box(&out);
                     });
                     let gb_s = w.len() as f64 / time.as_secs_f64() / 1e9;
+                    let cpu_gb_s = cpu.map_or(0.0, |cpu| w.len() as f64 / cpu.as_secs_f64() / 1e9);
                     println!(
-                        "{name:<44} {:>9.3} ms {:>7.1} GB/s {:>8.1} GB/s per token",
+                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens; \
+                         calling thread's CPU: {cpu_gb_s:.1} GB/s",
                         time.as_secs_f64() * 1e3,
-                        gb_s,
                         gb_s * tokens as f64
                     );
-                    rows_out.push((name, time, gb_s, tokens));
+                    rows_out.push((name, time, gb_s, tokens, cpu_gb_s));
                 }
             }
         }
@@ -220,11 +236,12 @@ fn main() {
             .join(", ")
     );
     println!(
-        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s |\n|---|---:|---:|---:|---:|"
+        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | per CPU-second of the calling thread |\n\
+         |---|---:|---:|---:|---:|---:|"
     );
-    for (name, time, gb_s, tokens) in rows_out {
+    for (name, time, gb_s, tokens, cpu_gb_s) in rows_out {
         println!(
-            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} |",
+            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {cpu_gb_s:.1} |",
             time.as_secs_f64() * 1e3,
             100.0 * gb_s / bound,
             gb_s * tokens as f64

@@ -1,18 +1,23 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once, in two levels (the values and their
+//! A launch quantizes its activation rows to int8 once, in two int8 digits (the values and their
 //! residual, see [`activations`]), then every output is the dot product of one weight row and
-//! one activation row ([`dots`]): integer sums per block, on AVX2 ([`avx2`]) or in plain
-//! Rust, then the scales in one fixed order. The result
-//! of an output depends only on its weight row and its token's row, so a prompt gives the
-//! same bits alone, in a batch and in chunks, and both paths give the same bits.
+//! one activation row, defined once in [`dots`]: exact integer sums in 16 lanes, then the
+//! scales in one fixed float order. The tiles of each instruction set follow that definition:
+//! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
+//! plain Rust otherwise. The result of an output depends only on its weight row and its
+//! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
+//! path gives the same bits.
 //!
-//! Threads take ranges of weight rows, each row meeting every token of the launch while it
-//! is in cache.
+//! Threads take ranges of weight rows; each row meets every token of the launch while it is
+//! in cache, a tile of up to four tokens per pass, so a batch of 16 streams the
+//! weights from memory once.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod bench_support;
 mod dots;
 #[cfg(test)]
@@ -210,29 +215,58 @@ fn run_rows(workers: &Workers, rows: usize, task: impl Fn(std::ops::Range<usize>
     workers.for_each_range(rows, task);
 }
 
-/// Which integer sums a launch uses.
+/// Which tiles a launch runs.
 #[derive(Clone, Copy)]
 struct RowKernel {
     isa: Isa,
 }
 
-impl RowKernel {
-    /// The weight row times both levels of the activation row, first level first.
-    fn dot(self, dtype: DType, w: &[u8], [high, low]: [Q8Row<'_>; 2]) -> f32 {
-        self.dot_level(dtype, w, high) + self.dot_level(dtype, w, low)
-    }
+/// Evaluates `$call` with the const `$m` set to `$tokens`, one of the listed tile sizes.
+macro_rules! by_tokens {
+    ($tokens:expr, [$($n:literal),+], |$m:ident| $call:expr) => {
+        match $tokens {
+            $($n => {
+                const $m: usize = $n;
+                $call
+            })+
+            other => unreachable!("a tile of {other} tokens"),
+        }
+    };
+}
 
-    fn dot_level(self, dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+impl RowKernel {
+    /// The weight row `w` times each of the token rows `x`, into `out`.
+    fn dots(self, dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.has(IsaLevel::Avx512Vnni) {
+            for (out, x) in out.chunks_mut(avx512::MR).zip(x.chunks(avx512::MR)) {
+                by_tokens!(out.len(), [1, 2, 3, 4], |M| {
+                    let xs: &[_; M] = x.try_into().expect("a tile's tokens");
+                    // SAFETY: the level has AVX-512 VNNI, which implies the rest of the tile's
+                    // features (checked when the `Isa` was made).
+                    out.copy_from_slice(&unsafe { avx512::tile::<M>(dtype, w, xs) });
+                });
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx2) {
-            // SAFETY: the level has AVX2 (checked just above); `check_lengths` made every
-            // weight row whole blocks, and the activations were quantized for this `inner`.
-            return unsafe { avx2::dot_row_avx2(dtype, w, x) };
+            for (out, x) in out.chunks_mut(avx2::MR).zip(x.chunks(avx2::MR)) {
+                by_tokens!(out.len(), [1, 2, 3, 4], |M| {
+                    let xs: &[_; M] = x.try_into().expect("a tile's tokens");
+                    // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was made).
+                    out.copy_from_slice(&unsafe { avx2::tile::<M>(dtype, w, xs) });
+                });
+            }
+            return;
         }
-        dots::dot_row::<dots::Portable>(dtype, w, x)
+        for (value, &x) in out.iter_mut().zip(x) {
+            *value = dots::dot_row(dtype, w, x);
+        }
     }
 
-    /// Outputs `range` of `w` for every token into `out`.
+    /// Outputs `range` of `w` for every token into `out`: row by row, each row against all
+    /// the tokens while it is in cache.
     fn rows_into(
         self,
         w: QuantMatrix<'_>,
@@ -242,14 +276,15 @@ impl RowKernel {
         out: &SharedOut<'_>,
     ) {
         let row_bytes = w.bytes.len() / w.rows.max(1);
-        for t in 0..tokens {
-            let start = out.columns(t, range.clone());
-            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
-            // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
-            for (n, value) in range.clone().zip(columns.iter_mut()) {
-                let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-                *value = self.dot(w.dtype, row, x.row(t));
+        let x: Vec<_> = (0..tokens).map(|t| x.row(t)).collect();
+        let mut column = vec![0.0f32; tokens];
+        for n in range {
+            let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
+            self.dots(w.dtype, row, &x, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                // SAFETY: `columns` checked the element lies inside `out`, and the task owns
+                // column `n` of every row (the ranges of a launch are disjoint).
+                unsafe { *out.columns(t, n..n + 1) = value };
             }
         }
     }
@@ -265,27 +300,33 @@ impl RowKernel {
         out: &SharedOut<'_>,
     ) {
         let row_bytes = |w: &QuantMatrix| w.bytes.len() / w.rows.max(1);
-        let mut g = vec![0.0f32; range.len()];
-        let mut u = vec![0.0f32; range.len()];
-        for t in 0..tokens {
-            for (i, n) in range.clone().enumerate() {
-                let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
-                g[i] = self.dot(
-                    gate.dtype,
-                    &gate.bytes[n * gb..(n + 1) * gb],
-                    rows_for(gate.dtype).row(t),
-                );
-                u[i] = self.dot(
-                    up.dtype,
-                    &up.bytes[n * ub..(n + 1) * ub],
-                    rows_for(up.dtype).row(t),
-                );
+        let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
+        let width = range.len();
+        // Token-major, so each token's outputs are one span for the SiLU.
+        let mut g = vec![0.0f32; tokens * width];
+        let mut u = vec![0.0f32; tokens * width];
+        let mut column = vec![0.0f32; tokens];
+        let rows = |dtype| -> Vec<_> { (0..tokens).map(|t| rows_for(dtype).row(t)).collect() };
+        let (x_gate, x_up) = (rows(gate.dtype), rows(up.dtype));
+        for (i, n) in range.clone().enumerate() {
+            let row = &gate.bytes[n * gb..(n + 1) * gb];
+            self.dots(gate.dtype, row, &x_gate, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                g[t * width + i] = value;
             }
+            let row = &up.bytes[n * ub..(n + 1) * ub];
+            self.dots(up.dtype, row, &x_up, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                u[t * width + i] = value;
+            }
+        }
+        for t in 0..tokens {
             let start = out.columns(t, range.clone());
             // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
             // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
-            silu_mul_span(self.isa, &g, &u, columns);
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+            let span = t * width..(t + 1) * width;
+            silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
         }
     }
 }
