@@ -10,7 +10,7 @@
 //! path gives the same bits.
 //!
 //! Threads take ranges of weight rows; each row meets every token of the launch while it is
-//! in cache, a tile of up to four tokens per pass, so a batch of 16 streams the
+//! in cache, a tile of two tokens per pass, so a batch of 16 streams the
 //! weights from memory once.
 
 mod activations;
@@ -240,7 +240,7 @@ impl RowKernel {
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx512Vnni) {
             for (out, x) in out.chunks_mut(avx512::MR).zip(x.chunks(avx512::MR)) {
-                by_tokens!(out.len(), [1, 2, 3, 4], |M| {
+                by_tokens!(out.len(), [1, 2], |M| {
                     let xs: &[_; M] = x.try_into().expect("a tile's tokens");
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the tile's
                     // features (checked when the `Isa` was made).
@@ -252,7 +252,7 @@ impl RowKernel {
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx2) {
             for (out, x) in out.chunks_mut(avx2::MR).zip(x.chunks(avx2::MR)) {
-                by_tokens!(out.len(), [1, 2, 3, 4], |M| {
+                by_tokens!(out.len(), [1, 2], |M| {
                     let xs: &[_; M] = x.try_into().expect("a tile's tokens");
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was made).
                     out.copy_from_slice(&unsafe { avx2::tile::<M>(dtype, w, xs) });

@@ -15,23 +15,22 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
     _mm_set1_epi16, _mm_srli_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_cvtepi32_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16,
-    _mm256_mul_ps, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16,
-    _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8,
-    _mm256_slli_epi16, _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8,
+    _mm256_cvtepi32_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
+    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8,
 };
 
 use plughost_device_abi::DType;
-use plughost_device_abi::blocks::q4_k_scales_mins;
 
 use super::activations::Q8Row;
 use super::dots::{
-    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum, q4_k_tail,
-    q6_k_tail, scaled_tail,
+    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum,
+    q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
 };
 
 /// Most tokens of one tile.
-pub const MR: usize = 4;
+pub const MR: usize = 2;
 
 /// 32 bytes at `p`.
 ///
@@ -186,7 +185,7 @@ fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     let mut tails = [0.0f32; M];
     let mask = _mm256_set1_epi8(0x0F);
     for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, mins) = q4_k_scales_mins(&block[4..16]);
+        let (scales, mins) = q4_k_scales_mins(block);
         let mut ints = [[_mm256_setzero_si256(); 2]; M];
         for c in 0..4 {
             // SAFETY: a Q4_K block holds 128 bytes of nibbles from byte 16.
@@ -201,10 +200,7 @@ fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
                 for t in 0..M {
                     let at = 256 * b + 32 * j;
                     let (high, low) = (digits(xs[t].high, at), digits(xs[t].low, at));
-                    let p = join(
-                        fours(values[h], high, scale),
-                        fours(values[h], low, scale),
-                    );
+                    let p = join(fours(values[h], high, scale), fours(values[h], low, scale));
                     ints[t][h] = _mm256_add_epi32(ints[t][h], p);
                 }
             }

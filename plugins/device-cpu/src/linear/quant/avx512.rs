@@ -13,30 +13,29 @@
 //! from memory once, and every token meets it in registers.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadl_epi64,
-    _mm_loadu_si128, _mm_srli_epi16, _mm256_and_si256, _mm256_loadu_si256, _mm256_set_m128i,
-    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_srli_epi16, _mm256_sub_epi8, _mm512_abs_epi8,
-    _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_broadcast_i64x4,
+    __m256i, __m512, __m512i, _mm_castsi128_ps, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32,
+    _mm_loadl_epi64, _mm_loadu_si128, _mm_srli_epi16, _mm256_and_si256, _mm256_loadu_si256,
+    _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_srli_epi16, _mm256_sub_epi8,
+    _mm512_abs_epi8, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_broadcast_i64x4,
     _mm512_castps128_ps512, _mm512_castsi256_si512, _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps,
     _mm512_cvtepu8_epi32, _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_loadu_si512,
     _mm512_mask_mov_ps, _mm512_mask_sub_epi8, _mm512_movepi8_mask, _mm512_mul_ps,
     _mm512_mullo_epi32, _mm512_or_si512, _mm512_permutexvar_epi32, _mm512_permutexvar_ps,
-    _mm512_set1_epi8, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps,
-    _mm512_setzero_si512, _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16,
-    _mm512_srlv_epi16, _mm512_storeu_ps, _mm512_zextsi256_si512, _mm_castsi128_ps,
+    _mm512_set1_epi8, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps,
+    _mm512_zextsi256_si512,
 };
 
 use plughost_device_abi::DType;
-use plughost_device_abi::blocks::q4_k_scales_mins;
 
 use super::activations::Q8Row;
 use super::dots::{
-    Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum, q4_k_tail, q6_k_tail,
-    scaled_tail,
+    Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum, q4_k_scales_mins,
+    q4_k_tail, q6_k_tail, scaled_tail,
 };
 
 /// Most tokens of one tile.
-pub const MR: usize = 4;
+pub const MR: usize = 2;
 
 /// The 64 activations of one digit from value `at`.
 #[inline]
@@ -111,7 +110,10 @@ fn joined(w: __m512i, high: __m512i, low: __m512i) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn accumulate(lane: __m512, d: __m512, s: __m512, ints: __m512i) -> __m512 {
-    _mm512_add_ps(lane, _mm512_mul_ps(_mm512_mul_ps(d, s), _mm512_cvtepi32_ps(ints)))
+    _mm512_add_ps(
+        lane,
+        _mm512_mul_ps(_mm512_mul_ps(d, s), _mm512_cvtepi32_ps(ints)),
+    )
 }
 
 /// The result of each token: its lanes and its tail, through [`Sums::finish`].
@@ -213,7 +215,9 @@ fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) ->
         let (first, second) = (&w[b * bytes..], &w[(b + 1) * bytes..]);
         let (weights, negative) = weight_pair::<FORMAT>(first, second);
         let d = f16_bits(first, 0) | f16_bits(second, 0) << 16;
-        let d = halves(_mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(d as i32))));
+        let d = halves(_mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            d as i32,
+        ))));
         for t in 0..M {
             let x = &xs[t];
             let (high, low) = (digits(x.high, 32 * b), digits(x.low, 32 * b));
@@ -262,7 +266,7 @@ fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     let mut tails = [0.0f32; M];
     let mask = _mm256_set1_epi8(0x0F);
     for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, mins) = q4_k_scales_mins(&block[4..16]);
+        let (scales, mins) = q4_k_scales_mins(block);
         let mut wide = [0u8; 16];
         wide[..8].copy_from_slice(&scales);
         // SAFETY: `wide` holds 16 bytes.
@@ -331,7 +335,8 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
                 // Lanes 4i..4i + 4 take sub-block 2c + i's scale.
                 let s = 2 * c as i32;
                 let (s1, s2, s3) = (s + 1, s + 2, s + 3);
-                let index = _mm512_setr_epi32(s, s, s, s, s1, s1, s1, s1, s2, s2, s2, s2, s3, s3, s3, s3);
+                let index =
+                    _mm512_setr_epi32(s, s, s, s, s1, s1, s1, s1, s2, s2, s2, s2, s3, s3, s3, s3);
                 let scale = _mm512_permutexvar_epi32(index, scales);
                 for t in 0..M {
                     let at = 256 * b + 32 * c;

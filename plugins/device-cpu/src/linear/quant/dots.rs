@@ -27,9 +27,9 @@
 //! them to [`Sums::finish`].
 
 use plughost_device_abi::DType;
-use plughost_device_abi::blocks::{f16_at, q4_k_scales_mins};
+use plughost_device_abi::blocks::f16_at;
 
-use super::activations::{Q8Row, SUM_SPAN};
+use super::activations::Q8Row;
 
 /// Bytes of one block of each type.
 pub const Q8_0_BYTES: usize = 34;
@@ -108,6 +108,33 @@ pub fn scaled_tail(d: f32, s: f32, ints: i64) -> f32 {
     (d * s) * ints as f32
 }
 
+/// The eight 6-bit scales and the eight 6-bit minima of a Q4_K block, from its 12 packed bytes
+/// at `block[4..16]` (what `blocks::q4_k_scales_mins` gives), in a few word operations: the
+/// unpacking runs once per block and weight row, on the hot path of decode.
+#[inline(always)]
+pub fn q4_k_scales_mins(block: &[u8]) -> ([u8; 8], [u8; 8]) {
+    const LOW_6: u32 = 0x3f3f_3f3f;
+    const LOW_4: u32 = 0x0f0f_0f0f;
+    const LOW_2: u32 = 0x0303_0303;
+    let word =
+        |i: usize| u32::from_le_bytes([block[4 + i], block[5 + i], block[6 + i], block[7 + i]]);
+    let (a, b, c) = (word(0), word(4), word(8));
+    // Scales 0..4 and minima 0..4 are the low 6 bits of bytes 0..4 and 4..8; scales and
+    // minima 4..8 take their low 4 bits from the nibbles of bytes 8..12 and their high 2 from
+    // the top bits of bytes 0..4 and 4..8.
+    let scales_low = a & LOW_6;
+    let scales_high = (c & LOW_4) | (((a >> 6) & LOW_2) << 4);
+    let mins_low = b & LOW_6;
+    let mins_high = ((c >> 4) & LOW_4) | (((b >> 6) & LOW_2) << 4);
+    let mut scales = [0u8; 8];
+    let mut mins = [0u8; 8];
+    scales[..4].copy_from_slice(&scales_low.to_le_bytes());
+    scales[4..].copy_from_slice(&scales_high.to_le_bytes());
+    mins[..4].copy_from_slice(&mins_low.to_le_bytes());
+    mins[4..].copy_from_slice(&mins_high.to_le_bytes());
+    (scales, mins)
+}
+
 /// The joined sum of the activations of 32-value block `b` of a row.
 #[inline(always)]
 pub fn block_sum(x: &Q8Row<'_>, b: usize) -> i64 {
@@ -115,23 +142,30 @@ pub fn block_sum(x: &Q8Row<'_>, b: usize) -> i64 {
 }
 
 /// Q4_K's tail integers for block `b`: each 32-value sub-block's minimum (`mins`, from
-/// `q4_k_scales_mins`) times the joined sum of its activations.
+/// `q4_k_scales_mins`) times the joined sum of its activations. In i32: at most
+/// `8 · 63 · 32 · 127 · 257`.
 #[inline(always)]
 pub fn q4_k_tail(mins: &[u8; 8], x: &Q8Row<'_>, b: usize) -> i64 {
-    let spans = 256 / SUM_SPAN * b;
-    (0..8)
-        .map(|j| i64::from(mins[j]) * block_sum(x, spans / 2 + j))
-        .sum()
+    let sums = &x.sums[16 * b..16 * b + 16];
+    let mut tail = 0i32;
+    for j in 0..8 {
+        tail += i32::from(mins[j]) * (sums[2 * j] + sums[2 * j + 1]);
+    }
+    i64::from(tail)
 }
 
 /// Q6_K's tail integers for block `b`: `32 ·` each 16-value sub-block's scale times the joined
-/// sum of its activations (the stored values are `q + 32`).
+/// sum of its activations (the stored values are `q + 32`). The sum in i32 (at most
+/// `16 · 128 · 16 · 127 · 257`), times 32 in i64.
 #[inline(always)]
 pub fn q6_k_tail(block: &[u8], x: &Q8Row<'_>, b: usize) -> i64 {
-    let spans = 256 / SUM_SPAN * b;
-    32 * (0..16)
-        .map(|i| i64::from(block[192 + i] as i8) * i64::from(x.sums[spans + i]))
-        .sum::<i64>()
+    let sums = &x.sums[16 * b..16 * b + 16];
+    let scales = &block[192..208];
+    let mut tail = 0i32;
+    for i in 0..16 {
+        tail += i32::from(scales[i] as i8) * sums[i];
+    }
+    32 * i64::from(tail)
 }
 
 /// The stored integers of a 32-value block, in value order: signed for Q8_0, `q - 8` for
@@ -171,7 +205,7 @@ fn fours(values: &[i32], x: &Q8Row<'_>, at: usize) -> [i32; 8] {
 
 /// The 16 integer lanes of a Q4_K block against the 256 activations from `at`.
 fn q4_k_lanes(block: &[u8], x: &Q8Row<'_>, at: usize) -> [i32; LANES] {
-    let (scales, _) = q4_k_scales_mins(&block[4..16]);
+    let (scales, _) = q4_k_scales_mins(block);
     let qs = &block[16..Q4_K_BYTES];
     let mut lanes = [0i32; LANES];
     for j in 0..8 {
@@ -237,7 +271,7 @@ pub fn dot_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
                 for (lane, &ints) in sums.lanes.iter_mut().zip(&lanes) {
                     *lane += scaled(d, s, ints);
                 }
-                let (_, mins) = q4_k_scales_mins(&block[4..16]);
+                let (_, mins) = q4_k_scales_mins(block);
                 sums.tail += scaled_tail(f16_at(block, 2), s, q4_k_tail(&mins, &x, b));
             }
             DType::Q6_K => {
@@ -263,10 +297,26 @@ mod tests {
     /// A row of one 256-value block of activations: first digits `high`, second digits 0.
     fn row_of(high: &[i8; 256]) -> (Vec<i8>, Vec<i32>) {
         let sums = high
-            .chunks_exact(SUM_SPAN)
+            .chunks_exact(super::super::activations::SUM_SPAN)
             .map(|span| span.iter().map(|&q| 256 * i32::from(q)).sum())
             .collect();
         (vec![0; 256], sums)
+    }
+
+    #[test]
+    fn q4_k_scales_and_minima_unpack_as_the_reference_does() {
+        let mut block = [0u8; Q4_K_BYTES];
+        for seed in 0..256u32 {
+            for (i, byte) in block[4..16].iter_mut().enumerate() {
+                *byte = (seed.wrapping_mul(2_654_435_761).rotate_left(i as u32 * 5) >> 8) as u8;
+            }
+            assert_eq!(
+                q4_k_scales_mins(&block),
+                plughost_device_abi::blocks::q4_k_scales_mins(&block[4..16]),
+                "{:?}",
+                &block[4..16]
+            );
+        }
     }
 
     #[test]
