@@ -221,41 +221,47 @@ struct RowKernel {
     isa: Isa,
 }
 
-/// Evaluates `$call` with the const `$m` set to `$tokens`, one of the listed tile sizes.
-macro_rules! by_tokens {
-    ($tokens:expr, [$($n:literal),+], |$m:ident| $call:expr) => {
-        match $tokens {
-            $($n => {
-                const $m: usize = $n;
-                $call
-            })+
-            other => unreachable!("a tile of {other} tokens"),
+/// Tokens of one tile: a weight row is unpacked once for this many.
+#[cfg(target_arch = "x86_64")]
+const TILE_TOKENS: usize = 2;
+
+/// `dtype`'s tile function of the instruction set's module `$isa` for `M` tokens, called with
+/// `($w, $xs)`: the one place that names the kernel of each type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_by_type {
+    ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
+        match $dtype {
+            DType::Q8_0 => $isa::blocks_32::<M, 0>($w, $xs),
+            DType::Q4_0 => $isa::blocks_32::<M, 1>($w, $xs),
+            DType::Q4_1 => $isa::blocks_32::<M, 2>($w, $xs),
+            DType::Q4_K => $isa::q4_k($w, $xs),
+            DType::Q6_K => $isa::q6_k($w, $xs),
+            _ => unreachable!("only block-quantized weights reach the integer dot products"),
         }
     };
 }
+#[cfg(target_arch = "x86_64")]
+use tile_by_type;
 
 impl RowKernel {
     /// The weight row `w` times each of the token rows `x`, into `out`.
     fn dots(self, dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if self.isa.has(IsaLevel::Avx512Vnni) {
-            for (out, x) in out.chunks_mut(avx512::MR).zip(x.chunks(avx512::MR)) {
-                by_tokens!(out.len(), [1, 2], |M| {
-                    let xs: &[_; M] = x.try_into().expect("a tile's tokens");
-                    // SAFETY: the level has AVX-512 VNNI, which implies the rest of the tile's
-                    // features (checked when the `Isa` was made).
-                    out.copy_from_slice(&unsafe { avx512::tile::<M>(dtype, w, xs) });
-                });
-            }
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx2) {
-            for (out, x) in out.chunks_mut(avx2::MR).zip(x.chunks(avx2::MR)) {
-                by_tokens!(out.len(), [1, 2], |M| {
+            let vnni = self.isa.has(IsaLevel::Avx512Vnni);
+            for (out, x) in out.chunks_mut(TILE_TOKENS).zip(x.chunks(TILE_TOKENS)) {
+                super::dispatch::by_tokens!(out.len(), [1, 2], |M| {
                     let xs: &[_; M] = x.try_into().expect("a tile's tokens");
-                    // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was made).
-                    out.copy_from_slice(&unsafe { avx2::tile::<M>(dtype, w, xs) });
+                    let values = if vnni {
+                        // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
+                        // tile's features (checked when the `Isa` was made).
+                        unsafe { avx512::tile::<M>(dtype, w, xs) }
+                    } else {
+                        // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
+                        // made).
+                        unsafe { avx2::tile::<M>(dtype, w, xs) }
+                    };
+                    out.copy_from_slice(&values);
                 });
             }
             return;

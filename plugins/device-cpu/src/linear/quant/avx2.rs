@@ -25,12 +25,9 @@ use plughost_device_abi::DType;
 
 use super::activations::Q8Row;
 use super::dots::{
-    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum,
-    q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
+    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, block_sum, q4_k_scales_mins, q4_k_tail,
+    q6_k_tail, scaled_tail,
 };
-
-/// Most tokens of one tile.
-pub const MR: usize = 2;
 
 /// 32 bytes at `p`.
 ///
@@ -110,19 +107,8 @@ fn finish<const M: usize>(dtype: DType, lanes: [[__m256; 2]; M], tails: [f32; M]
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let blocks = w.len() / block_bytes(dtype);
-    for x in xs {
-        assert!(x.high.len() >= blocks * activation_block(dtype) && x.low.len() == x.high.len());
-        assert!(x.scales.len() >= blocks);
-    }
-    match dtype {
-        DType::Q8_0 => blocks_32::<M, 0>(w, xs),
-        DType::Q4_0 => blocks_32::<M, 1>(w, xs),
-        DType::Q4_1 => blocks_32::<M, 2>(w, xs),
-        DType::Q4_K => q4_k(w, xs),
-        DType::Q6_K => q6_k(w, xs),
-        _ => unreachable!("only block-quantized weights reach the integer dot products"),
-    }
+    super::dots::check_rows(dtype, w, xs);
+    super::tile_by_type!(self, dtype, w, xs)
 }
 
 /// The 32 nibbles of a Q4_0 or Q4_1 block in value order, from its 16 bytes at `qs`.

@@ -30,12 +30,9 @@ use plughost_device_abi::DType;
 
 use super::activations::Q8Row;
 use super::dots::{
-    Q4_K_BYTES, Q6_K_BYTES, Sums, activation_block, block_bytes, block_sum, q4_k_scales_mins,
-    q4_k_tail, q6_k_tail, scaled_tail,
+    Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, block_sum, q4_k_scales_mins, q4_k_tail, q6_k_tail,
+    scaled_tail,
 };
-
-/// Most tokens of one tile.
-pub const MR: usize = 2;
 
 /// The 64 activations of one digit from value `at`.
 #[inline]
@@ -140,19 +137,8 @@ fn finish<const M: usize>(dtype: DType, lanes: [__m512; M], tails: [f32; M]) -> 
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
 pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let blocks = w.len() / block_bytes(dtype);
-    for x in xs {
-        assert!(x.high.len() >= blocks * activation_block(dtype) && x.low.len() == x.high.len());
-        assert!(x.scales.len() >= blocks);
-    }
-    match dtype {
-        DType::Q8_0 => blocks_32::<M, 0>(w, xs),
-        DType::Q4_0 => blocks_32::<M, 1>(w, xs),
-        DType::Q4_1 => blocks_32::<M, 2>(w, xs),
-        DType::Q4_K => q4_k(w, xs),
-        DType::Q6_K => q6_k(w, xs),
-        _ => unreachable!("only block-quantized weights reach the integer dot products"),
-    }
+    super::dots::check_rows(dtype, w, xs);
+    super::tile_by_type!(self, dtype, w, xs)
 }
 
 /// The 32 values of a block in value order: Q8_0's bytes (`FORMAT` 0), or Q4_0's (1, as

@@ -62,6 +62,16 @@ pub fn block_bytes(dtype: DType) -> usize {
     }
 }
 
+/// Checks that every token row of `xs` holds the activations of all of `w`'s blocks: what the
+/// vector tiles' loads rely on.
+pub fn check_rows(dtype: DType, w: &[u8], xs: &[Q8Row<'_>]) {
+    let blocks = w.len() / block_bytes(dtype);
+    for x in xs {
+        assert!(x.high.len() >= blocks * activation_block(dtype) && x.low.len() == x.high.len());
+        assert!(x.scales.len() >= blocks);
+    }
+}
+
 /// One output's float accumulation: the 16 lanes and the tail.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Sums {

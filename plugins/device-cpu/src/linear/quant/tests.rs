@@ -135,15 +135,20 @@ fn dot_products_match_the_reference_on_every_path() {
     }
 }
 
-/// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
-fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
-    let context = Context {
+/// A device context of `threads` threads at `isa`.
+fn context(isa: Isa, threads: usize) -> Context {
+    Context {
         workers: Workers::new(threads).expect("workers"),
         scratch: Vec::new(),
         isa,
         bf16_products: Default::default(),
         attention: Default::default(),
-    };
+    }
+}
+
+/// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
+fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
+    let context = context(isa, threads);
     let tokens = x.len() / INNER;
     let mut out = vec![f32::NAN; tokens * w.rows];
     let outs = [SharedOut::new(&mut out, w.rows)];
@@ -211,13 +216,7 @@ fn the_fused_launches_match_the_plain_ones() {
         }
     }
     for isa in paths() {
-        let context = Context {
-            workers: Workers::new(2).expect("workers"),
-            scratch: Vec::new(),
-            isa,
-            bf16_products: Default::default(),
-            attention: Default::default(),
-        };
+        let context = context(isa, 2);
         let g = launch_rows(isa, matrix(gate), &x, 2);
         let u = launch_rows(isa, matrix(up), &x, 2);
         let mut expected = vec![0.0; g.len()];
@@ -282,13 +281,7 @@ fn weights_that_are_not_whole_rows_are_an_error() {
         bytes: &case.rows[..case.rows.len() - 1],
         rows: 2,
     };
-    let context = Context {
-        workers: Workers::new(1).expect("workers"),
-        scratch: Vec::new(),
-        isa: Isa::at(IsaLevel::Portable).expect("portable"),
-        bf16_products: Default::default(),
-        attention: Default::default(),
-    };
+    let context = context(Isa::at(IsaLevel::Portable).expect("portable"), 1);
     let mut out = vec![0.0; 2];
     let outs = [SharedOut::new(&mut out, 2)];
     let error = multiply(&context, &case.x, (1, INNER), &[w], &Outputs::Each(&outs)).unwrap_err();
@@ -342,13 +335,7 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
             x[..inner].fill(0.0);
             x[inner] = 1e30;
             let launch = |isa: Isa| {
-                let context = Context {
-                    workers: Workers::new(2).expect("workers"),
-                    scratch: Vec::new(),
-                    isa,
-                    bf16_products: Default::default(),
-                    attention: Default::default(),
-                };
+                let context = context(isa, 2);
                 let mut out = vec![f32::NAN; tokens * rows];
                 let outs = [SharedOut::new(&mut out, rows)];
                 multiply(&context, &x, (tokens, inner), &[w], &Outputs::Each(&outs))
