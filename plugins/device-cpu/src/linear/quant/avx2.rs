@@ -25,8 +25,8 @@ use plughost_device_abi::DType;
 
 use super::activations::Q8Row;
 use super::dots::{
-    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, block_sum, q4_k_scales_mins, q4_k_tail,
-    q6_k_tail, scaled_tail,
+    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail,
+    scaled_tail,
 };
 
 /// 32 bytes at `p`.
@@ -128,8 +128,7 @@ fn nibbles_32(qs: &[u8]) -> __m256i {
 fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
     let mut lanes = [[_mm256_setzero_ps(); 2]; M];
-    let mut tails = [0.0f32; M];
-    let ones = _mm256_set1_epi16(1);
+    let ones16 = _mm256_set1_epi16(1);
     for (b, block) in w.chunks_exact(block_bytes(dtype)).enumerate() {
         let weights = match FORMAT {
             // SAFETY: a Q8_0 block holds 32 value bytes after its scale.
@@ -144,24 +143,27 @@ fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) ->
             weights
         };
         let d = f16(block, 0);
+        let minimum = if FORMAT == 2 { f16(block, 2) } else { 0.0 };
         for t in 0..M {
             let x = &xs[t];
             let (mut high, mut low) = (digits(x.high, 32 * b), digits(x.low, 32 * b));
-            if FORMAT < 2 {
+            let lane = &mut lanes[t][b % 2];
+            if FORMAT == 2 {
+                // Q4_1's minimum meets the activations' own four-value sums.
+                let ones = _mm256_set1_epi8(1);
+                let sums = join(fours(ones, high, ones16), fours(ones, low, ones16));
+                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
+                *lane = accumulate(*lane, d, x.scales[b], ints);
+                *lane = accumulate(*lane, minimum, x.scales[b], sums);
+            } else {
                 high = _mm256_sign_epi8(high, weights);
                 low = _mm256_sign_epi8(low, weights);
-            }
-            let ints = join(fours(unsigned, high, ones), fours(unsigned, low, ones));
-            lanes[t][b % 2] = accumulate(lanes[t][b % 2], d, x.scales[b], ints);
-        }
-        if FORMAT == 2 {
-            let minimum = f16(block, 2);
-            for t in 0..M {
-                tails[t] += scaled_tail(minimum, xs[t].scales[b], block_sum(&xs[t], b));
+                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
+                *lane = accumulate(*lane, d, x.scales[b], ints);
             }
         }
     }
-    finish(dtype, lanes, tails)
+    finish(dtype, lanes, [0.0; M])
 }
 
 #[inline]

@@ -30,8 +30,7 @@ use plughost_device_abi::DType;
 
 use super::activations::Q8Row;
 use super::dots::{
-    Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, block_sum, q4_k_scales_mins, q4_k_tail, q6_k_tail,
-    scaled_tail,
+    Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
 };
 
 /// The 64 activations of one digit from value `at`.
@@ -194,7 +193,6 @@ fn signed(x: __m512i, negative: u64) -> __m512i {
 fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
     let mut lanes = [_mm512_setzero_ps(); M];
-    let mut tails = [0.0f32; M];
     let bytes = block_bytes(dtype);
     let blocks = w.len() / bytes;
     for b in (0..blocks & !1).step_by(2) {
@@ -204,15 +202,16 @@ fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) ->
         let d = halves(_mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(
             d as i32,
         ))));
+        let minima = f16_bits(first, 2) | f16_bits(second, 2) << 16;
+        let minima = halves(_mm512_castps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(
+            minima as i32,
+        ))));
         for t in 0..M {
             let x = &xs[t];
             let (high, low) = (digits(x.high, 32 * b), digits(x.low, 32 * b));
-            let ints = joined(weights, signed(high, negative), signed(low, negative));
-            lanes[t] = accumulate(lanes[t], d, scale_pair(x.scales, b), ints);
-        }
-        if FORMAT == 2 {
-            q4_1_tails(&mut tails, first, xs, b);
-            q4_1_tails(&mut tails, second, xs, b + 1);
+            let s = scale_pair(x.scales, b);
+            lanes[t] =
+                block_pair::<FORMAT>(lanes[t], (weights, negative), (d, minima), s, high, low);
         }
     }
     // An odd last block fills lanes 0..8 alone; lanes 8..16 belong to odd blocks.
@@ -221,27 +220,38 @@ fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) ->
         let block = &w[b * bytes..];
         let (weights, negative) = weight_pair::<FORMAT>(block, block);
         let d = _mm512_set1_ps(half_f32(f16_bits(block, 0)));
+        let minimum = _mm512_set1_ps(half_f32(f16_bits(block, 2)));
         for t in 0..M {
             let x = &xs[t];
             let (high, low) = (digits_32(x.high, 32 * b), digits_32(x.low, 32 * b));
-            let ints = joined(weights, signed(high, negative), signed(low, negative));
-            let next = accumulate(lanes[t], d, _mm512_set1_ps(x.scales[b]), ints);
+            let s = _mm512_set1_ps(x.scales[b]);
+            let next =
+                block_pair::<FORMAT>(lanes[t], (weights, negative), (d, minimum), s, high, low);
             lanes[t] = _mm512_mask_mov_ps(lanes[t], 0x00FF, next);
         }
-        if FORMAT == 2 {
-            q4_1_tails(&mut tails, block, xs, b);
-        }
     }
-    finish(dtype, lanes, tails)
+    finish(dtype, lanes, [0.0; M])
 }
 
-/// Q4_1's minimum of block `b` (at the start of `block`) into every token's tail.
+/// One token's lanes after a pair of blocks: `lane += (d · s) · ints`, and for Q4_1 then
+/// `lane += (m · s) · sums` with the activations' own four-value sums, as `dots` does.
 #[inline]
-#[target_feature(enable = "avx512f,f16c")]
-fn q4_1_tails<const M: usize>(tails: &mut [f32; M], block: &[u8], xs: &[Q8Row<'_>; M], b: usize) {
-    let minimum = half_f32(f16_bits(block, 2));
-    for t in 0..M {
-        tails[t] += scaled_tail(minimum, xs[t].scales[b], block_sum(&xs[t], b));
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn block_pair<const FORMAT: u8>(
+    lane: __m512,
+    (weights, negative): (__m512i, u64),
+    (d, minimum): (__m512, __m512),
+    s: __m512,
+    high: __m512i,
+    low: __m512i,
+) -> __m512 {
+    let ints = joined(weights, signed(high, negative), signed(low, negative));
+    let lane = accumulate(lane, d, s, ints);
+    if FORMAT == 2 {
+        let sums = joined(_mm512_set1_epi8(1), high, low);
+        accumulate(lane, minimum, s, sums)
+    } else {
+        lane
     }
 }
 

@@ -7,13 +7,14 @@
 //! K-quant block, the joined four-product sums of each 32 values are multiplied by their
 //! sub-block's integer scale and added, in integers, into lane `8 · (chunk % 2) + g` (Q4_K:
 //! over the whole block, chunk = its 32-value sub-block; Q6_K: over each half of the block,
-//! chunk = its 32 values, which keeps every lane inside i32). What a format subtracts or adds
-//! per block (Q4_1's minimum, Q4_K's minima, Q6_K's `- 32`) is an exact integer too, from the
-//! activations' sums of 16 ([`SUM_SPAN`]), kept in a `tail` (in i64).
+//! chunk = its 32 values, which keeps every lane inside i32). Q4_1's minimum meets the joined
+//! four-value sums of the activations in the same lanes. What the K-quants subtract per block
+//! (Q4_K's minima, Q6_K's `- 32`) is an exact integer too, from the activations' sums of 16
+//! ([`SUM_SPAN`]), kept in a `tail` (in i64).
 //!
 //! The float part is then fixed: for each block (Q6_K: each half) in order, each lane does
 //! `lane += (d · s) · ints` ([`scaled`], `d` the weights' scale, `s` the activations'; no fused
-//! multiply-add), the tail likewise, and [`Sums::finish`] adds the 16 lanes in one tree
+//! multiply-add), then for Q4_1 `lane += (m · s) · sums` with its minimum `m`, the tail likewise, and [`Sums::finish`] adds the 16 lanes in one tree
 //! (`i + 8`, `i + 4`, `i + 2`, `i + 1`) and then the tail. Integer sums are exact and these
 //! float operations are the same IEEE operations in any vector width, so a row's result has
 //! the same bits on every path; since it depends on that weight row and that token's row
@@ -80,8 +81,8 @@ pub struct Sums {
 }
 
 impl Sums {
-    /// The lanes added in the fixed tree, then the tail: added for Q4_1 (its minimum),
-    /// subtracted for the K-quants, absent otherwise.
+    /// The lanes added in the fixed tree, then the tail: subtracted for the K-quants, absent
+    /// otherwise.
     pub fn finish(&self, dtype: DType) -> f32 {
         let mut lanes = self.lanes;
         let mut width = LANES / 2;
@@ -92,7 +93,6 @@ impl Sums {
             width /= 2;
         }
         match dtype {
-            DType::Q4_1 => lanes[0] + self.tail,
             DType::Q4_K | DType::Q6_K => lanes[0] - self.tail,
             _ => lanes[0],
         }
@@ -143,12 +143,6 @@ pub fn q4_k_scales_mins(block: &[u8]) -> ([u8; 8], [u8; 8]) {
     mins[..4].copy_from_slice(&mins_low.to_le_bytes());
     mins[4..].copy_from_slice(&mins_high.to_le_bytes());
     (scales, mins)
-}
-
-/// The joined sum of the activations of 32-value block `b` of a row.
-#[inline(always)]
-pub fn block_sum(x: &Q8Row<'_>, b: usize) -> i64 {
-    i64::from(x.sums[2 * b]) + i64::from(x.sums[2 * b + 1])
 }
 
 /// Q4_K's tail integers for block `b`: each 32-value sub-block's minimum (`mins`, from
@@ -272,7 +266,11 @@ pub fn dot_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
                     sums.lanes[8 * (b % 2) + g] += scaled(d, s, ints);
                 }
                 if dtype == DType::Q4_1 {
-                    sums.tail += scaled_tail(f16_at(block, 2), s, block_sum(&x, b));
+                    let ones = fours(&[1; 32], &x, 32 * b);
+                    let m = f16_at(block, 2);
+                    for (g, &ints) in ones.iter().enumerate() {
+                        sums.lanes[8 * (b % 2) + g] += scaled(m, s, ints);
+                    }
                 }
             }
             DType::Q4_K => {
