@@ -35,6 +35,10 @@ pub(crate) mod vector;
 pub(crate) mod widen;
 pub(crate) mod workers;
 
+/// The quantized linear for `cargo bench` (`benches/quantized_linear.rs`); not an interface.
+#[doc(hidden)]
+pub use linear::QuantizedBench;
+
 #[cfg(test)]
 mod abi_tests;
 #[cfg(test)]

@@ -66,6 +66,7 @@ pub(crate) use elements::HalfBits;
 pub(crate) use elements::as_bits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
 use plan::Plan;
+pub use quant::QuantizedBench;
 pub(crate) use quant::gather_rows as gather_quantized_rows;
 use sink::{SharedOut, Sink};
 

@@ -251,7 +251,7 @@ macro_rules! by_tokens {
     };
 }
 #[cfg(target_arch = "x86_64")]
-use by_tokens;
+pub(super) use by_tokens;
 
 /// The first element of each of the panel's `NR` weight rows; past the last of `columns`
 /// rows it repeats that row (those outputs are computed but not stored).

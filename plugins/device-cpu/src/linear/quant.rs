@@ -1,18 +1,24 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once, in two levels (the values and their
+//! A launch quantizes its activation rows to int8 once, in two int8 digits (the values and their
 //! residual, see [`activations`]), then every output is the dot product of one weight row and
-//! one activation row ([`dots`]): integer sums per block, on AVX2 ([`avx2`]) or in plain
-//! Rust, then the scales in one fixed order. The result
-//! of an output depends only on its weight row and its token's row, so a prompt gives the
-//! same bits alone, in a batch and in chunks, and both paths give the same bits.
+//! one activation row, defined once in [`dots`]: exact integer sums in 16 lanes, then the
+//! scales in one fixed float order. The tiles of each instruction set follow that definition:
+//! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
+//! plain Rust otherwise. The result of an output depends only on its weight row and its
+//! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
+//! path gives the same bits.
 //!
-//! Threads take ranges of weight rows, each row meeting every token of the launch while it
-//! is in cache.
+//! Threads take ranges of weight rows; each row meets every token of the launch while it is
+//! in cache, a tile of two tokens per pass, so a batch of 16 streams the
+//! weights from memory once.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod bench_support;
 mod dots;
 #[cfg(test)]
 mod tests;
@@ -31,6 +37,7 @@ use crate::workers::Workers;
 
 use super::sink::SharedOut;
 use activations::{Q8Row, Q8Rows};
+pub use bench_support::QuantizedBench;
 
 thread_local! {
     /// Each block size's quantized activations, grown to the largest launch and reused.
@@ -208,29 +215,64 @@ fn run_rows(workers: &Workers, rows: usize, task: impl Fn(std::ops::Range<usize>
     workers.for_each_range(rows, task);
 }
 
-/// Which integer sums a launch uses.
+/// Which tiles a launch runs.
 #[derive(Clone, Copy)]
 struct RowKernel {
     isa: Isa,
 }
 
-impl RowKernel {
-    /// The weight row times both levels of the activation row, first level first.
-    fn dot(self, dtype: DType, w: &[u8], [high, low]: [Q8Row<'_>; 2]) -> f32 {
-        self.dot_level(dtype, w, high) + self.dot_level(dtype, w, low)
-    }
+/// Tokens of one tile: a weight row is unpacked once for this many.
+#[cfg(target_arch = "x86_64")]
+const TILE_TOKENS: usize = 2;
 
-    fn dot_level(self, dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+/// `dtype`'s tile function of the instruction set's module `$isa` for `M` tokens, called with
+/// `($w, $xs)`: the one place that names the kernel of each type.
+#[cfg(target_arch = "x86_64")]
+macro_rules! tile_by_type {
+    ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
+        match $dtype {
+            DType::Q8_0 => $isa::blocks_32::<M, 0>($w, $xs),
+            DType::Q4_0 => $isa::blocks_32::<M, 1>($w, $xs),
+            DType::Q4_1 => $isa::blocks_32::<M, 2>($w, $xs),
+            DType::Q4_K => $isa::q4_k($w, $xs),
+            DType::Q6_K => $isa::q6_k($w, $xs),
+            _ => unreachable!("only block-quantized weights reach the integer dot products"),
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use tile_by_type;
+
+impl RowKernel {
+    /// The weight row `w` times each of the token rows `x`, into `out`.
+    fn dots(self, dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx2) {
-            // SAFETY: the level has AVX2 (checked just above); `check_lengths` made every
-            // weight row whole blocks, and the activations were quantized for this `inner`.
-            return unsafe { avx2::dot_row_avx2(dtype, w, x) };
+            let vnni = self.isa.has(IsaLevel::Avx512Vnni);
+            for (out, x) in out.chunks_mut(TILE_TOKENS).zip(x.chunks(TILE_TOKENS)) {
+                super::dispatch::by_tokens!(out.len(), [1, 2], |M| {
+                    let xs: &[_; M] = x.try_into().expect("a tile's tokens");
+                    let values = if vnni {
+                        // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
+                        // tile's features (checked when the `Isa` was made).
+                        unsafe { avx512::tile::<M>(dtype, w, xs) }
+                    } else {
+                        // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
+                        // made).
+                        unsafe { avx2::tile::<M>(dtype, w, xs) }
+                    };
+                    out.copy_from_slice(&values);
+                });
+            }
+            return;
         }
-        dots::dot_row::<dots::Portable>(dtype, w, x)
+        for (value, &x) in out.iter_mut().zip(x) {
+            *value = dots::dot_row(dtype, w, x);
+        }
     }
 
-    /// Outputs `range` of `w` for every token into `out`.
+    /// Outputs `range` of `w` for every token into `out`: row by row, each row against all
+    /// the tokens while it is in cache.
     fn rows_into(
         self,
         w: QuantMatrix<'_>,
@@ -240,14 +282,15 @@ impl RowKernel {
         out: &SharedOut<'_>,
     ) {
         let row_bytes = w.bytes.len() / w.rows.max(1);
-        for t in 0..tokens {
-            let start = out.columns(t, range.clone());
-            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
-            // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
-            for (n, value) in range.clone().zip(columns.iter_mut()) {
-                let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-                *value = self.dot(w.dtype, row, x.row(t));
+        let x: Vec<_> = (0..tokens).map(|t| x.row(t)).collect();
+        let mut column = vec![0.0f32; tokens];
+        for n in range {
+            let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
+            self.dots(w.dtype, row, &x, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                // SAFETY: `columns` checked the element lies inside `out`, and the task owns
+                // column `n` of every row (the ranges of a launch are disjoint).
+                unsafe { *out.columns(t, n..n + 1) = value };
             }
         }
     }
@@ -263,27 +306,33 @@ impl RowKernel {
         out: &SharedOut<'_>,
     ) {
         let row_bytes = |w: &QuantMatrix| w.bytes.len() / w.rows.max(1);
-        let mut g = vec![0.0f32; range.len()];
-        let mut u = vec![0.0f32; range.len()];
-        for t in 0..tokens {
-            for (i, n) in range.clone().enumerate() {
-                let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
-                g[i] = self.dot(
-                    gate.dtype,
-                    &gate.bytes[n * gb..(n + 1) * gb],
-                    rows_for(gate.dtype).row(t),
-                );
-                u[i] = self.dot(
-                    up.dtype,
-                    &up.bytes[n * ub..(n + 1) * ub],
-                    rows_for(up.dtype).row(t),
-                );
+        let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
+        let width = range.len();
+        // Token-major, so each token's outputs are one span for the SiLU.
+        let mut g = vec![0.0f32; tokens * width];
+        let mut u = vec![0.0f32; tokens * width];
+        let mut column = vec![0.0f32; tokens];
+        let rows = |dtype| -> Vec<_> { (0..tokens).map(|t| rows_for(dtype).row(t)).collect() };
+        let (x_gate, x_up) = (rows(gate.dtype), rows(up.dtype));
+        for (i, n) in range.clone().enumerate() {
+            let row = &gate.bytes[n * gb..(n + 1) * gb];
+            self.dots(gate.dtype, row, &x_gate, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                g[t * width + i] = value;
             }
+            let row = &up.bytes[n * ub..(n + 1) * ub];
+            self.dots(up.dtype, row, &x_up, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                u[t * width + i] = value;
+            }
+        }
+        for t in 0..tokens {
             let start = out.columns(t, range.clone());
             // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
             // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, range.len()) };
-            silu_mul_span(self.isa, &g, &u, columns);
+            let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+            let span = t * width..(t + 1) * width;
+            silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
         }
     }
 }

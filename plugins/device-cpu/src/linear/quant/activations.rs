@@ -1,80 +1,60 @@
-//! Activation rows quantized to int8 for the integer dot products with block-quantized weights ([`Q8Rows`]), in llama.cpp's `q8_0` and `q8_K` blocks, plus an int8 residual.
+//! Activation rows quantized to int8 for the integer dot products with block-quantized weights ([`Q8Rows`]): in llama.cpp's `q8_0` and `q8_K` blocks, plus a second int8 digit for the residual.
 //!
 //! A row of `K` f32 values is cut into blocks of 32 (for Q8_0, Q4_0 and Q4_1 weights) or 256
-//! (for the K-quants): each block gets the scale `d = max|x| / 127` and values
+//! (for the K-quants): each block gets the step `d = max|x| / 127` and values
 //! `q = round(x / d)` in `-127..=127`, so `x ≈ d * q`, as llama.cpp quantizes activations.
-//! Then the residual `x - d * q` is quantized the same way into a second level, so
-//! `x ≈ d * q + d' * q'`: both levels meet the weights in integer dot products (twice the
-//! integer work), and the activations keep some 14 bits instead of 8. One level alone moves
-//! the logits enough to flip near-ties of a small model (SmolLM2-135M's answer to "What is the
-//! capital of France?" among them); two keep them where f32 activations put them.
+//! Then the residual `x - d * q` (at most `d / 2`) is quantized with the step `d / 256` into a
+//! second digit `q'`, so `x ≈ (d / 256) · (256 q + q')`: the activations keep some 15 bits
+//! instead of 8. Both digits meet the weights in int8 dot products, and the kernels join the
+//! two sums in integers (`256 · high + low`), so one scale, `d / 256`, applies to both. One
+//! digit alone moves the logits enough to flip near-ties of a small model (SmolLM2-135M's answer
+//! to "What is the capital of France?" among them); two keep them where f32 activations put
+//! them.
 //!
-//! Each run of 16 values also keeps the sum of its `q`, which the weight formats with an
-//! offset (Q4_0's `- 8`, Q4_1's and Q4_K's minimum, Q6_K's `- 32`) multiply once instead of
-//! per element. A row's values depend on that row alone, which is what keeps a token's
-//! outputs the same in any batch.
+//! Each run of 16 values also keeps the joined sum of its digits, `Σ 256 q + q'`, which the
+//! weight formats with an offset (Q4_0's `- 8`, Q4_1's and Q4_K's minimum, Q6_K's `- 32`)
+//! multiply once instead of per element. A row's values depend on that row alone, which is what
+//! keeps a token's outputs the same in any batch.
 
 /// Values per running sum.
 pub const SUM_SPAN: usize = 16;
 /// The largest block: the K-quants' 256.
 const MAX_BLOCK: usize = 256;
+/// The second digit's step is the first's divided by this.
+pub const DIGIT: f32 = 256.0;
 
-/// `T` rows of `K` activations quantized in blocks of `block` values, in two levels.
+/// `T` rows of `K` activations quantized in blocks of `block` values, in two int8 digits.
 #[derive(Debug, Default)]
 pub struct Q8Rows {
     block: usize,
     inner: usize,
-    levels: [Level; 2],
-}
-
-/// One level's values, scales and sums of every row.
-#[derive(Debug, Default)]
-struct Level {
-    qs: Vec<i8>,
+    high: Vec<i8>,
+    low: Vec<i8>,
+    /// `d / 256` per block.
     scales: Vec<f32>,
+    /// `Σ 256 q + q'` per 16 values.
     sums: Vec<i32>,
 }
 
-impl Level {
-    fn clear(&mut self) {
-        self.qs.clear();
-        self.scales.clear();
-        self.sums.clear();
-    }
-
-    /// Appends one block of `values`; returns its scale.
-    fn push_block(&mut self, values: impl Iterator<Item = f32> + Clone) -> f32 {
-        let amax = values.clone().fold(0.0f32, |m, v| m.max(v.abs()));
-        let d = amax / 127.0;
-        let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-        self.scales.push(d);
-        let start = self.qs.len();
-        // `as` saturates and maps NaN to 0: a non-finite activation cannot panic here.
-        self.qs
-            .extend(values.map(|v| (v * inverse).round().clamp(-127.0, 127.0) as i8));
-        self.sums.extend(
-            self.qs[start..]
-                .chunks_exact(SUM_SPAN)
-                .map(|span| span.iter().map(|&q| i32::from(q)).sum::<i32>()),
-        );
-        d
-    }
-
-    fn row(&self, t: usize, inner: usize, block: usize) -> Q8Row<'_> {
-        Q8Row {
-            qs: &self.qs[t * inner..(t + 1) * inner],
-            scales: &self.scales[t * inner / block..(t + 1) * inner / block],
-            sums: &self.sums[t * inner / SUM_SPAN..(t + 1) * inner / SUM_SPAN],
-        }
-    }
-}
-
-/// One quantized row: `qs[k]`, the scale of block `k / block`, the sum of span `k / 16`.
+/// One quantized row: both digits of value `k`, the scale of block `k / block`, the joined
+/// sum of span `k / 16`.
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Row<'a> {
-    pub qs: &'a [i8],
+    pub high: &'a [i8],
+    pub low: &'a [i8],
     pub scales: &'a [f32],
     pub sums: &'a [i32],
+}
+
+/// Adding and subtracting 1.5 · 2^23 rounds an f32 of magnitude below 2^22 to the nearest
+/// integer, ties to even, in two plain additions (no libm call, and vectorizable).
+const ROUNDING: f32 = 12_582_912.0;
+
+/// `value` scaled by `inverse`, rounded to the nearest int8 in `-127..=127`. `as` maps NaN
+/// to 0: a non-finite activation cannot panic here.
+#[inline(always)]
+fn digit(value: f32, inverse: f32) -> i8 {
+    ((value * inverse).clamp(-127.0, 127.0) + ROUNDING - ROUNDING) as i8
 }
 
 impl Q8Rows {
@@ -87,25 +67,56 @@ impl Q8Rows {
         );
         self.block = block;
         self.inner = inner;
-        let [high, low] = &mut self.levels;
-        high.clear();
-        low.clear();
-        for values in x.chunks_exact(block) {
-            let start = high.qs.len();
-            let d = high.push_block(values.iter().copied());
-            let mut residual = [0.0f32; MAX_BLOCK];
-            for ((r, &v), &q) in residual.iter_mut().zip(values).zip(&high.qs[start..]) {
-                *r = v - d * f32::from(q);
+        self.high.clear();
+        self.low.clear();
+        self.scales.clear();
+        self.sums.clear();
+        self.high.resize(x.len(), 0);
+        self.low.resize(x.len(), 0);
+        for (b, values) in x.chunks_exact(block).enumerate() {
+            let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let d = amax / 127.0;
+            let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
+            self.scales.push(d / DIGIT);
+            let span = b * block..(b + 1) * block;
+            let (high, low) = (&mut self.high[span.clone()], &mut self.low[span]);
+            for ((&v, high), low) in values.iter().zip(high.iter_mut()).zip(low.iter_mut()) {
+                *high = digit(v, inverse);
+                *low = digit(v - d * f32::from(*high), inverse * DIGIT);
             }
-            low.push_block(residual[..block].iter().copied());
+            let (high, low) = (&*high, &*low);
+            self.sums.extend(
+                high.chunks_exact(SUM_SPAN)
+                    .zip(low.chunks_exact(SUM_SPAN))
+                    .map(|(h, l)| {
+                        h.iter()
+                            .zip(l)
+                            .map(|(&h, &l)| 256 * i32::from(h) + i32::from(l))
+                            .sum::<i32>()
+                    }),
+            );
         }
     }
 
-    /// Row `t`: the first level, then the residual's.
-    pub fn row(&self, t: usize) -> [Q8Row<'_>; 2] {
-        self.levels
-            .each_ref()
-            .map(|level| level.row(t, self.inner, self.block))
+    /// The same rows with the second digit zeroed: the first alone, llama.cpp's arithmetic,
+    /// which the references check separately.
+    #[cfg(test)]
+    pub fn without_residual(&mut self) {
+        self.low.fill(0);
+        for (sum, span) in self.sums.iter_mut().zip(self.high.chunks_exact(SUM_SPAN)) {
+            *sum = 256 * span.iter().map(|&q| i32::from(q)).sum::<i32>();
+        }
+    }
+
+    /// Row `t`.
+    pub fn row(&self, t: usize) -> Q8Row<'_> {
+        let (inner, block) = (self.inner, self.block);
+        Q8Row {
+            high: &self.high[t * inner..(t + 1) * inner],
+            low: &self.low[t * inner..(t + 1) * inner],
+            scales: &self.scales[t * inner / block..(t + 1) * inner / block],
+            sums: &self.sums[t * inner / SUM_SPAN..(t + 1) * inner / SUM_SPAN],
+        }
     }
 }
 
@@ -117,19 +128,28 @@ mod tests {
     fn blocks_scale_to_their_largest_magnitude() {
         let mut x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
         x[40] = f32::NAN;
+        x[3] = -16.9;
         let mut rows = Q8Rows::default();
         rows.quantize(&x, 64, 32);
-        let [row, residual] = rows.row(0);
-        assert_eq!(row.scales, &[20.0 / 127.0, 43.0 / 127.0]);
-        // The residual of a value is at most half a step of the first level.
-        assert!(residual.scales[0] <= 0.5 * row.scales[0] / 127.0 * 1.0001);
-        assert_eq!(row.qs[0], -127);
-        assert_eq!(row.qs[63], 127);
-        assert_eq!(row.qs[40], 0);
-        let sum: i32 = row.qs[..16].iter().map(|&q| i32::from(q)).sum();
+        let row = rows.row(0);
+        let d = 20.0f32 / 127.0;
+        assert_eq!(row.scales, &[d / 256.0, 43.0 / 127.0 / 256.0]);
+        assert_eq!((row.high[0], row.low[0]), (-127, 0));
+        assert_eq!(row.high[63], 127);
+        assert_eq!((row.high[40], row.low[40]), (0, 0));
+        // -16.9 / d = -107.3...: the first digit -107, the second the residual in steps of
+        // d / 256.
+        let residual = -16.9f32 - d * -107.0;
+        assert_eq!(row.high[3], -107);
+        assert_eq!(row.low[3], (residual * (256.0 / d)).round() as i8);
+        assert!(f32::from(row.low[3]).abs() <= 128.0);
+        let sum: i32 = (0..16)
+            .map(|k| 256 * i32::from(row.high[k]) + i32::from(row.low[k]))
+            .sum();
         assert_eq!(row.sums[0], sum);
         // A zero block has scale 0 and values 0, never a division by zero.
         rows.quantize(&[0.0; 32], 32, 32);
-        assert_eq!((rows.row(0)[0].scales[0], rows.row(0)[1].qs[5]), (0.0, 0));
+        let row = rows.row(0);
+        assert_eq!((row.scales[0], row.high[5], row.low[5]), (0.0, 0, 0));
     }
 }

@@ -1,57 +1,33 @@
-//! The integer sums of [`super::dots`] on AVX2: 32 products at a time with `vpmaddubsw`, pairs widened to i32 with `vpmaddwd`.
+//! The quantized dot products of [`super::dots`] on AVX2: one weight row against up to [`MR`] tokens, four-product sums from `vpmaddubsw` + `vpmaddwd`, the lanes of `dots` in two registers.
 //!
 //! `vpmaddubsw` multiplies unsigned bytes by signed bytes and adds neighbours into i16 with
 //! saturation; no sum here can saturate: nibbles (at most 15) and 6-bit values (at most 63)
-//! times activations in `-127..=127` give at most `2 · 63 · 127`, and a signed weight byte is
-//! made unsigned by moving its sign onto the activation (`vpsignb`), at most `2 · 128 · 127`.
-//! Every result is an exact integer, so it equals the portable one.
+//! times activations in `-127..=127` give at most `2 · 63 · 127`, and a signed weight byte
+//! (Q8_0, and Q4_0's `q - 8`) is made unsigned by moving its sign onto the activation
+//! (`vpsignb`), at most `2 · 128 · 127`. `vpmaddwd` then adds pairs into i32, by ones or by
+//! the K-quants' sub-block scales, and the two digits' sums are joined as `dots` joins them.
+//! Every integer equals the portable one, and the float operations are those of `dots`, lane
+//! by lane, so the result has the same bits.
+//!
+//! A weight block is loaded and unpacked once for all the tokens of a tile: the row streams
+//! from memory once, and each token meets it in registers.
 
 use std::arch::x86_64::{
-    __m128i, __m256i, _mm_add_epi32, _mm_cvtsi128_si32, _mm_hadd_epi32, _mm_loadu_si128,
-    _mm_srli_epi16, _mm256_and_si256, _mm256_castsi256_si128, _mm256_extracti128_si256,
-    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_or_si256, _mm256_set_m128i,
-    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_srli_epi16,
+    __m128i, __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
+    _mm_set1_epi16, _mm_srli_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
+    _mm256_cvtepi32_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
+    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8,
 };
 
 use plughost_device_abi::DType;
 
 use super::activations::Q8Row;
-use super::dots::{BlockInts, Q8_0_BYTES, dot_row};
-
-/// [`dot_row`] with the AVX2 integer sums.
-///
-/// # Safety
-/// The CPU has AVX2; `w` and `x` hold whole blocks of the same number of values.
-#[target_feature(enable = "avx2")]
-pub unsafe fn dot_row_avx2(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
-    dot_row::<Avx2>(dtype, w, x)
-}
-
-struct Avx2;
-
-/// The eight i32 lanes of `v` added.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sum_lanes(v: __m256i) -> i32 {
-    sum_lanes_128(_mm_add_epi32(
-        _mm256_castsi256_si128(v),
-        _mm256_extracti128_si256::<1>(v),
-    ))
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn sum_lanes_128(v: __m128i) -> i32 {
-    let v = _mm_hadd_epi32(v, v);
-    _mm_cvtsi128_si32(_mm_hadd_epi32(v, v))
-}
-
-/// Unsigned bytes `a` times signed bytes `b`, each four neighbours summed into an i32 lane.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn products_u8_i8(a: __m256i, b: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
-}
+use super::dots::{
+    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail,
+    scaled_tail,
+};
 
 /// 32 bytes at `p`.
 ///
@@ -64,98 +40,223 @@ unsafe fn load32<T>(p: *const T) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// Every caller below passes slices the row loop cut to whole blocks (checked by
-/// [`super::check_lengths`] before any row runs), so each load stays inside its slice; the
-/// asserts make a violated assumption a panic, never a read out of bounds.
-impl BlockInts for Avx2 {
-    #[inline(always)]
-    fn q8_0(block: &[u8], x: &[i8]) -> i32 {
-        assert!(block.len() >= Q8_0_BYTES && x.len() >= 32);
-        // SAFETY: AVX2 is present (this impl is only reached from `dot_row_avx2`); the assert
-        // above keeps both 32-byte loads in bounds.
+/// The 32 activations of one digit from value `at`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn digits(digits: &[i8], at: usize) -> __m256i {
+    let digits = &digits[at..at + 32];
+    // SAFETY: the slice holds 32 bytes.
+    unsafe { load32(digits.as_ptr()) }
+}
+
+/// The f16 at `bytes[at..at + 2]`, widened with F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn f16(bytes: &[u8], at: usize) -> f32 {
+    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+/// `256 · high + low`, lane by lane, as `dots::join`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn join(high: __m256i, low: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_slli_epi32::<8>(high), low)
+}
+
+/// The four-product sums of unsigned `a` and signed `b`, each times `scale` (i16 pairs).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn fours(a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), scale)
+}
+
+/// `lane += (d · s) · ints`, lane by lane, as `dots::scaled`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn accumulate(lane: __m256, d: f32, s: f32, ints: __m256i) -> __m256 {
+    let ds = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_set1_ps(s));
+    _mm256_add_ps(lane, _mm256_mul_ps(ds, _mm256_cvtepi32_ps(ints)))
+}
+
+/// The result of each token: its two registers of lanes and its tail, through
+/// [`Sums::finish`].
+#[inline]
+#[target_feature(enable = "avx2")]
+fn finish<const M: usize>(dtype: DType, lanes: [[__m256; 2]; M], tails: [f32; M]) -> [f32; M] {
+    let mut out = [0.0; M];
+    for t in 0..M {
+        let mut sums = Sums {
+            lanes: [0.0; LANES],
+            tail: tails[t],
+        };
+        // SAFETY: `lanes` holds 16 f32, two registers' worth.
         unsafe {
-            let w = load32(block[2..].as_ptr());
-            let x = load32(x.as_ptr());
-            sum_lanes(products_u8_i8(
-                _mm256_sign_epi8(w, w),
-                _mm256_sign_epi8(x, w),
-            ))
+            _mm256_storeu_ps(sums.lanes.as_mut_ptr(), lanes[t][0]);
+            _mm256_storeu_ps(sums.lanes[8..].as_mut_ptr(), lanes[t][1]);
+        }
+        out[t] = sums.finish(dtype);
+    }
+    out
+}
+
+/// `w` (one row of whole `dtype` blocks) against each of `xs` (activations of the same
+/// length): what [`super::dots::dot_row`] gives for each, with the same bits.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (the `avx2` level).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
+    super::dots::check_rows(dtype, w, xs);
+    super::tile_by_type!(self, dtype, w, xs)
+}
+
+/// The 32 nibbles of a Q4_0 or Q4_1 block in value order, from its 16 bytes at `qs`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn nibbles_32(qs: &[u8]) -> __m256i {
+    let qs = &qs[..16];
+    // SAFETY: the slice holds 16 bytes.
+    let bytes: __m128i = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Q8_0 (`FORMAT` 0), Q4_0 (1) or Q4_1 (2).
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
+    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
+    let ones16 = _mm256_set1_epi16(1);
+    for (b, block) in w.chunks_exact(block_bytes(dtype)).enumerate() {
+        let weights = match FORMAT {
+            // SAFETY: a Q8_0 block holds 32 value bytes after its scale.
+            0 => unsafe { load32(block[2..34].as_ptr()) },
+            1 => _mm256_sub_epi8(nibbles_32(&block[2..]), _mm256_set1_epi8(8)),
+            _ => nibbles_32(&block[4..]),
+        };
+        // Signed weights go in as magnitudes, their signs moved onto the activations.
+        let unsigned = if FORMAT < 2 {
+            _mm256_sign_epi8(weights, weights)
+        } else {
+            weights
+        };
+        let d = f16(block, 0);
+        let minimum = if FORMAT == 2 { f16(block, 2) } else { 0.0 };
+        for t in 0..M {
+            let x = &xs[t];
+            let (mut high, mut low) = (digits(x.high, 32 * b), digits(x.low, 32 * b));
+            let lane = &mut lanes[t][b % 2];
+            if FORMAT == 2 {
+                // Q4_1's minimum meets the activations' own four-value sums.
+                let ones = _mm256_set1_epi8(1);
+                let sums = join(fours(ones, high, ones16), fours(ones, low, ones16));
+                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
+                *lane = accumulate(*lane, d, x.scales[b], ints);
+                *lane = accumulate(*lane, minimum, x.scales[b], sums);
+            } else {
+                high = _mm256_sign_epi8(high, weights);
+                low = _mm256_sign_epi8(low, weights);
+                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
+                *lane = accumulate(*lane, d, x.scales[b], ints);
+            }
         }
     }
+    finish(dtype, lanes, [0.0; M])
+}
 
-    #[inline(always)]
-    fn q4(qs: &[u8], x: &[i8]) -> i32 {
-        assert!(qs.len() >= 16 && x.len() >= 32);
-        // SAFETY: as in `q8_0`: AVX2 is present and the loads are in bounds.
-        unsafe {
-            let bytes = _mm_loadu_si128(qs.as_ptr().cast());
-            let both = _mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes);
-            let nibbles = _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-            sum_lanes(products_u8_i8(nibbles, load32(x.as_ptr())))
-        }
-    }
-
-    #[inline(always)]
-    fn q4_k(qs: &[u8], x: &[i8]) -> [i32; 8] {
-        assert!(qs.len() >= 128 && x.len() >= 256);
-        let mut out = [0i32; 8];
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
+    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
+    let mut tails = [0.0f32; M];
+    let mask = _mm256_set1_epi8(0x0F);
+    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
+        let (scales, mins) = q4_k_scales_mins(block);
+        let mut ints = [[_mm256_setzero_si256(); 2]; M];
         for c in 0..4 {
-            // SAFETY: as in `q8_0`: AVX2 is present and the loads are in bounds.
-            unsafe {
-                let bytes = load32(qs[32 * c..].as_ptr());
-                let mask = _mm256_set1_epi8(0x0F);
-                let low = _mm256_and_si256(bytes, mask);
-                let high = _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask);
-                out[2 * c] = sum_lanes(products_u8_i8(low, load32(x[64 * c..].as_ptr())));
-                out[2 * c + 1] = sum_lanes(products_u8_i8(high, load32(x[64 * c + 32..].as_ptr())));
+            // SAFETY: a Q4_K block holds 128 bytes of nibbles from byte 16.
+            let bytes = unsafe { load32(block[16 + 32 * c..16 + 32 * c + 32].as_ptr()) };
+            let values = [
+                _mm256_and_si256(bytes, mask),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask),
+            ];
+            for h in 0..2 {
+                let j = 2 * c + h;
+                let scale = _mm256_set1_epi16(i16::from(scales[j]));
+                for t in 0..M {
+                    let at = 256 * b + 32 * j;
+                    let (high, low) = (digits(xs[t].high, at), digits(xs[t].low, at));
+                    let p = join(fours(values[h], high, scale), fours(values[h], low, scale));
+                    ints[t][h] = _mm256_add_epi32(ints[t][h], p);
+                }
             }
         }
-        out
+        let (d, dmin) = (f16(block, 0), f16(block, 2));
+        for t in 0..M {
+            let s = xs[t].scales[b];
+            for h in 0..2 {
+                lanes[t][h] = accumulate(lanes[t][h], d, s, ints[t][h]);
+            }
+            tails[t] += scaled_tail(dmin, s, q4_k_tail(&mins, &xs[t], b));
+        }
     }
+    finish(DType::Q4_K, lanes, tails)
+}
 
-    #[inline(always)]
-    fn q6_k(block: &[u8], x: &[i8]) -> [i32; 16] {
-        assert!(block.len() >= 192 && x.len() >= 256);
-        let mut out = [0i32; 16];
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
+    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
+    let mut tails = [0.0f32; M];
+    let mask = _mm256_set1_epi8(0x0F);
+    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
+        let d = f16(block, 208);
         for half in 0..2 {
-            for g in 0..4 {
-                // Values `32g..32g + 32` of this half: low or high nibbles of the first or
-                // second 32 bytes of `ql`, and bits `2g, 2g + 1` of `qh`.
-                let ql = 64 * half + 32 * (g % 2);
-                let qh = 128 + 32 * half;
-                let k = 128 * half + 32 * g;
-                // SAFETY: as in `q8_0`: AVX2 is present and the loads are in bounds.
-                let lanes = unsafe {
-                    let mask = _mm256_set1_epi8(0x0F);
-                    let ql = load32(block[ql..].as_ptr());
-                    let low = if g < 2 {
-                        _mm256_and_si256(ql, mask)
-                    } else {
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), mask)
-                    };
-                    let qh = load32(block[qh..].as_ptr());
-                    let shifted = match g {
-                        0 => qh,
-                        1 => _mm256_srli_epi16::<2>(qh),
-                        2 => _mm256_srli_epi16::<4>(qh),
-                        _ => _mm256_srli_epi16::<6>(qh),
-                    };
-                    let high = _mm256_and_si256(shifted, _mm256_set1_epi8(3));
-                    let values = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
-                    products_u8_i8(values, load32(x[k..].as_ptr()))
+            let mut ints = [[_mm256_setzero_si256(); 2]; M];
+            let qh = 128 + 32 * half;
+            // SAFETY: a Q6_K block holds 64 bytes of high bits from byte 128.
+            let qh = unsafe { load32(block[qh..qh + 32].as_ptr()) };
+            for part in 0..4 {
+                let c = 4 * half + part;
+                let ql = 64 * half + 32 * (part % 2);
+                // SAFETY: a Q6_K block holds 128 bytes of low bits.
+                let ql = unsafe { load32(block[ql..ql + 32].as_ptr()) };
+                let low = if part < 2 {
+                    _mm256_and_si256(ql, mask)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), mask)
                 };
-                // Lanes 0..4 hold values 0..16 of the 32, lanes 4..8 values 16..32.
-                // SAFETY: AVX2 is present.
-                let (first, second) = unsafe {
-                    (
-                        sum_lanes_128(_mm256_castsi256_si128(lanes)),
-                        sum_lanes_128(_mm256_extracti128_si256::<1>(lanes)),
-                    )
+                let shifted = match part {
+                    0 => qh,
+                    1 => _mm256_srli_epi16::<2>(qh),
+                    2 => _mm256_srli_epi16::<4>(qh),
+                    _ => _mm256_srli_epi16::<6>(qh),
                 };
-                out[8 * half + 2 * g] = first;
-                out[8 * half + 2 * g + 1] = second;
+                let high = _mm256_and_si256(shifted, _mm256_set1_epi8(3));
+                let values = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+                // Lanes 0..4 take sub-block 2c's scale, lanes 4..8 sub-block 2c + 1's.
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16(i16::from(block[192 + 2 * c + 1] as i8)),
+                    _mm_set1_epi16(i16::from(block[192 + 2 * c] as i8)),
+                );
+                for t in 0..M {
+                    let at = 256 * b + 32 * c;
+                    let (x_high, x_low) = (digits(xs[t].high, at), digits(xs[t].low, at));
+                    let p = join(fours(values, x_high, scale), fours(values, x_low, scale));
+                    ints[t][c % 2] = _mm256_add_epi32(ints[t][c % 2], p);
+                }
+            }
+            for t in 0..M {
+                for h in 0..2 {
+                    lanes[t][h] = accumulate(lanes[t][h], d, xs[t].scales[b], ints[t][h]);
+                }
             }
         }
-        out
+        for t in 0..M {
+            tails[t] += scaled_tail(d, xs[t].scales[b], q6_k_tail(block, &xs[t], b));
+        }
     }
+    finish(DType::Q6_K, lanes, tails)
 }

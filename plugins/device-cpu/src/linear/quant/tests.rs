@@ -3,7 +3,6 @@
 use super::*;
 use crate::isa::IsaLevel;
 use crate::test_support::noise;
-use dots::{BlockInts, Portable};
 
 struct Case {
     dtype: DType,
@@ -67,13 +66,10 @@ fn cases() -> Vec<Case> {
         .collect()
 }
 
-/// The paths this CPU has: portable, and AVX2 where present.
+/// Every level this CPU has, from the portable path up: `avx2` and `avx512` run the
+/// `vpmaddubsw` tiles, `avx512_vnni` and above the `vpdpbusd` ones.
 fn paths() -> Vec<Isa> {
-    let mut paths = vec![Isa::at(IsaLevel::Portable).expect("portable")];
-    if let Ok(avx2) = Isa::at(IsaLevel::Avx2) {
-        paths.push(avx2);
-    }
-    paths
+    Isa::every()
 }
 
 #[test]
@@ -91,8 +87,12 @@ fn dequantization_matches_the_gguf_package_exactly() {
 #[test]
 fn dot_products_match_the_reference_on_every_path() {
     for case in cases() {
+        let block = dots::activation_block(case.dtype);
         let mut rows = Q8Rows::default();
-        rows.quantize(&case.x, INNER, dots::activation_block(case.dtype));
+        rows.quantize(&case.x, INNER, block);
+        let mut first_level = Q8Rows::default();
+        first_level.quantize(&case.x, INNER, block);
+        first_level.without_residual();
         let row_bytes = case.rows.len() / 2;
         for (r, w) in case.rows.chunks_exact(row_bytes).enumerate() {
             // Scale of the sum: the error of f32 arithmetic is relative to it.
@@ -103,10 +103,13 @@ fn dot_products_match_the_reference_on_every_path() {
                 .sum();
             let mut bits = Vec::new();
             for isa in paths() {
-                let [high, _] = rows.row(0);
                 let kernel = RowKernel { isa };
-                let one_level = f64::from(kernel.dot_level(case.dtype, w, high));
-                let ours = f64::from(kernel.dot(case.dtype, w, rows.row(0)));
+                let dot = |rows: &Q8Rows| {
+                    let mut out = [0.0f32];
+                    kernel.dots(case.dtype, w, &[rows.row(0)], &mut out);
+                    f64::from(out[0])
+                };
+                let (one_level, ours) = (dot(&first_level), dot(&rows));
                 let name = format!("{} row {r} at {}", case.dtype, isa.level());
                 // The first level alone against the same int8 activations (llama.cpp's
                 // arithmetic): only f32 rounding differs.
@@ -115,7 +118,7 @@ fn dot_products_match_the_reference_on_every_path() {
                     "{name}: {one_level} vs {} (scale {magnitude})",
                     case.quantized[r]
                 );
-                // Both levels against f32 activations: within the residual's rounding.
+                // Both digits against f32 activations: within the residual's rounding.
                 assert!(
                     (ours - case.exact[r]).abs() <= 1e-4 * magnitude,
                     "{name}: {ours} vs exact {} (scale {magnitude})",
@@ -132,15 +135,20 @@ fn dot_products_match_the_reference_on_every_path() {
     }
 }
 
-/// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
-fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
-    let context = Context {
+/// A device context of `threads` threads at `isa`.
+fn context(isa: Isa, threads: usize) -> Context {
+    Context {
         workers: Workers::new(threads).expect("workers"),
         scratch: Vec::new(),
         isa,
         bf16_products: Default::default(),
         attention: Default::default(),
-    };
+    }
+}
+
+/// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
+fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
+    let context = context(isa, threads);
     let tokens = x.len() / INNER;
     let mut out = vec![f32::NAN; tokens * w.rows];
     let outs = [SharedOut::new(&mut out, w.rows)];
@@ -208,13 +216,7 @@ fn the_fused_launches_match_the_plain_ones() {
         }
     }
     for isa in paths() {
-        let context = Context {
-            workers: Workers::new(2).expect("workers"),
-            scratch: Vec::new(),
-            isa,
-            bf16_products: Default::default(),
-            attention: Default::default(),
-        };
+        let context = context(isa, 2);
         let g = launch_rows(isa, matrix(gate), &x, 2);
         let u = launch_rows(isa, matrix(up), &x, 2);
         let mut expected = vec![0.0; g.len()];
@@ -279,13 +281,7 @@ fn weights_that_are_not_whole_rows_are_an_error() {
         bytes: &case.rows[..case.rows.len() - 1],
         rows: 2,
     };
-    let context = Context {
-        workers: Workers::new(1).expect("workers"),
-        scratch: Vec::new(),
-        isa: Isa::at(IsaLevel::Portable).expect("portable"),
-        bf16_products: Default::default(),
-        attention: Default::default(),
-    };
+    let context = context(Isa::at(IsaLevel::Portable).expect("portable"), 1);
     let mut out = vec![0.0; 2];
     let outs = [SharedOut::new(&mut out, 2)];
     let error = multiply(&context, &case.x, (1, INNER), &[w], &Outputs::Each(&outs)).unwrap_err();
@@ -296,10 +292,65 @@ fn weights_that_are_not_whole_rows_are_an_error() {
     );
 }
 
+/// `rows` rows of `inner` values of `dtype` blocks: noise bytes, with every f16 scale a
+/// finite value of either sign (noise scales could be infinities or NaNs, whose payloads
+/// say nothing about the sums).
+fn noise_blocks(dtype: DType, rows: usize, inner: usize, seed: u64) -> Vec<u8> {
+    let total = dtype
+        .tensor_bytes(rows as u64, inner as u64)
+        .expect("whole blocks") as usize;
+    let mut w: Vec<u8> = (0..total)
+        .map(|i| (noise(seed, i) * 128.0 + 128.0) as u8)
+        .collect();
+    let offsets: &[usize] = match dtype {
+        DType::Q4_1 | DType::Q4_K => &[0, 2],
+        DType::Q6_K => &[208],
+        _ => &[0],
+    };
+    for (b, block) in w.chunks_exact_mut(dots::block_bytes(dtype)).enumerate() {
+        for &at in offsets {
+            let scale = half::f16::from_f32(noise(seed + 1, 2 * b + at) * 0.01);
+            block[at..at + 2].copy_from_slice(&scale.to_bits().to_le_bytes());
+        }
+    }
+    w
+}
+
 #[test]
-fn portable_integer_sums_are_what_the_definitions_say() {
-    // One Q4_K block of nibbles all 1 against activations all 2: each 32-value sum is 64.
-    let qs = [0x11u8; 128];
-    let x = [2i8; 256];
-    assert_eq!(Portable::q4_k(&qs, &x), [64; 8]);
+fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
+    let portable = Isa::at(IsaLevel::Portable).expect("portable");
+    for dtype in DType::BLOCK_QUANTIZED {
+        let block = dots::activation_block(dtype);
+        // One to five blocks: the odd counts leave a last block alone in the paired tiles.
+        for blocks in 1..=5 {
+            let (rows, inner, tokens) = (3, blocks * block, 7);
+            let bytes = noise_blocks(dtype, rows, inner, blocks as u64);
+            let w = QuantMatrix {
+                dtype,
+                bytes: &bytes,
+                rows,
+            };
+            let mut x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i) * 3.0).collect();
+            // A zero token and a huge value: scales of 0, and saturating activations.
+            x[..inner].fill(0.0);
+            x[inner] = 1e30;
+            let launch = |isa: Isa| {
+                let context = context(isa, 2);
+                let mut out = vec![f32::NAN; tokens * rows];
+                let outs = [SharedOut::new(&mut out, rows)];
+                multiply(&context, &x, (tokens, inner), &[w], &Outputs::Each(&outs))
+                    .expect("launch");
+                out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let expected = launch(portable);
+            for isa in paths() {
+                assert_eq!(
+                    launch(isa),
+                    expected,
+                    "{dtype}, {blocks} blocks, at {}",
+                    isa.level()
+                );
+            }
+        }
+    }
 }

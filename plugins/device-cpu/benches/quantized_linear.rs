@@ -1,0 +1,250 @@
+//! Throughput of the quantized linear at the Qwen3-0.6B shapes: GB/s of weights streamed, next to the machine's read bandwidth.
+//!
+//! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
+//! by `-- [--portable] [--all-types] [--threads N] [--seconds S] [FILTER]`. For each weight type
+//! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
+//! up projection, its down projection and the output head), 1 token (decode) and 16 (a batch
+//! of 16 streams, or a prefill chunk), and each instruction-set level this CPU has, it times
+//! the whole launch (activations quantized, outputs written) and reports the median over
+//! at least five runs of at least `--seconds` (default 0.5) in all: the weights' bytes over
+//! that time is the GB/s (and times the tokens, what batching gains). The read bandwidth is measured before and after with the probe
+//! `cargo xtask compare` uses (`tools/src/bandwidth.rs`); the fraction is against their median.
+//! The portable level is slow and left out unless `--portable` asks for it. On a shared
+//! machine, `--threads 1` adds a figure other processes do not move: GB/s per second the
+//! launching thread spent on a CPU, what one core's kernels reach.
+
+#[allow(dead_code, unused_imports)]
+#[path = "../../../tools/src/bandwidth.rs"]
+mod bandwidth;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use plughost_device_abi::DType;
+use plughost_device_cpu::QuantizedBench;
+use plughost_device_cpu::isa::{Isa, IsaLevel};
+
+/// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
+const SHAPES: [(&str, usize, usize); 3] = [
+    ("gate/up 3072x1024", 3072, 1024),
+    ("down 1024x3072", 1024, 3072),
+    ("head 151936x1024", 151_936, 1024),
+];
+const TOKENS: [usize; 2] = [1, 16];
+
+struct Options {
+    portable: bool,
+    all_types: bool,
+    threads: usize,
+    seconds: f64,
+    filter: Option<String>,
+}
+
+fn options() -> Options {
+    let mut options = Options {
+        portable: false,
+        all_types: false,
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        seconds: 0.5,
+        filter: None,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--bench" => {}
+            "--portable" => options.portable = true,
+            "--all-types" => options.all_types = true,
+            "--threads" => {
+                options.threads = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| {
+                    eprintln!("--threads takes a count");
+                    std::process::exit(2)
+                })
+            }
+            "--seconds" => {
+                options.seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+                    eprintln!("--seconds takes a number");
+                    std::process::exit(2)
+                })
+            }
+            other => options.filter = Some(other.to_string()),
+        }
+    }
+    options
+}
+
+/// A deterministic pseudo-random byte stream (splitmix64).
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// `rows` rows of `inner` random values of `dtype`, with every f16 scale a small finite value.
+fn weights(dtype: DType, rows: usize, inner: usize) -> Vec<u8> {
+    let total = dtype
+        .tensor_bytes(rows as u64, inner as u64)
+        .expect("whole blocks") as usize;
+    let mut w = bytes(dtype as u64 + 1, total);
+    // Where each block keeps its f16 scales: d (and the minimum, or dmin).
+    let (block_bytes, scale_offsets): (usize, &[usize]) = match dtype {
+        DType::Q8_0 => (34, &[0]),
+        DType::Q4_0 => (18, &[0]),
+        DType::Q4_1 => (20, &[0, 2]),
+        DType::Q4_K => (144, &[0, 2]),
+        DType::Q6_K => (210, &[208]),
+        other => unreachable!("{other} is not block-quantized"),
+    };
+    // 2^-10: far from overflow in any sum.
+    let scale = 0x1400u16.to_le_bytes();
+    for block in w.chunks_exact_mut(block_bytes) {
+        for &at in scale_offsets {
+            block[at..at + 2].copy_from_slice(&scale);
+        }
+    }
+    w
+}
+
+fn activations(len: usize) -> Vec<f32> {
+    bytes(99, len * 2)
+        .chunks_exact(2)
+        .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) / 8192.0)
+        .collect()
+}
+
+/// The calling thread's time on a CPU so far (Linux's schedstat), if the system says.
+fn thread_cpu_time() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+/// What one launch took: the median wall time over at least five runs and `seconds` in all,
+/// and the mean time the calling thread spent on a CPU, which a shared machine's other load
+/// does not inflate (with one thread, all of the launch's work).
+fn time_launch(seconds: f64, mut launch: impl FnMut()) -> (Duration, Option<Duration>) {
+    launch(); // warm-up: the activations' buffers grow, the workers wake
+    let mut times = Vec::new();
+    let start = Instant::now();
+    let cpu_start = thread_cpu_time();
+    while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 10_000) {
+        let run = Instant::now();
+        launch();
+        times.push(run.elapsed());
+    }
+    let cpu = thread_cpu_time()
+        .zip(cpu_start)
+        .map(|(end, start)| (end - start) / times.len() as u32);
+    times.sort();
+    (times[times.len() / 2], cpu)
+}
+
+fn main() {
+    let options = options();
+    let probe = bandwidth::Probe::new(1024, options.threads, 5).expect("probe");
+    let mut bandwidths = vec![probe.measure().expect("bandwidth")];
+    let types: &[DType] = if options.all_types {
+        &[
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4_K,
+            DType::Q6_K,
+        ]
+    } else {
+        &[DType::Q8_0, DType::Q4_K, DType::Q6_K]
+    };
+    let levels: Vec<Isa> = Isa::every()
+        .into_iter()
+        .filter(|isa| options.portable || isa.level() != IsaLevel::Portable)
+        .collect();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|line| line.starts_with("model name"))
+                .and_then(|line| line.split(':').nth(1))
+                .map(|name| name.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_string());
+    println!(
+        "{cpu}, {} threads, levels {}",
+        options.threads,
+        levels
+            .iter()
+            .map(|isa| isa.level().name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let benches: Vec<QuantizedBench> = levels
+        .iter()
+        .map(|&isa| QuantizedBench::new(isa, options.threads).expect("workers"))
+        .collect();
+    let mut rows_out = Vec::new();
+    for &dtype in types {
+        for (shape, rows, inner) in SHAPES {
+            let w = weights(dtype, rows, inner);
+            for tokens in TOKENS {
+                let x = activations(tokens * inner);
+                let mut out = vec![0.0f32; tokens * rows];
+                for (isa, bench) in levels.iter().zip(&benches) {
+                    let name = format!("{dtype} {shape} T={tokens} {}", isa.level().name());
+                    if options
+                        .filter
+                        .as_ref()
+                        .is_some_and(|f| !name.contains(f.as_str()))
+                    {
+                        continue;
+                    }
+                    let (time, cpu) = time_launch(options.seconds, || {
+                        bench
+                            .linear(dtype, black_box(&w), rows, black_box(&x), &mut out)
+                            .expect("launch");
+                        black_box(&out);
+                    });
+                    let gb_s = w.len() as f64 / time.as_secs_f64() / 1e9;
+                    let cpu_gb_s = cpu.map_or(0.0, |cpu| w.len() as f64 / cpu.as_secs_f64() / 1e9);
+                    println!(
+                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens; \
+                         calling thread's CPU: {cpu_gb_s:.1} GB/s",
+                        time.as_secs_f64() * 1e3,
+                        gb_s * tokens as f64
+                    );
+                    rows_out.push((name, time, gb_s, tokens, cpu_gb_s));
+                }
+            }
+        }
+    }
+    bandwidths.push(probe.measure().expect("bandwidth"));
+    let bound = bandwidth::median(&bandwidths)
+        .expect("two measurements")
+        .gb_per_second();
+    println!(
+        "\nread bandwidth {bound:.1} GB/s (median of {}: {})\n",
+        bandwidths.len(),
+        bandwidths
+            .iter()
+            .map(|b| format!("{:.1}", b.gb_per_second()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | per CPU-second of the calling thread |\n\
+         |---|---:|---:|---:|---:|---:|"
+    );
+    for (name, time, gb_s, tokens, cpu_gb_s) in rows_out {
+        println!(
+            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {cpu_gb_s:.1} |",
+            time.as_secs_f64() * 1e3,
+            100.0 * gb_s / bound,
+            gb_s * tokens as f64
+        );
+    }
+}

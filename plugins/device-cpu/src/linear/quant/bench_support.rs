@@ -1,0 +1,68 @@
+//! [`QuantizedBench`]: the quantized linear as `cargo bench` reaches it, one weight matrix at a time, without the device ABI around it.
+//!
+//! Launches reach the kernels through the ABI, whose export layer checks every shape; a
+//! benchmark of the kernels alone needs a narrower door, and this is it: it checks what the
+//! export layer would (whole rows of blocks, slices of the stated sizes) and runs
+//! [`super::multiply`], the code every quantized launch runs.
+
+use plughost_device_abi::DType;
+
+use crate::Context;
+use crate::isa::Isa;
+use crate::workers::Workers;
+
+use super::super::sink::SharedOut;
+use super::{Outputs, QuantMatrix, multiply};
+
+/// A device's worker threads and instruction-set level, for timing quantized linears.
+pub struct QuantizedBench {
+    context: Context,
+}
+
+impl QuantizedBench {
+    pub fn new(isa: Isa, threads: usize) -> Result<QuantizedBench, String> {
+        Ok(QuantizedBench {
+            context: Context {
+                workers: Workers::new(threads)?,
+                scratch: Vec::new(),
+                isa,
+                bf16_products: Default::default(),
+                attention: Default::default(),
+            },
+        })
+    }
+
+    /// `out[T, N] = x[T, K] · w[N, K]ᵀ` for `weights`, `N = rows` rows of `dtype` blocks.
+    pub fn linear(
+        &self,
+        dtype: DType,
+        weights: &[u8],
+        rows: usize,
+        x: &[f32],
+        out: &mut [f32],
+    ) -> Result<(), String> {
+        let tokens = out.len() / rows.max(1);
+        let inner = x.len() / tokens.max(1);
+        if !dtype.is_block_quantized() || tokens * rows != out.len() || tokens * inner != x.len() {
+            return Err(format!(
+                "{dtype}: {} activations and {} outputs are not T×K and T×{rows}",
+                x.len(),
+                out.len()
+            ));
+        }
+        let w = QuantMatrix {
+            dtype,
+            bytes: weights,
+            rows,
+        };
+        let outs = [SharedOut::new(out, rows)];
+        multiply(
+            &self.context,
+            x,
+            (tokens, inner),
+            &[w],
+            &Outputs::Each(&outs),
+        )
+        .map_err(|failure| failure.message().to_string())
+    }
+}
