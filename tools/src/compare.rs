@@ -728,6 +728,11 @@ impl PlughostKv {
     }
 }
 
+/// The line of the page after which sections written by other tools begin; a comparison keeps
+/// it and everything after it.
+const KEPT_SECTIONS: &str =
+    "<!-- The sections below are not written by `cargo xtask compare`, which keeps them. -->";
+
 /// The chart's colour of each server: plughost, llama.cpp, ik_llama.cpp.
 const COLOURS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
 
@@ -760,7 +765,13 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(out, report::markdown(report))
+    // Sections other tools write (perplexity, the quantized kernels, the KV tiers) follow the
+    // marker; a comparison rewrites only what comes before it.
+    let kept = std::fs::read_to_string(out)
+        .ok()
+        .and_then(|old| old.find(KEPT_SECTIONS).map(|at| old[at..].to_string()))
+        .unwrap_or_else(|| format!("{KEPT_SECTIONS}\n"));
+    std::fs::write(out, report::markdown(report) + "\n" + &kept)
         .with_context(|| format!("writing {}", out.display()))?;
     std::fs::write(svg_path, chart).with_context(|| format!("writing {}", svg_path.display()))?;
     write_summary_json(raw_dir, report)?;
