@@ -274,10 +274,11 @@ fn portable_tile<E: CacheElement>(
     let stride = state_len(head_dim);
     let mut states = states.chunks_exact_mut(stride);
     for token in 0..block.tokens {
-        let RowSpan { skip, valid, first } = tile.span(block, token);
+        let span = tile.span(block, token);
+        let RowSpan { skip, valid, first } = span;
         for head in 0..block.heads {
             let Some(state) = states.next() else { return };
-            if skip >= valid {
+            if span.is_empty() {
                 continue;
             }
             let query = block.query(token, head, head_dim);

@@ -65,6 +65,7 @@ pub fn block_bytes(dtype: DType) -> usize {
 
 /// Checks that every token row of `xs` holds the activations of all of `w`'s blocks: what the
 /// vector tiles' loads rely on.
+#[cfg(target_arch = "x86_64")]
 pub fn check_rows(dtype: DType, w: &[u8], xs: &[Q8Row<'_>]) {
     let blocks = w.len() / block_bytes(dtype);
     for x in xs {
