@@ -13,6 +13,7 @@ use crate::plugins::logits::SeenTokens;
 use crate::sched::{Phase, RequestView};
 
 use super::output::OutputText;
+use super::prompt_scores::PromptScores;
 use super::request::{GenerationEvent, GenerationRequest, RequestId};
 
 /// Invariants: `tokens` is `prompt` followed by `output`, and `seen` (kept for requests with
@@ -56,6 +57,8 @@ pub struct RequestState {
     pub grammar: Option<Box<GrammarMatcher>>,
     /// The grammar of a request that reasons first, until its reasoning block ends.
     pub dormant_grammar: Option<DormantGrammar>,
+    /// The prompt's logprobs as its rows are computed, for a request that asked for them.
+    pub prompt_scores: Option<PromptScores>,
 }
 
 /// When a request arrived, and the deployment and sampler it was given then.
@@ -131,6 +134,9 @@ impl RequestState {
                 let block = grammar.starts_after()?.clone();
                 Some(DormantGrammar::new(Box::new(grammar.matcher()), block))
             }),
+            prompt_scores: request
+                .prompt_logprobs
+                .map(|k| PromptScores::new(k, request.prompt_tokens.len())),
             request,
             _deployment: deployment,
             sampler,
@@ -140,6 +146,16 @@ impl RequestState {
 
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
+    }
+
+    /// Reduces the logits `row` of prompt position `position` into the prompt scores, if the
+    /// request keeps them.
+    pub fn score_prompt_row(&mut self, position: usize, row: &[f32]) {
+        if let (Some(scores), Some(&next)) =
+            (self.prompt_scores.as_mut(), self.prompt.get(position + 1))
+        {
+            scores.record(position, row, next);
+        }
     }
 
     pub fn output(&self) -> &[u32] {

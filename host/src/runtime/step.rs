@@ -59,6 +59,41 @@ fn invalid(message: String) -> RuntimeError {
 }
 
 impl StepStaging {
+    /// Checks the batch and lays its inputs out; returns the step's extents. After the emitting
+    /// rows, the logits also hold, for each sequence `i`, its first `scored[i]` rows (rows of
+    /// prompt positions whose logprobs a request asked for), in batch order; a missing entry
+    /// is 0. Every logits row counts against the rows the logits buffer was prepared for.
+    pub fn fill_scored(
+        &mut self,
+        batch: &[StepSequence<'_>],
+        scored: &[u32],
+        limits: &StepLimits,
+    ) -> Result<Extents, RuntimeError> {
+        let extents = self.fill(batch, limits)?;
+        for (i, (seq, &rows)) in batch.iter().zip(scored).enumerate() {
+            if rows as usize > seq.tokens.len() {
+                return Err(invalid(format!(
+                    "sequence {i} reports {rows} rows of a {}-token chunk",
+                    seq.tokens.len()
+                )));
+            }
+            let first = self.query_start[i];
+            self.logits_indices
+                .extend((0..rows as i32).map(|row| first + row));
+        }
+        if self.logits_indices.len() as u64 > limits.max.emitting {
+            return Err(invalid(format!(
+                "{} logits rows, prepared for {}",
+                self.logits_indices.len(),
+                limits.max.emitting
+            )));
+        }
+        Ok(Extents {
+            emitting: self.logits_indices.len() as u64,
+            ..extents
+        })
+    }
+
     /// Checks the batch and lays its inputs out; returns the step's extents.
     pub fn fill(
         &mut self,
