@@ -110,7 +110,12 @@ fn choice_logprobs(
             *offset = echo.text.chars().count()
                 + output
                     .iter()
-                    .map(|lp| super::logprobs::token_text(tokenizer, lp.token).0.chars().count())
+                    .map(|lp| {
+                        super::logprobs::token_text(tokenizer, lp.token)
+                            .0
+                            .chars()
+                            .count()
+                    })
                     .sum::<usize>();
             logprobs
         }

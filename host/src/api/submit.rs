@@ -156,16 +156,18 @@ pub async fn collect(
         .zip(logprobs)
         .zip(prompt_logprobs)
         .zip(reasons)
-        .map(|((((text, token_ids), logprobs), prompt_logprobs), reason)| {
-            let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
-            Ok(ChoiceOutput {
-                text,
-                token_ids,
-                logprobs,
-                prompt_logprobs,
-                finish_reason,
-            })
-        })
+        .map(
+            |((((text, token_ids), logprobs), prompt_logprobs), reason)| {
+                let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
+                Ok(ChoiceOutput {
+                    text,
+                    token_ids,
+                    logprobs,
+                    prompt_logprobs,
+                    finish_reason,
+                })
+            },
+        )
         .collect()
 }
 

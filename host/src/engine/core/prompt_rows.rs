@@ -43,11 +43,7 @@ impl EngineCore {
     /// prompt goes on in the next steps.
     pub(super) fn fit_scored_rows(&self, plan: &mut Plan) {
         let cap = self.runtime.max_logits_rows();
-        let scoring = |id: u64| {
-            self.requests
-                .get(id)
-                .filter(|s| s.prompt_scores.is_some())
-        };
+        let scoring = |id: u64| self.requests.get(id).filter(|s| s.prompt_scores.is_some());
         let mut least = 0u32;
         for run in &plan.run {
             if let Some(state) = self.requests.get(run.id) {
