@@ -191,11 +191,7 @@ impl OutputProcessor {
             // (then the rest is dropped).
             text.push_str(&state.text.flush());
         }
-        let prompt_logprobs = state
-            .prompt_scores
-            .as_mut()
-            .map(|scores| scores.deliver())
-            .unwrap_or_default();
+        let prompt_logprobs = state.deliver_prompt_logprobs();
         let _ = state.events.send(GenerationEvent::Delta {
             text,
             token_ids: vec![token],

@@ -14,7 +14,7 @@ use crate::sched::{Phase, RequestView};
 
 use super::output::OutputText;
 use super::prompt_scores::PromptScores;
-use super::request::{GenerationEvent, GenerationRequest, RequestId};
+use super::request::{GenerationEvent, GenerationRequest, PromptLogprob, RequestId};
 
 /// Invariants: `tokens` is `prompt` followed by `output`, and `seen` (kept for requests with
 /// penalties) counts exactly those tokens; [`RequestState::push_output`] is the only way an
@@ -156,6 +156,15 @@ impl RequestState {
         {
             scores.record(position, row, next);
         }
+    }
+
+    /// The prompt's logprobs for the request's first event, once its prompt is computed;
+    /// empty for a request without them and after the first call.
+    pub fn deliver_prompt_logprobs(&mut self) -> Vec<PromptLogprob> {
+        self.prompt_scores
+            .as_mut()
+            .map(PromptScores::deliver)
+            .unwrap_or_default()
     }
 
     pub fn output(&self) -> &[u32] {

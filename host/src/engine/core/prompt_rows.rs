@@ -98,11 +98,7 @@ impl EngineCore {
             {
                 continue;
             }
-            let prompt_logprobs = state
-                .prompt_scores
-                .as_mut()
-                .map(|scores| scores.deliver())
-                .unwrap_or_default();
+            let prompt_logprobs = state.deliver_prompt_logprobs();
             let _ = state.events.send(GenerationEvent::Delta {
                 text: String::new(),
                 token_ids: Vec::new(),
