@@ -28,6 +28,9 @@ use crate::bandwidth::{self, Bandwidth};
 use loads::{Load, SAMPLING, Shape, Summary};
 use model::ModelFacts;
 use report::{GREEDY, Machine, Report, SAMPLED, SINGLE, ServerResult};
+
+/// The heading of `docs/benchmarks.md`'s perplexity table, which a comparison run keeps.
+const PERPLEXITY_SECTION: &str = "\n## Perplexity\n";
 use rounds::{Bench, Measured, counter};
 use server::{RunningServer, ServerSpec, display_path, shell_word};
 
@@ -597,7 +600,13 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    std::fs::write(out, report::markdown(report))
+    // The perplexity section comes from `plughost perplexity` runs, not from this comparison:
+    // it is kept as it was.
+    let kept = std::fs::read_to_string(out)
+        .ok()
+        .and_then(|old| old.find(PERPLEXITY_SECTION).map(|at| old[at..].to_string()))
+        .unwrap_or_default();
+    std::fs::write(out, report::markdown(report) + &kept)
         .with_context(|| format!("writing {}", out.display()))?;
     std::fs::write(svg_path, chart).with_context(|| format!("writing {}", svg_path.display()))?;
     write_summary_json(raw_dir, report)?;
