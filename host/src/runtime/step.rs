@@ -173,3 +173,53 @@ impl StepStaging {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(emitting: u64) -> StepLimits {
+        StepLimits {
+            max: Extents {
+                tokens: 64,
+                sequences: 4,
+                emitting,
+                kv_blocks: 16,
+                block_size: 4,
+                blocks_per_sequence: 8,
+            },
+            vocab: 100,
+        }
+    }
+
+    #[test]
+    fn scored_rows_follow_the_emitting_rows_within_the_logits_buffer() {
+        let prefill = [1u32, 2, 3, 4, 5];
+        let decode = [6u32];
+        let batch = [
+            StepSequence {
+                id: 1,
+                tokens: &prefill,
+                computed_len: 0,
+                block_table: &[0, 1],
+                emit: false,
+            },
+            StepSequence {
+                id: 2,
+                tokens: &decode,
+                computed_len: 3,
+                block_table: &[2],
+                emit: true,
+            },
+        ];
+        let mut staging = StepStaging::default();
+        let extents = staging
+            .fill_scored(&batch, &[3, 0], &limits(4))
+            .expect("fits");
+        // The decode's row first, then the prefill's first three positions.
+        assert_eq!(staging.logits_indices, vec![5, 0, 1, 2]);
+        assert_eq!(extents.emitting, 4);
+        assert!(staging.fill_scored(&batch, &[4, 0], &limits(4)).is_err());
+        assert!(staging.fill_scored(&batch, &[6, 0], &limits(8)).is_err());
+    }
+}
