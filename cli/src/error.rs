@@ -30,6 +30,8 @@ pub enum CliError {
     Rejected(#[from] PluginRejection),
     #[error(transparent)]
     Bench(#[from] BenchError),
+    #[error(transparent)]
+    Perplexity(#[from] plughost::perplexity::PerplexityError),
     #[error(
         "--quantize {target} applies to f32/f16/bf16 safetensors; {} is a GGUF file, served in its stored types",
         path.display()

@@ -60,6 +60,7 @@ pub fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), CliErro
             ..Default::default()
         },
         logprobs: false,
+        prompt_logprobs: None,
         priority: 0,
         sampler: None,
         request_id: None,

@@ -1,9 +1,10 @@
-//! The `plughost` command line: `serve`, `generate`, `bench`, `check` and `plugin`.
+//! The `plughost` command line: `serve`, `generate`, `perplexity`, `bench`, `check` and `plugin`.
 
 mod check;
 mod error;
 mod generate;
 mod options;
+mod perplexity;
 mod serve;
 
 use std::path::PathBuf;
@@ -89,6 +90,22 @@ enum Command {
         #[arg(long)]
         ignore_eos: bool,
     },
+    /// The perplexity of a text file through the same engine, windowed as llama-perplexity
+    /// windows it: each window of --context tokens scores its second half (with --stride,
+    /// windows start every S tokens and score their last S).
+    Perplexity {
+        #[command(flatten)]
+        model: options::ModelArgs,
+        /// The text to score.
+        #[arg(long)]
+        file: PathBuf,
+        /// Tokens per window.
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+        /// Start a window every S tokens and score its last S (llama-perplexity's --ppl-stride).
+        #[arg(long)]
+        stride: Option<usize>,
+    },
     /// Load every plugin a deployment file names, run its `init`, and report.
     Check {
         /// The deployment file (TOML).
@@ -155,6 +172,12 @@ fn main() -> ExitCode {
                 ignore_eos: *ignore_eos,
             },
         ),
+        Command::Perplexity {
+            model,
+            file,
+            context,
+            stride,
+        } => perplexity::perplexity(model, file, *context, *stride),
         Command::Check { config, cache_dir } => check::check(config, cache_dir.clone()),
         Command::Bench(options) => plughost_bench::main(options.clone()).map_err(CliError::from),
         Command::Plugin(command) => check::plugin(command),

@@ -161,6 +161,7 @@ fn decode(
             ..Default::default()
         },
         logprobs: false,
+        prompt_logprobs: None,
         sampler: None,
         priority: 0,
         request_id: None,

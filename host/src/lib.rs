@@ -12,6 +12,7 @@ pub mod kv;
 pub mod load_metrics;
 pub mod metrics;
 pub mod model;
+pub mod perplexity;
 pub mod plugin_kit;
 pub mod plugins;
 pub mod profile;

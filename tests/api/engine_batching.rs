@@ -54,6 +54,7 @@ fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
             ..Default::default()
         },
         logprobs: false,
+        prompt_logprobs: None,
         sampler: None,
         priority: 0,
         request_id: None,

@@ -73,6 +73,29 @@ mod deviations {
         }
         chunk
     }
+
+    /// An echoed prompt's first token has no logprob: its `token_logprobs` and `top_logprobs`
+    /// entries are `null` (as OpenAI's legacy completions and vLLM send them), which the
+    /// spec's lists of numbers and objects do not allow.
+    pub fn echoed_prompt(mut response: Value) -> Value {
+        for choice in response["choices"].as_array_mut().into_iter().flatten() {
+            let Some(logprobs) = choice["logprobs"].as_object_mut() else {
+                continue;
+            };
+            for (list, filler) in [
+                ("token_logprobs", 0.0.into()),
+                ("top_logprobs", Value::Object(Default::default())),
+            ] {
+                let entries = logprobs.get_mut(list).and_then(Value::as_array_mut);
+                for entry in entries.into_iter().flatten() {
+                    if entry.is_null() {
+                        *entry = filler.clone();
+                    }
+                }
+            }
+        }
+        response
+    }
 }
 
 fn post(path: &str, body: &Value) -> (u16, String) {
@@ -146,6 +169,32 @@ fn models_completions_and_their_chunks_match_the_schema() {
 }
 
 #[test]
+fn echoed_completions_and_prompt_logprobs_match_the_schema() {
+    let body = json!({"model": MODEL, "prompt": ["Once upon", "a time"], "max_tokens": 3,
+        "echo": true, "logprobs": 2, "n": 2});
+    let patched = |v: Value| deviations::echoed_prompt(deviations::completion_chunk(v));
+    assert_matches(
+        "CreateCompletionResponse",
+        &patched(json_ok("/v1/completions", &body)),
+    );
+    let scored = with(body.clone(), json!({"max_tokens": 0, "prompt_logprobs": 2}));
+    assert_matches(
+        "CreateCompletionResponse",
+        &patched(json_ok("/v1/completions", &scored)),
+    );
+    let streamed = with(body, json!({"stream": true}));
+    for chunk in stream("/v1/completions", &streamed) {
+        assert_matches("CreateCompletionResponse", &patched(chunk));
+    }
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 2, "prompt_logprobs": 1, "logprobs": true});
+    assert_matches(
+        "CreateChatCompletionResponse",
+        &json_ok("/v1/chat/completions", &chat),
+    );
+}
+
+#[test]
 fn chat_responses_and_chunks_match_the_schema() {
     let body =
         json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
@@ -179,7 +228,10 @@ fn error_bodies_match_the_schema() {
             "/v1/completions",
             json!({"model": "no-such-model", "prompt": "x"}),
         ),
-        ("/v1/completions", json!({"prompt": "x", "echo": true})),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "echo": true, "max_tokens": -1}),
+        ),
         (
             "/v1/responses",
             json!({"model": MODEL, "input": "x", "background": true}),

@@ -347,6 +347,7 @@ fn engine_tokens(engine: &EngineHandle, prompt: &[u32], bias: LogitBias, n: u32)
         max_tokens: n,
         stop: Default::default(),
         logprobs: false,
+        prompt_logprobs: None,
         priority: 0,
         sampler: None,
         request_id: None,

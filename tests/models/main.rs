@@ -1,4 +1,4 @@
-//! Model tests in one binary, so the test build links wasmtime once for them: checkpoints, tokenizers, Qwen3 parity with `transformers`, a quantized GGUF against `transformers`, and SmolLM2-135M-Instruct end to end.
+//! Model tests in one binary, so the test build links wasmtime once for them: checkpoints, tokenizers, Qwen3 parity with `transformers`, perplexity against `transformers`, a quantized GGUF against `transformers`, and SmolLM2-135M-Instruct end to end.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -6,6 +6,7 @@ mod common;
 mod checkpoint;
 mod gguf_quantized;
 mod parity;
+mod perplexity;
 mod quantize_at_load;
 mod qwen3;
 mod smollm2_checkpoint;

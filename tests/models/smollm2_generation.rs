@@ -91,6 +91,7 @@ fn check_greedy_against_transformers(engine: &EngineHandle, tolerance: f32, near
                 ..Default::default()
             },
             logprobs: true,
+            prompt_logprobs: None,
             sampler: None,
             priority: 0,
             request_id: None,

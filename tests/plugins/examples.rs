@@ -88,6 +88,7 @@ fn request(
             ..Default::default()
         },
         logprobs: false,
+        prompt_logprobs: None,
         sampler: None,
         priority,
         request_id: None,

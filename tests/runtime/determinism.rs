@@ -77,6 +77,7 @@ fn requests(rng: &mut RowRng) -> Vec<GenerationRequest> {
                     ..Default::default()
                 },
                 logprobs: false,
+                prompt_logprobs: None,
                 sampler: None,
                 priority: 0,
                 request_id: None,

@@ -284,6 +284,7 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
                 ..Default::default()
             },
             logprobs: false,
+            prompt_logprobs: None,
             sampler: None,
             priority: 0,
             request_id: None,

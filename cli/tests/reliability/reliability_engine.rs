@@ -648,6 +648,7 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
                     ..Default::default()
                 },
                 logprobs: false,
+                prompt_logprobs: None,
                 sampler: None,
                 priority: 0,
                 request_id: None,
@@ -690,6 +691,7 @@ fn request(prompt_len: u32, max_tokens: u32, priority: i32) -> GenerationRequest
             ..Default::default()
         },
         logprobs: false,
+        prompt_logprobs: None,
         sampler: None,
         priority,
         request_id: None,

@@ -62,6 +62,11 @@ pub async fn create(
         return Ok(super::stream::sse(events, format, usage, config));
     }
     let outputs = submit::collect(events, &shape, &mut usage).await?;
+    // The conversation is one prompt: every choice scored it alike.
+    let prompt_logprobs = shape.prompt_logprobs.map(|k| {
+        let scored = outputs.first().map_or(&[][..], |o| &o.prompt_logprobs);
+        super::prompt_logprobs::vllm_prompt_logprobs(&tokenizer, scored, k)
+    });
     let choices = outputs
         .into_iter()
         .enumerate()
@@ -84,8 +89,9 @@ pub async fn create(
         created: meta.created,
         model: meta.model,
         system_fingerprint: meta.system_fingerprint,
-        choices,
         usage: usage.usage(),
+        prompt_logprobs,
+        choices,
     };
     Ok(Json(response).into_response())
 }

@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use crate::engine::{FinishReason, TokenLogprob};
+use crate::engine::{FinishReason, PromptLogprob, TokenLogprob};
 use crate::model::Tokenizer;
 
 use super::access_log::AccessRecord;
@@ -14,8 +14,10 @@ use super::admission::AdmissionTicket;
 use super::body::ApiJson;
 use super::error::ApiError;
 use super::openai::{
-    CompletionChoice, CompletionRequest, CompletionResponse, GenerationBody, Usage,
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, GenerationBody,
+    Usage,
 };
+use super::prompt_logprobs::{PromptEcho, vllm_prompt_logprobs};
 use super::stream::{ChunkFormat, StreamConfig, to_json};
 use super::submit::{self, UsageTally};
 use super::validation;
@@ -50,6 +52,10 @@ pub async fn create(
             tokenizer,
             text_offsets: vec![0; shape.num_choices()],
             logprobs: shape.logprobs,
+            echo: shape.echo.clone(),
+            n: shape.n,
+            echoed: vec![false; shape.num_choices()],
+            prompt_scores: vec![Vec::new(); shape.num_choices()],
         };
         return Ok(super::stream::sse(events, format, usage, config));
     }
@@ -58,20 +64,63 @@ pub async fn create(
         .into_iter()
         .enumerate()
         .map(|(index, output)| {
-            let mut offset = 0;
+            let echo = shape.echo.as_ref().and_then(|e| e.get(index / shape.n));
             let logprobs = shape.logprobs.map(|k| {
-                super::logprobs::completion_logprobs(&tokenizer, &output.logprobs, k, &mut offset)
+                choice_logprobs(
+                    &tokenizer,
+                    echo,
+                    &output.prompt_logprobs,
+                    &output.logprobs,
+                    k,
+                    &mut 0,
+                )
             });
+            let prompt_logprobs = shape
+                .prompt_logprobs
+                .map(|k| vllm_prompt_logprobs(&tokenizer, &output.prompt_logprobs, k));
             CompletionChoice {
                 index,
-                text: output.text,
+                text: match echo {
+                    Some(echo) => echo.text.clone() + &output.text,
+                    None => output.text,
+                },
                 logprobs,
                 finish_reason: Some(output.finish_reason.as_str()),
                 stop_reason: output.finish_reason.stop_reason(),
+                prompt_logprobs,
             }
         })
         .collect();
     Ok(Json(response(&meta, choices, Some(usage.usage()))).into_response())
+}
+
+/// A choice's legacy logprobs: those of its echoed prompt, if any, then its output's, whose
+/// text offsets continue from `offset` (the characters already sent).
+fn choice_logprobs(
+    tokenizer: &Tokenizer,
+    echo: Option<&PromptEcho>,
+    prompt: &[PromptLogprob],
+    output: &[TokenLogprob],
+    num_top: u32,
+    offset: &mut usize,
+) -> CompletionLogprobs {
+    match echo {
+        Some(echo) => {
+            let logprobs = echo.logprobs(tokenizer, prompt, output, num_top);
+            *offset = echo.text.chars().count()
+                + output
+                    .iter()
+                    .map(|lp| {
+                        super::logprobs::token_text(tokenizer, lp.token)
+                            .0
+                            .chars()
+                            .count()
+                    })
+                    .sum::<usize>();
+            logprobs
+        }
+        None => super::logprobs::completion_logprobs(tokenizer, output, num_top, offset),
+    }
 }
 
 fn response(
@@ -97,6 +146,13 @@ struct Chunks {
     /// Per choice, the characters sent so far (for `text_offset`).
     text_offsets: Vec<usize>,
     logprobs: Option<u32>,
+    /// Per prompt, what `echo` sends before the output, and the choices per prompt.
+    echo: Option<Vec<PromptEcho>>,
+    n: usize,
+    /// Per choice, whether its prompt went out (in its first chunk).
+    echoed: Vec<bool>,
+    /// Per choice, its prompt's logprobs until its first chunk sends them.
+    prompt_scores: Vec<Vec<PromptLogprob>>,
 }
 
 impl Chunks {
@@ -110,15 +166,40 @@ impl ChunkFormat for Chunks {
         None
     }
 
+    fn prompt_logprobs(&mut self, index: usize, scored: Vec<PromptLogprob>) {
+        if let Some(slot) = self.prompt_scores.get_mut(index) {
+            *slot = scored;
+        }
+    }
+
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String> {
+        let echo = match self.echoed.get_mut(index) {
+            Some(echoed) if !*echoed => {
+                *echoed = true;
+                let n = self.n.max(1);
+                self.echo.as_ref().and_then(|e| e.get(index / n))
+            }
+            _ => None,
+        };
+        let scored = self
+            .prompt_scores
+            .get_mut(index)
+            .map(std::mem::take)
+            .unwrap_or_default();
         let logprobs = match (self.logprobs, self.text_offsets.get_mut(index)) {
-            (Some(k), Some(offset)) => Some(super::logprobs::completion_logprobs(
+            (Some(k), Some(offset)) => Some(choice_logprobs(
                 &self.tokenizer,
+                echo,
+                &scored,
                 logprobs,
                 k,
                 offset,
             )),
             _ => None,
+        };
+        let text = match echo {
+            Some(echo) => echo.text.clone() + &text,
+            None => text,
         };
         if text.is_empty() && logprobs.is_none() {
             return None;
@@ -129,6 +210,7 @@ impl ChunkFormat for Chunks {
             logprobs,
             finish_reason: None,
             stop_reason: None,
+            prompt_logprobs: None,
         }))
     }
 
@@ -139,6 +221,7 @@ impl ChunkFormat for Chunks {
             logprobs: None,
             finish_reason: Some(reason.as_str()),
             stop_reason: reason.stop_reason(),
+            prompt_logprobs: None,
         })]
     }
 

@@ -50,7 +50,7 @@ fn byte_level_byte(c: char) -> Option<u8> {
 }
 
 /// JSON has no infinities; vLLM reports an impossible token as -9999.
-fn finite(logprob: f32) -> f32 {
+pub(super) fn finite(logprob: f32) -> f32 {
     if logprob.is_finite() {
         logprob
     } else {
@@ -87,8 +87,8 @@ pub fn completion_logprobs(
         out.text_offset.push(*text_offset);
         *text_offset += token.chars().count();
         out.tokens.push(token);
-        out.token_logprobs.push(finite(lp.logprob));
-        out.top_logprobs.push(TopLogprobMap(top));
+        out.token_logprobs.push(Some(finite(lp.logprob)));
+        out.top_logprobs.push(Some(TopLogprobMap(top)));
     }
     out
 }

@@ -32,6 +32,7 @@ pub mod marker;
 pub mod named_stream;
 pub mod openai;
 pub mod options;
+pub mod prompt_logprobs;
 pub mod reasoning;
 pub mod request_id;
 pub mod responses;

@@ -97,6 +97,8 @@ pub struct SamplingFields {
     pub structured_outputs: Option<Value>,
     /// Token ids (as strings) to offsets in [-100, 100].
     pub logit_bias: Option<Value>,
+    /// vLLM's extra field: each prompt token's logprob with this many alternatives (0..=20).
+    pub prompt_logprobs: Option<i64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -168,15 +170,45 @@ pub struct CompletionChoice {
     /// `grammar_dead_end`; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<&'static str>,
+    /// vLLM's `prompt_logprobs`, when the request asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
-/// The legacy completions logprobs: parallel lists, one entry per token.
+/// The legacy completions logprobs: parallel lists, one entry per token. An echoed prompt's
+/// first token has nothing before it: its logprob and alternatives are `null`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<TopLogprobMap>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<TopLogprobMap>>,
     pub text_offset: Vec<usize>,
+}
+
+/// vLLM's prompt logprobs: per prompt token, `null` for the first, then `{token id:
+/// {logprob, rank, decoded_token}}` holding the prompt token and the most likely ones.
+pub type PromptLogprobs = Vec<Option<PromptTokenLogprobs>>;
+
+/// One prompt position's entries, the prompt token first, keyed by token id.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PromptTokenLogprobs(pub Vec<(u32, RankedLogprob)>);
+
+impl Serialize for PromptTokenLogprobs {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (id, entry) in &self.0 {
+            map.serialize_entry(&id.to_string(), entry)?;
+        }
+        map.end()
+    }
+}
+
+/// vLLM's `Logprob`: the value, its rank among the vocabulary (1: most likely) and the text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankedLogprob {
+    pub logprob: f32,
+    pub rank: u32,
+    pub decoded_token: String,
 }
 
 /// `{token: logprob}` in the order given (most likely first).
@@ -203,6 +235,9 @@ pub struct ChatCompletionResponse {
     pub system_fingerprint: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's `prompt_logprobs` of the rendered conversation, when the request asked for them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -14,7 +14,7 @@ use futures::stream;
 use serde::Serialize;
 use tracing::Instrument;
 
-use crate::engine::{FinishReason, TokenLogprob};
+use crate::engine::{FinishReason, PromptLogprob, TokenLogprob};
 
 use super::error::{ApiError, ErrorResponse};
 use super::openai::Usage;
@@ -24,6 +24,9 @@ use super::submit::{ChoiceEvent, ChoiceEvents, UsageTally};
 pub trait ChunkFormat: Send + 'static {
     /// A chunk sent for each choice before any token (chat announces the assistant role).
     fn opening(&mut self, index: usize) -> Option<String>;
+    /// The prompt's logprobs of one choice, just before its first delta; formats that show
+    /// them keep them for that delta.
+    fn prompt_logprobs(&mut self, _index: usize, _scored: Vec<PromptLogprob>) {}
     /// New text of one choice; `None` when there is nothing to send.
     fn delta(&mut self, index: usize, text: String, logprobs: &[TokenLogprob]) -> Option<String>;
     /// The last chunks of one choice: what its readers held back, then its finish reason.
@@ -57,8 +60,16 @@ struct State<F> {
 impl<F: ChunkFormat> State<F> {
     fn on_event(&mut self, index: usize, event: ChoiceEvent) {
         match event {
-            ChoiceEvent::Delta { text, logprobs, .. } => {
+            ChoiceEvent::Delta {
+                text,
+                logprobs,
+                prompt_logprobs,
+                ..
+            } => {
                 self.usage.first_text();
+                if !prompt_logprobs.is_empty() {
+                    self.format.prompt_logprobs(index, prompt_logprobs);
+                }
                 if let Some(chunk) = self.format.delta(index, text, &logprobs) {
                     self.outbox.queued.push_back(Event::default().data(chunk));
                 }

@@ -11,8 +11,8 @@ use futures::stream::{self, BoxStream, SelectAll};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::engine::{
-    EngineError, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, TokenLogprob,
-    Usage,
+    EngineError, EngineHandle, FinishReason, GenerationEvent, GenerationRequest, PromptLogprob,
+    TokenLogprob, Usage,
 };
 
 use super::access_log::AccessRecord;
@@ -29,6 +29,8 @@ pub enum ChoiceEvent {
         /// The tokens behind the text, including those of a stop string the text leaves out.
         token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
+        /// The prompt's logprobs, in the choice's first delta when the request asked for them.
+        prompt_logprobs: Vec<PromptLogprob>,
     },
     Finished {
         reason: FinishReason,
@@ -75,11 +77,13 @@ fn choice_stream(
                 text,
                 token_ids,
                 logprobs,
+                prompt_logprobs,
             }) => {
                 let delta = ChoiceEvent::Delta {
                     text,
                     token_ids,
                     logprobs,
+                    prompt_logprobs,
                 };
                 return Some(((index, delta), Some(receiver)));
             }
@@ -108,6 +112,8 @@ pub struct ChoiceOutput {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<TokenLogprob>,
+    /// The prompt's logprobs from its second token on, when the request asked for them.
+    pub prompt_logprobs: Vec<PromptLogprob>,
     pub finish_reason: FinishReason,
 }
 
@@ -121,6 +127,7 @@ pub async fn collect(
     let mut texts = vec![String::new(); num_choices];
     let mut tokens = vec![Vec::new(); num_choices];
     let mut logprobs = vec![Vec::new(); num_choices];
+    let mut prompt_logprobs = vec![Vec::new(); num_choices];
     let mut reasons = vec![None; num_choices];
     while let Some((index, event)) = events.next().await {
         match event {
@@ -128,11 +135,13 @@ pub async fn collect(
                 text,
                 token_ids,
                 logprobs: l,
+                prompt_logprobs: p,
             } => {
                 usage.first_text();
                 texts[index].push_str(&text);
                 tokens[index].extend(token_ids);
                 logprobs[index].extend(l);
+                prompt_logprobs[index].extend(p);
             }
             ChoiceEvent::Finished { reason, usage: u } => {
                 usage.add(index, &u);
@@ -145,16 +154,20 @@ pub async fn collect(
         .into_iter()
         .zip(tokens)
         .zip(logprobs)
+        .zip(prompt_logprobs)
         .zip(reasons)
-        .map(|(((text, token_ids), logprobs), reason)| {
-            let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
-            Ok(ChoiceOutput {
-                text,
-                token_ids,
-                logprobs,
-                finish_reason,
-            })
-        })
+        .map(
+            |((((text, token_ids), logprobs), prompt_logprobs), reason)| {
+                let finish_reason = reason.ok_or(ApiError::Unavailable(EngineError::Stopped))?;
+                Ok(ChoiceOutput {
+                    text,
+                    token_ids,
+                    logprobs,
+                    prompt_logprobs,
+                    finish_reason,
+                })
+            },
+        )
         .collect()
 }
 

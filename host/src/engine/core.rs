@@ -7,6 +7,7 @@
 //! that changes more than one of them, so a request leaves all three at once.
 
 mod masks;
+mod prompt_rows;
 mod sample;
 mod schedule;
 
@@ -32,6 +33,7 @@ use super::request::{FinishReason, GenerationEvent, GenerationRequest, RequestId
 use super::state::{Admitted, RequestState};
 
 use masks::StepMasks;
+use prompt_rows::ScoredChunk;
 use sample::SampledRow;
 
 /// Sizes the engine schedules within.
@@ -192,8 +194,9 @@ impl EngineCore {
         }
         self.num_steps += 1;
         let started = Instant::now();
-        let plan = self.schedule();
+        let mut plan = self.schedule();
         self.preempt(&plan.preempt);
+        self.fit_scored_rows(&mut plan);
         let scheduled = self.admit(&plan);
         self.record("schedule", Track::Host, started, started.elapsed());
         if scheduled.is_empty() {
@@ -219,6 +222,7 @@ impl EngineCore {
             }
         };
         self.health.liveness.progressed();
+        self.finish_scored_prompts(&scheduled);
         let sample_started = Instant::now();
         let sampled = self.sample(&emitting);
         self.record(
@@ -305,15 +309,26 @@ impl EngineCore {
     fn execute(&mut self, scheduled: &[(u64, u32)]) -> Result<Vec<u64>, RuntimeError> {
         let mut batch = Vec::with_capacity(scheduled.len());
         let mut emitting = Vec::new();
+        let mut scored = Vec::with_capacity(scheduled.len());
+        let mut scored_chunks = Vec::new();
         for &(id, n) in scheduled {
             let Some(state) = self.requests.get(id) else {
                 continue;
             };
             let start = state.num_computed as usize;
             let end = start + n as usize;
-            let emit = end == state.tokens().len();
+            let emit = prompt_rows::emits(state, end);
             if emit {
                 emitting.push(id);
+            }
+            let rows = prompt_rows::scored_rows(state, start as u32, end as u32);
+            scored.push(rows);
+            if rows > 0 {
+                scored_chunks.push(ScoredChunk {
+                    id,
+                    start: start as u32,
+                    rows,
+                });
             }
             batch.push(StepSequence {
                 id,
@@ -330,11 +345,16 @@ impl EngineCore {
         if watched {
             self.health.liveness.device_step_started();
         }
-        let timing = self.runtime.execute(&batch, &mut self.logits);
+        let timing = self
+            .runtime
+            .execute_scored(&batch, &scored, &mut self.logits);
         if watched {
             self.health.liveness.device_step_finished();
         }
         let timing = timing?;
+        if !scored_chunks.is_empty() {
+            self.record_prompt_rows(&scored_chunks, emitting.len());
+        }
         // The runtime reports durations; lay them out in the order they happened.
         let dispatch_start = started + timing.prepare_inputs;
         let read_start = dispatch_start + timing.dispatch + timing.device;

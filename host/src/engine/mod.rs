@@ -15,6 +15,7 @@ mod fingerprint;
 mod handle;
 mod health;
 mod output;
+mod prompt_scores;
 mod queues;
 mod recovery;
 pub mod reload;
@@ -30,8 +31,8 @@ pub use handle::{EngineError, EngineHandle, PinnedDeployment};
 pub use health::{EngineFault, HealthReport};
 pub use recovery::RestartBudget;
 pub use request::{
-    FinishReason, GenerationEvent, GenerationRequest, RequestId, StopConditions, TokenLogprob,
-    Usage,
+    FinishReason, GenerationEvent, GenerationRequest, PromptLogprob, RequestId, StopConditions,
+    TokenLogprob, Usage,
 };
 pub use start::{EngineOptions, EngineSetup, EngineStartError, ModelSummary};
 pub use stop::{StopMatcher, StopOutcome};

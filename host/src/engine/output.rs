@@ -191,10 +191,12 @@ impl OutputProcessor {
             // (then the rest is dropped).
             text.push_str(&state.text.flush());
         }
+        let prompt_logprobs = state.deliver_prompt_logprobs();
         let _ = state.events.send(GenerationEvent::Delta {
             text,
             token_ids: vec![token],
             logprobs,
+            prompt_logprobs,
         });
         finish
     }
@@ -229,6 +231,7 @@ impl OutputProcessor {
                 text,
                 token_ids: Vec::new(),
                 logprobs: Vec::new(),
+                prompt_logprobs: Vec::new(),
             });
         }
     }

@@ -30,6 +30,10 @@ pub struct GenerationRequest {
     pub stop: StopConditions,
     /// Return the chosen token's log-probability (and `sampling.num_top_logprobs` alternatives).
     pub logprobs: bool,
+    /// `Some(k)`: also return every prompt token's log-probability given the tokens before
+    /// it, with `k` alternatives, from the prefill's own logits rows. Such a request skips the
+    /// prefix cache, so every prompt row is computed.
+    pub prompt_logprobs: Option<u32>,
     /// Higher is scheduled first by priority-aware schedulers.
     pub priority: i32,
     /// The deployment's sampler to use, by name; `None`: the deployment's default.
@@ -97,6 +101,17 @@ pub struct TokenLogprob {
     pub top: Vec<Candidate>,
 }
 
+/// One prompt token's log-probability under the model given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    /// 1 for the most likely token; ties share the better rank.
+    pub rank: u32,
+    /// The most likely tokens at this position, most likely first, with their logprobs.
+    pub top: Vec<Candidate>,
+}
+
 /// What the engine streams for one request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GenerationEvent {
@@ -105,6 +120,9 @@ pub enum GenerationEvent {
         text: String,
         token_ids: Vec<u32>,
         logprobs: Vec<TokenLogprob>,
+        /// In the request's first delta only, for a request with `prompt_logprobs`: the
+        /// prompt's tokens from the second on (the first has nothing before it).
+        prompt_logprobs: Vec<PromptLogprob>,
     },
     /// The last event of a request.
     Finished { reason: FinishReason, usage: Usage },

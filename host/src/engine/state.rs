@@ -13,7 +13,8 @@ use crate::plugins::logits::SeenTokens;
 use crate::sched::{Phase, RequestView};
 
 use super::output::OutputText;
-use super::request::{GenerationEvent, GenerationRequest, RequestId};
+use super::prompt_scores::PromptScores;
+use super::request::{GenerationEvent, GenerationRequest, PromptLogprob, RequestId};
 
 /// Invariants: `tokens` is `prompt` followed by `output`, and `seen` (kept for requests with
 /// penalties) counts exactly those tokens; [`RequestState::push_output`] is the only way an
@@ -56,6 +57,8 @@ pub struct RequestState {
     pub grammar: Option<Box<GrammarMatcher>>,
     /// The grammar of a request that reasons first, until its reasoning block ends.
     pub dormant_grammar: Option<DormantGrammar>,
+    /// The prompt's logprobs as its rows are computed, for a request that asked for them.
+    pub prompt_scores: Option<PromptScores>,
 }
 
 /// When a request arrived, and the deployment and sampler it was given then.
@@ -131,6 +134,9 @@ impl RequestState {
                 let block = grammar.starts_after()?.clone();
                 Some(DormantGrammar::new(Box::new(grammar.matcher()), block))
             }),
+            prompt_scores: request
+                .prompt_logprobs
+                .map(|k| PromptScores::new(k, request.prompt_tokens.len())),
             request,
             _deployment: deployment,
             sampler,
@@ -140,6 +146,25 @@ impl RequestState {
 
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
+    }
+
+    /// Reduces the logits `row` of prompt position `position` into the prompt scores, if the
+    /// request keeps them.
+    pub fn score_prompt_row(&mut self, position: usize, row: &[f32]) {
+        if let (Some(scores), Some(&next)) =
+            (self.prompt_scores.as_mut(), self.prompt.get(position + 1))
+        {
+            scores.record(position, row, next);
+        }
+    }
+
+    /// The prompt's logprobs for the request's first event, once its prompt is computed;
+    /// empty for a request without them and after the first call.
+    pub fn deliver_prompt_logprobs(&mut self) -> Vec<PromptLogprob> {
+        self.prompt_scores
+            .as_mut()
+            .map(PromptScores::deliver)
+            .unwrap_or_default()
     }
 
     pub fn output(&self) -> &[u32] {

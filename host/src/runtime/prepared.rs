@@ -427,8 +427,26 @@ impl Runtime {
         batch: &[StepSequence<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<StepTiming, RuntimeError> {
+        self.execute_scored(batch, &[], logits)
+    }
+
+    /// The most logits rows one step returns: the rows of the logits buffer allocated at
+    /// prepare time (one per sequence of the largest batch).
+    pub fn max_logits_rows(&self) -> u32 {
+        self.limits.max.emitting.try_into().unwrap_or(u32::MAX)
+    }
+
+    /// Runs one step as [`Runtime::execute`] does; after the emitting rows, `logits` also
+    /// receives sequence `i`'s first `scored[i]` rows, in batch order. At most
+    /// [`Runtime::max_logits_rows`] rows in all.
+    pub fn execute_scored(
+        &mut self,
+        batch: &[StepSequence<'_>],
+        scored: &[u32],
+        logits: &mut Vec<f32>,
+    ) -> Result<StepTiming, RuntimeError> {
         let started = Instant::now();
-        let extents = self.staging.fill(batch, &self.limits)?;
+        let extents = self.staging.fill_scored(batch, scored, &self.limits)?;
         let prepare_inputs = started.elapsed();
         let result = self.run_step(extents, logits);
         match &result {

@@ -59,6 +59,41 @@ fn invalid(message: String) -> RuntimeError {
 }
 
 impl StepStaging {
+    /// Checks the batch and lays its inputs out; returns the step's extents. After the emitting
+    /// rows, the logits also hold, for each sequence `i`, its first `scored[i]` rows (rows of
+    /// prompt positions whose logprobs a request asked for), in batch order; a missing entry
+    /// is 0. Every logits row counts against the rows the logits buffer was prepared for.
+    pub fn fill_scored(
+        &mut self,
+        batch: &[StepSequence<'_>],
+        scored: &[u32],
+        limits: &StepLimits,
+    ) -> Result<Extents, RuntimeError> {
+        let extents = self.fill(batch, limits)?;
+        for (i, (seq, &rows)) in batch.iter().zip(scored).enumerate() {
+            if rows as usize > seq.tokens.len() {
+                return Err(invalid(format!(
+                    "sequence {i} reports {rows} rows of a {}-token chunk",
+                    seq.tokens.len()
+                )));
+            }
+            let first = self.query_start[i];
+            self.logits_indices
+                .extend((0..rows as i32).map(|row| first + row));
+        }
+        if self.logits_indices.len() as u64 > limits.max.emitting {
+            return Err(invalid(format!(
+                "{} logits rows, prepared for {}",
+                self.logits_indices.len(),
+                limits.max.emitting
+            )));
+        }
+        Ok(Extents {
+            emitting: self.logits_indices.len() as u64,
+            ..extents
+        })
+    }
+
     /// Checks the batch and lays its inputs out; returns the step's extents.
     pub fn fill(
         &mut self,
@@ -136,5 +171,55 @@ impl StepStaging {
             emitting: self.logits_indices.len() as u64,
             ..max
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(emitting: u64) -> StepLimits {
+        StepLimits {
+            max: Extents {
+                tokens: 64,
+                sequences: 4,
+                emitting,
+                kv_blocks: 16,
+                block_size: 4,
+                blocks_per_sequence: 8,
+            },
+            vocab: 100,
+        }
+    }
+
+    #[test]
+    fn scored_rows_follow_the_emitting_rows_within_the_logits_buffer() {
+        let prefill = [1u32, 2, 3, 4, 5];
+        let decode = [6u32];
+        let batch = [
+            StepSequence {
+                id: 1,
+                tokens: &prefill,
+                computed_len: 0,
+                block_table: &[0, 1],
+                emit: false,
+            },
+            StepSequence {
+                id: 2,
+                tokens: &decode,
+                computed_len: 3,
+                block_table: &[2],
+                emit: true,
+            },
+        ];
+        let mut staging = StepStaging::default();
+        let extents = staging
+            .fill_scored(&batch, &[3, 0], &limits(4))
+            .expect("fits");
+        // The decode's row first, then the prefill's first three positions.
+        assert_eq!(staging.logits_indices, vec![5, 0, 1, 2]);
+        assert_eq!(extents.emitting, 4);
+        assert!(staging.fill_scored(&batch, &[4, 0], &limits(4)).is_err());
+        assert!(staging.fill_scored(&batch, &[6, 0], &limits(8)).is_err());
     }
 }

@@ -15,6 +15,7 @@ use super::constraints::ConstraintSource;
 use super::error::ApiError;
 use super::openai::{ChatCompletionRequest, CompletionRequest, GenerationBody, SamplingFields};
 use super::options::ReasoningParserChoice;
+use super::prompt_logprobs::PromptEcho;
 use super::reasoning::{ReasoningParser, ReasoningSyntax};
 use super::tools::ChatTools;
 use crate::grammar::{Constraint, ReasoningBlock};
@@ -25,11 +26,11 @@ mod sampling;
 mod tests;
 
 pub(super) use prompts::chat_messages;
-use prompts::{completion_prompts, encode};
+use prompts::{completion_prompts, echo_texts, encode};
 pub(super) use sampling::token_id;
 use sampling::{
-    chat_logprobs, choices_per_prompt, max_tokens, sampling_params, seed, stop_conditions,
-    stream_settings, top_logprobs_count,
+    chat_logprobs, choices_per_prompt, max_tokens, prompt_logprobs_count, sampling_params, seed,
+    stop_conditions, stream_settings, top_logprobs_count,
 };
 
 /// Most choices (`n`) per prompt.
@@ -83,6 +84,11 @@ pub struct ResponseShape {
     pub logprobs: Option<u32>,
     /// How chat choices are read into reasoning, content and tool calls.
     pub chat_output: ChatOutputPlan,
+    /// Completions' `echo`: per prompt, what goes before its choices' output.
+    pub echo: Option<Vec<PromptEcho>>,
+    /// vLLM's `prompt_logprobs`: `Some(k)` returns each prompt token's logprob with `k`
+    /// alternatives.
+    pub prompt_logprobs: Option<u32>,
 }
 
 impl ResponseShape {
@@ -114,9 +120,7 @@ pub fn validate_completion(
 ) -> Result<ValidatedRequest, ApiError> {
     let GenerationBody { request, sampling } = body;
     check_model(request.model.as_deref(), model)?;
-    if request.echo == Some(true) {
-        return Err(unsupported("echo", "`echo` is not supported"));
-    }
+    let echo = request.echo == Some(true);
     if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(unsupported("suffix", "`suffix` is not supported"));
     }
@@ -131,12 +135,24 @@ pub fn validate_completion(
         Some(k) => Some(top_logprobs_count("logprobs", k)?),
     };
     let prompts = completion_prompts(request.prompt.as_ref(), model)?;
+    let echoes = echo.then(|| echo_texts(request.prompt.as_ref(), &prompts, model));
     let default = DefaultMaxTokens::UpTo(COMPLETIONS_DEFAULT_MAX_TOKENS);
     let budget = Budget {
         default,
         beyond_context: BudgetBeyondContext::Refuse,
+        // An echoed prompt alone is an answer: evaluation harnesses score prompts this way.
+        allow_zero: echo,
     };
-    build(&sampling, prompts, logprobs, budget, model, None)
+    let mut validated = build(&sampling, prompts, logprobs, budget, model, None)?;
+    if let (Some(echoes), Some(k)) = (&echoes, logprobs) {
+        // The echoed prompt's logprobs come with the output's, `logprobs` alternatives each.
+        for choice in &mut validated.choices {
+            choice.prompt_logprobs = Some(choice.prompt_logprobs.unwrap_or(0).max(k));
+        }
+        debug_assert_eq!(echoes.len(), validated.shape.prompt_lens.len());
+    }
+    validated.shape.echo = echoes;
+    Ok(validated)
 }
 
 pub fn validate_chat(
@@ -235,6 +251,7 @@ pub fn validate_conversation(
         Budget {
             default: DefaultMaxTokens::ContextEnd,
             beyond_context,
+            allow_zero: false,
         },
         model,
         forced_tool_call,
@@ -380,6 +397,8 @@ fn unsupported(param: &str, message: &str) -> ApiError {
 struct Budget {
     default: DefaultMaxTokens,
     beyond_context: BudgetBeyondContext,
+    /// `max_tokens: 0` is allowed (the prompt is the answer).
+    allow_zero: bool,
 }
 
 /// The engine requests of every prompt's choices, with the shared parameters checked once.
@@ -413,6 +432,7 @@ fn build(
         })?,
     };
     let seed = seed(fields.seed.as_ref())?;
+    let prompt_logprobs = prompt_logprobs_count(fields)?;
     let shaping = super::constraints::output_shaping(fields, model, forced_tool_call)?;
     let requested = fields.max_completion_tokens.or(fields.max_tokens);
     let mut choices = Vec::with_capacity(prompts.len() * n);
@@ -422,6 +442,7 @@ fn build(
             requested,
             default_max_tokens,
             budget.beyond_context,
+            budget.allow_zero,
             prompt.len(),
             model,
         )?;
@@ -435,6 +456,7 @@ fn build(
                 max_tokens,
                 stop: stop.clone(),
                 logprobs: logprobs.is_some(),
+                prompt_logprobs,
                 priority,
                 sampler: fields.sampler.clone(),
                 // Set at submission, where the request's id is known.
@@ -451,6 +473,8 @@ fn build(
         stream,
         logprobs,
         chat_output: ChatOutputPlan::default(),
+        echo: None,
+        prompt_logprobs,
     };
     Ok(ValidatedRequest { shape, choices })
 }

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::api::error::ApiError;
 use crate::api::openai::ChatMessageIn;
+use crate::api::prompt_logprobs::PromptEcho;
 use crate::engine::ModelSummary;
 use crate::model::{Bounded, ChatMessage, ToolCall};
 
@@ -47,6 +48,31 @@ pub(super) fn completion_prompts(
         return Err(ApiError::invalid("prompt", format!("prompt {i} is empty")));
     }
     Ok(prompts)
+}
+
+/// What completions' `echo` puts before each prompt's output: a text prompt as sent, a
+/// token-id prompt decoded.
+pub(super) fn echo_texts(
+    prompt: Option<&Value>,
+    prompts: &[Vec<u32>],
+    model: &ModelSummary,
+) -> Vec<PromptEcho> {
+    let sent: Vec<Option<&str>> = match prompt {
+        Some(Value::String(text)) => vec![Some(text.as_str())],
+        Some(Value::Array(items)) => items.iter().map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, tokens)| PromptEcho {
+            text: match sent.get(i).copied().flatten() {
+                Some(text) => text.to_string(),
+                None => model.tokenizer.decode(tokens, false).unwrap_or_default(),
+            },
+            first_token: tokens.first().copied().unwrap_or(0),
+        })
+        .collect()
 }
 
 /// A prompt's tokens; a prompt far beyond the context is refused without tokenizing all of it.

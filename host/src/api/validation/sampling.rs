@@ -139,6 +139,22 @@ pub(super) fn top_logprobs_count(name: &str, k: i64) -> Result<u32, ApiError> {
     Ok(k as u32)
 }
 
+/// vLLM's `prompt_logprobs`, which it refuses on streams, as here: they would hold back the
+/// first chunk until the whole prompt is scored.
+pub(super) fn prompt_logprobs_count(fields: &SamplingFields) -> Result<Option<u32>, ApiError> {
+    let Some(k) = fields.prompt_logprobs else {
+        return Ok(None);
+    };
+    let k = top_logprobs_count("prompt_logprobs", k)?;
+    if fields.stream == Some(true) {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            "`prompt_logprobs` is not available with `stream: true`",
+        ));
+    }
+    Ok(Some(k))
+}
+
 pub(super) fn chat_logprobs(
     logprobs: Option<bool>,
     top_logprobs: Option<i64>,
@@ -221,9 +237,11 @@ pub(super) fn max_tokens(
     requested: Option<i64>,
     default: DefaultMaxTokens,
     beyond_context: BudgetBeyondContext,
+    allow_zero: bool,
     prompt_len: usize,
     model: &ModelSummary,
 ) -> Result<u32, ApiError> {
+    let least = i64::from(!allow_zero);
     let context = model.max_model_len as u64;
     let prompt = prompt_len as u64;
     let too_long = |max_tokens: u64| ApiError::ContextLengthExceeded {
@@ -233,9 +251,9 @@ pub(super) fn max_tokens(
         max_tokens,
     };
     match requested {
-        Some(m) if m < 1 => Err(ApiError::invalid(
+        Some(m) if m < least => Err(ApiError::invalid(
             "max_tokens",
-            format!("`max_tokens` must be at least 1, got {m}"),
+            format!("`max_tokens` must be at least {least}, got {m}"),
         )),
         Some(m) if beyond_context == BudgetBeyondContext::Clamp && prompt < context => {
             Ok((m as u64).min(context - prompt) as u32)

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use crate::kv::{ComputedPrefix, KvCacheManager};
 use crate::plugins::generation::{LoadedComponent, Slot};
 use crate::plugins::scheduler::SchedulerPlugin;
 use crate::plugins::{OnFailure, PluginError};
@@ -10,6 +11,14 @@ use crate::sched::{self, Plan, RequestView, Resources};
 use super::super::state::RequestState;
 use super::EngineCore;
 use super::sample::rejection;
+
+/// The cached prefix `state` may start from: none while it scores its prompt.
+fn cached_prefix(kv: &mut KvCacheManager, state: &RequestState) -> ComputedPrefix {
+    match state.prompt_scores {
+        Some(_) => ComputedPrefix::default(),
+        None => kv.find_cached_prefix(state.tokens()),
+    }
+}
 
 impl EngineCore {
     /// Why `state` can never finish in this engine, if so. The API refuses such requests
@@ -39,9 +48,10 @@ impl EngineCore {
         None
     }
 
-    /// Finds the longest prefix of `state`'s tokens the cache holds, for its admission.
+    /// Finds the longest prefix of `state`'s tokens the cache holds, for its admission. A
+    /// request that scores its prompt takes none: its prompt rows must all be computed.
     pub(super) fn lookup_prefix(&mut self, state: &mut RequestState) {
-        state.take_prefix(self.kv.find_cached_prefix(state.tokens()));
+        state.take_prefix(cached_prefix(&mut self.kv, state));
     }
 
     /// Nothing runs and the built-in FCFS, which admits the oldest request whenever it fits
@@ -169,7 +179,7 @@ impl EngineCore {
                 request_id = state.request_id(),
                 "preempted: its KV blocks are freed and it waits to run again"
             );
-            let prefix = self.kv.find_cached_prefix(state.tokens());
+            let prefix = cached_prefix(&mut self.kv, state);
             state.take_prefix(prefix);
             self.metrics.preemptions.inc();
         }

@@ -714,6 +714,9 @@ mod tests {
             .tensor("blk.0.attn_q.weight", &[32], 6, &[0u8; 22])
             .build();
         let err = format!("{:#}", Gguf::parse(bytes).unwrap_err());
-        assert!(err.contains("blk.0.attn_q.weight has ggml type 6 (Q5_0)"), "{err}");
+        assert!(
+            err.contains("blk.0.attn_q.weight has ggml type 6 (Q5_0)"),
+            "{err}"
+        );
     }
 }
