@@ -5,6 +5,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::kv_tier_metrics::KvTierMetrics;
 use crate::load_metrics::{LoadGauges, MetricNames};
 
 /// Every metric the engine records: plughost's in one registry (names prefixed `plughost_`),
@@ -50,6 +51,8 @@ pub struct Metrics {
     pub plugin_state: IntGaugeVec,
     /// Faults of each component of the active deployment since it loaded.
     pub plugin_faults: IntGaugeVec,
+    /// The KV tiers below the device (`--kv-offload-*`).
+    pub kv_tiers: KvTierMetrics,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -178,6 +181,7 @@ impl Metrics {
             .register(Box::new(plugin_faults.clone()))
             .expect("metric names are unique");
         Metrics {
+            kv_tiers: KvTierMetrics::register(r),
             foreign,
             load,
             device,

@@ -26,6 +26,7 @@
 mod block_pool;
 mod hash;
 mod manager;
+pub mod offload;
 pub mod tier;
 
 pub use hash::{BlockHash, block_hashes};

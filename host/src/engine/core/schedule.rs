@@ -9,6 +9,7 @@ use crate::sched::{self, Plan, RequestView, Resources};
 
 use super::super::state::RequestState;
 use super::EngineCore;
+use super::offload::relookup_prefix;
 use super::sample::rejection;
 
 impl EngineCore {
@@ -37,11 +38,6 @@ impl EngineCore {
             ));
         }
         None
-    }
-
-    /// Finds the longest prefix of `state`'s tokens the cache holds, for its admission.
-    pub(super) fn lookup_prefix(&mut self, state: &mut RequestState) {
-        state.take_prefix(self.kv.find_cached_prefix(state.tokens()));
     }
 
     /// Nothing runs and the built-in FCFS, which admits the oldest request whenever it fits
@@ -167,8 +163,7 @@ impl EngineCore {
                 request_id = state.request_id(),
                 "preempted: its KV blocks are freed and it waits to run again"
             );
-            let prefix = self.kv.find_cached_prefix(state.tokens());
-            state.take_prefix(prefix);
+            relookup_prefix(&mut self.kv, self.offload.as_mut(), &self.metrics, state);
             self.metrics.preemptions.inc();
         }
     }
@@ -187,7 +182,7 @@ impl EngineCore {
                 // admission was evicted meanwhile: look it up again and wait for the next step.
                 match prefix {
                     Some(p) if !self.kv.is_prefix_cached(&p) => {
-                        state.take_prefix(self.kv.find_cached_prefix(state.tokens()));
+                        relookup_prefix(&mut self.kv, self.offload.as_mut(), &self.metrics, state);
                     }
                     other => state.pending_prefix = other,
                 }
@@ -208,6 +203,8 @@ impl EngineCore {
                     .queue_time
                     .observe(state.arrival.elapsed().as_secs_f64());
             }
+            // Blocks a lower tier supplied go into the device blocks just allocated for them.
+            self.install_loaded(s.id);
             scheduled.push((s.id, s.num_tokens));
         }
         scheduled
