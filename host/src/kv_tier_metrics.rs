@@ -132,15 +132,23 @@ impl KvTierMetrics {
         for tier in [TierName::Memory, TierName::Disk] {
             if let Some(usage) = offload.usage(tier) {
                 let label = [tier.label()];
-                self.usage_bytes.with_label_values(&label).set(usage.bytes as i64);
+                self.usage_bytes
+                    .with_label_values(&label)
+                    .set(usage.bytes as i64);
                 self.capacity_bytes
                     .with_label_values(&label)
                     .set(usage.capacity_bytes as i64);
-                self.blocks.with_label_values(&label).set(usage.blocks as i64);
+                self.blocks
+                    .with_label_values(&label)
+                    .set(usage.blocks as i64);
             }
         }
         let (corrupt, dropped) = offload.disk_faults();
-        self.disk_faults.with_label_values(&["corrupt"]).set(corrupt as i64);
-        self.disk_faults.with_label_values(&["dropped"]).set(dropped as i64);
+        self.disk_faults
+            .with_label_values(&["corrupt"])
+            .set(corrupt as i64);
+        self.disk_faults
+            .with_label_values(&["dropped"])
+            .set(dropped as i64);
     }
 }

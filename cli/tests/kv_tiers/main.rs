@@ -4,3 +4,4 @@
 mod serve_support;
 
 mod device_copies;
+mod offload;

@@ -19,8 +19,8 @@ use crate::plugins::{
 };
 
 use super::fingerprint::ModelIdentity;
-use crate::kv::tier::NumericFingerprint;
 use super::handle::EngineError;
+use crate::kv::tier::NumericFingerprint;
 
 /// The built-in components a deployment file that omits a section gets.
 pub const DEFAULT_SCHEDULER: &str = "plughost_scheduler_fcfs.wasm";

@@ -408,7 +408,9 @@ fn open_kv_offload(
         return Ok(None);
     }
     let Some(model) = model else {
-        tracing::warn!("the deployment has no fingerprint, so its KV blocks cannot be named: no KV offload");
+        tracing::warn!(
+            "the deployment has no fingerprint, so its KV blocks cannot be named: no KV offload"
+        );
         return Ok(None);
     };
     let format = BlockFormat {

@@ -149,7 +149,10 @@ impl KvOffload {
     pub fn wants(&mut self, hash: BlockHash) -> bool {
         let key = self.key(hash);
         let memory_lacks = self.memory.as_mut().is_some_and(|m| !m.lookup(&key));
-        let disk_lacks = self.disk.as_ref().is_some_and(|d| !d.holds_or_pending(&key));
+        let disk_lacks = self
+            .disk
+            .as_ref()
+            .is_some_and(|d| !d.holds_or_pending(&key));
         memory_lacks || disk_lacks
     }
 
@@ -296,7 +299,10 @@ impl KvOffload {
         use std::sync::atomic::Ordering::Relaxed;
         self.disk.as_ref().map_or((0, 0), |d| {
             let counters = d.counters();
-            (counters.corrupt.load(Relaxed), counters.dropped.load(Relaxed))
+            (
+                counters.corrupt.load(Relaxed),
+                counters.dropped.load(Relaxed),
+            )
         })
     }
 
@@ -310,11 +316,7 @@ impl KvOffload {
 
 /// The loader thread: reads each job's disk blocks in order; a block that cannot be read ends
 /// the run there, since a prefix is only usable up to its first gap.
-fn load_from_disk(
-    reader: Option<DiskReader>,
-    jobs: Receiver<LoadJob>,
-    done: Sender<LoadedRun>,
-) {
+fn load_from_disk(reader: Option<DiskReader>, jobs: Receiver<LoadJob>, done: Sender<LoadedRun>) {
     for mut job in jobs {
         let block_bytes = if job.run.blocks == 0 {
             0

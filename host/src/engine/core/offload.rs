@@ -102,8 +102,7 @@ impl EngineCore {
         }
         let block_size = self.kv.block_size();
         for mut run in finished {
-            let Some(position) = self.loading.iter().position(|(s, _)| s.id == run.request)
-            else {
+            let Some(position) = self.loading.iter().position(|(s, _)| s.id == run.request) else {
                 continue;
             };
             let (mut state, first_block) = self.loading.swap_remove(position);
