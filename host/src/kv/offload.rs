@@ -318,7 +318,12 @@ impl KvOffload {
 /// the run there, since a prefix is only usable up to its first gap.
 fn load_from_disk(reader: Option<DiskReader>, jobs: Receiver<LoadJob>, done: Sender<LoadedRun>) {
     for mut job in jobs {
-        let block_bytes = job.run.bytes.len().checked_div(job.run.tiers.len()).unwrap_or(0);
+        let block_bytes = job
+            .run
+            .bytes
+            .len()
+            .checked_div(job.run.tiers.len())
+            .unwrap_or(0);
         for &(i, key) in &job.disk {
             let out = &mut job.run.bytes[i * block_bytes..(i + 1) * block_bytes];
             let read = match &reader {
