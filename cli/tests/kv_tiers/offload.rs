@@ -257,3 +257,72 @@ fn an_offload_directory_that_cannot_be_written_stops_the_start_naming_it() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens() {
+    // Two requests that together outgrow the pool: one is preempted, its blocks go to host
+    // memory, the other's growth evicts them from the device, and they come back from there.
+    let pool = [
+        "--block-size",
+        "4",
+        "--num-kv-blocks",
+        "24",
+        "--max-num-seqs",
+        "2",
+    ];
+    let prompts: [Vec<u32>; 2] = [(1..=40).collect(), (300..340).collect()];
+    let body = |prompt: &[u32]| {
+        json!({
+            "model": "tiny-qwen3",
+            "prompt": prompt,
+            "max_tokens": 40,
+            "ignore_eos": true,
+            "temperature": 0,
+        })
+    };
+    let send = |server: &Server, prompt: &[u32]| {
+        let request = reqwest::Client::new()
+            .post(format!("{}/v1/completions", server.base()))
+            .json(&body(prompt))
+            .timeout(DEADLINE)
+            .send();
+        async move {
+            let answer: Value = request
+                .await
+                .expect("an answer")
+                .json()
+                .await
+                .expect("JSON");
+            answer["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{answer}"))
+                .to_string()
+        }
+    };
+    let device = "libplughost_device_cpu.so";
+    let fresh = Server::start_on(device, &pool);
+    let alone = [
+        send(&fresh, &prompts[0]).await,
+        send(&fresh, &prompts[1]).await,
+    ];
+    stop(fresh);
+
+    let tiered = Server::start_on(
+        device,
+        &[&pool[..], &["--kv-offload-memory", "1MiB"]].concat(),
+    );
+    let together =
+        futures::future::join(send(&tiered, &prompts[0]), send(&tiered, &prompts[1])).await;
+    assert_eq!([together.0, together.1], alone);
+    assert!(metric(&tiered, "plughost_num_preemptions_total").await >= 1.0);
+    assert!(
+        metric(
+            &tiered,
+            "plughost_kv_tier_hit_tokens_total{tier=\"memory\"}"
+        )
+        .await
+            > 0.0,
+        "the preempted request resumed from host memory"
+    );
+    stop(tiered);
+}
