@@ -1,4 +1,4 @@
-//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock device in this process and in a worker process, including batches larger than the worker's shared region.
+//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region.
 
 use std::time::Duration;
 
@@ -7,8 +7,11 @@ use plughost::device::{BufferId, BufferRange, Device, DeviceError, DeviceSource}
 
 use super::serve_support::plugins_dir;
 
-fn open(in_worker: bool) -> Device {
-    let mut source = DeviceSource::in_process(plugins_dir().join("libplughost_device_mock.so"), "");
+const MOCK: &str = "libplughost_device_mock.so";
+const CPU: &str = "libplughost_device_cpu.so";
+
+fn open(library: &str, in_worker: bool) -> Device {
+    let mut source = DeviceSource::in_process(plugins_dir().join(library), "");
     if in_worker {
         let command = WorkerCommand::new(env!("CARGO_BIN_EXE_plughost"), ["device-worker"]);
         source = source.in_worker(Some(command), Duration::from_secs(60));
@@ -34,8 +37,8 @@ fn filled_buffers(device: &mut Device, sizes: &[usize]) -> Vec<BufferId> {
         .collect()
 }
 
-fn round_trip(in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
-    let mut device = open(in_worker);
+fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
+    let mut device = open(library, in_worker);
     let buffers = filled_buffers(&mut device, sizes);
     let ranges: Vec<BufferRange> = spec
         .iter()
@@ -88,12 +91,11 @@ fn blocks_gather_and_scatter_in_process_and_in_a_worker() {
         (0, 7 * block, block),
         (1, 7 * block, block),
     ];
-    for in_worker in [false, true] {
-        round_trip(
-            in_worker,
-            &[8 * block as usize, 8 * block as usize],
-            &ranges,
-        );
+    for library in [MOCK, CPU] {
+        for in_worker in [false, true] {
+            let sizes = [8 * block as usize, 8 * block as usize];
+            round_trip(library, in_worker, &sizes, &ranges);
+        }
     }
 }
 
@@ -102,13 +104,13 @@ fn a_batch_larger_than_the_shared_region_is_split() {
     // 3 × 30 MiB crosses the worker's 64 MiB region once, in the middle of a range.
     let size = 30 << 20;
     let ranges = [(0, 0, size), (1, 0, size), (2, 0, size)];
-    round_trip(true, &[size as usize; 3], &ranges);
+    round_trip(MOCK, true, &[size as usize; 3], &ranges);
 }
 
 #[test]
 fn a_host_buffer_of_the_wrong_length_is_refused_before_copying() {
     for in_worker in [false, true] {
-        let mut device = open(in_worker);
+        let mut device = open(MOCK, in_worker);
         let buffer = device.alloc(64).unwrap();
         let ranges = [BufferRange {
             buffer,
