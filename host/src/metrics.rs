@@ -36,7 +36,8 @@ pub struct Metrics {
     pub grammar_dead_ends: IntCounter,
     pub device_step_retries: IntCounter,
     pub device_restarts: IntCounter,
-    /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
+    /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`;
+    /// with KV tiers below the device also `kv_store` and `kv_load`.
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
     pub device: IntGaugeVec,
