@@ -225,37 +225,52 @@ async fn cpu_device_gives_the_fresh_tokens_from_every_tier() {
     tiers_give_the_fresh_tokens("libplughost_device_cpu.so", &[]).await;
 }
 
+/// `plughost serve` on the mock device with `flags`, expected to refuse to start: its stderr.
+fn refused_start(flags: &[&str]) -> String {
+    use super::serve_support::{kit, plugins_dir, workspace};
+    let model = workspace().join("tests/fixtures/tiny-qwen3");
+    let device = plugins_dir().join("libplughost_device_mock.so");
+    let plugins = plugins_dir();
+    let mut args = vec![
+        "serve",
+        "--model",
+        model.to_str().expect("a UTF-8 path"),
+        "--device",
+        device.to_str().expect("a UTF-8 path"),
+        "--plugins-dir",
+        plugins.to_str().expect("a UTF-8 path"),
+        "--port",
+        "0",
+    ];
+    args.extend_from_slice(flags);
+    let output = kit::run(kit::plughost(&args));
+    let stderr = kit::text(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    stderr
+}
+
 #[test]
 fn an_offload_directory_that_cannot_be_written_stops_the_start_naming_it() {
     let dir = TempDir::new("kv-offload-unwritable");
     let file = dir.0.join("a-file");
     std::fs::write(&file, b"").expect("a file");
     let below = file.join("kv");
-    let output = super::serve_support::kit::run(super::serve_support::kit::plughost(&[
-        "serve",
-        "--model",
-        &super::serve_support::workspace()
-            .join("tests/fixtures/tiny-qwen3")
-            .to_string_lossy(),
-        "--device",
-        &super::serve_support::plugins_dir()
-            .join("libplughost_device_mock.so")
-            .to_string_lossy(),
-        "--plugins-dir",
-        &super::serve_support::plugins_dir().to_string_lossy(),
-        "--port",
-        "0",
-        "--kv-offload-dir",
-        &below.to_string_lossy(),
-        "--kv-offload-disk",
-        "1MiB",
-    ]));
-    assert!(!output.status.success());
-    let stderr = super::serve_support::kit::text(&output.stderr);
+    let below = below.to_str().expect("a UTF-8 path");
+    let stderr = refused_start(&["--kv-offload-dir", below, "--kv-offload-disk", "1MiB"]);
     assert!(
-        stderr.contains(&below.display().to_string()) && stderr.contains("cannot be written"),
+        stderr.contains(below) && stderr.contains("cannot be written"),
         "{stderr}"
     );
+}
+
+#[test]
+fn offload_flags_without_prefix_caching_or_half_a_disk_tier_are_refused() {
+    let stderr = refused_start(&["--kv-offload-memory", "1MiB", "--no-enable-prefix-caching"]);
+    assert!(stderr.contains("need prefix"), "{stderr}");
+    let stderr = refused_start(&["--kv-offload-dir", "/tmp"]);
+    assert!(stderr.contains("--kv-offload-disk"), "{stderr}");
+    let stderr = refused_start(&["--kv-offload-disk", "1MiB"]);
+    assert!(stderr.contains("--kv-offload-dir"), "{stderr}");
 }
 
 #[tokio::test]
