@@ -43,6 +43,12 @@ pub enum PromptKind {
     Random,
     /// The same text for every request.
     Fixed,
+    /// A long shared prefix (`--shared-prefix-len` tokens; `--shared-prefixes` of them, taken
+    /// in turn) before a short random suffix of `--input-len` tokens: system prompts, RAG
+    /// documents, chat history. The warm-up sends the prefixes too, so every measured request
+    /// is a prefix hit somewhere: on the device, or in a KV tier below it when the device
+    /// pool is too small to keep them all between uses.
+    SharedPrefix,
 }
 
 /// The options of `plughost bench`.
@@ -84,6 +90,14 @@ pub struct BenchOptions {
     pub output_len: u32,
     #[arg(long, value_enum, default_value_t = PromptKind::Random)]
     pub prompt_kind: PromptKind,
+    /// Tokens of each shared prefix (`--prompt-kind shared-prefix`).
+    #[arg(long, default_value_t = 6144)]
+    pub shared_prefix_len: u32,
+    /// Distinct shared prefixes, request i taking prefix i mod n (`--prompt-kind
+    /// shared-prefix`): with two and a device pool that holds one, every use of a prefix
+    /// follows its eviction from the device.
+    #[arg(long, default_value_t = 1)]
+    pub shared_prefixes: u32,
     /// Keep generating past end-of-sequence so every request yields `output-len` tokens.
     #[arg(long)]
     pub ignore_eos: bool,
@@ -205,6 +219,11 @@ impl BenchOptions {
         }
         if self.max_token_id <= MIN_TOKEN_ID {
             return invalid("--max-token-id must be above 100");
+        }
+        if self.prompt_kind == PromptKind::SharedPrefix
+            && (self.shared_prefix_len == 0 || self.shared_prefixes == 0)
+        {
+            return invalid("--shared-prefix-len and --shared-prefixes must be at least 1");
         }
         if self.max_concurrency == Some(0) || self.sweep.iter().flatten().any(|&c| c == 0) {
             return invalid("concurrency must be at least 1");
@@ -348,7 +367,11 @@ fn prompt_fields(
 ) -> (&'static str, Value) {
     let (stream_key, kind) = match stream {
         PromptStream::Run(run) => (mix(run as u64), options.prompt_kind),
-        // Warm-up prompts are random whatever the kind: a fixed one would be the measured prompt.
+        // Warm-up prompts are random whatever the kind: a fixed one would be the measured
+        // prompt. Shared prefixes are the exception: warming them up is the point.
+        PromptStream::Warmup if options.prompt_kind == PromptKind::SharedPrefix => {
+            (WARMUP_STREAM, PromptKind::SharedPrefix)
+        }
         PromptStream::Warmup => (WARMUP_STREAM, PromptKind::Random),
     };
     let seed = mix(options.seed ^ stream_key ^ mix(mix(index as u64)));
@@ -356,6 +379,7 @@ fn prompt_fields(
     let len = options.input_len as usize;
     let text = match kind {
         PromptKind::Fixed => "hello ".repeat(len).trim_end().to_string(),
+        PromptKind::SharedPrefix => return shared_prefix_prompt(options, &mut rng, index),
         PromptKind::Random if options.endpoint == Endpoint::Completions => {
             let ids: Vec<u32> = (0..len)
                 .map(|_| rng.random_range(MIN_TOKEN_ID..options.max_token_id))
@@ -371,6 +395,35 @@ fn prompt_fields(
         Endpoint::Completions => ("prompt", json!(text)),
         Endpoint::Chat => ("messages", json!([{"role": "user", "content": text}])),
     }
+}
+
+/// Shared prefix `index mod --shared-prefixes` (seeded by `--seed` and its number alone, so
+/// every stream and run sends the same ones) followed by `--input-len` random tokens or words.
+fn shared_prefix_prompt(
+    options: &BenchOptions,
+    suffix_rng: &mut StdRng,
+    index: usize,
+) -> (&'static str, Value) {
+    let prefix_number = index as u64 % u64::from(options.shared_prefixes.max(1));
+    let mut prefix_rng =
+        StdRng::seed_from_u64(mix(options.seed ^ mix(prefix_number) ^ 0x5052_4546));
+    let prefix_len = options.shared_prefix_len as usize;
+    let len = options.input_len as usize;
+    if options.endpoint == Endpoint::Completions {
+        let ids: Vec<u32> = (0..prefix_len)
+            .map(|_| prefix_rng.random_range(MIN_TOKEN_ID..options.max_token_id))
+            .chain((0..len).map(|_| suffix_rng.random_range(MIN_TOKEN_ID..options.max_token_id)))
+            .collect();
+        return ("prompt", json!(ids));
+    }
+    let words: Vec<&str> = (0..prefix_len)
+        .map(|_| WORDS[prefix_rng.random_range(0..WORDS.len())])
+        .chain((0..len).map(|_| WORDS[suffix_rng.random_range(0..WORDS.len())]))
+        .collect();
+    (
+        "messages",
+        json!([{"role": "user", "content": words.join(" ")}]),
+    )
 }
 
 fn request_body(
@@ -615,171 +668,4 @@ pub fn main(options: BenchOptions) -> Result<(), BenchError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn options(args: &[&str]) -> BenchOptions {
-        let argv = ["bench", "--base-url", "http://h:1"].iter().chain(args);
-        BenchOptions::try_parse_from(argv).expect("the options parse")
-    }
-
-    #[test]
-    fn random_prompts_are_exact_fresh_and_reproducible() {
-        let o = options(&["--input-len", "16", "--max-token-id", "448"]);
-        let ids = |run, index| prompt_fields(&o, PromptStream::Run(run), index).1;
-        let first = ids(0, 0);
-        let list = first.as_array().unwrap();
-        assert_eq!(list.len(), 16);
-        assert!(
-            list.iter()
-                .all(|v| (100..448).contains(&v.as_u64().unwrap()))
-        );
-        assert_eq!(first, ids(0, 0));
-        assert_ne!(first, ids(0, 1));
-        assert_ne!(first, ids(1, 0));
-    }
-
-    #[test]
-    fn warm_up_prompts_never_repeat_a_measured_one() {
-        for kind in ["random", "fixed"] {
-            for endpoint in ["completions", "chat"] {
-                let o = options(&[
-                    "--input-len",
-                    "8",
-                    "--max-token-id",
-                    "448",
-                    "--prompt-kind",
-                    kind,
-                    "--endpoint",
-                    endpoint,
-                ]);
-                let measured: Vec<Value> = (0..4)
-                    .flat_map(|run| (0..64).map(move |i| (run, i)))
-                    .map(|(run, i)| prompt_fields(&o, PromptStream::Run(run), i).1)
-                    .collect();
-                let warmup: Vec<Value> = (0..8)
-                    .map(|i| prompt_fields(&o, PromptStream::Warmup, i).1)
-                    .collect();
-                for (i, w) in warmup.iter().enumerate() {
-                    assert!(
-                        !measured.contains(w),
-                        "{kind} {endpoint}: warm-up {i} repeats"
-                    );
-                    assert!(
-                        !warmup[..i].contains(w),
-                        "{kind} {endpoint}: warm-up {i} twice"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn bodies_follow_the_endpoint_and_flags() {
-        let chat = request_body(
-            &options(&["--endpoint", "chat", "--ignore-eos"]),
-            Some("m"),
-            PromptStream::Run(0),
-            0,
-        );
-        assert!(chat["messages"][0]["content"].is_string());
-        assert_eq!(chat["ignore_eos"], json!(true));
-        assert_eq!(chat["model"], json!("m"));
-        let fixed = request_body(
-            &options(&["--prompt-kind", "fixed", "--input-len", "3"]),
-            None,
-            PromptStream::Run(0),
-            0,
-        );
-        assert_eq!(fixed["prompt"], json!("hello hello hello"));
-        assert!(fixed.get("ignore_eos").is_none() && fixed.get("model").is_none());
-        assert_eq!(fixed["stream_options"]["include_usage"], json!(true));
-        assert_eq!(
-            (fixed["temperature"].as_f64(), fixed["top_p"].as_f64()),
-            (Some(0.0), Some(1.0))
-        );
-        // top_k is not an OpenAI field: absent unless asked for.
-        assert!(fixed.get("top_k").is_none());
-        let sampled = request_body(
-            &options(&["--temperature", "0.5", "--top-p", "0.75", "--top-k", "-1"]),
-            None,
-            PromptStream::Run(0),
-            0,
-        );
-        assert_eq!(sampled["temperature"], json!(0.5));
-        assert_eq!(sampled["top_p"], json!(0.75));
-        assert_eq!(sampled["top_k"], json!(-1));
-    }
-
-    #[test]
-    fn priorities_cycle_and_the_extra_body_is_merged_last() {
-        let o = options(&[
-            "--priorities",
-            "10,-5",
-            "--extra-body",
-            r#"{"sampler": "creative", "temperature": 0.25}"#,
-        ]);
-        assert!(o.validate().is_ok());
-        let bodies: Vec<Value> = (0..3)
-            .map(|i| request_body(&o, None, PromptStream::Run(0), i))
-            .collect();
-        let priorities: Vec<&Value> = bodies.iter().map(|b| &b["priority"]).collect();
-        assert_eq!(priorities, [&json!(10), &json!(-5), &json!(10)]);
-        assert!(bodies.iter().all(|b| b["sampler"] == "creative"));
-        assert!(bodies.iter().all(|b| b["temperature"] == json!(0.25)));
-        let plain = request_body(&options(&[]), None, PromptStream::Run(0), 0);
-        assert!(plain.get("priority").is_none());
-        for bad in ["[1]", "{", "7"] {
-            let error = options(&["--extra-body", bad]).validate().expect_err(bad);
-            assert!(error.to_string().contains("--extra-body"), "{bad}: {error}");
-        }
-    }
-
-    #[test]
-    fn options_are_checked() {
-        let cases: &[(&[&str], bool)] = &[
-            (&[], true),
-            (&["--num-prompts", "0"], false),
-            (&["--request-rate", "0"], false),
-            (&["--request-rate", "inf"], true),
-            (&["--sweep", "1,0"], false),
-            (&["--sweep", "1,2,4", "--plot", "x.svg"], true),
-            (&["--max-token-id", "50"], false),
-            (&["--request-timeout", "0.5"], true),
-            (&["--request-timeout", "0"], false),
-            (&["--request-timeout", "inf"], false),
-            (&["--request-timeout", "NaN"], false),
-            (&["--temperature=-1"], false),
-            (&["--top-p", "0"], false),
-            (&["--top-p", "1.5"], false),
-            (&["--top-k", "0"], true),
-            (&["--top-k", "-2"], false),
-            (&["--warmup", "0"], true),
-            (&["--num-warmups", "3"], true),
-        ];
-        for (args, ok) in cases {
-            assert_eq!(options(args).validate().is_ok(), *ok, "{args:?}");
-        }
-        assert!(
-            BenchOptions::try_parse_from(["bench", "--base-url", "u", "--plot", "x.svg"]).is_err()
-        );
-    }
-
-    #[test]
-    fn defaults_warm_up_once_and_time_out_after_ten_minutes() {
-        let o = options(&[]);
-        assert_eq!(o.warmup, 1);
-        assert_eq!(o.request_timeout(), Duration::from_secs(600));
-        assert_eq!(o.top_k, None);
-    }
-
-    #[test]
-    fn poisson_arrivals_average_the_rate() {
-        let o = options(&["--request-rate", "10", "--num-prompts", "2000"]);
-        let offsets = arrival_offsets(&o, 0);
-        assert_eq!(offsets[0], 0.0);
-        assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
-        let rate = (offsets.len() - 1) as f64 / offsets.last().unwrap();
-        assert!((rate - 10.0).abs() < 1.0, "rate {rate}");
-    }
-}
+mod tests;

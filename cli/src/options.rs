@@ -10,6 +10,7 @@ use plughost::cli::{parse_bytes, parse_seconds};
 use plughost::device::DeviceIsolation;
 use plughost::engine::reload::{DEFAULT_SAMPLER, DEFAULT_SCHEDULER, ReloadSource};
 use plughost::engine::{EngineOptions, EngineSetup, RestartBudget};
+use plughost::kv::offload::KvOffloadOptions;
 use plughost::model::GenerationConfigSource;
 use plughost::model::WeightQuantization;
 use plughost::plugins::glue::GluePlugin;
@@ -84,6 +85,18 @@ pub struct ModelArgs {
     /// is served in its stored types and refuses this option.
     #[arg(long, value_enum)]
     pub quantize: Option<WeightQuantization>,
+    /// Host memory for KV blocks below the device, e.g. `4GiB`: a full prefix block is copied
+    /// there when its last user finishes, and comes back on a prefix hit instead of being
+    /// recomputed. Off by default.
+    #[arg(long, value_parser = parse_bytes)]
+    pub kv_offload_memory: Option<u64>,
+    /// A directory for KV blocks on disk, one file per block; they survive restarts of the
+    /// same deployment. Needs --kv-offload-disk.
+    #[arg(long, requires = "kv_offload_disk")]
+    pub kv_offload_dir: Option<PathBuf>,
+    /// Bytes of --kv-offload-dir the block files may take, e.g. `20GiB`.
+    #[arg(long, value_parser = parse_bytes, requires = "kv_offload_dir")]
+    pub kv_offload_disk: Option<u64>,
     /// Where compiled components are cached.
     #[arg(long, env = "PLUGHOST_CACHE_DIR")]
     pub component_cache: Option<PathBuf>,
@@ -322,6 +335,10 @@ impl ModelArgs {
                 device_worker: None,
                 generation_config: self.generation_config.clone(),
                 quantize: self.quantize,
+                kv_offload: KvOffloadOptions {
+                    memory_bytes: self.kv_offload_memory,
+                    disk: self.kv_offload_dir.clone().zip(self.kv_offload_disk),
+                },
             },
             profile_output: self.profile_output.clone(),
         })

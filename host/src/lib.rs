@@ -9,6 +9,7 @@ pub mod device;
 pub mod engine;
 pub mod grammar;
 pub mod kv;
+pub mod kv_tier_metrics;
 pub mod load_metrics;
 pub mod metrics;
 pub mod model;

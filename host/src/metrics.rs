@@ -5,6 +5,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::kv_tier_metrics::KvTierMetrics;
 use crate::load_metrics::{LoadGauges, MetricNames};
 
 /// Every metric the engine records: plughost's in one registry (names prefixed `plughost_`),
@@ -35,7 +36,8 @@ pub struct Metrics {
     pub grammar_dead_ends: IntCounter,
     pub device_step_retries: IntCounter,
     pub device_restarts: IntCounter,
-    /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`.
+    /// Step time by part: `schedule`, `prepare_inputs`, `dispatch`, `device`, `read_logits`, `sample`, `emit`;
+    /// with KV tiers below the device also `kv_store` and `kv_load`.
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
     pub device: IntGaugeVec,
@@ -50,6 +52,8 @@ pub struct Metrics {
     pub plugin_state: IntGaugeVec,
     /// Faults of each component of the active deployment since it loaded.
     pub plugin_faults: IntGaugeVec,
+    /// The KV tiers below the device (`--kv-offload-*`).
+    pub kv_tiers: KvTierMetrics,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -178,6 +182,7 @@ impl Metrics {
             .register(Box::new(plugin_faults.clone()))
             .expect("metric names are unique");
         Metrics {
+            kv_tiers: KvTierMetrics::register(r),
             foreign,
             load,
             device,

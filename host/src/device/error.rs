@@ -68,6 +68,14 @@ pub enum DeviceError {
         message: String,
     },
 
+    /// A batched copy whose host buffer is not exactly as long as its ranges together.
+    #[error("device {operation}: the ranges cover {ranges} bytes, the host buffer holds {host}")]
+    RangeLength {
+        operation: &'static str,
+        ranges: u64,
+        host: usize,
+    },
+
     #[error("the device has no callable `{name}`")]
     UnknownCallable { name: String },
 

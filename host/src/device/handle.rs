@@ -26,6 +26,23 @@ impl BufferId {
     }
 }
 
+/// One contiguous byte range of a device buffer, the unit of the batched copies
+/// ([`Device::read_ranges`], [`Device::write_ranges`]): a KV block is one range per layer's key
+/// and value cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferRange {
+    pub buffer: BufferId,
+    pub offset: u64,
+    pub len: u64,
+}
+
+impl BufferRange {
+    /// Bytes `ranges` cover together.
+    pub fn total_len(ranges: &[BufferRange]) -> u64 {
+        ranges.iter().map(|range| range.len).sum()
+    }
+}
+
 /// A callable's position in the device's list; obtained from [`Device::callable_index`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallableIndex(u32);
@@ -213,6 +230,47 @@ impl Device {
         }
     }
 
+    /// Copies every range, in order, into consecutive bytes of `dst` (device to host), as one
+    /// call: in a worker process one request and one reply carry all of them through the
+    /// shared region. `dst` must be exactly as long as the ranges together.
+    pub fn read_ranges(
+        &mut self,
+        ranges: &[BufferRange],
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        check_range_bytes("read_ranges", ranges, dst.len())?;
+        match &mut self.backend {
+            Backend::Local(device) => {
+                let mut at = 0;
+                for range in ranges {
+                    let end = at + range.len as usize;
+                    device.read(range.buffer, range.offset, &mut dst[at..end])?;
+                    at = end;
+                }
+                Ok(())
+            }
+            Backend::Worker(worker) => worker.get_mut().read_ranges(ranges, dst),
+        }
+    }
+
+    /// Copies consecutive bytes of `src` into every range, in order (host to device), as one
+    /// call. `src` must be exactly as long as the ranges together.
+    pub fn write_ranges(&mut self, ranges: &[BufferRange], src: &[u8]) -> Result<(), DeviceError> {
+        check_range_bytes("write_ranges", ranges, src.len())?;
+        match &mut self.backend {
+            Backend::Local(device) => {
+                let mut at = 0;
+                for range in ranges {
+                    let end = at + range.len as usize;
+                    device.write(range.buffer, range.offset, &src[at..end])?;
+                    at = end;
+                }
+                Ok(())
+            }
+            Backend::Worker(worker) => worker.get_mut().write_ranges(ranges, src),
+        }
+    }
+
     /// The names of the device's callables; a name's position is its [`CallableIndex`].
     pub fn callables(&self) -> &[String] {
         &self.callable_names
@@ -283,4 +341,22 @@ impl Device {
             Backend::Worker(worker) => worker.borrow_mut().callable_launches(callable.0),
         }
     }
+}
+
+/// A batched copy's host buffer must hold the ranges exactly: a mismatch is a host bug, refused
+/// before any byte moves.
+fn check_range_bytes(
+    operation: &'static str,
+    ranges: &[BufferRange],
+    host_len: usize,
+) -> Result<(), DeviceError> {
+    let total = BufferRange::total_len(ranges);
+    if total != host_len as u64 {
+        return Err(DeviceError::RangeLength {
+            operation,
+            ranges: total,
+            host: host_len,
+        });
+    }
+    Ok(())
 }

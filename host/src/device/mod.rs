@@ -13,6 +13,8 @@ mod local;
 pub mod worker;
 
 pub use error::DeviceError;
-pub use handle::{BufferId, CallableIndex, Device, DeviceIsolation, DeviceSource, tensor_arg};
+pub use handle::{
+    BufferId, BufferRange, CallableIndex, Device, DeviceIsolation, DeviceSource, tensor_arg,
+};
 pub use library::DeviceLibrary;
 pub use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg, status};

@@ -7,6 +7,7 @@
 //! that changes more than one of them, so a request leaves all three at once.
 
 mod masks;
+mod offload;
 mod prompt_rows;
 mod sample;
 mod schedule;
@@ -19,7 +20,8 @@ use plughost_sdk::sampler::Sampled;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::device::{DeviceError, DeviceIsolation};
-use crate::kv::{ComputedPrefix, KvCacheManager, PrefixCacheStats};
+use crate::kv::offload::KvOffload;
+use crate::kv::{BlockHash, BlockId, ComputedPrefix, KvCacheManager, PrefixCacheStats};
 use crate::metrics::Metrics;
 use crate::plugins::{Generation, PluginRejection};
 use crate::profile::{Profiler, Track};
@@ -72,6 +74,13 @@ pub struct EngineCore {
     recovery: Option<DeviceRecovery>,
     /// Set when the device is broken for good: the engine computes nothing more.
     broken: bool,
+    /// The KV tiers below the device, when `--kv-offload-*` asks for any.
+    offload: Option<KvOffload>,
+    /// Requests waiting for blocks to load from a lower tier, with their device prefix's
+    /// length in blocks; they join the queue when the load completes.
+    loading: Vec<(RequestState, u32)>,
+    /// Blocks that became cached-free, reused from step to step.
+    freed_blocks: Vec<(BlockId, BlockHash)>,
 }
 
 impl EngineCore {
@@ -101,6 +110,9 @@ impl EngineCore {
             masks: Default::default(),
             recovery: None,
             broken: false,
+            offload: None,
+            loading: Vec::new(),
+            freed_blocks: Vec::new(),
         }
     }
 
@@ -115,7 +127,7 @@ impl EngineCore {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.requests.is_empty()
+        !self.requests.is_empty() || self.has_loading()
     }
 
     pub fn health(&self) -> &EngineHealth {
@@ -147,7 +159,7 @@ impl EngineCore {
 
     /// Queues a request, looking up its cached prefix once; fails at once a request that could
     /// never run, so it cannot wait forever.
-    fn add(&mut self, mut state: RequestState) {
+    fn add(&mut self, state: RequestState) {
         if let Some(reason) = self.never_runs(&state) {
             tracing::warn!(
                 request = state.id,
@@ -163,8 +175,9 @@ impl EngineCore {
         self.metrics
             .prompt_tokens
             .inc_by(state.prompt().len() as u64);
-        self.lookup_prefix(&mut state);
-        self.requests.queue(state);
+        if let Some(state) = self.lookup_or_load(state) {
+            self.requests.queue(state);
+        }
     }
 
     /// Records one part of the step in the metrics and, when profiling, as a trace span.
@@ -187,7 +200,13 @@ impl EngineCore {
             std::thread::sleep(Duration::from_millis(50));
             return;
         }
+        // Blocks freed since the last step go down to the KV tiers before anything evicts them.
+        self.store_freed_blocks();
+        self.poll_loads();
         if self.requests.is_empty() {
+            if self.has_loading() {
+                self.wait_for_loads();
+            }
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
             return;
@@ -197,6 +216,7 @@ impl EngineCore {
         let mut plan = self.schedule();
         self.preempt(&plan.preempt);
         self.fit_scored_rows(&mut plan);
+        self.store_freed_blocks();
         let scheduled = self.admit(&plan);
         self.record("schedule", Track::Host, started, started.elapsed());
         if scheduled.is_empty() {
@@ -286,6 +306,9 @@ impl EngineCore {
                 // The old runtime's buffers died with its worker; dropping it frees nothing.
                 self.runtime = runtime;
                 self.kv = KvCacheManager::new(self.kv.config());
+                if self.offload.is_some() {
+                    self.kv.record_cached_free();
+                }
                 for id in self.requests.running().to_vec() {
                     self.requests.preempt(id);
                     self.metrics.preemptions.inc();
@@ -408,6 +431,7 @@ impl EngineCore {
         for id in self.requests.abandoned() {
             self.finish(id, FinishReason::Abort);
         }
+        self.abort_loading(false);
     }
 
     /// Ends every request, e.g. at shutdown.
@@ -415,6 +439,7 @@ impl EngineCore {
         for id in self.requests.ids() {
             self.finish(id, FinishReason::Abort);
         }
+        self.abort_loading(true);
         self.update_gauges();
     }
 
@@ -486,12 +511,14 @@ impl EngineCore {
                 .saturating_sub(self.last_prefix_stats.num_hits),
         );
         self.last_prefix_stats = stats;
+        self.publish_tier_gauges();
     }
 
     /// Ends every request, writes the profile to `profile_output` if one was recorded, and
     /// closes the runtime and the device.
     pub fn close(mut self, profile_output: Option<&Path>) {
         self.abort_all();
+        self.flush_tiers();
         if let (Some(path), Some(profiler)) = (profile_output, &self.profiler) {
             match profiler.write(path) {
                 Ok(()) => {

@@ -14,6 +14,7 @@ use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Serialize};
 
+use crate::kv::tier::NumericFingerprint;
 use crate::model::GenerationDefaults;
 use crate::plugins::ComponentStatus;
 
@@ -110,12 +111,27 @@ impl ModelIdentity {
     /// The fingerprint of this model with its glue (`glue`: its sha256 and WIT version) and
     /// `components`: `fp_` and 16 hex digits.
     pub fn fingerprint(&self, glue: &str, components: &[ComponentStatus]) -> String {
+        self.fingerprint_parts(glue, components).0
+    }
+
+    /// The fingerprint and its numeric part, in one pass: the numeric part covers what
+    /// decides a KV block's numbers (the version, the glue, the model's files, the KV dtype
+    /// and block size, the device's numeric options), the fingerprint that and the
+    /// components. The KV tiers key blocks by the numeric part, so a change of sampler or
+    /// scheduler keeps them and a change of weights or kernels never finds them.
+    pub fn fingerprint_parts(
+        &self,
+        glue: &str,
+        components: &[ComponentStatus],
+    ) -> (String, NumericFingerprint) {
         let mut hasher = blake3::Hasher::new();
         hasher.update(concat!("plughost ", env!("CARGO_PKG_VERSION"), "\n").as_bytes());
         hasher.update(format!("glue {glue}\n").as_bytes());
         hasher.update(self.files.as_bytes());
         hasher.update(self.kv.as_bytes());
         hasher.update(self.device.as_bytes());
+        let mut numeric = [0u8; 16];
+        numeric.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
         for c in components {
             let line = format!(
                 "{} {} {} {}\n",
@@ -127,7 +143,10 @@ impl ModelIdentity {
             hasher.update(line.as_bytes());
         }
         let hash = hasher.finalize();
-        format!("fp_{}", &hash.to_hex()[..16])
+        (
+            format!("fp_{}", &hash.to_hex()[..16]),
+            NumericFingerprint::from_bytes(numeric),
+        )
     }
 }
 

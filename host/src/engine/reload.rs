@@ -20,6 +20,7 @@ use crate::plugins::{
 
 use super::fingerprint::ModelIdentity;
 use super::handle::EngineError;
+use crate::kv::tier::NumericFingerprint;
 
 /// The built-in components a deployment file that omits a section gets.
 pub const DEFAULT_SCHEDULER: &str = "plughost_scheduler_fcfs.wasm";
@@ -205,14 +206,18 @@ impl Deployments {
     }
 
     /// Gives `generation` its fingerprint: the model's identity, its glue and its components.
-    pub(crate) fn stamp(&self, generation: &mut Generation) {
+    /// Returns the fingerprint's numeric part, which the KV tiers key blocks by.
+    pub(crate) fn stamp(&self, generation: &mut Generation) -> Option<NumericFingerprint> {
         let glue = lock(&self.glue)
             .as_ref()
             .map(|g| format!("{} {}", g.sha256, g.wit_version))
             .unwrap_or_default();
-        if let Some(identity) = lock(&self.identity).as_ref() {
-            generation.set_fingerprint(identity.fingerprint(&glue, &generation.components()));
-        }
+        let identity = lock(&self.identity);
+        let (fingerprint, numeric) = identity
+            .as_ref()?
+            .fingerprint_parts(&glue, &generation.components());
+        generation.set_fingerprint(fingerprint);
+        Some(numeric)
     }
 
     pub(crate) fn current(&self) -> Option<Arc<Generation>> {

@@ -7,6 +7,9 @@ use std::time::{Duration, Instant};
 use crate::device::worker::WorkerCommand;
 use crate::device::{DeviceError, DeviceIsolation, DeviceSource};
 use crate::grammar::GrammarCompiler;
+use crate::kv::offload::{KvOffload, KvOffloadOptions};
+use crate::kv::tier::disk::BlockFormat;
+use crate::kv::tier::{NumericFingerprint, TierError};
 use crate::kv::{KvCacheConfig, KvCacheManager};
 use crate::load_metrics::CacheConfig;
 use crate::metrics::Metrics;
@@ -81,6 +84,14 @@ pub enum EngineStartError {
         max_model_len: u32,
         max_position: u32,
     },
+    /// A KV tier below the device could not open (its directory cannot be written, ...).
+    #[error(transparent)]
+    KvOffload(#[from] TierError),
+    #[error(
+        "--kv-offload-memory and --kv-offload-dir keep prefix-cache blocks; they need prefix \
+         caching, which --no-enable-prefix-caching turns off"
+    )]
+    KvOffloadWithoutPrefixCaching,
     #[error("cannot start the {thread}: {source}")]
     Spawn {
         thread: &'static str,
@@ -118,6 +129,8 @@ pub struct EngineOptions {
     pub generation_config: GenerationConfigSource,
     /// Quantize the linear projections of f32/f16/bf16 weights to this block type at load.
     pub quantize: Option<WeightQuantization>,
+    /// KV tiers below the device: host memory, disk. Neither by default.
+    pub kv_offload: KvOffloadOptions,
 }
 
 impl Default for EngineOptions {
@@ -138,6 +151,7 @@ impl Default for EngineOptions {
             device_worker: None,
             generation_config: GenerationConfigSource::Model,
             quantize: None,
+            kv_offload: KvOffloadOptions::default(),
         }
     }
 }
@@ -194,6 +208,9 @@ pub(super) fn build_core(
     }
     if setup.options.block_size == 0 {
         return Err(EngineStartError::NoBlockSize);
+    }
+    if setup.options.kv_offload.is_enabled() && !setup.options.enable_prefix_caching {
+        return Err(EngineStartError::KvOffloadWithoutPrefixCaching);
     }
     let tokenizer = Tokenizer::from_dir(&setup.model_dir)?;
     let generation_defaults = setup.options.generation_config.load(&setup.model_dir)?;
@@ -315,7 +332,14 @@ pub(super) fn build_core(
         .with_generation_defaults(&generation_defaults)
         .with_quantization(options.quantize.map(WeightQuantization::name)),
     );
-    deployments.stamp(&mut deployment);
+    let numeric_fingerprint = deployments.stamp(&mut deployment);
+    let offload = open_kv_offload(
+        &options.kv_offload,
+        numeric_fingerprint,
+        kv_cache_dtype.code(),
+        options.block_size,
+        runtime.kv_block_bytes(),
+    )?;
     let deployment = Arc::new(deployment);
     tracing::info!(
         system_fingerprint = deployment.fingerprint(),
@@ -363,10 +387,46 @@ pub(super) fn build_core(
     if let Some(recovery) = recovery {
         core.recover_with(recovery);
     }
+    if let Some(offload) = offload {
+        core.offload_to(offload);
+    }
     if setup.profile_output.is_some() {
         core.profile();
     }
     Ok((core, summary))
+}
+
+/// The KV tiers `options` ask for, keyed by the deployment's numeric fingerprint.
+fn open_kv_offload(
+    options: &KvOffloadOptions,
+    model: Option<NumericFingerprint>,
+    dtype: u32,
+    block_size: u32,
+    block_bytes: u64,
+) -> Result<Option<KvOffload>, EngineStartError> {
+    if !options.is_enabled() {
+        return Ok(None);
+    }
+    let Some(model) = model else {
+        tracing::warn!(
+            "the deployment has no fingerprint, so its KV blocks cannot be named: no KV offload"
+        );
+        return Ok(None);
+    };
+    let format = BlockFormat {
+        model,
+        dtype,
+        block_size,
+        block_bytes,
+    };
+    let offload = KvOffload::open(options, format)?;
+    tracing::info!(
+        memory_bytes = options.memory_bytes,
+        disk = ?options.disk,
+        block_bytes,
+        "KV offload below the device"
+    );
+    Ok(offload)
 }
 
 /// Builds the token environment of constrained decoding off the start path: tens of

@@ -36,6 +36,9 @@ pub struct RequestState {
     pub num_cached_prefix: u32,
     /// Found at admission, taken by the first allocation.
     pub pending_prefix: Option<ComputedPrefix>,
+    /// Blocks after `pending_prefix` that a KV tier below the device supplied, written into
+    /// the request's fresh device blocks by its first allocation.
+    pub loaded_prefix: Option<LoadedPrefix>,
     pub arrival: Instant,
     /// Microseconds since the engine started, for the scheduler's view.
     pub arrival_us: u64,
@@ -119,6 +122,7 @@ impl RequestState {
             num_computed: 0,
             num_cached_prefix: 0,
             pending_prefix: None,
+            loaded_prefix: None,
             arrival,
             arrival_us,
             first_scheduled: None,
@@ -197,6 +201,16 @@ impl RequestState {
         self.num_computed = prefix.num_tokens;
         self.num_cached_prefix = prefix.num_tokens;
         self.pending_prefix = (prefix.num_tokens > 0).then_some(prefix);
+        self.loaded_prefix = None;
+    }
+
+    /// Extends the prefix [`RequestState::take_prefix`] set with `loaded`'s blocks of
+    /// `block_size` tokens: they count as computed (and cached) from now on.
+    pub fn take_loaded_prefix(&mut self, loaded: LoadedPrefix, block_size: u32) {
+        let tokens = loaded.blocks * block_size;
+        self.num_computed += tokens;
+        self.num_cached_prefix += tokens;
+        self.loaded_prefix = (loaded.blocks > 0).then_some(loaded);
     }
 
     /// The API request's id, for log lines about this sequence.
@@ -223,6 +237,18 @@ impl RequestState {
     pub fn is_abandoned(&self) -> bool {
         self.events.is_closed()
     }
+}
+
+/// Keys and values of whole blocks loaded from a KV tier below the device, waiting for the
+/// request's first allocation to give them device blocks.
+pub struct LoadedPrefix {
+    /// The block index in the request's table where they go: after the device prefix.
+    pub first_block: u32,
+    pub blocks: u32,
+    /// `blocks` blocks' bytes, one after another.
+    pub bytes: Vec<u8>,
+    /// When the lookup found them, for the load latency.
+    pub found: Instant,
 }
 
 /// A grammar waiting for the model's reasoning block to end: it starts with the next token.

@@ -111,16 +111,31 @@ impl BlockPool {
 
     /// Drops one reference per block, in the given order: the first block to reach
     /// zero references is the first to be evicted among them.
+    #[cfg(test)]
     pub fn free(&mut self, blocks: impl IntoIterator<Item = BlockId>) {
+        self.free_recording(blocks, None);
+    }
+
+    /// [`BlockPool::free`], appending to `cached_free` each block that became free and
+    /// cached, with its hash: the blocks the KV tiers below the device want a copy of.
+    pub fn free_recording(
+        &mut self,
+        blocks: impl IntoIterator<Item = BlockId>,
+        mut cached_free: Option<&mut Vec<(BlockId, BlockHash)>>,
+    ) {
         for block in blocks {
             let ref_count = &mut self.ref_counts[block as usize];
             assert!(*ref_count > 0, "block {block} freed more often than held");
             *ref_count -= 1;
             if *ref_count == 0 {
-                if self.block_to_hash[block as usize].is_some() {
-                    self.evictable.push_back(block);
-                } else {
-                    self.free_uncached.push(block);
+                match self.block_to_hash[block as usize] {
+                    Some(hash) => {
+                        self.evictable.push_back(block);
+                        if let Some(out) = cached_free.as_deref_mut() {
+                            out.push((block, hash));
+                        }
+                    }
+                    None => self.free_uncached.push(block),
                 }
             }
         }

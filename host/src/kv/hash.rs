@@ -37,6 +37,16 @@ impl BlockHash {
         }
         BlockHash(hasher.finalize().into())
     }
+
+    /// The 32 bytes, as a block file's header and name carry them.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A hash read back from where [`BlockHash::as_bytes`] put it.
+    pub fn from_bytes(bytes: [u8; 32]) -> BlockHash {
+        BlockHash(bytes)
+    }
 }
 
 /// Hashes of the leading full blocks of `tokens`, computed lazily and in order, so a

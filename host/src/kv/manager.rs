@@ -51,6 +51,9 @@ pub struct KvCacheManager {
     pool: BlockPool,
     request_to_blocks: HashMap<RequestId, RequestBlocks>,
     stats: PrefixCacheStats,
+    /// With KV tiers below the device: the blocks that became free and cached since the
+    /// engine last took them, to be copied down before anything can evict them.
+    cached_free: Option<Vec<(BlockId, BlockHash)>>,
 }
 
 impl KvCacheManager {
@@ -61,6 +64,7 @@ impl KvCacheManager {
             pool: BlockPool::new(config.num_blocks),
             request_to_blocks: HashMap::new(),
             stats: PrefixCacheStats::default(),
+            cached_free: None,
         }
     }
 
@@ -222,8 +226,51 @@ impl KvCacheManager {
     /// are likely to share); uncached ones go to the free list.
     pub fn free(&mut self, request: RequestId) {
         if let Some(entry) = self.request_to_blocks.remove(&request) {
-            self.pool.free(entry.blocks.into_iter().rev());
+            self.pool
+                .free_recording(entry.blocks.into_iter().rev(), self.cached_free.as_mut());
         }
+    }
+
+    /// From now on, remembers every block that becomes free and cached (its last user
+    /// finished, was aborted or preempted), for [`Self::take_cached_free`].
+    pub fn record_cached_free(&mut self) {
+        self.cached_free.get_or_insert_with(Vec::new);
+    }
+
+    /// Moves into `out` the blocks that became free and cached since the last call and still
+    /// cache the same hash, so their keys and values are intact. Between steps nothing has
+    /// evicted them yet: only allocation evicts.
+    pub fn take_cached_free(&mut self, out: &mut Vec<(BlockId, BlockHash)>) {
+        out.clear();
+        let Some(recorded) = self.cached_free.as_mut() else {
+            return;
+        };
+        for (block, hash) in recorded.drain(..) {
+            if self.pool.cached_block(&hash) == Some(block) && !out.contains(&(block, hash)) {
+                out.push((block, hash));
+            }
+        }
+    }
+
+    /// The hashes of the full blocks of `tokens` after the first `skip`, up to the last token
+    /// (one is always left to compute, as [`Self::find_cached_prefix`] leaves it): the blocks
+    /// a lower tier may supply after a device prefix of `skip` blocks.
+    pub fn hashes_after(&self, tokens: &[u32], skip: usize) -> Vec<BlockHash> {
+        if !self.config.enable_prefix_caching {
+            return Vec::new();
+        }
+        let max_cache_hit_tokens = tokens.len().saturating_sub(1);
+        hash::block_hashes(
+            &tokens[..max_cache_hit_tokens],
+            self.config.block_size as usize,
+        )
+        .skip(skip)
+        .collect()
+    }
+
+    /// Counts `tokens` more prefix hits, found in a tier below the device.
+    pub fn count_lower_tier_hits(&mut self, tokens: u32) {
+        self.stats.num_hits += u64::from(tokens);
     }
 
     pub fn prefix_cache_stats(&self) -> PrefixCacheStats {

@@ -1,4 +1,4 @@
-//! The paged KV cache's host-side bookkeeping: block tables, the block pool and the prefix cache.
+//! The paged KV cache's host-side bookkeeping: block tables, the block pool and the prefix cache, and the tiers below the device that blocks spill to.
 //!
 //! The device memory is allocated once at prepare time elsewhere; here a block
 //! is only an id in `0..num_blocks`. Layering follows vLLM v1: the engine and
@@ -26,7 +26,10 @@
 mod block_pool;
 mod hash;
 mod manager;
+pub mod offload;
+pub mod tier;
 
+pub use hash::{BlockHash, block_hashes};
 pub use manager::{ComputedPrefix, KvCacheConfig, KvCacheManager, PrefixCacheStats};
 
 /// A physical KV block, an index in `0..num_blocks`.

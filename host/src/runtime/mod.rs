@@ -10,6 +10,7 @@
 mod deps;
 mod error;
 mod extents;
+mod kv_blocks;
 mod kv_dtype;
 mod load;
 mod prepared;

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::kv_blocks::KvBlockLayout;
 use super::program::{self, BufferRef, Dim, Extent, ModelInfo, Param, StepInputKind, StepProgram};
 use crate::device::{ArgTag, BufferId, CallableIndex, DType, Device, TensorArg};
 
@@ -72,7 +73,7 @@ struct StepInputBuffers {
 
 /// A model prepared on a device.
 pub struct Runtime {
-    device: Device,
+    pub(super) device: Device,
     info: ModelInfo,
     limits: StepLimits,
     tasks: Vec<PreparedTask>,
@@ -84,6 +85,8 @@ pub struct Runtime {
     mirror: InputMirror,
     write_bytes: Vec<u8>,
     launch_args: Vec<TensorArg>,
+    /// Where each KV block lies in the caches, for the tiers' batched copies.
+    pub(super) kv_blocks: KvBlockLayout,
 }
 
 fn dtype(d: program::Dtype) -> DType {
@@ -320,7 +323,7 @@ impl Runtime {
         let resolver = BufferResolver {
             named: &named,
             weights: &weight_buffers,
-            kv: &kv,
+            kv: &kv[..],
             kv_shape: &kv_shape,
             kv_dtype: config.kv_cache_dtype,
             logits: Buffer {
@@ -366,11 +369,16 @@ impl Runtime {
                 "the program declares no {kind} step input"
             )));
         }
+        let block_bytes = bytes_of(
+            config.kv_cache_dtype,
+            info.kv.num_kv_heads as u64 * u64::from(config.block_size) * info.kv.head_dim as u64,
+        );
         Ok(PreparedParts {
             max,
             tasks,
             inputs,
             logits,
+            kv_blocks: KvBlockLayout::new(kv, block_bytes),
         })
     }
 
@@ -399,6 +407,7 @@ impl Runtime {
             tasks: parts.tasks,
             inputs: parts.inputs,
             logits: parts.logits,
+            kv_blocks: parts.kv_blocks,
             owned,
             staging: StepStaging::default(),
             graph,
@@ -570,6 +579,7 @@ struct PreparedParts {
     tasks: Vec<PreparedTask>,
     inputs: StepInputBuffers,
     logits: BufferId,
+    kv_blocks: KvBlockLayout,
 }
 
 fn check_rank(name: &str, shape: &[Dim]) -> Result<(), RuntimeError> {

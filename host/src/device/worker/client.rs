@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use plughost_device_abi::{DeviceStats, TensorArg, status};
 
 use super::protocol::{
-    Op, REQUEST_HEADER_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_stats,
-    encode_tensor_arg,
+    Op, RANGE_BYTES, REQUEST_HEADER_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES,
+    decode_stats, encode_range, encode_tensor_arg,
 };
 use super::region::{REGION_BYTES, SharedRegion};
 use crate::device::error::DeviceError;
+use crate::device::handle::BufferRange;
 
 pub use plughost_device_abi::WORKER_RESTARTS_ENV;
 
@@ -82,6 +83,8 @@ pub struct WorkerDevice {
     stats: Option<DeviceStats>,
     /// The last reply's payload, reused from reply to reply.
     reply_body: Vec<u8>,
+    /// A batched copy's ranges on the wire, reused from call to call.
+    range_payload: Vec<u8>,
 }
 
 impl WorkerDevice {
@@ -155,6 +158,7 @@ impl WorkerDevice {
             callable_names: Vec::new(),
             stats: None,
             reply_body: Vec::new(),
+            range_payload: Vec::new(),
         };
         worker
             .set_timeouts()
@@ -226,6 +230,52 @@ impl WorkerDevice {
             self.stats = decode_stats(&self.reply_body);
         }
         Ok(())
+    }
+
+    /// Reads every range, in order, into `dst`: one request per region's worth of bytes.
+    pub fn read_ranges(
+        &mut self,
+        ranges: &[BufferRange],
+        dst: &mut [u8],
+    ) -> Result<(), DeviceError> {
+        let mut payload = std::mem::take(&mut self.range_payload);
+        let mut at = 0;
+        let result = region_batches(ranges, &mut payload, |payload, count, bytes| {
+            let mut header = RequestHeader::new(Op::ReadRanges);
+            header.count = count;
+            header.payload_len = payload.len() as u64;
+            self.request(header, payload)?;
+            dst[at..at + bytes].copy_from_slice(&self.region.bytes()[..bytes]);
+            self.stats = decode_stats(&self.reply_body);
+            at += bytes;
+            Ok(())
+        });
+        self.range_payload = payload;
+        result
+    }
+
+    /// Writes consecutive bytes of `src` into every range, in order; like [`Self::write`], it
+    /// waits for an answer only when the region is full.
+    pub fn write_ranges(&mut self, ranges: &[BufferRange], src: &[u8]) -> Result<(), DeviceError> {
+        self.check_lost()?;
+        let mut payload = std::mem::take(&mut self.range_payload);
+        let mut at = 0;
+        let result = region_batches(ranges, &mut payload, |payload, count, bytes| {
+            if self.region_cursor + bytes > REGION_BYTES {
+                self.request(RequestHeader::new(Op::Barrier), &[])?;
+            }
+            let cursor = self.region_cursor;
+            self.region.bytes_mut()[cursor..cursor + bytes].copy_from_slice(&src[at..at + bytes]);
+            self.region_cursor += bytes;
+            at += bytes;
+            let mut header = RequestHeader::new(Op::WriteRanges);
+            header.count = count;
+            header.d = cursor as u64;
+            header.payload_len = payload.len() as u64;
+            self.queue(header, payload)
+        });
+        self.range_payload = payload;
+        result
     }
 
     /// Queues the launch; its failure is reported by the next call that waits for an answer.
@@ -379,6 +429,37 @@ impl Drop for WorkerDevice {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Splits `ranges` into batches of at most a region's bytes (a longer range into pieces) and
+/// calls `send` with each batch's ranges on the wire, their count and their bytes.
+fn region_batches(
+    ranges: &[BufferRange],
+    payload: &mut Vec<u8>,
+    mut send: impl FnMut(&[u8], u32, usize) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
+    payload.clear();
+    let (mut count, mut bytes) = (0u32, 0usize);
+    for range in ranges {
+        let mut done = 0u64;
+        while done < range.len {
+            if bytes == REGION_BYTES {
+                send(payload, count, bytes)?;
+                payload.clear();
+                (count, bytes) = (0, 0);
+            }
+            let piece = (range.len - done).min((REGION_BYTES - bytes) as u64);
+            encode_range(range.buffer.raw(), range.offset + done, piece, payload);
+            done += piece;
+            count += 1;
+            bytes += piece as usize;
+        }
+    }
+    if count > 0 {
+        send(payload, count, bytes)?;
+    }
+    debug_assert_eq!(payload.len() % RANGE_BYTES, 0);
+    Ok(())
 }
 
 /// Waits for the worker to connect, giving up when it exits first or takes too long.

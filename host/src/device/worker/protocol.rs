@@ -38,10 +38,16 @@ pub enum Op {
     Barrier,
     /// Close the device and exit. No reply.
     Close,
+    /// Copy the `count` byte ranges of the payload ([`encode_range`]), in order, into the
+    /// shared region from 0 on. Reply payload: the counters of [`DeviceStats`] after it.
+    ReadRanges,
+    /// Copy the region's bytes from `d` on, in order, into the `count` byte ranges of the
+    /// payload. No reply.
+    WriteRanges,
 }
 
 impl Op {
-    const ALL: [Op; 11] = [
+    const ALL: [Op; 13] = [
         Op::Open,
         Op::Alloc,
         Op::Free,
@@ -53,6 +59,8 @@ impl Op {
         Op::CallableLaunches,
         Op::Barrier,
         Op::Close,
+        Op::ReadRanges,
+        Op::WriteRanges,
     ];
 
     fn code(self) -> u32 {
@@ -77,6 +85,8 @@ impl Op {
             Op::CallableLaunches => "callable_launches",
             Op::Barrier => "barrier",
             Op::Close => "close",
+            Op::ReadRanges => "read_ranges",
+            Op::WriteRanges => "write_ranges",
         }
     }
 }
@@ -219,6 +229,21 @@ pub fn decode_tensor_arg(bytes: &[u8]) -> TensorArg {
     }
 }
 
+/// Bytes of one byte range (buffer, offset, length) on the wire.
+pub const RANGE_BYTES: usize = 3 * 8;
+
+pub fn encode_range(buffer: u64, offset: u64, len: u64, out: &mut Vec<u8>) {
+    for word in [buffer, offset, len] {
+        out.extend_from_slice(&word.to_le_bytes());
+    }
+}
+
+/// The (buffer, offset, length) at the start of `bytes`, which holds at least [`RANGE_BYTES`].
+pub fn decode_range(bytes: &[u8]) -> (u64, u64, u64) {
+    let mut fields = Fields(bytes);
+    (fields.u64(), fields.u64(), fields.u64())
+}
+
 /// Bytes of the device counters on the wire.
 pub const STATS_BYTES: usize = 9 * 8;
 
@@ -334,6 +359,17 @@ mod tests {
         reply.write(&mut bytes, b"no").unwrap();
         assert_eq!(ReplyHeader::read(&mut bytes.as_slice()).unwrap(), reply);
         assert_eq!(&bytes[REPLY_HEADER_BYTES..], b"no");
+    }
+
+    #[test]
+    fn ranges_survive_the_wire() {
+        let mut bytes = Vec::new();
+        encode_range(3, 1 << 33, 4096, &mut bytes);
+        assert_eq!(bytes.len(), RANGE_BYTES);
+        assert_eq!(decode_range(&bytes), (3, 1 << 33, 4096));
+        for op in Op::ALL {
+            assert_eq!(Op::from_code(op.code()), Some(op), "{}", op.name());
+        }
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::path::Path;
 use plughost_device_abi::{TensorArg, status};
 
 use super::protocol::{
-    Op, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_tensor_arg, encode_stats,
+    Op, RANGE_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_range, decode_tensor_arg,
+    encode_stats,
 };
 use super::region::{REGION_BYTES, SharedRegion};
 use crate::device::error::DeviceError;
@@ -98,7 +99,7 @@ impl Session {
             match header.op {
                 Op::Close => return Ok(()),
                 Op::Open => self.open()?,
-                Op::Launch | Op::Write => self.run_without_reply(&header),
+                Op::Launch | Op::Write | Op::WriteRanges => self.run_without_reply(&header),
                 _ => self.run_with_reply(&header)?,
             }
         }
@@ -146,6 +147,13 @@ impl Session {
                 ),
                 None => Err(out_of_region(header)),
             },
+            Op::WriteRanges => copy_ranges(header, &self.payload, |range, (buffer, offset)| {
+                device.write(
+                    BufferId::from_raw(buffer),
+                    offset,
+                    &self.region.bytes()[range],
+                )
+            }),
             _ => {
                 decode_launch(header, &self.payload, &mut self.args, &mut self.params);
                 device.launch(
@@ -189,6 +197,20 @@ impl Session {
                     }),
                 None => Err(out_of_region(header)),
             },
+            Op::ReadRanges => {
+                let region = &mut self.region;
+                copy_ranges(header, &self.payload, |range, (buffer, offset)| {
+                    device.read(
+                        BufferId::from_raw(buffer),
+                        offset,
+                        &mut region.bytes_mut()[range],
+                    )
+                })
+                .and_then(|()| {
+                    counters = Some(encode_stats(&device.stats()?));
+                    Ok(0)
+                })
+            }
             // The counters come with the answers that end a step, so reading them after it
             // costs no round trip.
             Op::Synchronize => device.synchronize().and_then(|t| {
@@ -255,6 +277,31 @@ fn decode_launch(
             .take(header.b as usize)
             .map(|chunk| i64::from_le_bytes(chunk.try_into().unwrap_or_default())),
     );
+}
+
+/// Runs `copy` on each of the request's ranges with the part of the region that holds its
+/// bytes: consecutive from `d` on (0 for a read, whose header leaves `d` at 0).
+fn copy_ranges(
+    header: &RequestHeader,
+    payload: &[u8],
+    mut copy: impl FnMut(std::ops::Range<usize>, (u64, u64)) -> Result<(), DeviceError>,
+) -> Result<(), DeviceError> {
+    let mut at = header.d;
+    for bytes in payload
+        .chunks_exact(RANGE_BYTES)
+        .take(header.count as usize)
+    {
+        let (buffer, offset, len) = decode_range(bytes);
+        let range = region_range(at, len).ok_or_else(|| DeviceError::ContractViolation {
+            operation: header.op.name(),
+            message: format!(
+                "{len} bytes at {at} do not fit the {REGION_BYTES}-byte shared region"
+            ),
+        })?;
+        copy(range, (buffer, offset))?;
+        at += len;
+    }
+    Ok(())
 }
 
 fn region_range(start: u64, len: u64) -> Option<std::ops::Range<usize>> {

@@ -2,7 +2,6 @@
 
 use std::time::Instant;
 
-use crate::kv::{ComputedPrefix, KvCacheManager};
 use crate::plugins::generation::{LoadedComponent, Slot};
 use crate::plugins::scheduler::SchedulerPlugin;
 use crate::plugins::{OnFailure, PluginError};
@@ -10,15 +9,8 @@ use crate::sched::{self, Plan, RequestView, Resources};
 
 use super::super::state::RequestState;
 use super::EngineCore;
+use super::offload::relookup_prefix;
 use super::sample::rejection;
-
-/// The cached prefix `state` may start from: none while it scores its prompt.
-fn cached_prefix(kv: &mut KvCacheManager, state: &RequestState) -> ComputedPrefix {
-    match state.prompt_scores {
-        Some(_) => ComputedPrefix::default(),
-        None => kv.find_cached_prefix(state.tokens()),
-    }
-}
 
 impl EngineCore {
     /// Why `state` can never finish in this engine, if so. The API refuses such requests
@@ -46,12 +38,6 @@ impl EngineCore {
             ));
         }
         None
-    }
-
-    /// Finds the longest prefix of `state`'s tokens the cache holds, for its admission. A
-    /// request that scores its prompt takes none: its prompt rows must all be computed.
-    pub(super) fn lookup_prefix(&mut self, state: &mut RequestState) {
-        state.take_prefix(cached_prefix(&mut self.kv, state));
     }
 
     /// Nothing runs and the built-in FCFS, which admits the oldest request whenever it fits
@@ -179,8 +165,7 @@ impl EngineCore {
                 request_id = state.request_id(),
                 "preempted: its KV blocks are freed and it waits to run again"
             );
-            let prefix = cached_prefix(&mut self.kv, state);
-            state.take_prefix(prefix);
+            relookup_prefix(&mut self.kv, self.offload.as_mut(), &self.metrics, state);
             self.metrics.preemptions.inc();
         }
     }
@@ -199,7 +184,7 @@ impl EngineCore {
                 // admission was evicted meanwhile: look it up again and wait for the next step.
                 match prefix {
                     Some(p) if !self.kv.is_prefix_cached(&p) => {
-                        state.take_prefix(self.kv.find_cached_prefix(state.tokens()));
+                        relookup_prefix(&mut self.kv, self.offload.as_mut(), &self.metrics, state);
                     }
                     other => state.pending_prefix = other,
                 }
@@ -220,6 +205,8 @@ impl EngineCore {
                     .queue_time
                     .observe(state.arrival.elapsed().as_secs_f64());
             }
+            // Blocks a lower tier supplied go into the device blocks just allocated for them.
+            self.install_loaded(s.id);
             scheduled.push((s.id, s.num_tokens));
         }
         scheduled

@@ -640,3 +640,53 @@ fn random_operations_keep_the_invariants() {
         assert!(sim.num_stale > 0, "seed {seed}: no stale prefix exercised");
     }
 }
+
+#[test]
+fn blocks_that_become_cached_free_are_reported_once_while_still_cached() {
+    let mut kv = manager(4, 2);
+    let mut freed = Vec::new();
+    // Not recording: nothing is reported.
+    admit(&mut kv, 1, &range(1, 5));
+    kv.free(1);
+    kv.take_cached_free(&mut freed);
+    assert!(freed.is_empty());
+
+    kv.record_cached_free();
+    admit(&mut kv, 2, &range(1, 5));
+    admit(&mut kv, 3, &range(1, 5));
+    kv.free(2);
+    kv.take_cached_free(&mut freed);
+    assert!(freed.is_empty(), "request 3 still holds the blocks");
+    kv.free(3);
+    kv.take_cached_free(&mut freed);
+    let hashes: Vec<BlockHash> = hash::block_hashes(&range(1, 4), 2).collect();
+    let table: Vec<(BlockId, BlockHash)> = freed.clone();
+    assert_eq!(table.len(), 2, "both full blocks, tail first: {table:?}");
+    assert_eq!(table[0].1, hashes[1]);
+    assert_eq!(table[1].1, hashes[0]);
+    kv.take_cached_free(&mut freed);
+    assert!(freed.is_empty(), "reported once");
+
+    // Freed, then evicted by an allocation before anyone took them: not reported.
+    admit(&mut kv, 4, &range(1, 5));
+    kv.free(4);
+    kv.allocate(5, 8, None).expect("the whole pool");
+    kv.take_cached_free(&mut freed);
+    assert!(
+        freed.is_empty(),
+        "evicted blocks hold other keys and values now"
+    );
+    check_invariants(&kv);
+}
+
+#[test]
+fn hashes_after_a_device_prefix_leave_the_last_token_to_compute() {
+    let kv = manager(8, 2);
+    let all: Vec<BlockHash> = hash::block_hashes(&range(1, 6), 2).collect();
+    assert_eq!(
+        kv.hashes_after(&range(1, 6), 1),
+        all[1..2],
+        "tokens 5-6 hold the last token"
+    );
+    assert_eq!(kv.hashes_after(&range(1, 7), 0), all);
+}

@@ -1,0 +1,153 @@
+//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region.
+
+use std::time::Duration;
+
+use plughost::device::worker::WorkerCommand;
+use plughost::device::{BufferId, BufferRange, Device, DeviceError, DeviceSource};
+
+use super::serve_support::plugins_dir;
+
+const MOCK: &str = "libplughost_device_mock.so";
+const CPU: &str = "libplughost_device_cpu.so";
+
+fn open(library: &str, in_worker: bool) -> Device {
+    let mut source = DeviceSource::in_process(plugins_dir().join(library), "");
+    if in_worker {
+        let command = WorkerCommand::new(env!("CARGO_BIN_EXE_plughost"), ["device-worker"]);
+        source = source.in_worker(Some(command), Duration::from_secs(60));
+    }
+    source.open(0).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A byte that differs from buffer to buffer and position to position.
+fn pattern(buffer: usize, at: usize) -> u8 {
+    (at.wrapping_mul(31) ^ (buffer * 77) ^ (at >> 11)) as u8
+}
+
+fn filled_buffers(device: &mut Device, sizes: &[usize]) -> Vec<BufferId> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let buffer = device.alloc(size as u64).unwrap();
+            let bytes: Vec<u8> = (0..size).map(|at| pattern(i, at)).collect();
+            device.write(buffer, 0, &bytes).unwrap();
+            buffer
+        })
+        .collect()
+}
+
+fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
+    let mut device = open(library, in_worker);
+    let buffers = filled_buffers(&mut device, sizes);
+    let ranges: Vec<BufferRange> = spec
+        .iter()
+        .map(|&(buffer, offset, len)| BufferRange {
+            buffer: buffers[buffer],
+            offset,
+            len,
+        })
+        .collect();
+    let total = BufferRange::total_len(&ranges) as usize;
+    let mut gathered = vec![0u8; total];
+    device.read_ranges(&ranges, &mut gathered).unwrap();
+    let mut at = 0;
+    for (range, &(buffer, offset, len)) in ranges.iter().zip(spec) {
+        let expected: Vec<u8> = (offset..offset + len)
+            .map(|i| pattern(buffer, i as usize))
+            .collect();
+        assert!(
+            gathered[at..at + range.len as usize] == expected[..],
+            "range {range:?} (in worker: {in_worker})"
+        );
+        at += range.len as usize;
+    }
+
+    // Scatter the bytes back inverted, and read each range alone.
+    let inverted: Vec<u8> = gathered.iter().map(|b| !b).collect();
+    device.write_ranges(&ranges, &inverted).unwrap();
+    let mut at = 0;
+    for range in &ranges {
+        let mut alone = vec![0u8; range.len as usize];
+        device.read(range.buffer, range.offset, &mut alone).unwrap();
+        assert!(
+            alone[..] == inverted[at..at + alone.len()],
+            "range {range:?} written back (in worker: {in_worker})"
+        );
+        at += alone.len();
+    }
+}
+
+#[test]
+fn blocks_gather_and_scatter_in_process_and_in_a_worker() {
+    // Blocks of two "layers" in the `[B, ...]` layout: the same block offset in each buffer,
+    // out of order, the way a block list arrives.
+    let block = 4096u64;
+    let ranges = [
+        (0, 3 * block, block),
+        (1, 3 * block, block),
+        (0, 0, block),
+        (1, 0, block),
+        (0, 7 * block, block),
+        (1, 7 * block, block),
+    ];
+    for library in [MOCK, CPU] {
+        for in_worker in [false, true] {
+            let sizes = [8 * block as usize, 8 * block as usize];
+            round_trip(library, in_worker, &sizes, &ranges);
+        }
+    }
+}
+
+#[test]
+fn a_batch_larger_than_the_shared_region_is_split() {
+    // 3 × 30 MiB crosses the worker's 64 MiB region once, in the middle of a range.
+    let size = 30 << 20;
+    let ranges = [(0, 0, size), (1, 0, size), (2, 0, size)];
+    round_trip(MOCK, true, &[size as usize; 3], &ranges);
+}
+
+#[test]
+fn a_host_buffer_of_the_wrong_length_is_refused_before_copying() {
+    for in_worker in [false, true] {
+        let mut device = open(MOCK, in_worker);
+        let buffer = device.alloc(64).unwrap();
+        let ranges = [BufferRange {
+            buffer,
+            offset: 0,
+            len: 32,
+        }];
+        let error = device.read_ranges(&ranges, &mut [0u8; 31]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                DeviceError::RangeLength {
+                    ranges: 32,
+                    host: 31,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        let error = device.write_ranges(&ranges, &[0u8; 33]).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                DeviceError::RangeLength {
+                    ranges: 32,
+                    host: 33,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        // A range past the buffer's end is the device's refusal, as for a single read.
+        let past = [BufferRange {
+            buffer,
+            offset: 48,
+            len: 32,
+        }];
+        let error = device.read_ranges(&past, &mut [0u8; 32]).unwrap_err();
+        assert!(matches!(error, DeviceError::Call { .. }), "{error}");
+    }
+}

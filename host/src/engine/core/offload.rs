@@ -1,0 +1,267 @@
+//! The engine's side of the KV tiers below the device: blocks copied down when they become cached-free, prefixes looked up through every tier, requests waiting while their blocks load from disk, and loaded blocks written into fresh device blocks.
+//!
+//! Copies happen between steps, as one batched device call per staging buffer's worth of
+//! blocks, never inside the device's part of a step. A block enters a tier only after its
+//! copy completed; a copy that fails (a lost worker) stores nothing.
+
+use std::time::{Duration, Instant};
+
+use crate::kv::offload::{KvOffload, TierName};
+use crate::kv::{BlockHash, ComputedPrefix, KvCacheManager};
+use crate::kv_tier_metrics::Direction;
+use crate::metrics::Metrics;
+use crate::profile::Track;
+
+use super::super::request::FinishReason;
+use super::super::state::{LoadedPrefix, RequestState};
+use super::EngineCore;
+
+/// How long an engine with nothing but loading requests waits for a load before it looks at
+/// its commands again.
+const LOAD_POLL: Duration = Duration::from_millis(20);
+
+impl EngineCore {
+    /// Keeps the KV tiers `offload` below the device from now on.
+    pub fn offload_to(&mut self, offload: KvOffload) {
+        self.kv.record_cached_free();
+        self.offload = Some(offload);
+        self.publish_tier_gauges();
+    }
+
+    /// Copies every block that became free and cached since the last call, and that some
+    /// tier lacks, down to the tiers. Runs between steps, before any allocation can evict them.
+    pub(super) fn store_freed_blocks(&mut self) {
+        let Some(offload) = self.offload.as_mut() else {
+            return;
+        };
+        let mut freed = std::mem::take(&mut self.freed_blocks);
+        self.kv.take_cached_free(&mut freed);
+        freed.retain(|&(_, hash)| offload.wants(hash));
+        if freed.is_empty() {
+            self.freed_blocks = freed;
+            return;
+        }
+        let started = Instant::now();
+        let block_bytes = offload.block_bytes() as u64;
+        let mut blocks: Vec<u32> = Vec::with_capacity(offload.staging_blocks());
+        let mut hashes: Vec<BlockHash> = Vec::with_capacity(offload.staging_blocks());
+        for chunk in freed.chunks(offload.staging_blocks()) {
+            blocks.clear();
+            hashes.clear();
+            blocks.extend(chunk.iter().map(|&(block, _)| block));
+            hashes.extend(chunk.iter().map(|&(_, hash)| hash));
+            let staging = offload.staging_mut(chunk.len());
+            if let Err(e) = self.runtime.read_kv_blocks(&blocks, staging) {
+                // Nothing of this copy is indexed; the blocks are recomputed when needed.
+                tracing::warn!("copying KV blocks out of the device failed: {e}");
+                break;
+            }
+            offload.store_staged(&hashes);
+            self.metrics.kv_tiers.moved(
+                Direction::Store,
+                chunk.len() as u64,
+                chunk.len() as u64 * block_bytes,
+            );
+        }
+        self.freed_blocks = freed;
+        self.record("kv_store", Track::Host, started, started.elapsed());
+    }
+
+    /// Looks a new request's prefix up through every tier. Returns it when it can queue now;
+    /// keeps it while blocks it needs load from disk.
+    pub(super) fn lookup_or_load(&mut self, mut state: RequestState) -> Option<RequestState> {
+        if state.prompt_scores.is_some() {
+            // Its prompt rows must all be computed: it takes no cached prefix from any tier.
+            return Some(state);
+        }
+        let prefix = self.kv.find_cached_prefix(state.tokens());
+        self.metrics
+            .kv_tiers
+            .hit("device", u64::from(prefix.num_tokens));
+        let device_blocks = prefix.blocks.len();
+        state.take_prefix(prefix);
+        let Some(offload) = self.offload.as_mut() else {
+            return Some(state);
+        };
+        let hashes = self.kv.hashes_after(state.tokens(), device_blocks);
+        let run = offload.find_run(&hashes, false);
+        if run.is_empty() {
+            return Some(state);
+        }
+        offload.start_load(state.id, &hashes[..run.len()], &run);
+        self.loading.push((state, device_blocks as u32));
+        // Runs that needed no disk are ready at once.
+        self.poll_loads();
+        None
+    }
+
+    /// Queues the requests whose blocks finished loading, with the blocks they got.
+    pub(super) fn poll_loads(&mut self) {
+        let Some(offload) = self.offload.as_mut() else {
+            return;
+        };
+        let finished = offload.finished_loads();
+        if finished.is_empty() {
+            return;
+        }
+        let block_size = self.kv.block_size();
+        for mut run in finished {
+            let Some(position) = self.loading.iter().position(|(s, _)| s.id == run.request) else {
+                continue;
+            };
+            let (mut state, first_block) = self.loading.swap_remove(position);
+            let tokens = |blocks: usize| blocks as u64 * u64::from(block_size);
+            self.metrics
+                .kv_tiers
+                .hit("memory", tokens(run.blocks_from(TierName::Memory)));
+            self.metrics
+                .kv_tiers
+                .hit("disk", tokens(run.blocks_from(TierName::Disk)));
+            self.kv.count_lower_tier_hits(tokens(run.blocks) as u32);
+            run.bytes.truncate(run.blocks * offload.block_bytes());
+            state.take_loaded_prefix(
+                LoadedPrefix {
+                    first_block,
+                    blocks: run.blocks as u32,
+                    bytes: run.bytes,
+                    found: run.started,
+                },
+                block_size,
+            );
+            self.health.liveness.progressed();
+            self.requests.queue(state);
+        }
+    }
+
+    /// With only loading requests, waits a moment for a load rather than spinning.
+    pub(super) fn wait_for_loads(&mut self) {
+        if let Some(offload) = self.offload.as_mut() {
+            offload.wait_for_load(LOAD_POLL);
+        }
+        self.poll_loads();
+    }
+
+    pub(super) fn has_loading(&self) -> bool {
+        !self.loading.is_empty()
+    }
+
+    /// Ends loading requests whose client went away, or all of them.
+    pub(super) fn abort_loading(&mut self, all: bool) {
+        let mut i = 0;
+        while i < self.loading.len() {
+            if all || self.loading[i].0.is_abandoned() {
+                let (state, _) = self.loading.swap_remove(i);
+                self.health.in_flight.remove(state.id);
+                self.output.finished(state, FinishReason::Abort);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// After a request's first allocation: writes the blocks a lower tier supplied into the
+    /// device blocks its table holds for them, and caches them under their hashes. A failed
+    /// write makes the request compute those tokens instead.
+    pub(super) fn install_loaded(&mut self, id: u64) {
+        let Some(state) = self.requests.get_mut(id) else {
+            return;
+        };
+        let Some(loaded) = state.loaded_prefix.take() else {
+            return;
+        };
+        let started = Instant::now();
+        let (first, count) = (loaded.first_block as usize, loaded.blocks as usize);
+        let table = self.kv.block_table(id);
+        let written = match table.get(first..first + count) {
+            Some(blocks) => {
+                let blocks = blocks.to_vec();
+                self.runtime.write_kv_blocks(&blocks, &loaded.bytes)
+            }
+            None => Err(crate::runtime::RuntimeError::Program(format!(
+                "{count} loaded blocks do not fit a table of {} after block {first}",
+                table.len()
+            ))),
+        };
+        let block_size = self.kv.block_size();
+        match written {
+            Ok(()) => {
+                self.kv
+                    .cache_full_blocks(id, state.tokens(), state.num_computed);
+                self.metrics.kv_tiers.moved(
+                    Direction::Load,
+                    count as u64,
+                    loaded.bytes.len() as u64,
+                );
+                self.metrics
+                    .kv_tiers
+                    .loaded_in(loaded.found.elapsed().as_secs_f64());
+            }
+            Err(e) => {
+                tracing::warn!(
+                    request = id,
+                    "writing loaded KV blocks into the device failed; they are recomputed: {e}"
+                );
+                let tokens = loaded.blocks * block_size;
+                state.num_computed -= tokens;
+                state.num_cached_prefix -= tokens;
+            }
+        }
+        self.record("kv_load", Track::Host, started, started.elapsed());
+    }
+
+    pub(super) fn publish_tier_gauges(&self) {
+        if let Some(offload) = self.offload.as_ref() {
+            self.metrics.kv_tiers.publish(offload);
+        }
+    }
+
+    /// Waits for the disk writes queued so far, at shutdown.
+    pub(super) fn flush_tiers(&mut self) {
+        self.store_freed_blocks();
+        if let Some(offload) = self.offload.as_mut() {
+            offload.flush();
+        }
+    }
+}
+
+/// Looks `state`'s prefix up again after it went stale or the request was preempted: the
+/// device, then host memory (loaded at once), never the disk, which would make a request
+/// already queued wait.
+pub(super) fn relookup_prefix(
+    kv: &mut KvCacheManager,
+    offload: Option<&mut KvOffload>,
+    metrics: &Metrics,
+    state: &mut RequestState,
+) {
+    if state.prompt_scores.is_some() {
+        state.take_prefix(ComputedPrefix::default());
+        return;
+    }
+    let prefix = kv.find_cached_prefix(state.tokens());
+    metrics.kv_tiers.hit("device", u64::from(prefix.num_tokens));
+    let device_blocks = prefix.blocks.len();
+    state.take_prefix(prefix);
+    let Some(offload) = offload else {
+        return;
+    };
+    let hashes = kv.hashes_after(state.tokens(), device_blocks);
+    let run = offload.find_run(&hashes, true);
+    if run.is_empty() {
+        return;
+    }
+    let mut loaded = offload.load_from_memory(state.id, &hashes[..run.len()], &run);
+    let block_size = kv.block_size();
+    let tokens = loaded.blocks as u32 * block_size;
+    metrics.kv_tiers.hit("memory", u64::from(tokens));
+    kv.count_lower_tier_hits(tokens);
+    loaded.bytes.truncate(loaded.blocks * offload.block_bytes());
+    state.take_loaded_prefix(
+        LoadedPrefix {
+            first_block: device_blocks as u32,
+            blocks: loaded.blocks as u32,
+            bytes: loaded.bytes,
+            found: loaded.started,
+        },
+        block_size,
+    );
+}

@@ -1,0 +1,348 @@
+//! The KV offload: the tiers below the device pool (host memory, then disk), what the engine copies into them when blocks become cached-free, and the runs of blocks it loads back, the disk's on a loader thread.
+//!
+//! The disk tier is written through: every block stored in host memory is also queued for
+//! disk, in the background, so a block evicted from host memory is already on disk and a
+//! restart finds every block written before it.
+
+use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::time::{Duration, Instant};
+
+use super::RequestId;
+use super::hash::BlockHash;
+use super::tier::disk::{BlockFormat, DiskReader, DiskTier};
+use super::tier::memory::MemoryTier;
+use super::tier::{KvTier, TierError, TierKey, TierUsage};
+
+/// Blocks one batched copy out of the device moves at most; the staging buffer holds as many.
+const STAGING_BLOCKS: usize = 64;
+
+/// Which tiers to keep, from the `--kv-offload-*` flags. Neither: no offload at all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvOffloadOptions {
+    /// `--kv-offload-memory`: bytes of host memory for blocks.
+    pub memory_bytes: Option<u64>,
+    /// `--kv-offload-dir` and `--kv-offload-disk`: where block files go, and how many bytes.
+    pub disk: Option<(PathBuf, u64)>,
+}
+
+impl KvOffloadOptions {
+    pub fn is_enabled(&self) -> bool {
+        self.memory_bytes.is_some() || self.disk.is_some()
+    }
+}
+
+/// The tier a block was found in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierName {
+    Memory,
+    Disk,
+}
+
+impl TierName {
+    pub fn label(self) -> &'static str {
+        match self {
+            TierName::Memory => "memory",
+            TierName::Disk => "disk",
+        }
+    }
+}
+
+/// A run of blocks loaded from the tiers for one request, ready to go into device blocks.
+pub struct LoadedRun {
+    pub request: RequestId,
+    /// The blocks' bytes, one after another; `blocks` of them are valid.
+    pub bytes: Vec<u8>,
+    pub blocks: usize,
+    /// The tier each block of the run came from (or was to come from, past `blocks`).
+    tiers: Vec<TierName>,
+    pub started: Instant,
+}
+
+impl LoadedRun {
+    /// The valid blocks that came from `tier`.
+    pub fn blocks_from(&self, tier: TierName) -> usize {
+        self.tiers[..self.blocks]
+            .iter()
+            .filter(|&&t| t == tier)
+            .count()
+    }
+}
+
+struct LoadJob {
+    run: LoadedRun,
+    /// (index in the run, key) of the blocks still to read from disk, in order.
+    disk: Vec<(usize, TierKey)>,
+}
+
+pub struct KvOffload {
+    format: BlockFormat,
+    memory: Option<MemoryTier>,
+    disk: Option<DiskTier>,
+    /// Blocks copied out of the device land here, pooled once.
+    staging: Vec<u8>,
+    loads: Option<Sender<LoadJob>>,
+    loaded: Receiver<LoadedRun>,
+    /// Runs finished by the loader thread while nothing polled, or loaded at once.
+    ready: Vec<LoadedRun>,
+}
+
+impl KvOffload {
+    /// The tiers `options` ask for, for blocks of `format`; `None` when it asks for none. A
+    /// disk directory that cannot be written is an error naming it.
+    pub fn open(
+        options: &KvOffloadOptions,
+        format: BlockFormat,
+    ) -> Result<Option<KvOffload>, TierError> {
+        if !options.is_enabled() {
+            return Ok(None);
+        }
+        let memory = options
+            .memory_bytes
+            .map(|bytes| MemoryTier::new(bytes, format.block_bytes));
+        let disk = match &options.disk {
+            Some((dir, bytes)) => Some(DiskTier::open(dir, *bytes, format)?),
+            None => None,
+        };
+        let (loads, jobs) = channel::<LoadJob>();
+        let (done, loaded) = channel();
+        let reader = disk.as_ref().map(DiskTier::reader);
+        let loader = std::thread::Builder::new()
+            .name("kv-loader".into())
+            .spawn(move || load_from_disk(reader, jobs, done));
+        let loads = match loader {
+            Ok(_) => Some(loads),
+            Err(e) => {
+                tracing::warn!("cannot start the KV loader thread; blocks on disk stay there: {e}");
+                None
+            }
+        };
+        Ok(Some(KvOffload {
+            format,
+            memory,
+            disk,
+            staging: vec![0; STAGING_BLOCKS * format.block_bytes as usize],
+            loads,
+            loaded,
+            ready: Vec::new(),
+        }))
+    }
+
+    fn key(&self, block: BlockHash) -> TierKey {
+        TierKey {
+            model: self.format.model,
+            block,
+        }
+    }
+
+    pub fn block_bytes(&self) -> usize {
+        self.format.block_bytes as usize
+    }
+
+    /// Blocks one copy out of the device moves at most.
+    pub fn staging_blocks(&self) -> usize {
+        STAGING_BLOCKS
+    }
+
+    /// Whether some tier lacks the block, so copying it out is worth it: a block is stored
+    /// once per tier.
+    pub fn wants(&mut self, hash: BlockHash) -> bool {
+        let key = self.key(hash);
+        let memory_lacks = self.memory.as_mut().is_some_and(|m| !m.lookup(&key));
+        let disk_lacks = self
+            .disk
+            .as_ref()
+            .is_some_and(|d| !d.holds_or_pending(&key));
+        memory_lacks || disk_lacks
+    }
+
+    /// The staging buffer for `blocks` blocks (at most [`Self::staging_blocks`]).
+    pub fn staging_mut(&mut self, blocks: usize) -> &mut [u8] {
+        let bytes = blocks.min(STAGING_BLOCKS) * self.block_bytes();
+        &mut self.staging[..bytes]
+    }
+
+    /// Stores the blocks the last copy put in the staging buffer, `hashes[i]` in its `i`-th
+    /// block, into every tier that lacks them. Called only after the copy completed.
+    pub fn store_staged(&mut self, hashes: &[BlockHash]) {
+        let block_bytes = self.block_bytes();
+        for (i, &hash) in hashes.iter().enumerate().take(STAGING_BLOCKS) {
+            let key = self.key(hash);
+            let block = &self.staging[i * block_bytes..(i + 1) * block_bytes];
+            let tiers: [Option<&mut dyn KvTier>; 2] = [
+                self.memory.as_mut().map(|m| m as &mut dyn KvTier),
+                self.disk.as_mut().map(|d| d as &mut dyn KvTier),
+            ];
+            for tier in tiers.into_iter().flatten() {
+                if let Err(e) = tier.store(key, block) {
+                    tracing::warn!(tier = tier.name(), "cannot store a KV block: {e}");
+                }
+            }
+        }
+    }
+
+    /// The tiers holding each of the leading blocks of `hashes`, up to the first block none
+    /// holds. With `memory_only`, the disk is not looked at.
+    pub fn find_run(&mut self, hashes: &[BlockHash], memory_only: bool) -> Vec<TierName> {
+        let mut run = Vec::new();
+        for &hash in hashes {
+            let key = self.key(hash);
+            if self.memory.as_mut().is_some_and(|m| m.lookup(&key)) {
+                run.push(TierName::Memory);
+            } else if !memory_only && self.disk.as_mut().is_some_and(|d| d.lookup(&key)) {
+                run.push(TierName::Disk);
+            } else {
+                break;
+            }
+        }
+        run
+    }
+
+    /// Loads a run [`Self::find_run`] found. Blocks in host memory are copied now; when
+    /// none is on disk the run is ready at once, otherwise the loader thread reads the disk's.
+    /// Either way it comes back from [`Self::finished_loads`].
+    pub fn start_load(&mut self, request: RequestId, hashes: &[BlockHash], run: &[TierName]) {
+        let mut job = self.copy_from_memory(request, hashes, run);
+        if job.disk.is_empty() {
+            self.ready.push(job.run);
+            return;
+        }
+        let Some(loads) = &self.loads else {
+            job.run.blocks = job.disk[0].0;
+            self.ready.push(job.run);
+            return;
+        };
+        if let Err(returned) = loads.send(job) {
+            let mut job = returned.0;
+            job.run.blocks = job.disk[0].0;
+            self.ready.push(job.run);
+        }
+    }
+
+    /// Loads the leading blocks of a run found in host memory alone, at once.
+    pub fn load_from_memory(
+        &mut self,
+        request: RequestId,
+        hashes: &[BlockHash],
+        run: &[TierName],
+    ) -> LoadedRun {
+        let mut job = self.copy_from_memory(request, hashes, run);
+        if let Some(&(first_on_disk, _)) = job.disk.first() {
+            job.run.blocks = first_on_disk;
+        }
+        job.run
+    }
+
+    /// A load of `run` with its host-memory blocks copied, and the disk's still to read.
+    fn copy_from_memory(
+        &mut self,
+        request: RequestId,
+        hashes: &[BlockHash],
+        run: &[TierName],
+    ) -> LoadJob {
+        let block_bytes = self.block_bytes();
+        let mut loaded = LoadedRun {
+            request,
+            bytes: vec![0; run.len() * block_bytes],
+            blocks: run.len(),
+            tiers: run.to_vec(),
+            started: Instant::now(),
+        };
+        let mut disk = Vec::new();
+        for (i, (&hash, &tier)) in hashes.iter().zip(run).enumerate() {
+            let key = self.key(hash);
+            let out = &mut loaded.bytes[i * block_bytes..(i + 1) * block_bytes];
+            let usable = match (tier, self.memory.as_mut()) {
+                (TierName::Memory, Some(memory)) => memory.load(&key, out).is_ok(),
+                (TierName::Memory, None) => false,
+                (TierName::Disk, _) => {
+                    disk.push((i, key));
+                    true
+                }
+            };
+            if !usable {
+                loaded.blocks = i;
+                break;
+            }
+        }
+        disk.retain(|&(i, _)| i < loaded.blocks);
+        LoadJob { run: loaded, disk }
+    }
+
+    /// The runs whose loads completed since the last call.
+    pub fn finished_loads(&mut self) -> Vec<LoadedRun> {
+        let mut done = std::mem::take(&mut self.ready);
+        done.extend(self.loaded.try_iter());
+        done
+    }
+
+    /// Waits up to `timeout` for a load to complete (it is kept for [`Self::finished_loads`]).
+    pub fn wait_for_load(&mut self, timeout: Duration) {
+        if !self.ready.is_empty() {
+            return;
+        }
+        match self.loaded.recv_timeout(timeout) {
+            Ok(run) => self.ready.push(run),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+        }
+    }
+
+    pub fn usage(&self, tier: TierName) -> Option<TierUsage> {
+        match tier {
+            TierName::Memory => self.memory.as_ref().map(KvTier::usage),
+            TierName::Disk => self.disk.as_ref().map(KvTier::usage),
+        }
+    }
+
+    /// Files the disk tier skipped because they failed a check, and blocks it did not write.
+    pub fn disk_faults(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.disk.as_ref().map_or((0, 0), |d| {
+            let counters = d.counters();
+            (
+                counters.corrupt.load(Relaxed),
+                counters.dropped.load(Relaxed),
+            )
+        })
+    }
+
+    /// Waits for the disk writes queued so far; at shutdown, so a restart finds them.
+    pub fn flush(&mut self) {
+        if let Some(disk) = self.disk.as_mut() {
+            disk.flush();
+        }
+    }
+}
+
+/// The loader thread: reads each job's disk blocks in order; a block that cannot be read ends
+/// the run there, since a prefix is only usable up to its first gap.
+fn load_from_disk(reader: Option<DiskReader>, jobs: Receiver<LoadJob>, done: Sender<LoadedRun>) {
+    for mut job in jobs {
+        let block_bytes = job
+            .run
+            .bytes
+            .len()
+            .checked_div(job.run.tiers.len())
+            .unwrap_or(0);
+        for &(i, key) in &job.disk {
+            let out = &mut job.run.bytes[i * block_bytes..(i + 1) * block_bytes];
+            let read = match &reader {
+                Some(reader) => reader.load(&key, out),
+                None => Err(TierError::Missing),
+            };
+            match read {
+                Ok(()) => {}
+                Err(e) => {
+                    if !matches!(e, TierError::Missing | TierError::Corrupt { .. }) {
+                        tracing::warn!("cannot load a KV block from disk: {e}");
+                    }
+                    job.run.blocks = i;
+                    break;
+                }
+            }
+        }
+        if done.send(job.run).is_err() {
+            return;
+        }
+    }
+}
