@@ -506,16 +506,7 @@ fn the_rope_scaling_is_read_from_either_style() {
     for name in ["tiny-llama3", "tiny-qwen3-yarn"] {
         for (style, edit) in edits {
             let fixture = Fixture::edited(name, 1e-4, style, edit);
-            let moved = fixture
-                .reference
-                .prompts
-                .iter()
-                .zip(greedy(&fixture))
-                .map(|(prompt, (_, emitted))| {
-                    let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
-                    max_abs_diff(&emitted[NEW_TOKENS - 1], &want[NEW_TOKENS - 1])
-                })
-                .fold(0.0, f32::max);
+            let moved = last_logits_moved(&fixture);
             assert!(
                 moved > 0.1,
                 "{}: without the scaling the logits moved by only {moved}",
@@ -523,6 +514,21 @@ fn the_rope_scaling_is_read_from_either_style() {
             );
         }
     }
+}
+
+/// How far an edited fixture's last generated logits are from its references, at most over
+/// its prompts.
+fn last_logits_moved(fixture: &Fixture) -> f32 {
+    fixture
+        .reference
+        .prompts
+        .iter()
+        .zip(greedy(fixture))
+        .map(|(prompt, (_, emitted))| {
+            let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
+            max_abs_diff(&emitted[NEW_TOKENS - 1], &want[NEW_TOKENS - 1])
+        })
+        .fold(0.0, f32::max)
 }
 
 /// The parity of tiny-mistral-swa holds because the window is applied: without it, in
@@ -533,16 +539,7 @@ fn the_sliding_window_is_applied() {
         let fixture = Fixture::edited("tiny-mistral-swa", 1e-4, style, |c| {
             c["sliding_window"] = serde_json::Value::Null
         });
-        let moved = fixture
-            .reference
-            .prompts
-            .iter()
-            .zip(greedy(&fixture))
-            .map(|(prompt, (_, emitted))| {
-                let want = fixture.rows(&format!("{}.generated_logits", prompt.name));
-                max_abs_diff(&emitted[NEW_TOKENS - 1], &want[NEW_TOKENS - 1])
-            })
-            .fold(0.0, f32::max);
+        let moved = last_logits_moved(&fixture);
         assert!(
             moved > 0.1,
             "{}: without the window the logits moved by only {moved}",

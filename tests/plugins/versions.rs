@@ -94,6 +94,7 @@ fn requests(priority: i32) -> Vec<GenerationRequest> {
                     ..Default::default()
                 },
                 logprobs: i % 4 == 3,
+                prompt_logprobs: None,
                 sampler: None,
                 priority,
                 request_id: None,

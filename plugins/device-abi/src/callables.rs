@@ -154,6 +154,26 @@ const MATRIX: &[DType] = &[
 /// KV caches hold keys and values in f32, or rounded to f16 or bf16 when written.
 const KV: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
+/// The arguments of both attention callables: queries, the paged caches, the step's layout.
+const ATTENTION_ARGS: &[ArgSpec] = &[
+    arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
+    arg("key_cache", KV, KV_CACHE, Read),
+    arg("value_cache", KV, KV_CACHE, Read),
+    arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
+    arg("seq_lens", I32, &[Sym("S")], Read),
+    arg("query_start", I32, &[PlusOne("S")], Read),
+    arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
+];
+
+/// Grouped-query heads, and keys and values of one dtype.
+const ATTENTION_CONSTRAINTS: &[Constraint] = &[
+    Constraint::MultipleOf {
+        value: "Hq",
+        factor: "Hk",
+    },
+    Constraint::SameDtype("key_cache", "value_cache"),
+];
+
 const fn arg(
     name: &'static str,
     dtypes: &'static [DType],
@@ -268,15 +288,7 @@ pub const ALL: &[CallableSpec] = &[
     CallableSpec {
         id: CallableId::PagedAttention,
         name: "paged_attention",
-        args: &[
-            arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
-            arg("key_cache", KV, KV_CACHE, Read),
-            arg("value_cache", KV, KV_CACHE, Read),
-            arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
-            arg("seq_lens", I32, &[Sym("S")], Read),
-            arg("query_start", I32, &[PlusOne("S")], Read),
-            arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
-        ],
+        args: ATTENTION_ARGS,
         params: &[
             dim_param("num_heads", "Hq"),
             dim_param("num_kv_heads", "Hk"),
@@ -284,13 +296,7 @@ pub const ALL: &[CallableSpec] = &[
             dim_param("block_size", "bs"),
             f32_bits("scale"),
         ],
-        constraints: &[
-            Constraint::MultipleOf {
-                value: "Hq",
-                factor: "Hk",
-            },
-            Constraint::SameDtype("key_cache", "value_cache"),
-        ],
+        constraints: ATTENTION_CONSTRAINTS,
     },
     CallableSpec {
         id: CallableId::SiluMul,
@@ -415,15 +421,7 @@ pub const ALL: &[CallableSpec] = &[
     CallableSpec {
         id: CallableId::PagedAttentionWindow,
         name: "paged_attention_window",
-        args: &[
-            arg("q", F32, &[Sym("T"), Product("Hq", "D")], Read),
-            arg("key_cache", KV, KV_CACHE, Read),
-            arg("value_cache", KV, KV_CACHE, Read),
-            arg("block_table", I32, &[Sym("S"), Sym("M")], Read),
-            arg("seq_lens", I32, &[Sym("S")], Read),
-            arg("query_start", I32, &[PlusOne("S")], Read),
-            arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
-        ],
+        args: ATTENTION_ARGS,
         params: &[
             dim_param("num_heads", "Hq"),
             dim_param("num_kv_heads", "Hk"),
@@ -432,13 +430,7 @@ pub const ALL: &[CallableSpec] = &[
             f32_bits("scale"),
             dim_param("window", "W"),
         ],
-        constraints: &[
-            Constraint::MultipleOf {
-                value: "Hq",
-                factor: "Hk",
-            },
-            Constraint::SameDtype("key_cache", "value_cache"),
-        ],
+        constraints: ATTENTION_CONSTRAINTS,
     },
 ];
 

@@ -81,6 +81,15 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
         arg(seq_lens, I32, &[S], Input),
         arg(query_start, I32, &[S + 1], Input),
     ];
+    let attention_args = vec![
+        arg(q, F32, &[T, HQ * D], Input),
+        arg(key_cache, F32, &cache_shape, Input),
+        arg(value_cache, F32, &cache_shape, Input),
+        step_layout[0],
+        step_layout[1],
+        step_layout[2],
+        arg(attention, F32, &[T, HQ * D], Output),
+    ];
     let program: Vec<(&str, Vec<TensorArg>, Vec<i64>)> = vec![
         (
             "advance_seq_lens",
@@ -192,29 +201,13 @@ fn run_decoder_step(device: &mut Device) -> Vec<u8> {
         ),
         (
             "paged_attention",
-            vec![
-                arg(q, F32, &[T, HQ * D], Input),
-                arg(key_cache, F32, &cache_shape, Input),
-                arg(value_cache, F32, &cache_shape, Input),
-                step_layout[0],
-                step_layout[1],
-                step_layout[2],
-                arg(attention, F32, &[T, HQ * D], Output),
-            ],
+            attention_args.clone(),
             vec![HQ as i64, HK as i64, D as i64, BS as i64, scale],
         ),
         // The same attention within a window of 4 positions, into the same output.
         (
             "paged_attention_window",
-            vec![
-                arg(q, F32, &[T, HQ * D], Input),
-                arg(key_cache, F32, &cache_shape, Input),
-                arg(value_cache, F32, &cache_shape, Input),
-                step_layout[0],
-                step_layout[1],
-                step_layout[2],
-                arg(attention, F32, &[T, HQ * D], Output),
-            ],
+            attention_args,
             vec![HQ as i64, HK as i64, D as i64, BS as i64, scale, 4],
         ),
         (

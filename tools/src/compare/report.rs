@@ -655,6 +655,34 @@ mod tests {
         }
     }
 
+    /// A bf16 page of `plughost` against `peers` with no loads of its own.
+    fn page_of<'a>(
+        machine: &'a Machine,
+        model: &'a ModelFacts,
+        shape: &'a Shape,
+        plughost: &'a ServerResult,
+        peers: &'a [ServerResult],
+    ) -> Report<'a> {
+        Report {
+            written: "now".into(),
+            machine,
+            model,
+            model_source: "m".into(),
+            loads: &[],
+            shape,
+            sweep: &[],
+            depths: &[],
+            format: "bf16",
+            plughost,
+            peers,
+            bench_commands: vec![],
+            counters: vec![],
+            svg_file: "b.svg".into(),
+            raw_dir: "target/compare".into(),
+            disturbed: 0.05,
+        }
+    }
+
     #[test]
     fn targets_pass_and_fail_on_their_thresholds() {
         let at = |bytes_per_second: f64| Bandwidth {
@@ -691,24 +719,7 @@ mod tests {
             ],
             400,
         );
-        let report = Report {
-            written: "now".into(),
-            machine: &machine,
-            model: &model,
-            model_source: "m".into(),
-            loads: &[],
-            shape: &shape,
-            sweep: &[],
-            depths: &[],
-            format: "bf16",
-            plughost: &p,
-            peers: std::slice::from_ref(&l),
-            bench_commands: vec![],
-            counters: vec![],
-            svg_file: "b.svg".into(),
-            raw_dir: "target/compare".into(),
-            disturbed: 0.05,
-        };
+        let report = page_of(&machine, &model, &shape, &p, std::slice::from_ref(&l));
         let t = targets(&report);
         let passes: Vec<bool> = t.iter().map(|t| t.pass).collect();
         // decode 40 ≥ 33.3; 300/180 = 1.67 and 90 ≤ 100; 280/300 = 93%; 40/50 = 80%; 250/200 = 1.25.
@@ -775,24 +786,7 @@ mod tests {
                 400,
             ),
         ];
-        let report = Report {
-            written: "now".into(),
-            machine: &machine,
-            model: &model,
-            model_source: "m".into(),
-            loads: &[],
-            shape: &shape,
-            sweep: &[],
-            depths: &[],
-            format: "bf16",
-            plughost: &p,
-            peers: &peers,
-            bench_commands: vec![],
-            counters: vec![],
-            svg_file: "b.svg".into(),
-            raw_dir: "target/compare".into(),
-            disturbed: 0.05,
-        };
+        let report = page_of(&machine, &model, &shape, &p, &peers);
         let t = targets(&report);
         // 40 ≥ 1.00 × 38.0 passes; 300 tok/s is 2× ik_llama.cpp's 150, but its TTFT p99 (80
         // ms) beats plughost's 90.
