@@ -107,11 +107,10 @@ fn each_family_serves_its_reference_continuation() {
 #[test]
 fn max_model_len_past_what_the_model_covers_is_refused_naming_both_numbers() {
     // (fixture, the longest --max-model-len it covers): YaRN stretches 32 positions 4 times;
-    // Mistral's sliding window (256) is shorter than its max_position_embeddings (512); the
-    // others cover max_position_embeddings.
+    // the others cover max_position_embeddings, Mistral too past its sliding window of 12.
     let cases = [
         ("tiny-qwen3-yarn", 128),
-        ("tiny-mistral", 256),
+        ("tiny-mistral-swa", 512),
         ("tiny-llama3", 512),
         ("tiny-qwen2", 512),
     ];
