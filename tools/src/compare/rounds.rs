@@ -43,7 +43,8 @@ impl Bench<'_> {
         for server in &mut running {
             server.wait_healthy(self.health_timeout)?;
         }
-        let pids: Vec<u32> = running.iter().map(RunningServer::pid).collect();
+        // With their device workers, which plughost starts before it answers /health.
+        let pids: Vec<u32> = running.iter().flat_map(RunningServer::pids).collect();
         let cpu_before = cpu::Snapshot::take(&pids)?;
         let warmup_shape = Shape {
             output_len: WARMUP_OUTPUT_LEN,

@@ -71,8 +71,10 @@ impl RunningServer {
         })
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// The server's process and every process under it (plughost's device worker): what the
+    /// server's CPU time and memory are counted over.
+    pub fn pids(&self) -> Vec<u32> {
+        process_tree(self.child.id())
     }
 
     pub fn base_url(&self) -> String {
@@ -133,20 +135,10 @@ impl RunningServer {
     }
 
     /// The process's peak resident set (VmHWM), in bytes.
+    /// The peak resident memory of the server's processes, summed: plughost's weights and KV
+    /// cache live in its device worker, not in the process it was started as.
     pub fn peak_rss(&self) -> Result<u64> {
-        let path = format!("/proc/{}/status", self.child.id());
-        let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let line = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .with_context(|| format!("{path} has no VmHWM line"))?;
-        let kib: u64 = line
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()
-            .with_context(|| format!("cannot read VmHWM {line:?} in {path}"))?;
-        Ok(kib * 1024)
+        self.pids().into_iter().map(peak_rss_of).sum()
     }
 
     /// Stops the server: SIGTERM, then SIGKILL if it has not exited within a few seconds.
@@ -260,9 +252,65 @@ pub fn shell_word(word: &str) -> String {
     }
 }
 
+/// `pid` and its descendants, parents first; processes that ended meanwhile are left out.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut tree = vec![pid];
+    let mut next = 0;
+    while next < tree.len() {
+        let parent = tree[next];
+        next += 1;
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{parent}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            tree.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    tree
+}
+
+/// The peak resident memory (VmHWM) of one process.
+fn peak_rss_of(pid: u32) -> Result<u64> {
+    let path = format!("/proc/{pid}/status");
+    let status = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .with_context(|| format!("{path} has no VmHWM line"))?;
+    let kib: u64 = line
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .with_context(|| format!("cannot read VmHWM {line:?} in {path}"))?;
+    Ok(kib * 1024)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_servers_tree_holds_its_children_and_their_memory() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let tree = process_tree(std::process::id());
+        assert_eq!(tree[0], std::process::id());
+        assert!(tree.contains(&child.id()), "{tree:?} lacks {}", child.id());
+        let own = peak_rss_of(std::process::id()).unwrap();
+        let both = peak_rss_of(std::process::id()).unwrap() + peak_rss_of(child.id()).unwrap();
+        assert!(own > 0 && both > own);
+        child.kill().ok();
+        child.wait().ok();
+    }
 
     #[test]
     fn words_are_quoted_only_when_needed() {
