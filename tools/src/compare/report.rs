@@ -341,7 +341,9 @@ pub fn markdown(r: &Report) -> String {
         m.cores,
         m.cpu,
         m.isa,
-        if m.isa >= IsaLevel::Avx512Bf16 {
+        if r.quantized() {
+            "block-quantized weights times activations quantized to int8, integer dot products"
+        } else if m.isa >= IsaLevel::Avx512Bf16 {
             "bf16 weights times activations rounded to bf16"
         } else {
             "bf16 weights times f32 activations"
