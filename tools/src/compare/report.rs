@@ -374,8 +374,9 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(
         out,
         "\nTTFT: time to the first token; TPOT: time per output token after the first, per \
-         request; ITL: time between consecutive streamed tokens. Peak RSS is the server \
-         process's VmHWM after all its loads.\n"
+         request; ITL: time between consecutive streamed tokens. Peak RSS is the VmHWM after \
+         all its loads of each of the server's processes (plughost's device worker included), \
+         summed: memory they share counts once per process, so the sum is an upper bound.\n"
     );
     let busy = r.servers().map(|s| s.others_cpu).fold(0.0, f64::max);
     let _ = writeln!(
