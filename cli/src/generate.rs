@@ -48,24 +48,19 @@ pub fn generate(model: &ModelArgs, args: GenerateArgs<'_>) -> Result<(), CliErro
         });
     }
     let request = GenerationRequest {
-        prompt_tokens,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            seed: args.seed.unwrap_or_else(rand::random),
-            ..SamplingParams::GREEDY
-        },
-        max_tokens: args.max_tokens.min(room),
         stop: StopConditions {
             ignore_eos: args.ignore_eos,
             ..Default::default()
         },
-        logprobs: false,
-        prompt_logprobs: None,
-        priority: 0,
-        sampler: None,
-        request_id: None,
-        constraint: None,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(
+            prompt_tokens,
+            SamplingParams {
+                temperature: args.temperature,
+                seed: args.seed.unwrap_or_else(rand::random),
+                ..SamplingParams::GREEDY
+            },
+            args.max_tokens.min(room),
+        )
     };
     let submitted = std::time::Instant::now();
     let (_, mut events) = engine.submit(request)?;

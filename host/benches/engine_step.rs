@@ -153,20 +153,16 @@ fn decode(
     constraint: Option<CompiledGrammar>,
 ) -> GenerationRequest {
     GenerationRequest {
-        prompt_tokens: (0..16).map(|t| 1000 + i * 16 + t).collect(),
-        sampling,
-        max_tokens,
         stop: StopConditions {
             ignore_eos: true,
             ..Default::default()
         },
-        logprobs: false,
-        prompt_logprobs: None,
-        sampler: None,
-        priority: 0,
-        request_id: None,
         constraint,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(
+            (0..16).map(|t| 1000 + i * 16 + t).collect(),
+            sampling,
+            max_tokens,
+        )
     }
 }
 

@@ -18,9 +18,7 @@ use std::collections::VecDeque;
 use plughost_sdk::sampler::SamplingParams;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::engine::{
-    EngineError, EngineHandle, GenerationEvent, GenerationRequest, StopConditions,
-};
+use crate::engine::{EngineError, EngineHandle, GenerationEvent, GenerationRequest};
 
 /// Windows in the engine at once: enough to fill its batches, few enough to keep the queue short.
 const IN_FLIGHT: usize = 16;
@@ -168,17 +166,8 @@ pub fn perplexity(
 /// A request that only scores `prompt`: no output, every prompt logprob, nothing else.
 fn scoring_request(prompt: Vec<u32>) -> GenerationRequest {
     GenerationRequest {
-        prompt_tokens: prompt,
-        sampling: SamplingParams::GREEDY,
-        max_tokens: 0,
-        stop: StopConditions::default(),
-        logprobs: false,
         prompt_logprobs: Some(0),
-        priority: 0,
-        sampler: None,
-        request_id: None,
-        constraint: None,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(prompt, SamplingParams::GREEDY, 0)
     }
 }
 

@@ -46,20 +46,11 @@ fn start(options: EngineOptions) -> EngineHandle {
 
 fn greedy(prompt: Vec<u32>, max_tokens: u32) -> GenerationRequest {
     GenerationRequest {
-        prompt_tokens: prompt,
-        sampling: SamplingParams::GREEDY,
-        max_tokens,
         stop: StopConditions {
             ignore_eos: true,
             ..Default::default()
         },
-        logprobs: false,
-        prompt_logprobs: None,
-        sampler: None,
-        priority: 0,
-        request_id: None,
-        constraint: None,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(prompt, SamplingParams::GREEDY, max_tokens)
     }
 }
 

@@ -342,17 +342,8 @@ fn masked_tokens_never_appear_among_top_logprobs() {
 /// Greedy token ids of `prompt` straight from the engine, with `bias`.
 fn engine_tokens(engine: &EngineHandle, prompt: &[u32], bias: LogitBias, n: u32) -> Vec<u32> {
     let request = GenerationRequest {
-        prompt_tokens: prompt.to_vec(),
-        sampling: SamplingParams::GREEDY,
-        max_tokens: n,
-        stop: Default::default(),
-        logprobs: false,
-        prompt_logprobs: None,
-        priority: 0,
-        sampler: None,
-        request_id: None,
-        constraint: None,
         logit_bias: bias,
+        ..GenerationRequest::new(prompt.to_vec(), SamplingParams::GREEDY, n)
     };
     let (_, mut events) = engine.submit(request).expect("submitted");
     let mut tokens = Vec::new();

@@ -83,20 +83,16 @@ fn reference_top1(name: &str) -> Vec<(f32, f32)> {
 fn check_greedy_against_transformers(engine: &EngineHandle, tolerance: f32, near_ties: bool) {
     for case in smollm2::reference().generation {
         let request = GenerationRequest {
-            prompt_tokens: case.token_ids.clone(),
-            sampling: SamplingParams::GREEDY,
-            max_tokens: case.generated_token_ids.len() as u32,
             stop: StopConditions {
                 ignore_eos: true,
                 ..Default::default()
             },
             logprobs: true,
-            prompt_logprobs: None,
-            sampler: None,
-            priority: 0,
-            request_id: None,
-            constraint: None,
-            logit_bias: Default::default(),
+            ..GenerationRequest::new(
+                case.token_ids.clone(),
+                SamplingParams::GREEDY,
+                case.generated_token_ids.len() as u32,
+            )
         };
         let (_, mut events) = engine.submit(request).expect("submitted");
         let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());

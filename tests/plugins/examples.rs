@@ -80,20 +80,12 @@ fn request(
     sampling: SamplingParams,
 ) -> GenerationRequest {
     GenerationRequest {
-        prompt_tokens: prompt.to_vec(),
-        sampling,
-        max_tokens,
         stop: StopConditions {
             ignore_eos: true,
             ..Default::default()
         },
-        logprobs: false,
-        prompt_logprobs: None,
-        sampler: None,
         priority,
-        request_id: None,
-        constraint: None,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(prompt.to_vec(), sampling, max_tokens)
     }
 }
 

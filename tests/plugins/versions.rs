@@ -83,23 +83,17 @@ fn requests(priority: i32) -> Vec<GenerationRequest> {
                     ..SamplingParams::GREEDY
                 },
             };
+            let prompt = (0..6 + 3 * i)
+                .map(|t| 11 + (t * 17 + i * 5) % 400)
+                .collect();
             GenerationRequest {
-                prompt_tokens: (0..6 + 3 * i)
-                    .map(|t| 11 + (t * 17 + i * 5) % 400)
-                    .collect(),
-                sampling,
-                max_tokens: 10 + i,
                 stop: StopConditions {
                     ignore_eos: true,
                     ..Default::default()
                 },
                 logprobs: i % 4 == 3,
-                prompt_logprobs: None,
-                sampler: None,
                 priority,
-                request_id: None,
-                constraint: None,
-                logit_bias: Default::default(),
+                ..GenerationRequest::new(prompt, sampling, 10 + i)
             }
         })
         .collect()

@@ -69,20 +69,11 @@ fn requests(rng: &mut RowRng) -> Vec<GenerationRequest> {
                 },
             };
             GenerationRequest {
-                prompt_tokens: prompt,
-                sampling,
-                max_tokens: 4 + token() % 14,
                 stop: StopConditions {
                     ignore_eos: true,
                     ..Default::default()
                 },
-                logprobs: false,
-                prompt_logprobs: None,
-                sampler: None,
-                priority: 0,
-                request_id: None,
-                constraint: None,
-                logit_bias: Default::default(),
+                ..GenerationRequest::new(prompt, sampling, 4 + token() % 14)
             }
         })
         .collect()

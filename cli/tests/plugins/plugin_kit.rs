@@ -276,20 +276,11 @@ fn model_glue_made_with_plugin_new_runs_its_model_on_the_cpu_device() {
         .expect("the bigram model loads through the new glue");
     let (_, mut events) = engine
         .submit(GenerationRequest {
-            prompt_tokens: vec![10, 20, 30],
-            sampling: SamplingParams::GREEDY,
-            max_tokens: 8,
             stop: StopConditions {
                 ignore_eos: true,
                 ..Default::default()
             },
-            logprobs: false,
-            prompt_logprobs: None,
-            sampler: None,
-            priority: 0,
-            request_id: None,
-            constraint: None,
-            logit_bias: Default::default(),
+            ..GenerationRequest::new(vec![10, 20, 30], SamplingParams::GREEDY, 8)
         })
         .expect("submitted");
     let mut tokens = Vec::new();

@@ -640,20 +640,11 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
                 })
                 .collect();
             requests.push(GenerationRequest {
-                prompt_tokens,
-                sampling: SamplingParams::GREEDY,
-                max_tokens,
                 stop: StopConditions {
                     ignore_eos: true,
                     ..Default::default()
                 },
-                logprobs: false,
-                prompt_logprobs: None,
-                sampler: None,
-                priority: 0,
-                request_id: None,
-                constraint: None,
-                logit_bias: Default::default(),
+                ..GenerationRequest::new(prompt_tokens, SamplingParams::GREEDY, max_tokens)
             });
             expected.push(fits.then_some(max_tokens));
         }
@@ -683,20 +674,12 @@ async fn every_request_finishes_whatever_the_pool_and_the_mix() {
 /// A greedy request of `prompt_len` tokens for exactly `max_tokens`.
 fn request(prompt_len: u32, max_tokens: u32, priority: i32) -> GenerationRequest {
     GenerationRequest {
-        prompt_tokens: prompt(prompt_len),
-        sampling: SamplingParams::GREEDY,
-        max_tokens,
         stop: StopConditions {
             ignore_eos: true,
             ..Default::default()
         },
-        logprobs: false,
-        prompt_logprobs: None,
-        sampler: None,
         priority,
-        request_id: None,
-        constraint: None,
-        logit_bias: Default::default(),
+        ..GenerationRequest::new(prompt(prompt_len), SamplingParams::GREEDY, max_tokens)
     }
 }
 

@@ -47,6 +47,27 @@ pub struct GenerationRequest {
     pub logit_bias: LogitBias,
 }
 
+impl GenerationRequest {
+    /// `max_tokens` tokens after `prompt_tokens`, drawn by `sampling`, with everything else
+    /// at its default: the model's own stop tokens, no logprobs, no grammar, no bias, the
+    /// deployment's default sampler and priority 0.
+    pub fn new(prompt_tokens: Vec<u32>, sampling: SamplingParams, max_tokens: u32) -> Self {
+        GenerationRequest {
+            prompt_tokens,
+            sampling,
+            max_tokens,
+            stop: StopConditions::default(),
+            logprobs: false,
+            prompt_logprobs: None,
+            priority: 0,
+            sampler: None,
+            request_id: None,
+            constraint: None,
+            logit_bias: LogitBias::default(),
+        }
+    }
+}
+
 /// Why a request finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {

@@ -165,6 +165,21 @@ const ATTENTION_ARGS: &[ArgSpec] = &[
     arg("out", F32, &[Sym("T"), Product("Hq", "D")], Write),
 ];
 
+/// The params of `paged_attention_window`: those of `paged_attention`, then `window`.
+const WINDOW_ATTENTION_PARAMS: &[ParamSpec] = &[
+    dim_param("num_heads", "Hq"),
+    dim_param("num_kv_heads", "Hk"),
+    dim_param("head_dim", "D"),
+    dim_param("block_size", "bs"),
+    f32_bits("scale"),
+    dim_param("window", "W"),
+];
+
+/// The params of `paged_attention`: the windowed callable's, without `window`.
+const ATTENTION_PARAMS: &[ParamSpec] = WINDOW_ATTENTION_PARAMS
+    .split_at(WINDOW_ATTENTION_PARAMS.len() - 1)
+    .0;
+
 /// Grouped-query heads, and keys and values of one dtype.
 const ATTENTION_CONSTRAINTS: &[Constraint] = &[
     Constraint::MultipleOf {
@@ -289,13 +304,7 @@ pub const ALL: &[CallableSpec] = &[
         id: CallableId::PagedAttention,
         name: "paged_attention",
         args: ATTENTION_ARGS,
-        params: &[
-            dim_param("num_heads", "Hq"),
-            dim_param("num_kv_heads", "Hk"),
-            dim_param("head_dim", "D"),
-            dim_param("block_size", "bs"),
-            f32_bits("scale"),
-        ],
+        params: ATTENTION_PARAMS,
         constraints: ATTENTION_CONSTRAINTS,
     },
     CallableSpec {
@@ -422,14 +431,7 @@ pub const ALL: &[CallableSpec] = &[
         id: CallableId::PagedAttentionWindow,
         name: "paged_attention_window",
         args: ATTENTION_ARGS,
-        params: &[
-            dim_param("num_heads", "Hq"),
-            dim_param("num_kv_heads", "Hk"),
-            dim_param("head_dim", "D"),
-            dim_param("block_size", "bs"),
-            f32_bits("scale"),
-            dim_param("window", "W"),
-        ],
+        params: WINDOW_ATTENTION_PARAMS,
         constraints: ATTENTION_CONSTRAINTS,
     },
 ];
