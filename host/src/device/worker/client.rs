@@ -61,6 +61,12 @@ impl WorkerCommand {
 /// Launch messages wait here until a call that needs an answer sends them all at once.
 const BATCH_BYTES: usize = 1 << 20;
 
+/// The part of the region that [`WorkerDevice::write`] fills before it waits for the worker.
+/// Loading pushes every weight through it: a region page once touched stays resident in both
+/// processes, so a window far smaller than the largest tensor keeps the load's footprint small,
+/// at the cost of one round trip per window.
+const WRITE_WINDOW: usize = 8 << 20;
+
 /// How long a starting worker may take to connect and open its device.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -198,12 +204,12 @@ impl WorkerDevice {
         self.request(header, &[]).map(drop)
     }
 
-    /// Copies `src` through the region, in pieces of the region's size; a write waits for
-    /// an answer only when the region is full.
+    /// Copies `src` through the first [`WRITE_WINDOW`] bytes of the region, in pieces of
+    /// that size; a write waits for an answer only when the window is full.
     pub fn write(&mut self, buffer: u64, offset: u64, src: &[u8]) -> Result<(), DeviceError> {
         self.check_lost()?;
-        for (i, piece) in src.chunks(REGION_BYTES).enumerate() {
-            if self.region_cursor + piece.len() > REGION_BYTES {
+        for (i, piece) in src.chunks(WRITE_WINDOW).enumerate() {
+            if self.region_cursor + piece.len() > WRITE_WINDOW {
                 self.request(RequestHeader::new(Op::Barrier), &[])?;
             }
             let at = self.region_cursor;
@@ -211,7 +217,7 @@ impl WorkerDevice {
             self.region_cursor += piece.len();
             let mut header = RequestHeader::new(Op::Write);
             header.a = buffer;
-            header.b = offset + (i * REGION_BYTES) as u64;
+            header.b = offset + (i * WRITE_WINDOW) as u64;
             header.c = piece.len() as u64;
             header.d = at as u64;
             self.queue(header, &[])?;

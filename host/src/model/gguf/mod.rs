@@ -328,6 +328,13 @@ impl Gguf {
         }
     }
 
+    /// Lets go of the metadata once it has been read, keeping the tensors: a served model
+    /// needs only those, and the tokenizer's arrays (one string per token and per merge) are
+    /// most of the metadata's memory.
+    pub fn drop_metadata(&mut self) {
+        self.metadata = BTreeMap::new();
+    }
+
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.metadata.get(key)
     }

@@ -53,8 +53,9 @@ impl GgufWeights {
     /// Maps `path` and names its tensors; a tensor a Llama model does not have, one whose
     /// shape disagrees with the metadata, or a missing one is an error.
     pub fn open(path: &Path) -> Result<Self> {
-        let gguf = Gguf::open(path)?;
+        let mut gguf = Gguf::open(path)?;
         let params = LlamaParams::from_gguf(&gguf)?;
+        gguf.drop_metadata();
         let mut tensors = HashMap::new();
         for (index, info) in gguf.tensors().iter().enumerate() {
             if info.name == rope::ROPE_FREQS {
