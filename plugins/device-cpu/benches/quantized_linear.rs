@@ -3,8 +3,9 @@
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
 //! by `-- [--portable] [--all-types] [--threads N] [--seconds S] [FILTER]`. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
-//! up projection, its down projection and the output head), 1 token (decode) and 16 (a batch
-//! of 16 streams, or a prefill chunk), and each instruction-set level this CPU has, it times
+//! up projection, its down projection and the output head), 1 token (decode), 16 (a batch
+//! of 16 streams, or a prefill chunk) and 256 (a prompt; not for the head, which meets only
+//! a prompt's last token), and each instruction-set level this CPU has, it times
 //! the whole launch (activations quantized, outputs written) and reports the median over
 //! at least five runs of at least `--seconds` (default 0.5) in all: the weights' bytes over
 //! that time is the GB/s (and times the tokens, what batching gains). The read bandwidth is measured before and after with the probe
@@ -30,7 +31,14 @@ const SHAPES: [(&str, usize, usize); 3] = [
     ("down 1024x3072", 1024, 3072),
     ("head 151936x1024", 151_936, 1024),
 ];
-const TOKENS: [usize; 2] = [1, 16];
+/// Token counts: decode, 16 streams (or a prefill chunk), and a 256-token prefill.
+const TOKENS: [usize; 3] = [1, 16, 256];
+
+/// Whether a case runs: the output head meets one token per sequence (only the last position
+/// of a prompt needs logits), so it is timed for decode and 16 streams only.
+fn timed(rows: usize, tokens: usize) -> bool {
+    rows != SHAPES[2].1 || tokens <= 16
+}
 
 struct Options {
     portable: bool,
@@ -191,7 +199,7 @@ fn main() {
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
             let w = weights(dtype, rows, inner);
-            for tokens in TOKENS {
+            for tokens in TOKENS.into_iter().filter(|&t| timed(rows, t)) {
                 let x = activations(tokens * inner);
                 let mut out = vec![0.0f32; tokens * rows];
                 for (isa, bench) in levels.iter().zip(&benches) {
