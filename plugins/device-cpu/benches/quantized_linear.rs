@@ -199,6 +199,15 @@ fn main() {
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
             let w = weights(dtype, rows, inner);
+            // Q8_0 as the launches of the levels from `avx2` up keep it: interleaved.
+            let grouped = match benches.iter().find(|bench| bench.reads_groups(dtype)) {
+                Some(bench) => {
+                    let mut grouped = w.clone();
+                    bench.arrange(&mut grouped, rows).expect("Q8_0 rows");
+                    Some(grouped)
+                }
+                None => None,
+            };
             for tokens in TOKENS.into_iter().filter(|&t| timed(rows, t)) {
                 let x = activations(tokens * inner);
                 let mut out = vec![0.0f32; tokens * rows];
@@ -211,9 +220,13 @@ fn main() {
                     {
                         continue;
                     }
+                    let weights = match &grouped {
+                        Some(grouped) if bench.reads_groups(dtype) => (&grouped[..], true),
+                        _ => (&w[..], false),
+                    };
                     let (time, cpu) = time_launch(options.seconds, || {
                         bench
-                            .linear(dtype, black_box(&w), rows, black_box(&x), &mut out)
+                            .linear(dtype, black_box(weights), rows, black_box(&x), &mut out)
                             .expect("launch");
                         black_box(&out);
                     });

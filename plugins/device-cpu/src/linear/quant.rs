@@ -9,9 +9,13 @@
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
 //! path gives the same bits.
 //!
-//! Threads take ranges of weight rows; each row meets every token of the launch while it is
-//! in cache, a tile of two tokens per pass, so a batch of 16 streams the
-//! weights from memory once.
+//! Q8_0 weights are kept in groups of 16 interleaved rows on the levels from `avx2` up (see
+//! [`interleaved`]): made in place by the first launch that reads the buffer, like the bf16
+//! panels, and read by group tiles that hold 16 rows × up to 8 tokens in registers with no
+//! horizontal sums, so batched decode and prefill share each weight load among the tokens.
+//!
+//! Threads take ranges of groups of 16 weight rows; each group meets every token of the
+//! launch while it is in cache, so a batch streams the weights from memory once.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
@@ -20,6 +24,7 @@ mod avx2;
 mod avx512;
 mod bench_support;
 mod dots;
+mod interleaved;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +43,8 @@ use crate::workers::Workers;
 use super::sink::SharedOut;
 use activations::{Q8Row, Q8Rows};
 pub use bench_support::QuantizedBench;
+use interleaved::GROUP;
+pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
     /// Each block size's quantized activations, grown to the largest launch and reused.
@@ -49,12 +56,14 @@ pub(crate) fn takes(launch: &Launch<'_>, weights: &[&str]) -> bool {
     weights.iter().any(|w| launch.dtype(w).is_block_quantized())
 }
 
-/// One weight matrix of a launch: its type, bytes and rows.
+/// One weight matrix of a launch: its type, bytes and rows, and whether its whole groups of
+/// rows are interleaved (Q8_0, see [`interleaved`]) or all rows lie in the host's order.
 #[derive(Clone, Copy)]
 pub struct QuantMatrix<'a> {
     pub dtype: DType,
     pub bytes: &'a [u8],
     pub rows: usize,
+    pub grouped: bool,
 }
 
 /// What the outputs of a launch are made of.
@@ -67,10 +76,10 @@ enum Outputs<'s, 'a> {
 
 pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner, n) = (launch.dim("T"), launch.dim("K"), launch.dim("N"));
-    let views = launch.views()?;
-    let mut views = views;
+    let [grouped] = interleaved::arrange_weights(launch, ["w"], inner, context)?;
+    let mut views = launch.views()?;
     let x = views.f32("x");
-    let w = matrix(&views, "w", n)?;
+    let w = matrix(&views, ("w", grouped), n)?;
     let out = views.f32_mut("out");
     let outs = [SharedOut::new(out, n)];
     multiply(context, x, (tokens, inner), &[w], &Outputs::Each(&outs))
@@ -79,12 +88,13 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
 pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
     let (q, r) = (launch.dim("Q"), launch.dim("R"));
+    let grouped = interleaved::arrange_weights(launch, ["wq", "wk", "wv"], inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [
-        matrix(&views, "wq", q)?,
-        matrix(&views, "wk", r)?,
-        matrix(&views, "wv", r)?,
+        matrix(&views, ("wq", grouped[0]), q)?,
+        matrix(&views, ("wk", grouped[1]), r)?,
+        matrix(&views, ("wv", grouped[2]), r)?,
     ];
     let outs = [
         SharedOut::new(views.f32_mut("q"), q),
@@ -99,9 +109,13 @@ pub(crate) fn run_silu_gate(
     context: &mut Context,
 ) -> Result<(), DeviceFailure> {
     let (tokens, inner, i) = (launch.dim("T"), launch.dim("K"), launch.dim("I"));
+    let grouped = interleaved::arrange_weights(launch, ["w_gate", "w_up"], inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
-    let weights = [matrix(&views, "w_gate", i)?, matrix(&views, "w_up", i)?];
+    let weights = [
+        matrix(&views, ("w_gate", grouped[0]), i)?,
+        matrix(&views, ("w_up", grouped[1]), i)?,
+    ];
     let out = SharedOut::new(views.f32_mut("out"), i);
     multiply(
         context,
@@ -114,7 +128,7 @@ pub(crate) fn run_silu_gate(
 
 fn matrix<'a>(
     views: &plughost_device_abi::export::ArgViews<'a>,
-    name: &str,
+    (name, grouped): (&str, bool),
     rows: usize,
 ) -> Result<QuantMatrix<'a>, DeviceFailure> {
     let dtype = views.dtype(name);
@@ -128,6 +142,7 @@ fn matrix<'a>(
         dtype,
         bytes: views.blocks(name),
         rows,
+        grouped,
     })
 }
 
@@ -185,23 +200,25 @@ fn multiply(
         let kernel = RowKernel { isa: context.isa };
         match outputs {
             Outputs::Each(outs) => {
-                let total: usize = weights.iter().map(|w| w.rows).sum();
-                run_rows(&context.workers, total, |range| {
+                let total: usize = weights.iter().map(|w| w.rows.div_ceil(GROUP)).sum();
+                run_groups(&context.workers, total, |range| {
                     // A range may cross from one matrix into the next.
                     let mut first = 0;
                     for (w, out) in weights.iter().zip(outs.iter()) {
-                        let mine = range.start.max(first)..range.end.min(first + w.rows);
+                        let groups = w.rows.div_ceil(GROUP);
+                        let mine = range.start.max(first)..range.end.min(first + groups);
                         if !mine.is_empty() {
-                            let local = mine.start - first..mine.end - first;
+                            let local = rows_of(mine.start - first..mine.end - first, w.rows);
                             kernel.rows_into(*w, rows_for(w.dtype), local, tokens, out);
                         }
-                        first += w.rows;
+                        first += groups;
                     }
                 });
             }
             Outputs::SiluGate(out) => {
                 let [gate, up] = [weights[0], weights[1]];
-                run_rows(&context.workers, gate.rows, |range| {
+                run_groups(&context.workers, gate.rows.div_ceil(GROUP), |range| {
+                    let range = rows_of(range, gate.rows);
                     kernel.gated_rows_into([gate, up], rows_for, range, tokens, out);
                 });
             }
@@ -210,9 +227,19 @@ fn multiply(
     })
 }
 
-/// Runs `task` over `0..rows` in ranges spread over the workers.
-fn run_rows(workers: &Workers, rows: usize, task: impl Fn(std::ops::Range<usize>) + Sync + Send) {
-    workers.for_each_range(rows, task);
+/// Runs `task` over `0..groups` (of [`GROUP`] rows) in ranges spread over the workers: a task
+/// starts at the start of a group, so the interleaved groups are never split.
+fn run_groups(
+    workers: &Workers,
+    groups: usize,
+    task: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    workers.for_each_range(groups, task);
+}
+
+/// The rows of `groups` in a matrix of `rows` rows.
+fn rows_of(groups: std::ops::Range<usize>, rows: usize) -> std::ops::Range<usize> {
+    groups.start * GROUP..(groups.end * GROUP).min(rows)
 }
 
 /// Which tiles a launch runs.
@@ -225,18 +252,24 @@ struct RowKernel {
 #[cfg(target_arch = "x86_64")]
 const TILE_TOKENS: usize = 2;
 
+/// Tokens of one group tile: 16 rows × 8 tokens of accumulators in AVX-512's 32 registers,
+/// × 4 in halves of eight rows in AVX2's 16.
+#[cfg(target_arch = "x86_64")]
+const GROUP_TOKENS_AVX512: usize = 8;
+#[cfg(target_arch = "x86_64")]
+const GROUP_TOKENS_AVX2: usize = 4;
+
 /// `dtype`'s tile function of the instruction set's module `$isa` for `M` tokens, called with
 /// `($w, $xs)`: the one place that names the kernel of each type.
 #[cfg(target_arch = "x86_64")]
 macro_rules! tile_by_type {
     ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
         match $dtype {
-            DType::Q8_0 => $isa::blocks_32::<M, 0>($w, $xs),
             DType::Q4_0 => $isa::blocks_32::<M, 1>($w, $xs),
             DType::Q4_1 => $isa::blocks_32::<M, 2>($w, $xs),
             DType::Q4_K => $isa::q4_k($w, $xs),
             DType::Q6_K => $isa::q6_k($w, $xs),
-            _ => unreachable!("only block-quantized weights reach the integer dot products"),
+            _ => unreachable!("Q8_0 goes to the group tiles, other types not here at all"),
         }
     };
 }
@@ -271,8 +304,77 @@ impl RowKernel {
         }
     }
 
-    /// Outputs `range` of `w` for every token into `out`: row by row, each row against all
-    /// the tokens while it is in cache.
+    /// Outputs `rows` of `w` (at most one group, from a group's start) for every token,
+    /// token-major into `out` (`tokens` spans of `rows.len()`): Q8_0 from `avx2` up by the
+    /// group tiles, from the matrix's own group when it is interleaved and whole, else from the
+    /// rows packed into one; every other case row by row, each row against all the tokens
+    /// while it is in cache.
+    fn group_into(
+        self,
+        w: QuantMatrix<'_>,
+        x: &[Q8Row<'_>],
+        rows: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let row_bytes = w.bytes.len() / w.rows.max(1);
+        let width = rows.len();
+        #[cfg(target_arch = "x86_64")]
+        if w.dtype == DType::Q8_0 && self.isa.has(IsaLevel::Avx2) {
+            let bytes = &w.bytes[rows.start * row_bytes..rows.end * row_bytes];
+            let packed;
+            let group = if w.grouped && width == GROUP {
+                bytes
+            } else {
+                let mut scratch = vec![0; GROUP * row_bytes];
+                interleaved::pack(bytes, row_bytes / dots::Q8_0_BYTES, &mut scratch);
+                packed = scratch;
+                &packed
+            };
+            return self.group_tiles(group, x, out, width);
+        }
+        let mut column = vec![0.0f32; x.len()];
+        for (i, n) in rows.enumerate() {
+            self.dots(w.dtype, &w.bytes[n * row_bytes..(n + 1) * row_bytes], x, &mut column);
+            for (t, &value) in column.iter().enumerate() {
+                out[t * width + i] = value;
+            }
+        }
+    }
+
+    /// One interleaved Q8_0 group against every token of `x`, its first `width` outputs per
+    /// token into `out`.
+    #[cfg(target_arch = "x86_64")]
+    fn group_tiles(self, group: &[u8], x: &[Q8Row<'_>], out: &mut [f32], width: usize) {
+        let mut store = |t0: usize, values: &[[f32; GROUP]]| {
+            for (t, values) in values.iter().enumerate() {
+                out[(t0 + t) * width..(t0 + t + 1) * width].copy_from_slice(&values[..width]);
+            }
+        };
+        if self.isa.has(IsaLevel::Avx512Vnni) {
+            for (i, xs) in x.chunks(GROUP_TOKENS_AVX512).enumerate() {
+                super::dispatch::by_tokens!(xs.len(), [1, 2, 3, 4, 5, 6, 7, 8], |M| {
+                    let xs: &[_; M] = xs.try_into().expect("a tile's tokens");
+                    // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
+                    // tile's features (checked when the `Isa` was made).
+                    let values = unsafe { avx512::q8_0_group::<M>(group, xs) };
+                    store(i * GROUP_TOKENS_AVX512, &values);
+                });
+            }
+        } else {
+            for (i, xs) in x.chunks(GROUP_TOKENS_AVX2).enumerate() {
+                super::dispatch::by_tokens!(xs.len(), [1, 2, 3, 4], |M| {
+                    let xs: &[_; M] = xs.try_into().expect("a tile's tokens");
+                    // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
+                    // made).
+                    let values = unsafe { avx2::q8_0_group::<M>(group, xs) };
+                    store(i * GROUP_TOKENS_AVX2, &values);
+                });
+            }
+        }
+    }
+
+    /// Outputs `range` of `w` (from a group's start) for every token into `out`, a group at a
+    /// time.
     fn rows_into(
         self,
         w: QuantMatrix<'_>,
@@ -281,22 +383,26 @@ impl RowKernel {
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let row_bytes = w.bytes.len() / w.rows.max(1);
         let x: Vec<_> = (0..tokens).map(|t| x.row(t)).collect();
-        let mut column = vec![0.0f32; tokens];
-        for n in range {
-            let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-            self.dots(w.dtype, row, &x, &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                // SAFETY: `columns` checked the element lies inside `out`, and the task owns
-                // column `n` of every row (the ranges of a launch are disjoint).
-                unsafe { *out.columns(t, n..n + 1) = value };
+        let mut values = vec![0.0f32; tokens * GROUP];
+        for start in range.clone().step_by(GROUP) {
+            let rows = start..(start + GROUP).min(range.end);
+            let width = rows.len();
+            let values = &mut values[..tokens * width];
+            self.group_into(w, &x, rows.clone(), values);
+            for t in 0..tokens {
+                let start = out.columns(t, rows.clone());
+                // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                // columns `range` of every row (the ranges of a launch are disjoint).
+                let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                columns.copy_from_slice(&values[t * width..(t + 1) * width]);
             }
         }
     }
 
-    /// `silu(gate) * up` for outputs `range` and every token, through the same SiLU as
-    /// `silu_mul`, so it matches two `linear`s and `silu_mul` bit for bit.
+    /// `silu(gate) * up` for outputs `range` (from a group's start) and every token, a group
+    /// at a time, through the same SiLU as `silu_mul`, so it matches two `linear`s and
+    /// `silu_mul` bit for bit.
     fn gated_rows_into<'r>(
         self,
         [gate, up]: [QuantMatrix<'_>; 2],
@@ -305,41 +411,35 @@ impl RowKernel {
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let row_bytes = |w: &QuantMatrix| w.bytes.len() / w.rows.max(1);
-        let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
-        let width = range.len();
-        // Token-major, so each token's outputs are one span for the SiLU.
-        let mut g = vec![0.0f32; tokens * width];
-        let mut u = vec![0.0f32; tokens * width];
-        let mut column = vec![0.0f32; tokens];
         let rows = |dtype| -> Vec<_> { (0..tokens).map(|t| rows_for(dtype).row(t)).collect() };
         let (x_gate, x_up) = (rows(gate.dtype), rows(up.dtype));
-        for (i, n) in range.clone().enumerate() {
-            let row = &gate.bytes[n * gb..(n + 1) * gb];
-            self.dots(gate.dtype, row, &x_gate, &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                g[t * width + i] = value;
+        // Token-major, so each token's outputs are one span for the SiLU.
+        let mut g = vec![0.0f32; tokens * GROUP];
+        let mut u = vec![0.0f32; tokens * GROUP];
+        for start in range.clone().step_by(GROUP) {
+            let rows = start..(start + GROUP).min(range.end);
+            let width = rows.len();
+            let (g, u) = (&mut g[..tokens * width], &mut u[..tokens * width]);
+            self.group_into(gate, &x_gate, rows.clone(), g);
+            self.group_into(up, &x_up, rows.clone(), u);
+            for t in 0..tokens {
+                let start = out.columns(t, rows.clone());
+                // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                // columns `range` of every row (the ranges of a launch are disjoint).
+                let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                let span = t * width..(t + 1) * width;
+                silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
             }
-            let row = &up.bytes[n * ub..(n + 1) * ub];
-            self.dots(up.dtype, row, &x_up, &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                u[t * width + i] = value;
-            }
-        }
-        for t in 0..tokens {
-            let start = out.columns(t, range.clone());
-            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
-            // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-            let span = t * width..(t + 1) * width;
-            silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
         }
     }
 }
 
 /// Gathers rows of a block-quantized table into f32 (`embedding_gather`).
+///
+/// A Q8_0 table the linears interleaved (`arrangement`, its code, not `AS_WRITTEN`) is read
+/// in place, each gathered row put back in the host's order first.
 pub(crate) fn gather_rows(
-    dtype: DType,
+    (dtype, arrangement): (DType, u64),
     table: &[u8],
     width: usize,
     indices: &[i32],
@@ -359,12 +459,27 @@ pub(crate) fn gather_rows(
             ));
         }
     }
+    let interleaved = interleaved::inner_of(arrangement);
+    if arrangement != plughost_device_abi::export::AS_WRITTEN
+        && (interleaved != Some(width) || dtype != DType::Q8_0)
+    {
+        return Err(format!(
+            "a {dtype} table of rows of {width} is in arrangement {arrangement}"
+        ));
+    }
     let rows_per_task = workers.rows_per_task(indices.len(), width);
     workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
         let first = task * rows_per_task;
+        let mut unpacked = Vec::new();
         for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
             let index = index as usize;
-            let row = &table[index * row_bytes..(index + 1) * row_bytes];
+            let row = if interleaved.is_some() {
+                unpacked.resize(row_bytes, 0);
+                interleaved::row_of(table, width, index, &mut unpacked);
+                &unpacked[..]
+            } else {
+                &table[index * row_bytes..(index + 1) * row_bytes]
+            };
             // Whole blocks of the right count (checked above): this cannot fail.
             let _ = plughost_device_abi::blocks::dequantize_into(dtype, row, out_row);
         }

@@ -18,7 +18,7 @@ use std::arch::x86_64::{
     _mm256_cvtepi32_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
     _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_ps,
     _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8,
+    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8, _mm256_cvtph_ps, _mm256_set1_epi32, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
@@ -259,4 +259,63 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
         }
     }
     finish(DType::Q6_K, lanes, tails)
+}
+
+/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against each of `xs`: the 16
+/// outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
+///
+/// Each 64-byte quad is read as two halves of eight rows, one half at a time over all the
+/// blocks. The weights get their sign back (the arrangement stores `w + 128`) and go in as
+/// magnitudes, their signs moved onto each token's four broadcast activation bytes; the
+/// `vpmaddubsw` pairs (at most `2 · 128 · 127`) are added by `vpmaddwd` into the row's lane,
+/// the first digit's times 256, which joins the digits as `dots` does.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (the `avx2` level).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [[f32; 16]; M] {
+    let blocks = super::interleaved::check_group(group, xs);
+    let mut out = [[0.0; 16]; M];
+    let base = group.as_ptr();
+    let flip = _mm256_set1_epi8(-128);
+    let (ones, first) = (_mm256_set1_epi16(1), _mm256_set1_epi16(256));
+    for half in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); M];
+        for b in 0..blocks {
+            let (scales, quads) = super::interleaved::block_at(b, blocks);
+            // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their
+            // 16 scales and 512 value bytes lie inside it, and every token's digits, scales
+            // and sums cover them.
+            unsafe {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(scales + 16 * half).cast()));
+                let mut ints = [_mm256_setzero_si256(); M];
+                for q in 0..8 {
+                    let w = _mm256_xor_si256(load32(base.add(quads + 64 * q + 32 * half)), flip);
+                    let magnitude = _mm256_sign_epi8(w, w);
+                    for t in 0..M {
+                        let at = 32 * b + 4 * q;
+                        let h = (xs[t].high.as_ptr().add(at) as *const i32).read_unaligned();
+                        let l = (xs[t].low.as_ptr().add(at) as *const i32).read_unaligned();
+                        let h = _mm256_sign_epi8(_mm256_set1_epi32(h), w);
+                        let l = _mm256_sign_epi8(_mm256_set1_epi32(l), w);
+                        let h = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, h), first);
+                        let l = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, l), ones);
+                        ints[t] = _mm256_add_epi32(ints[t], _mm256_add_epi32(h, l));
+                    }
+                }
+                for t in 0..M {
+                    let s = _mm256_set1_ps(*xs[t].scales.get_unchecked(b));
+                    acc[t] = _mm256_add_ps(
+                        acc[t],
+                        _mm256_mul_ps(_mm256_mul_ps(d, s), _mm256_cvtepi32_ps(ints[t])),
+                    );
+                }
+            }
+        }
+        for t in 0..M {
+            // SAFETY: half `half` of a row of `out` holds 8 f32, one register's worth.
+            unsafe { _mm256_storeu_ps(out[t][8 * half..].as_mut_ptr(), acc[t]) };
+        }
+    }
+    out
 }

@@ -18,11 +18,11 @@ use std::arch::x86_64::{
     _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_srli_epi16, _mm256_sub_epi8,
     _mm512_abs_epi8, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_broadcast_i64x4,
     _mm512_castps128_ps512, _mm512_castsi256_si512, _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps,
-    _mm512_cvtepu8_epi32, _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_loadu_si512,
+    _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_loadu_si512,
     _mm512_mask_mov_ps, _mm512_mask_sub_epi8, _mm512_movepi8_mask, _mm512_mul_ps,
     _mm512_mullo_epi32, _mm512_or_si512, _mm512_permutexvar_epi32, _mm512_permutexvar_ps,
-    _mm512_set1_epi8, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps,
+    _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps, _mm512_sub_epi32,
     _mm512_zextsi256_si512,
 };
 
@@ -350,4 +350,62 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
         }
     }
     finish(DType::Q6_K, lanes, tails)
+}
+
+/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against each of `xs`: the 16
+/// outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
+///
+/// Per block, each 64-byte quad of weights (four values of each row, offset by 128) meets
+/// each token's four activation bytes of each digit, broadcast: `vpdpbusd` sums the four
+/// products into the row's lane. Joined and less `128 ·` the activations' block sum, a lane
+/// holds the row's exact block integer; the scales then take one multiply, one multiply and
+/// one add for all 16 rows.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
+pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [[f32; 16]; M] {
+    let blocks = super::interleaved::check_group(group, xs);
+    let mut acc = [_mm512_setzero_ps(); M];
+    let base = group.as_ptr();
+    for b in 0..blocks {
+        let (scales, quads) = super::interleaved::block_at(b, blocks);
+        // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their 16
+        // scales and 512 value bytes lie inside it, and every token's digits, scales and sums
+        // cover them.
+        unsafe {
+            let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(scales).cast()));
+            let mut high = [_mm512_setzero_si512(); M];
+            let mut low = [_mm512_setzero_si512(); M];
+            for q in 0..8 {
+                let w = _mm512_loadu_si512(base.add(quads + 64 * q).cast());
+                for t in 0..M {
+                    let at = 32 * b + 4 * q;
+                    let h = (xs[t].high.as_ptr().add(at) as *const i32).read_unaligned();
+                    let l = (xs[t].low.as_ptr().add(at) as *const i32).read_unaligned();
+                    high[t] = _mm512_dpbusd_epi32(high[t], w, _mm512_set1_epi32(h));
+                    low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
+                }
+            }
+            for t in 0..M {
+                let x = &xs[t];
+                let offset = 128 * (*x.sums.get_unchecked(2 * b) + *x.sums.get_unchecked(2 * b + 1));
+                let ints = _mm512_sub_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<8>(high[t]), low[t]),
+                    _mm512_set1_epi32(offset),
+                );
+                let s = _mm512_set1_ps(*x.scales.get_unchecked(b));
+                acc[t] = _mm512_add_ps(
+                    acc[t],
+                    _mm512_mul_ps(_mm512_mul_ps(d, s), _mm512_cvtepi32_ps(ints)),
+                );
+            }
+        }
+    }
+    let mut out = [[0.0; 16]; M];
+    for t in 0..M {
+        // SAFETY: a row of `out` holds 16 f32, one register's worth.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+    }
+    out
 }

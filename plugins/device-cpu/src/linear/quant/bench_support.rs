@@ -12,6 +12,8 @@ use crate::isa::Isa;
 use crate::workers::Workers;
 
 use super::super::sink::SharedOut;
+use super::dots::Q8_0_BYTES;
+use super::interleaved::arrange_in_tasks;
 use super::{Outputs, QuantMatrix, multiply};
 
 /// A device's worker threads and instruction-set level, for timing quantized linears.
@@ -32,11 +34,33 @@ impl QuantizedBench {
         })
     }
 
-    /// `out[T, N] = x[T, K] · w[N, K]ᵀ` for `weights`, `N = rows` rows of `dtype` blocks.
+    /// Whether launches at this level keep `dtype` weights interleaved in groups of rows.
+    pub fn reads_groups(&self, dtype: DType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if dtype == DType::Q8_0 {
+            return self.context.isa.has(crate::isa::IsaLevel::Avx2);
+        }
+        let _ = dtype;
+        false
+    }
+
+    /// Interleaves `weights` (`rows` rows of Q8_0 blocks) in place, as the first launch that
+    /// reads them at a level where [`QuantizedBench::reads_groups`] does.
+    pub fn arrange(&self, weights: &mut [u8], rows: usize) -> Result<(), String> {
+        let row_bytes = weights.len() / rows.max(1);
+        if rows == 0 || row_bytes * rows != weights.len() || row_bytes % Q8_0_BYTES != 0 {
+            return Err(format!("{} bytes are not {rows} rows of Q8_0", weights.len()));
+        }
+        arrange_in_tasks(weights, row_bytes / Q8_0_BYTES * 32, &self.context);
+        Ok(())
+    }
+
+    /// `out[T, N] = x[T, K] · w[N, K]ᵀ` for `weights`, `N = rows` rows of `dtype` blocks,
+    /// interleaved by [`QuantizedBench::arrange`] when `grouped` says so.
     pub fn linear(
         &self,
         dtype: DType,
-        weights: &[u8],
+        (weights, grouped): (&[u8], bool),
         rows: usize,
         x: &[f32],
         out: &mut [f32],
@@ -54,6 +78,7 @@ impl QuantizedBench {
             dtype,
             bytes: weights,
             rows,
+            grouped: grouped && self.reads_groups(dtype),
         };
         let outs = [SharedOut::new(out, rows)];
         multiply(

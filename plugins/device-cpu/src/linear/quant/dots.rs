@@ -1,9 +1,16 @@
-//! The dot product of one block-quantized weight row and one two-digit [`Q8Row`], defined once: exact integer sums in 16 lanes, then the scales applied in one fixed float order that every instruction set follows.
+//! The dot product of one block-quantized weight row and one two-digit [`Q8Row`], defined once: exact integer sums, then the scales applied in one fixed float order that every instruction set follows.
 //!
-//! Every path computes the same exact integers. For a 32-value block `b` (Q8_0, Q4_0, Q4_1)
-//! they are the eight sums of four consecutive products (values `4g..4g + 4`), which is what
-//! `vpmaddubsw` + `vpmaddwd` and `vpdpbusd` produce in their lanes, for each activation digit,
-//! joined as `256 · high + low` ([`join`]); they go to lane `8 · (b % 2) + g`. For a 256-value
+//! Q8_0 is defined per block: the exact integer sum of the block's 32 products for each
+//! activation digit, joined as `256 · high + low` ([`join`], at most `32 · 128 · 127 · 257`),
+//! then `acc = acc + (d · s) · ints` ([`scaled`], `d` the weights' scale, `s` the
+//! activations'; a multiply, a multiply and an add, never fused) in block order from `acc =
+//! 0`. One output is then one float chain, which the group tiles hold in one lane per weight
+//! row (see `interleaved`): 16 rows and many tokens at once with no horizontal sums.
+//!
+//! The other types keep 16 lanes. For a 32-value block `b` (Q4_0, Q4_1) the integers are the
+//! eight sums of four consecutive products (values `4g..4g + 4`), which is what `vpmaddubsw` +
+//! `vpmaddwd` and `vpdpbusd` produce in their lanes, for each activation digit, joined; they go
+//! to lane `8 · (b % 2) + g`. For a 256-value
 //! K-quant block, the joined four-product sums of each 32 values are multiplied by their
 //! sub-block's integer scale and added, in integers, into lane `8 · (chunk % 2) + g` (Q4_K:
 //! over the whole block, chunk = its 32-value sub-block; Q6_K: over each half of the block,
@@ -13,19 +20,21 @@
 //! ([`SUM_SPAN`]), kept in a `tail` (in i64).
 //!
 //! The float part is then fixed: for each block (Q6_K: each half) in order, each lane does
-//! `lane += (d · s) · ints` ([`scaled`], `d` the weights' scale, `s` the activations'; no fused
-//! multiply-add), then for Q4_1 `lane += (m · s) · sums` with its minimum `m`, the tail likewise, and [`Sums::finish`] adds the 16 lanes in one tree
+//! `lane += (d · s) · ints` ([`scaled`]), then for Q4_1 `lane += (m · s) · sums` with its
+//! minimum `m`, the tail likewise, and [`Sums::finish`] adds the 16 lanes in one tree
 //! (`i + 8`, `i + 4`, `i + 2`, `i + 1`) and then the tail. Integer sums are exact and these
 //! float operations are the same IEEE operations in any vector width, so a row's result has
 //! the same bits on every path; since it depends on that weight row and that token's row
 //! alone, in every batch and every chunk.
 //!
-//! Bounds, with activation digits in `-127..=127`: a joined four-product sum of Q8_0 is at most
-//! `4 · 128 · 127 · 257`; a Q4_K lane adds four sub-blocks of `63 · 4 · 15 · 127 · 257`; a Q6_K
+//! Bounds, with activation digits in `-127..=127`: a joined four-product sum of Q4_0 is at most
+//! `4 · 8 · 127 · 257`; a Q4_K lane adds four sub-blocks of `63 · 4 · 15 · 127 · 257`; a Q6_K
 //! lane two chunks of `128 · 4 · 63 · 127 · 257` (2.1e9, under `i32::MAX`).
 //!
 //! [`dot_row`] is the plain-Rust path; the vector paths keep their lanes in registers and hand
 //! them to [`Sums::finish`].
+//!
+//! [`SUM_SPAN`]: super::activations::SUM_SPAN
 
 use plughost_device_abi::DType;
 use plughost_device_abi::blocks::f16_at;
@@ -173,6 +182,20 @@ pub fn q6_k_tail(block: &[u8], x: &Q8Row<'_>, b: usize) -> i64 {
     32 * i64::from(tail)
 }
 
+/// Q8_0: each block's joined integer sum, scaled and added in block order.
+fn q8_0_row(w: &[u8], x: Q8Row<'_>) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, block) in w.chunks_exact(Q8_0_BYTES).enumerate() {
+        let values = values_32(DType::Q8_0, block);
+        let sum = |digits: &[i8]| -> i32 {
+            let digits = &digits[32 * b..32 * b + 32];
+            values.iter().zip(digits).map(|(&w, &x)| w * i32::from(x)).sum()
+        };
+        acc += scaled(f16_at(block, 0), x.scales[b], join(sum(x.high), sum(x.low)));
+    }
+    acc
+}
+
 /// The stored integers of a 32-value block, in value order: signed for Q8_0, `q - 8` for
 /// Q4_0, the unsigned nibble for Q4_1.
 fn values_32(dtype: DType, block: &[u8]) -> [i32; 32] {
@@ -255,12 +278,15 @@ fn q6_k_lanes(block: &[u8], half: usize, x: &Q8Row<'_>, at: usize) -> [i32; LANE
 /// `Σ_k w[k] · x[k]` for one row of `dtype` blocks and one token's activations, quantized in
 /// blocks of [`activation_block`]`(dtype)`: the plain-Rust path.
 pub fn dot_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+    if dtype == DType::Q8_0 {
+        return q8_0_row(w, x);
+    }
     let mut sums = Sums::default();
     let bytes = block_bytes(dtype);
     for (b, block) in w.chunks_exact(bytes).enumerate() {
         let s = x.scales[b];
         match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            DType::Q4_0 | DType::Q4_1 => {
                 let ints = fours(&values_32(dtype, block), &x, 32 * b);
                 let d = f16_at(block, 0);
                 for (g, &ints) in ints.iter().enumerate() {

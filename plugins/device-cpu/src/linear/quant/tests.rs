@@ -106,7 +106,13 @@ fn dot_products_match_the_reference_on_every_path() {
                 let kernel = RowKernel { isa };
                 let dot = |rows: &Q8Rows| {
                     let mut out = [0.0f32];
-                    kernel.dots(case.dtype, w, &[rows.row(0)], &mut out);
+                    let w = QuantMatrix {
+                        dtype: case.dtype,
+                        bytes: w,
+                        rows: 1,
+                        grouped: false,
+                    };
+                    kernel.group_into(w, &[rows.row(0)], 0..1, &mut out);
                     f64::from(out[0])
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
@@ -165,6 +171,7 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             dtype: case.dtype,
             bytes: &case.rows,
             rows: 2,
+            grouped: false,
         };
         for isa in paths() {
             let batch = launch_rows(isa, w, &x, 2);
@@ -213,6 +220,7 @@ fn the_fused_launches_match_the_plain_ones() {
             dtype: case.dtype,
             bytes: &case.rows,
             rows: 2,
+            grouped: false,
         }
     }
     for isa in paths() {
@@ -280,6 +288,7 @@ fn weights_that_are_not_whole_rows_are_an_error() {
         dtype: case.dtype,
         bytes: &case.rows[..case.rows.len() - 1],
         rows: 2,
+        grouped: false,
     };
     let context = context(Isa::at(IsaLevel::Portable).expect("portable"), 1);
     let mut out = vec![0.0; 2];
@@ -329,6 +338,7 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
                 dtype,
                 bytes: &bytes,
                 rows,
+                grouped: false,
             };
             let mut x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i) * 3.0).collect();
             // A zero token and a huge value: scales of 0, and saturating activations.
