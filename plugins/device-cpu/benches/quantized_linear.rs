@@ -8,7 +8,8 @@
 //! a prompt's last token), and each instruction-set level this CPU has, it times
 //! the whole launch (activations quantized, outputs written) and reports the median over
 //! at least five runs of at least `--seconds` (default 0.5) in all: the weights' bytes over
-//! that time is the GB/s (and times the tokens, what batching gains). The read bandwidth is measured before and after with the probe
+//! that time is the GB/s (and times the tokens, what batching gains), the multiply-adds over it
+//! the GMAC/s. The read bandwidth is measured before and after with the probe
 //! `cargo xtask compare` uses (`tools/src/bandwidth.rs`); the fraction is against their median.
 //! The portable level is slow and left out unless `--portable` asks for it. On a shared
 //! machine, `--threads 1` adds a figure other processes do not move: GB/s per second the
@@ -232,13 +233,17 @@ fn main() {
                     });
                     let gb_s = w.len() as f64 / time.as_secs_f64() / 1e9;
                     let cpu_gb_s = cpu.map_or(0.0, |cpu| w.len() as f64 / cpu.as_secs_f64() / 1e9);
+                    let gmac = (tokens * rows * inner) as f64 / 1e9;
+                    let gmac_s = gmac / time.as_secs_f64();
+                    let cpu_gmac_s = cpu.map_or(0.0, |cpu| gmac / cpu.as_secs_f64());
                     println!(
-                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens; \
-                         calling thread's CPU: {cpu_gb_s:.1} GB/s",
+                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens \
+                         {gmac_s:>7.1} GMAC/s; calling thread's CPU: {cpu_gb_s:.1} GB/s, \
+                         {cpu_gmac_s:.1} GMAC/s",
                         time.as_secs_f64() * 1e3,
                         gb_s * tokens as f64
                     );
-                    rows_out.push((name, time, gb_s, tokens, cpu_gb_s));
+                    rows_out.push((name, time, gb_s, tokens, (gmac_s, cpu_gmac_s), cpu_gb_s));
                 }
             }
         }
@@ -257,12 +262,14 @@ fn main() {
             .join(", ")
     );
     println!(
-        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | per CPU-second of the calling thread |\n\
-         |---|---:|---:|---:|---:|---:|"
+        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | GMAC/s | \
+         per CPU-second of the calling thread: GB/s | GMAC/s |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|"
     );
-    for (name, time, gb_s, tokens, cpu_gb_s) in rows_out {
+    for (name, time, gb_s, tokens, (gmac_s, cpu_gmac_s), cpu_gb_s) in rows_out {
         println!(
-            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {cpu_gb_s:.1} |",
+            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {gmac_s:.1} | {cpu_gb_s:.1} | \
+             {cpu_gmac_s:.1} |",
             time.as_secs_f64() * 1e3,
             100.0 * gb_s / bound,
             gb_s * tokens as f64

@@ -4,6 +4,7 @@ use plughost_device_abi::blocks::dequantize;
 use plughost_device_abi::{DType, status};
 
 use super::device::{Device, IN, OUT, random};
+use crate::isa::Isa;
 
 /// `rows` rows of 64 values in `dtype`: random blocks with small finite f16 scales.
 fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
@@ -67,6 +68,57 @@ fn quantized_weights_serve_linears_and_gathers() {
         let mut expected = values[128..192].to_vec();
         expected.extend_from_slice(&values[..64]);
         assert_eq!(device.read_f32(&gathered), expected, "{dtype} gather");
+    }
+}
+
+/// Q8_0 weights the linears interleave (from `avx2` up; 19 rows: a whole group of 16 and
+/// three rows after it): gathers from them, the host's read, and a projection after that
+/// read see them as written, at every level.
+#[test]
+fn interleaved_q8_0_weights_read_and_gather_as_written() {
+    let (rows, width, tokens) = (19usize, 64usize, 3usize);
+    let bytes = blocks(DType::Q8_0, rows, 23);
+    let values = dequantize(DType::Q8_0, &bytes).unwrap();
+    let x_values = random(29, tokens * width, 1.0);
+    for isa in Isa::every() {
+        let config = format!("isa={},threads=2", isa.level());
+        let device = Device::open(&config).unwrap();
+        let w = device.upload(DType::Q8_0, &[rows as u64, width as u64], &bytes);
+        let x = device.f32s(&[tokens as u64, width as u64], &x_values);
+        let out = device.zeros(&[tokens as u64, rows as u64]);
+        let project = || {
+            device
+                .launch("linear", &[x.arg(IN), w.arg(IN), out.arg(OUT)], &[])
+                .unwrap();
+            device.read_f32(&out)
+        };
+        let ids = device.i32s(&[2], &[17, 3]);
+        let gathered = device.zeros(&[2, width as u64]);
+        let gather = || {
+            device
+                .launch(
+                    "embedding_gather",
+                    &[ids.arg(IN), w.arg(IN), gathered.arg(OUT)],
+                    &[],
+                )
+                .unwrap();
+            device.read_f32(&gathered)
+        };
+        let mut expected_rows = values[17 * width..18 * width].to_vec();
+        expected_rows.extend_from_slice(&values[3 * width..4 * width]);
+        let first = project();
+        assert_eq!(
+            gather(),
+            expected_rows,
+            "{config}: gathered after the projection"
+        );
+        assert_eq!(device.read_blocks(&w), bytes, "{config}: the host's read");
+        assert_eq!(
+            project(),
+            first,
+            "{config}: a projection after the host's read"
+        );
+        assert_eq!(gather(), expected_rows, "{config}: a gather after that");
     }
 }
 

@@ -41,14 +41,15 @@ use crate::isa::IsaLevel;
 use crate::workers::Workers;
 
 use super::sink::SharedOut;
-use activations::{Q8Row, Q8Rows};
+use activations::{Q8Row, Q8Rows, Q8Tiles};
 pub use bench_support::QuantizedBench;
 use interleaved::GROUP;
 pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
-    /// Each block size's quantized activations, grown to the largest launch and reused.
-    static ROWS: RefCell<[Q8Rows; 2]> = RefCell::new(Default::default());
+    /// Each block size's quantized activations, and the 32-value ones in the Q8_0 group
+    /// tiles' order, grown to the largest launch and reused.
+    static ROWS: RefCell<([Q8Rows; 2], Q8Tiles)> = RefCell::new(Default::default());
 }
 
 /// Whether any of the launch's weight arguments is block-quantized: such a launch runs here.
@@ -176,7 +177,7 @@ fn multiply(
     }
     ROWS.with(|cell| {
         let mut rows = cell.borrow_mut();
-        let [small, large] = &mut *rows;
+        let ([small, large], tiles) = &mut *rows;
         let mut quantized = [None, None];
         for w in weights {
             let block = dots::activation_block(w.dtype);
@@ -190,14 +191,20 @@ fn multiply(
                 quantized[slot] = Some(());
             }
         }
-        let rows_for = |dtype: DType| {
-            if dots::activation_block(dtype) == 32 {
+        let kernel = RowKernel { isa: context.isa };
+        if let Some(width) = kernel.group_tokens()
+            && weights.iter().any(|w| w.dtype == DType::Q8_0)
+        {
+            tiles.regroup(small, tokens, width);
+        }
+        let rows_for = |dtype: DType| Activations {
+            rows: if dots::activation_block(dtype) == 32 {
                 &*small
             } else {
                 &*large
-            }
+            },
+            tiles: &*tiles,
         };
-        let kernel = RowKernel { isa: context.isa };
         match outputs {
             Outputs::Each(outs) => {
                 let total: usize = weights.iter().map(|w| w.rows.div_ceil(GROUP)).sum();
@@ -248,12 +255,24 @@ struct RowKernel {
     isa: Isa,
 }
 
+/// A launch's quantized activations for one weight type: the rows, and the Q8_0 group tiles'
+/// regrouping of them (filled when a Q8_0 weight meets the group tiles).
+#[derive(Clone, Copy)]
+struct Activations<'r> {
+    rows: &'r Q8Rows,
+    tiles: &'r Q8Tiles,
+}
+
+/// Tokens that meet one group of weight rows before the next group: a chunk's activations
+/// and the group stay in the core's own caches while the chunk's tiles run.
+const CHUNK_TOKENS: usize = 64;
+
 /// Tokens of one tile: a weight row is unpacked once for this many.
 #[cfg(target_arch = "x86_64")]
 const TILE_TOKENS: usize = 2;
 
 /// Tokens of one group tile: 16 rows × 8 tokens of accumulators in AVX-512's 32 registers,
-/// × 4 in halves of eight rows in AVX2's 16.
+/// × 4 in halves of eight rows in AVX2's 16. Both divide [`CHUNK_TOKENS`].
 #[cfg(target_arch = "x86_64")]
 const GROUP_TOKENS_AVX512: usize = 8;
 #[cfg(target_arch = "x86_64")]
@@ -304,22 +323,33 @@ impl RowKernel {
         }
     }
 
-    /// Outputs `rows` of `w` (at most one group, from a group's start) for every token,
-    /// token-major into `out` (`tokens` spans of `rows.len()`): Q8_0 from `avx2` up by the
-    /// group tiles, from the matrix's own group when it is interleaved and whole, else from the
-    /// rows packed into one; every other case row by row, each row against all the tokens
-    /// while it is in cache.
+    /// Tokens per group tile at this level, if Q8_0 runs on the group tiles.
+    fn group_tokens(self) -> Option<usize> {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.has(IsaLevel::Avx512Vnni) {
+            return Some(GROUP_TOKENS_AVX512);
+        } else if self.isa.has(IsaLevel::Avx2) {
+            return Some(GROUP_TOKENS_AVX2);
+        }
+        None
+    }
+
+    /// Outputs `rows` of `w` (at most one group, from a group's start) for the tokens
+    /// `tokens` (from a multiple of [`CHUNK_TOKENS`]), token-major into `out` (a span of
+    /// `rows.len()` per token): Q8_0 by the group tiles from `avx2` up, from the matrix's own
+    /// group when it is interleaved and whole, else from the rows packed into one; every other
+    /// case row by row, each row against all the tokens while it is in cache.
     fn group_into(
         self,
         w: QuantMatrix<'_>,
-        x: &[Q8Row<'_>],
-        rows: std::ops::Range<usize>,
+        (x, tiles): (&[Q8Row<'_>], &Q8Tiles),
+        (tokens, rows): (std::ops::Range<usize>, std::ops::Range<usize>),
         out: &mut [f32],
     ) {
         let row_bytes = w.bytes.len() / w.rows.max(1);
         let width = rows.len();
         #[cfg(target_arch = "x86_64")]
-        if w.dtype == DType::Q8_0 && self.isa.has(IsaLevel::Avx2) {
+        if w.dtype == DType::Q8_0 && self.group_tokens().is_some() {
             let bytes = &w.bytes[rows.start * row_bytes..rows.end * row_bytes];
             let packed;
             let group = if w.grouped && width == GROUP {
@@ -330,105 +360,120 @@ impl RowKernel {
                 packed = scratch;
                 &packed
             };
-            return self.group_tiles(group, x, out, width);
+            return self.group_tiles(group, tiles, tokens, (out, width));
         }
-        let mut column = vec![0.0f32; x.len()];
+        let _ = tiles;
+        let mut column = vec![0.0f32; tokens.len()];
         for (i, n) in rows.enumerate() {
-            self.dots(w.dtype, &w.bytes[n * row_bytes..(n + 1) * row_bytes], x, &mut column);
+            let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
+            self.dots(w.dtype, row, &x[tokens.clone()], &mut column);
             for (t, &value) in column.iter().enumerate() {
                 out[t * width + i] = value;
             }
         }
     }
 
-    /// One interleaved Q8_0 group against every token of `x`, its first `width` outputs per
-    /// token into `out`.
+    /// One interleaved Q8_0 group against the tokens `tokens` (from a multiple of the tile
+    /// width) of `tiles`, its first `width` outputs per token into `out`.
     #[cfg(target_arch = "x86_64")]
-    fn group_tiles(self, group: &[u8], x: &[Q8Row<'_>], out: &mut [f32], width: usize) {
-        let mut store = |t0: usize, values: &[[f32; GROUP]]| {
-            for (t, values) in values.iter().enumerate() {
-                out[(t0 + t) * width..(t0 + t + 1) * width].copy_from_slice(&values[..width]);
+    fn group_tiles(
+        self,
+        group: &[u8],
+        tiles: &Q8Tiles,
+        tokens: std::ops::Range<usize>,
+        (out, width): (&mut [f32], usize),
+    ) {
+        let mut store = |first: usize, values: &[[f32; GROUP]]| {
+            for (t, values) in (first - tokens.start..).zip(values) {
+                out[t * width..(t + 1) * width].copy_from_slice(&values[..width]);
             }
         };
-        if self.isa.has(IsaLevel::Avx512Vnni) {
-            for (i, xs) in x.chunks(GROUP_TOKENS_AVX512).enumerate() {
-                super::dispatch::by_tokens!(xs.len(), [1, 2, 3, 4, 5, 6, 7, 8], |M| {
-                    let xs: &[_; M] = xs.try_into().expect("a tile's tokens");
+        let vnni = self.isa.has(IsaLevel::Avx512Vnni);
+        for first in tokens.clone().step_by(tiles.width()) {
+            let tile = tiles.tile(first);
+            if vnni {
+                super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
                     // tile's features (checked when the `Isa` was made).
-                    let values = unsafe { avx512::q8_0_group::<M>(group, xs) };
-                    store(i * GROUP_TOKENS_AVX512, &values);
+                    let values = unsafe { avx512::q8_0_group::<M>(group, tile) };
+                    store(first, &values);
                 });
-            }
-        } else {
-            for (i, xs) in x.chunks(GROUP_TOKENS_AVX2).enumerate() {
-                super::dispatch::by_tokens!(xs.len(), [1, 2, 3, 4], |M| {
-                    let xs: &[_; M] = xs.try_into().expect("a tile's tokens");
+            } else {
+                super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4], |M| {
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
                     // made).
-                    let values = unsafe { avx2::q8_0_group::<M>(group, xs) };
-                    store(i * GROUP_TOKENS_AVX2, &values);
+                    let values = unsafe { avx2::q8_0_group::<M>(group, tile) };
+                    store(first, &values);
                 });
             }
         }
     }
 
-    /// Outputs `range` of `w` (from a group's start) for every token into `out`, a group at a
-    /// time.
+    /// Outputs `range` of `w` (from a group's start) for every token into `out`: a chunk of
+    /// tokens at a time, each against every group of the range.
     fn rows_into(
         self,
         w: QuantMatrix<'_>,
-        x: &Q8Rows,
+        x: Activations<'_>,
         range: std::ops::Range<usize>,
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let x: Vec<_> = (0..tokens).map(|t| x.row(t)).collect();
-        let mut values = vec![0.0f32; tokens * GROUP];
-        for start in range.clone().step_by(GROUP) {
-            let rows = start..(start + GROUP).min(range.end);
-            let width = rows.len();
-            let values = &mut values[..tokens * width];
-            self.group_into(w, &x, rows.clone(), values);
-            for t in 0..tokens {
-                let start = out.columns(t, rows.clone());
-                // SAFETY: `columns` checked the span lies inside `out`, and the task owns
-                // columns `range` of every row (the ranges of a launch are disjoint).
-                let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-                columns.copy_from_slice(&values[t * width..(t + 1) * width]);
+        let rows: Vec<_> = (0..tokens).map(|t| x.rows.row(t)).collect();
+        let mut values = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+            for start in range.clone().step_by(GROUP) {
+                let group = start..(start + GROUP).min(range.end);
+                let width = group.len();
+                let values = &mut values[..chunk.len() * width];
+                let at = (chunk.clone(), group.clone());
+                self.group_into(w, (&rows, x.tiles), at, values);
+                for (i, t) in chunk.clone().enumerate() {
+                    let start = out.columns(t, group.clone());
+                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                    // columns `range` of every row (the ranges of a launch are disjoint).
+                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                    columns.copy_from_slice(&values[i * width..(i + 1) * width]);
+                }
             }
         }
     }
 
-    /// `silu(gate) * up` for outputs `range` (from a group's start) and every token, a group
-    /// at a time, through the same SiLU as `silu_mul`, so it matches two `linear`s and
-    /// `silu_mul` bit for bit.
+    /// `silu(gate) * up` for outputs `range` (from a group's start) and every token, a chunk
+    /// of tokens and a group at a time, through the same SiLU as `silu_mul`, so it matches
+    /// two `linear`s and `silu_mul` bit for bit.
     fn gated_rows_into<'r>(
         self,
         [gate, up]: [QuantMatrix<'_>; 2],
-        rows_for: impl Fn(DType) -> &'r Q8Rows,
+        rows_for: impl Fn(DType) -> Activations<'r>,
         range: std::ops::Range<usize>,
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let rows = |dtype| -> Vec<_> { (0..tokens).map(|t| rows_for(dtype).row(t)).collect() };
-        let (x_gate, x_up) = (rows(gate.dtype), rows(up.dtype));
+        let (x_gate, x_up) = (rows_for(gate.dtype), rows_for(up.dtype));
+        let rows = |x: Activations<'r>| -> Vec<_> { (0..tokens).map(|t| x.rows.row(t)).collect() };
+        let (rows_gate, rows_up) = (rows(x_gate), rows(x_up));
         // Token-major, so each token's outputs are one span for the SiLU.
-        let mut g = vec![0.0f32; tokens * GROUP];
-        let mut u = vec![0.0f32; tokens * GROUP];
-        for start in range.clone().step_by(GROUP) {
-            let rows = start..(start + GROUP).min(range.end);
-            let width = rows.len();
-            let (g, u) = (&mut g[..tokens * width], &mut u[..tokens * width]);
-            self.group_into(gate, &x_gate, rows.clone(), g);
-            self.group_into(up, &x_up, rows.clone(), u);
-            for t in 0..tokens {
-                let start = out.columns(t, rows.clone());
-                // SAFETY: `columns` checked the span lies inside `out`, and the task owns
-                // columns `range` of every row (the ranges of a launch are disjoint).
-                let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-                let span = t * width..(t + 1) * width;
-                silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+        let mut g = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        let mut u = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+            for start in range.clone().step_by(GROUP) {
+                let group = start..(start + GROUP).min(range.end);
+                let width = group.len();
+                let (g, u) = (&mut g[..chunk.len() * width], &mut u[..chunk.len() * width]);
+                let at = (chunk.clone(), group.clone());
+                self.group_into(gate, (&rows_gate, x_gate.tiles), at.clone(), g);
+                self.group_into(up, (&rows_up, x_up.tiles), at, u);
+                for (i, t) in chunk.clone().enumerate() {
+                    let start = out.columns(t, group.clone());
+                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                    // columns `range` of every row (the ranges of a launch are disjoint).
+                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                    let span = i * width..(i + 1) * width;
+                    silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+                }
             }
         }
     }

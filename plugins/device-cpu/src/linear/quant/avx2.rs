@@ -1,9 +1,9 @@
-//! The quantized dot products of [`super::dots`] on AVX2: one weight row against up to [`MR`] tokens, four-product sums from `vpmaddubsw` + `vpmaddwd`, the lanes of `dots` in two registers.
+//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: Q8_0 groups of 16 rows in two halves of eight, one lane per row, against up to 4 tokens; the other types one weight row against a tile of tokens, the lanes of `dots` in two registers.
 //!
 //! `vpmaddubsw` multiplies unsigned bytes by signed bytes and adds neighbours into i16 with
 //! saturation; no sum here can saturate: nibbles (at most 15) and 6-bit values (at most 63)
 //! times activations in `-127..=127` give at most `2 · 63 · 127`, and a signed weight byte
-//! (Q8_0, and Q4_0's `q - 8`) is made unsigned by moving its sign onto the activation
+//! (Q8_0 in [`q8_0_group`], and Q4_0's `q - 8`) is made unsigned by moving its sign onto the activation
 //! (`vpsignb`), at most `2 · 128 · 127`. `vpmaddwd` then adds pairs into i32, by ones or by
 //! the K-quants' sub-block scales, and the two digits' sums are joined as `dots` joins them.
 //! Every integer equals the portable one, and the float operations are those of `dots`, lane
@@ -15,15 +15,16 @@
 use std::arch::x86_64::{
     __m128i, __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
     _mm_set1_epi16, _mm_srli_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_cvtepi32_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
-    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi8, _mm256_cvtph_ps, _mm256_set1_epi32, _mm256_xor_si256,
+    _mm256_cvtepi32_ps, _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16,
+    _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8,
+    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256,
+    _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps,
+    _mm256_sub_epi8, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
 
-use super::activations::Q8Row;
+use super::activations::{Q8Row, Q8Tile};
 use super::dots::{
     LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail,
     scaled_tail,
@@ -122,22 +123,25 @@ fn nibbles_32(qs: &[u8]) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
-/// Q8_0 (`FORMAT` 0), Q4_0 (1) or Q4_1 (2).
+/// Q4_0 (`FORMAT` 1) or Q4_1 (2).
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
 fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let dtype = if FORMAT == 1 {
+        DType::Q4_0
+    } else {
+        DType::Q4_1
+    };
     let mut lanes = [[_mm256_setzero_ps(); 2]; M];
     let ones16 = _mm256_set1_epi16(1);
     for (b, block) in w.chunks_exact(block_bytes(dtype)).enumerate() {
-        let weights = match FORMAT {
-            // SAFETY: a Q8_0 block holds 32 value bytes after its scale.
-            0 => unsafe { load32(block[2..34].as_ptr()) },
-            1 => _mm256_sub_epi8(nibbles_32(&block[2..]), _mm256_set1_epi8(8)),
-            _ => nibbles_32(&block[4..]),
+        let weights = if FORMAT == 1 {
+            _mm256_sub_epi8(nibbles_32(&block[2..]), _mm256_set1_epi8(8))
+        } else {
+            nibbles_32(&block[4..])
         };
         // Signed weights go in as magnitudes, their signs moved onto the activations.
-        let unsigned = if FORMAT < 2 {
+        let unsigned = if FORMAT == 1 {
             _mm256_sign_epi8(weights, weights)
         } else {
             weights
@@ -261,8 +265,8 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     finish(DType::Q6_K, lanes, tails)
 }
 
-/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against each of `xs`: the 16
-/// outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
+/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against the `M` tokens of
+/// `tile`: the 16 outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
 ///
 /// Each 64-byte quad is read as two halves of eight rows, one half at a time over all the
 /// blocks. The weights get their sign back (the arrangement stores `w + 128`) and go in as
@@ -273,8 +277,9 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
 /// # Safety
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [[f32; 16]; M] {
-    let blocks = super::interleaved::check_group(group, xs);
+pub unsafe fn q8_0_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+    let blocks = super::interleaved::check_group(group, &tile, M);
+    let activations = tile.digits.as_ptr();
     let mut out = [[0.0; 16]; M];
     let base = group.as_ptr();
     let flip = _mm256_set1_epi8(-128);
@@ -292,19 +297,19 @@ pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [
                 for q in 0..8 {
                     let w = _mm256_xor_si256(load32(base.add(quads + 64 * q + 32 * half)), flip);
                     let magnitude = _mm256_sign_epi8(w, w);
-                    for t in 0..M {
-                        let at = 32 * b + 4 * q;
-                        let h = (xs[t].high.as_ptr().add(at) as *const i32).read_unaligned();
-                        let l = (xs[t].low.as_ptr().add(at) as *const i32).read_unaligned();
+                    for (t, ints) in ints.iter_mut().enumerate() {
+                        let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
+                        let h = (at as *const i32).read_unaligned();
+                        let l = (at.add(4 * M) as *const i32).read_unaligned();
                         let h = _mm256_sign_epi8(_mm256_set1_epi32(h), w);
                         let l = _mm256_sign_epi8(_mm256_set1_epi32(l), w);
                         let h = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, h), first);
                         let l = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, l), ones);
-                        ints[t] = _mm256_add_epi32(ints[t], _mm256_add_epi32(h, l));
+                        *ints = _mm256_add_epi32(*ints, _mm256_add_epi32(h, l));
                     }
                 }
                 for t in 0..M {
-                    let s = _mm256_set1_ps(*xs[t].scales.get_unchecked(b));
+                    let s = _mm256_set1_ps(*tile.scales.get_unchecked(b * M + t));
                     acc[t] = _mm256_add_ps(
                         acc[t],
                         _mm256_mul_ps(_mm256_mul_ps(d, s), _mm256_cvtepi32_ps(ints[t])),

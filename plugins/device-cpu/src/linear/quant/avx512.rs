@@ -1,10 +1,12 @@
-//! The quantized dot products of [`super::dots`] on AVX-512 VNNI: one weight row against up to [`MR`] tokens, 64 products at a time with `vpdpbusd`, the 16 lanes of `dots` in one register.
+//! The quantized dot products of [`super::dots`] on AVX-512 VNNI, 64 products at a time with `vpdpbusd`: Q8_0 groups of 16 rows against up to 8 tokens, one lane per row; the other types one weight row against a tile of tokens, the 16 lanes of `dots` in one register.
 //!
 //! `vpdpbusd` adds the four products of unsigned weight bytes and signed activation bytes into
-//! each i32 lane: the four-product sums of `dots`, for two 32-value blocks (Q8_0, Q4_0, Q4_1)
+//! each i32 lane. The Q8_0 group tile ([`q8_0_group`]) takes 64 bytes of interleaved weights
+//! (four values of each of 16 rows) against each token's four activation bytes, broadcast.
+//! The row tiles take the four-product sums of `dots`, for two 32-value blocks (Q4_0, Q4_1)
 //! or two 32-value chunks of a K-quant block at once, in the lane order `dots` defines. The
 //! first digit's sums, shifted left by 8, seed the second digit's `vpdpbusd`, which joins them
-//! as `dots` does. Signed weights (Q8_0, and Q4_0's `q - 8`) go in as their magnitude, their
+//! as `dots` does. Signed weights (Q4_0's `q - 8`) go in as their magnitude, their
 //! sign moved onto the activations. The K-quants' sub-block scales multiply the lanes in i32.
 //! Every integer equals the portable one and the float operations are those of `dots`, lane by
 //! lane, so the result has the same bits.
@@ -18,17 +20,18 @@ use std::arch::x86_64::{
     _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_srli_epi16, _mm256_sub_epi8,
     _mm512_abs_epi8, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_broadcast_i64x4,
     _mm512_castps128_ps512, _mm512_castsi256_si512, _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps,
-    _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_loadu_si512,
-    _mm512_mask_mov_ps, _mm512_mask_sub_epi8, _mm512_movepi8_mask, _mm512_mul_ps,
-    _mm512_mullo_epi32, _mm512_or_si512, _mm512_permutexvar_epi32, _mm512_permutexvar_ps,
-    _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps, _mm512_sub_epi32,
+    _mm512_cvtepu8_epi32, _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_inserti64x4,
+    _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_mask_sub_epi8, _mm512_movepi8_mask,
+    _mm512_mul_ps, _mm512_mullo_epi32, _mm512_or_si512, _mm512_permutexvar_epi32,
+    _mm512_permutexvar_ps, _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32,
+    _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi16, _mm512_slli_epi32,
+    _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps, _mm512_sub_epi32,
     _mm512_zextsi256_si512,
 };
 
 use plughost_device_abi::DType;
 
-use super::activations::Q8Row;
+use super::activations::{Q8Row, Q8Tile};
 use super::dots::{
     Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
 };
@@ -140,14 +143,11 @@ pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) 
     super::tile_by_type!(self, dtype, w, xs)
 }
 
-/// The 32 values of a block in value order: Q8_0's bytes (`FORMAT` 0), or Q4_0's (1, as
-/// `q - 8`) and Q4_1's (2) nibbles.
+/// The 32 values of a block in value order: Q4_0's (`FORMAT` 1, as `q - 8`) or Q4_1's (2)
+/// nibbles.
 #[inline]
 #[target_feature(enable = "avx2")]
 fn values_32<const FORMAT: u8>(block: &[u8]) -> __m256i {
-    if FORMAT == 0 {
-        return bytes_32(block, 2);
-    }
     let qs = if FORMAT == 1 {
         &block[2..18]
     } else {
@@ -187,11 +187,15 @@ fn signed(x: __m512i, negative: u64) -> __m512i {
     _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x)
 }
 
-/// Q8_0 (`FORMAT` 0), Q4_0 (1) or Q4_1 (2).
+/// Q4_0 (`FORMAT` 1) or Q4_1 (2).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
 fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let dtype = if FORMAT == 1 {
+        DType::Q4_0
+    } else {
+        DType::Q4_1
+    };
     let mut lanes = [_mm512_setzero_ps(); M];
     let bytes = block_bytes(dtype);
     let blocks = w.len() / bytes;
@@ -352,8 +356,8 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     finish(DType::Q6_K, lanes, tails)
 }
 
-/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against each of `xs`: the 16
-/// outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
+/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against the `M` tokens of
+/// `tile`: the 16 outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
 ///
 /// Per block, each 64-byte quad of weights (four values of each row, offset by 128) meets
 /// each token's four activation bytes of each digit, broadcast: `vpdpbusd` sums the four
@@ -364,8 +368,9 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [[f32; 16]; M] {
-    let blocks = super::interleaved::check_group(group, xs);
+pub unsafe fn q8_0_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+    let blocks = super::interleaved::check_group(group, &tile, M);
+    let activations = tile.digits.as_ptr();
     let mut acc = [_mm512_setzero_ps(); M];
     let base = group.as_ptr();
     for b in 0..blocks {
@@ -380,21 +385,20 @@ pub unsafe fn q8_0_group<const M: usize>(group: &[u8], xs: &[Q8Row<'_>; M]) -> [
             for q in 0..8 {
                 let w = _mm512_loadu_si512(base.add(quads + 64 * q).cast());
                 for t in 0..M {
-                    let at = 32 * b + 4 * q;
-                    let h = (xs[t].high.as_ptr().add(at) as *const i32).read_unaligned();
-                    let l = (xs[t].low.as_ptr().add(at) as *const i32).read_unaligned();
+                    let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
+                    let h = (at as *const i32).read_unaligned();
+                    let l = (at.add(4 * M) as *const i32).read_unaligned();
                     high[t] = _mm512_dpbusd_epi32(high[t], w, _mm512_set1_epi32(h));
                     low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
                 }
             }
             for t in 0..M {
-                let x = &xs[t];
-                let offset = 128 * (*x.sums.get_unchecked(2 * b) + *x.sums.get_unchecked(2 * b + 1));
+                let offset = *tile.offsets.get_unchecked(b * M + t);
                 let ints = _mm512_sub_epi32(
                     _mm512_add_epi32(_mm512_slli_epi32::<8>(high[t]), low[t]),
                     _mm512_set1_epi32(offset),
                 );
-                let s = _mm512_set1_ps(*x.scales.get_unchecked(b));
+                let s = _mm512_set1_ps(*tile.scales.get_unchecked(b * M + t));
                 acc[t] = _mm512_add_ps(
                     acc[t],
                     _mm512_mul_ps(_mm512_mul_ps(d, s), _mm512_cvtepi32_ps(ints)),

@@ -48,8 +48,11 @@ impl QuantizedBench {
     /// reads them at a level where [`QuantizedBench::reads_groups`] does.
     pub fn arrange(&self, weights: &mut [u8], rows: usize) -> Result<(), String> {
         let row_bytes = weights.len() / rows.max(1);
-        if rows == 0 || row_bytes * rows != weights.len() || row_bytes % Q8_0_BYTES != 0 {
-            return Err(format!("{} bytes are not {rows} rows of Q8_0", weights.len()));
+        if rows == 0 || row_bytes * rows != weights.len() || !row_bytes.is_multiple_of(Q8_0_BYTES) {
+            return Err(format!(
+                "{} bytes are not {rows} rows of Q8_0",
+                weights.len()
+            ));
         }
         arrange_in_tasks(weights, row_bytes / Q8_0_BYTES * 32, &self.context);
         Ok(())

@@ -189,7 +189,11 @@ fn q8_0_row(w: &[u8], x: Q8Row<'_>) -> f32 {
         let values = values_32(DType::Q8_0, block);
         let sum = |digits: &[i8]| -> i32 {
             let digits = &digits[32 * b..32 * b + 32];
-            values.iter().zip(digits).map(|(&w, &x)| w * i32::from(x)).sum()
+            values
+                .iter()
+                .zip(digits)
+                .map(|(&w, &x)| w * i32::from(x))
+                .sum()
         };
         acc += scaled(f16_at(block, 0), x.scales[b], join(sum(x.high), sum(x.low)));
     }

@@ -21,7 +21,7 @@ use plughost_device_abi::DType;
 use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, Launch};
 
 #[cfg(target_arch = "x86_64")]
-use super::activations::Q8Row;
+use super::activations::Q8Tile;
 use super::dots::Q8_0_BYTES;
 use crate::Context;
 #[cfg(target_arch = "x86_64")]
@@ -70,22 +70,23 @@ pub fn block_at(b: usize, blocks: usize) -> (usize, usize) {
     }
 }
 
-/// The blocks of `group`, after checking that it holds whole blocks and that every token row
-/// of `xs` covers them: what the group tiles' loads rely on.
+/// The blocks of `group`, after checking that it holds whole blocks and that `tile` holds
+/// `tokens` tokens' activations of them: what the group tiles' loads rely on.
 #[cfg(target_arch = "x86_64")]
-pub fn check_group(group: &[u8], xs: &[Q8Row<'_>]) -> usize {
+pub fn check_group(group: &[u8], tile: &Q8Tile<'_>, tokens: usize) -> usize {
     let block_bytes = GROUP * Q8_0_BYTES;
-    assert!(group.len().is_multiple_of(block_bytes), "a group holds whole blocks");
+    assert!(
+        group.len().is_multiple_of(block_bytes),
+        "a group holds whole blocks"
+    );
     let blocks = group.len() / block_bytes;
-    for x in xs {
-        assert!(
-            x.high.len() >= BLOCK * blocks
-                && x.low.len() >= BLOCK * blocks
-                && x.scales.len() >= blocks
-                && x.sums.len() >= 2 * blocks,
-            "a token row covers the group's blocks"
-        );
-    }
+    assert!(
+        tile.tokens == tokens
+            && tile.digits.len() >= 2 * BLOCK * blocks * tokens
+            && tile.scales.len() >= blocks * tokens
+            && tile.offsets.len() >= blocks * tokens,
+        "a tile of {tokens} tokens covers the group's blocks"
+    );
     blocks
 }
 
@@ -229,7 +230,10 @@ mod tests {
             arrange(&mut arranged, inner, &mut scratch);
             assert_ne!(arranged, bytes);
             let row_bytes = blocks * Q8_0_BYTES;
-            assert_eq!(arranged[2 * GROUP * row_bytes..], bytes[2 * GROUP * row_bytes..]);
+            assert_eq!(
+                arranged[2 * GROUP * row_bytes..],
+                bytes[2 * GROUP * row_bytes..]
+            );
             let mut row = vec![0; row_bytes];
             for index in 0..rows {
                 row_of(&arranged, inner, index, &mut row);
@@ -241,7 +245,12 @@ mod tests {
             let block = &bytes[r * row_bytes + (blocks - 1) * Q8_0_BYTES..];
             assert_eq!(arranged[scales + 2 * r..scales + 2 * r + 2], block[..2]);
             assert_eq!(arranged[quads + 64 * 3 + 4 * r + 2], block[2 + 14] ^ 0x80);
-            restore(&mut arranged, inner, &mut scratch);
+            let mut restored = arranged.clone();
+            restore(&mut restored, inner, &mut scratch);
+            assert_eq!(restored, bytes);
+            // As the host's read gets it back: through the device's restore.
+            let code = arrangement(inner).expect("whole blocks");
+            crate::linear::restore(code, &mut arranged).expect("restored");
             assert_eq!(arranged, bytes);
         }
     }

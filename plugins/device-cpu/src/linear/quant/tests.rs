@@ -112,7 +112,13 @@ fn dot_products_match_the_reference_on_every_path() {
                         rows: 1,
                         grouped: false,
                     };
-                    kernel.group_into(w, &[rows.row(0)], 0..1, &mut out);
+                    let mut tiles = Q8Tiles::default();
+                    if let Some(width) = kernel.group_tokens()
+                        && case.dtype == DType::Q8_0
+                    {
+                        tiles.regroup(rows, 1, width);
+                    }
+                    kernel.group_into(w, (&[rows.row(0)], &tiles), (0..1, 0..1), &mut out);
                     f64::from(out[0])
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
@@ -362,5 +368,135 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
                 );
             }
         }
+    }
+}
+
+/// `x` (`tokens` rows of `inner`) times `w` through a whole launch's code at `isa` on
+/// `threads` threads: the outputs' bits.
+fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: usize) -> Vec<u32> {
+    let context = context(isa, threads);
+    let tokens = x.len() / inner;
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    let outs = [SharedOut::new(&mut out, w.rows)];
+    multiply(&context, x, (tokens, inner), &[w], &Outputs::Each(&outs)).expect("launch");
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Q8_0 on the group tiles: weights interleaved as a launch keeps them and in the host's
+/// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
+/// last group) and token counts that fill no whole tile, alone and in a batch, on one thread
+/// and two; block counts odd (a last block alone) and even.
+#[test]
+fn q8_0_groups_give_the_portable_bits_for_any_rows_and_tokens() {
+    let portable = Isa::at(IsaLevel::Portable).expect("portable");
+    for (blocks, rows) in [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)] {
+        let inner = 32 * blocks;
+        let bytes = noise_blocks(DType::Q8_0, rows, inner, (rows + blocks) as u64);
+        let mut arranged = bytes.clone();
+        interleaved::arrange(&mut arranged, inner, &mut Vec::new());
+        let plain = QuantMatrix {
+            dtype: DType::Q8_0,
+            bytes: &bytes,
+            rows,
+            grouped: false,
+        };
+        let grouped = QuantMatrix {
+            bytes: &arranged,
+            grouped: true,
+            ..plain
+        };
+        for tokens in [1, 2, 3, 5, 16, 17, 70] {
+            let x: Vec<f32> = (0..tokens * inner).map(|i| noise(13, i) * 2.0).collect();
+            let expected = launch_bits(portable, plain, &x, inner, 1);
+            for isa in paths() {
+                let name = format!(
+                    "{rows} rows of {blocks} blocks, {tokens} tokens at {}",
+                    isa.level()
+                );
+                let groups = RowKernel { isa }.group_tokens().is_some();
+                assert_eq!(launch_bits(isa, plain, &x, inner, 2), expected, "{name}");
+                if groups {
+                    assert_eq!(
+                        launch_bits(isa, grouped, &x, inner, 2),
+                        expected,
+                        "{name}, grouped"
+                    );
+                    assert_eq!(
+                        launch_bits(isa, grouped, &x, inner, 1),
+                        expected,
+                        "{name}, grouped"
+                    );
+                }
+                // Each token alone, as decode runs it.
+                let w = if groups { grouped } else { plain };
+                for t in [0, tokens - 1] {
+                    let alone = launch_bits(isa, w, &x[t * inner..(t + 1) * inner], inner, 2);
+                    assert_eq!(
+                        alone,
+                        expected[t * rows..(t + 1) * rows],
+                        "{name}, token {t} alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The gated form over interleaved Q8_0 gate and up matrices matches two plain launches and
+/// `silu_mul`, past a partial group.
+#[test]
+fn q8_0_groups_serve_the_gated_launch() {
+    let (rows, inner, tokens) = (21, 64, 9);
+    let gate = noise_blocks(DType::Q8_0, rows, inner, 31);
+    let up = noise_blocks(DType::Q8_0, rows, inner, 37);
+    let x: Vec<f32> = (0..tokens * inner).map(|i| noise(41, i)).collect();
+    for isa in paths() {
+        let arranged = |bytes: &[u8]| {
+            let mut bytes = bytes.to_vec();
+            interleaved::arrange(&mut bytes, inner, &mut Vec::new());
+            bytes
+        };
+        let (gate_arranged, up_arranged) = (arranged(&gate), arranged(&up));
+        let grouped = RowKernel { isa }.group_tokens().is_some();
+        let matrix = |plain: &'static str| {
+            let (bytes, arranged) = if plain == "gate" {
+                (&gate, &gate_arranged)
+            } else {
+                (&up, &up_arranged)
+            };
+            QuantMatrix {
+                dtype: DType::Q8_0,
+                bytes: if grouped { arranged } else { bytes },
+                rows,
+                grouped,
+            }
+        };
+        let bits = |w| launch_bits(isa, w, &x, inner, 1);
+        let (g, u): (Vec<f32>, Vec<f32>) = (
+            bits(matrix("gate"))
+                .into_iter()
+                .map(f32::from_bits)
+                .collect(),
+            bits(matrix("up")).into_iter().map(f32::from_bits).collect(),
+        );
+        let mut expected = vec![0.0; g.len()];
+        silu_mul_span(isa, &g, &u, &mut expected);
+        let mut out = vec![f32::NAN; g.len()];
+        let shared = SharedOut::new(&mut out, rows);
+        let weights = [matrix("gate"), matrix("up")];
+        multiply(
+            &context(isa, 2),
+            &x,
+            (tokens, inner),
+            &weights,
+            &Outputs::SiluGate(shared),
+        )
+        .expect("launch");
+        assert_eq!(
+            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "at {}",
+            isa.level()
+        );
     }
 }
