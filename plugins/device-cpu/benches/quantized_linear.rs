@@ -200,11 +200,13 @@ fn main() {
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
             let w = weights(dtype, rows, inner);
-            // Q8_0 as the launches of the levels from `avx2` up keep it: interleaved.
+            // As the launches of the levels from `avx2` up keep Q8_0, Q4_0 and Q4_1: in groups.
             let grouped = match benches.iter().find(|bench| bench.reads_groups(dtype)) {
                 Some(bench) => {
                     let mut grouped = w.clone();
-                    bench.arrange(&mut grouped, rows).expect("Q8_0 rows");
+                    bench
+                        .arrange(dtype, &mut grouped, rows)
+                        .expect("whole rows");
                     Some(grouped)
                 }
                 None => None,

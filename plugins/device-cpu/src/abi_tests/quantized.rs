@@ -71,19 +71,23 @@ fn quantized_weights_serve_linears_and_gathers() {
     }
 }
 
-/// Q8_0 weights the linears interleave (from `avx2` up; 19 rows: a whole group of 16 and
-/// three rows after it): gathers from them, the host's read, and a projection after that
-/// read see them as written, at every level.
+/// Q8_0 and Q4_1 weights the linears interleave (from `avx2` up; 19 rows: a whole group of
+/// 16 and three rows after it): gathers from them, the host's read, and a projection after
+/// that read see them as written, at every level.
 #[test]
-fn interleaved_q8_0_weights_read_and_gather_as_written() {
+fn interleaved_weights_read_and_gather_as_written() {
     let (rows, width, tokens) = (19usize, 64usize, 3usize);
-    let bytes = blocks(DType::Q8_0, rows, 23);
-    let values = dequantize(DType::Q8_0, &bytes).unwrap();
     let x_values = random(29, tokens * width, 1.0);
-    for isa in Isa::every() {
-        let config = format!("isa={},threads=2", isa.level());
+    let levels = Isa::every().into_iter().map(|isa| isa.level());
+    for (dtype, level) in [DType::Q8_0, DType::Q4_1]
+        .into_iter()
+        .flat_map(|dtype| levels.clone().map(move |level| (dtype, level)))
+    {
+        let bytes = blocks(dtype, rows, 23);
+        let values = dequantize(dtype, &bytes).unwrap();
+        let config = format!("isa={level},threads=2");
         let device = Device::open(&config).unwrap();
-        let w = device.upload(DType::Q8_0, &[rows as u64, width as u64], &bytes);
+        let w = device.upload(dtype, &[rows as u64, width as u64], &bytes);
         let x = device.f32s(&[tokens as u64, width as u64], &x_values);
         let out = device.zeros(&[tokens as u64, rows as u64]);
         let project = || {

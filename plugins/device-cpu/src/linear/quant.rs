@@ -9,10 +9,11 @@
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
 //! path gives the same bits.
 //!
-//! Q8_0 weights are kept in groups of 16 interleaved rows on the levels from `avx2` up (see
-//! [`interleaved`]): made in place by the first launch that reads the buffer, like the bf16
-//! panels, and read by group tiles that hold 16 rows × up to 8 tokens in registers with no
-//! horizontal sums, so batched decode and prefill share each weight load among the tokens.
+//! Q8_0, Q4_0 and Q4_1 weights are kept in groups of 16 interleaved rows on the levels from
+//! `avx2` up (see [`interleaved`]): made in place by the first launch that reads the buffer,
+//! like the bf16 panels, and read by group tiles that hold 16 rows × up to 8 tokens in
+//! registers with no horizontal sums, so batched decode and prefill share each weight load
+//! among the tokens. The K-quants are read in their stored blocks, a weight row at a time.
 //!
 //! Threads take ranges of groups of 16 weight rows; each group meets every token of the
 //! launch while it is in cache, so a batch streams the weights from memory once.
@@ -58,7 +59,7 @@ pub(crate) fn takes(launch: &Launch<'_>, weights: &[&str]) -> bool {
 }
 
 /// One weight matrix of a launch: its type, bytes and rows, and whether its whole groups of
-/// rows are interleaved (Q8_0, see [`interleaved`]) or all rows lie in the host's order.
+/// rows are interleaved (see [`interleaved`]) or all rows lie in the host's order.
 #[derive(Clone, Copy)]
 pub struct QuantMatrix<'a> {
     pub dtype: DType,
@@ -193,7 +194,7 @@ fn multiply(
         }
         let kernel = RowKernel { isa: context.isa };
         if let Some(width) = kernel.group_tokens()
-            && weights.iter().any(|w| w.dtype == DType::Q8_0)
+            && weights.iter().any(|w| interleaved::groups(w.dtype))
         {
             tiles.regroup(small, tokens, width);
         }
@@ -255,8 +256,8 @@ struct RowKernel {
     isa: Isa,
 }
 
-/// A launch's quantized activations for one weight type: the rows, and the Q8_0 group tiles'
-/// regrouping of them (filled when a Q8_0 weight meets the group tiles).
+/// A launch's quantized activations for one weight type: the rows, and the group tiles'
+/// regrouping of them (filled when a weight meets the group tiles).
 #[derive(Clone, Copy)]
 struct Activations<'r> {
     rows: &'r Q8Rows,
@@ -284,16 +285,27 @@ const GROUP_TOKENS_AVX2: usize = 4;
 macro_rules! tile_by_type {
     ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
         match $dtype {
-            DType::Q4_0 => $isa::blocks_32::<M, 1>($w, $xs),
-            DType::Q4_1 => $isa::blocks_32::<M, 2>($w, $xs),
             DType::Q4_K => $isa::q4_k($w, $xs),
             DType::Q6_K => $isa::q6_k($w, $xs),
-            _ => unreachable!("Q8_0 goes to the group tiles, other types not here at all"),
+            _ => unreachable!("32-value blocks go to the group tiles, other types not here"),
         }
     };
 }
 #[cfg(target_arch = "x86_64")]
 use tile_by_type;
+
+/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens, called with
+/// `($group, $tile)`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! group_by_type {
+    ($isa:ident, $dtype:expr, $group:expr, $tile:expr) => {
+        match $dtype {
+            DType::Q8_0 => $isa::group::<M, 0>($group, $tile),
+            DType::Q4_0 => $isa::group::<M, 1>($group, $tile),
+            _ => $isa::group::<M, 2>($group, $tile),
+        }
+    };
+}
 
 impl RowKernel {
     /// The weight row `w` times each of the token rows `x`, into `out`.
@@ -323,7 +335,7 @@ impl RowKernel {
         }
     }
 
-    /// Tokens per group tile at this level, if Q8_0 runs on the group tiles.
+    /// Tokens per group tile at this level, if it runs the group tiles.
     fn group_tokens(self) -> Option<usize> {
         #[cfg(target_arch = "x86_64")]
         if self.isa.has(IsaLevel::Avx512Vnni) {
@@ -336,7 +348,8 @@ impl RowKernel {
 
     /// Outputs `rows` of `w` (at most one group, from a group's start) for the tokens
     /// `tokens` (from a multiple of [`CHUNK_TOKENS`]), token-major into `out` (a span of
-    /// `rows.len()` per token): Q8_0 by the group tiles from `avx2` up, from the matrix's own
+    /// `rows.len()` per token): the types kept in groups by the group tiles from `avx2` up,
+    /// from the matrix's own
     /// group when it is interleaved and whole, else from the rows packed into one; every other
     /// case row by row, each row against all the tokens while it is in cache.
     fn group_into(
@@ -349,18 +362,19 @@ impl RowKernel {
         let row_bytes = w.bytes.len() / w.rows.max(1);
         let width = rows.len();
         #[cfg(target_arch = "x86_64")]
-        if w.dtype == DType::Q8_0 && self.group_tokens().is_some() {
+        if interleaved::groups(w.dtype) && self.group_tokens().is_some() {
             let bytes = &w.bytes[rows.start * row_bytes..rows.end * row_bytes];
             let packed;
             let group = if w.grouped && width == GROUP {
                 bytes
             } else {
                 let mut scratch = vec![0; GROUP * row_bytes];
-                interleaved::pack(bytes, row_bytes / dots::Q8_0_BYTES, &mut scratch);
+                let blocks = row_bytes / dots::block_bytes(w.dtype);
+                interleaved::pack(w.dtype, bytes, blocks, &mut scratch);
                 packed = scratch;
                 &packed
             };
-            return self.group_tiles(group, tiles, tokens, (out, width));
+            return self.group_tiles((w.dtype, group), tiles, tokens, (out, width));
         }
         let _ = tiles;
         let mut column = vec![0.0f32; tokens.len()];
@@ -373,12 +387,12 @@ impl RowKernel {
         }
     }
 
-    /// One interleaved Q8_0 group against the tokens `tokens` (from a multiple of the tile
-    /// width) of `tiles`, its first `width` outputs per token into `out`.
+    /// One interleaved group of `dtype` rows against the tokens `tokens` (from a multiple of
+    /// the tile width) of `tiles`, its first `width` outputs per token into `out`.
     #[cfg(target_arch = "x86_64")]
     fn group_tiles(
         self,
-        group: &[u8],
+        (dtype, group): (DType, &[u8]),
         tiles: &Q8Tiles,
         tokens: std::ops::Range<usize>,
         (out, width): (&mut [f32], usize),
@@ -395,14 +409,14 @@ impl RowKernel {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
                     // tile's features (checked when the `Isa` was made).
-                    let values = unsafe { avx512::q8_0_group::<M>(group, tile) };
+                    let values = unsafe { group_by_type!(avx512, dtype, group, tile) };
                     store(first, &values);
                 });
             } else {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4], |M| {
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
                     // made).
-                    let values = unsafe { avx2::q8_0_group::<M>(group, tile) };
+                    let values = unsafe { group_by_type!(avx2, dtype, group, tile) };
                     store(first, &values);
                 });
             }
@@ -481,8 +495,8 @@ impl RowKernel {
 
 /// Gathers rows of a block-quantized table into f32 (`embedding_gather`).
 ///
-/// A Q8_0 table the linears interleaved (`arrangement`, its code, not `AS_WRITTEN`) is read
-/// in place, each gathered row put back in the host's order first.
+/// A table the linears interleaved (`arrangement`, its code, not `AS_WRITTEN`) is read in
+/// place, each gathered row put back in the host's order first.
 pub(crate) fn gather_rows(
     (dtype, arrangement): (DType, u64),
     table: &[u8],
@@ -505,8 +519,7 @@ pub(crate) fn gather_rows(
         }
     }
     let interleaved = interleaved::inner_of(arrangement);
-    if arrangement != plughost_device_abi::export::AS_WRITTEN
-        && (interleaved != Some(width) || dtype != DType::Q8_0)
+    if arrangement != plughost_device_abi::export::AS_WRITTEN && interleaved != Some((dtype, width))
     {
         return Err(format!(
             "a {dtype} table of rows of {width} is in arrangement {arrangement}"
@@ -520,7 +533,7 @@ pub(crate) fn gather_rows(
             let index = index as usize;
             let row = if interleaved.is_some() {
                 unpacked.resize(row_bytes, 0);
-                interleaved::row_of(table, width, index, &mut unpacked);
+                interleaved::row_of(dtype, table, width, index, &mut unpacked);
                 &unpacked[..]
             } else {
                 &table[index * row_bytes..(index + 1) * row_bytes]

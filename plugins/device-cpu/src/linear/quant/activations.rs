@@ -123,8 +123,9 @@ impl Q8Rows {
 /// The rows of a [`Q8Rows`] of 32-value blocks regrouped for the Q8_0 group tiles, in tiles
 /// of `width` tokens (the last may be narrower): for each block and each four values, the
 /// tile's tokens' four first digits side by side, then their four second digits; for each
-/// block, the tokens' scales, and `128 ·` their block sums (what the tiles' weights, stored
-/// `w + 128`, add). A tile then reads its tokens' activations as one stream.
+/// block, the tokens' scales and their joined block sums (for Q4_1's minimum, and for what
+/// the offsets of the tiles' weights add). A tile then reads its tokens' activations as one
+/// stream.
 #[derive(Debug, Default)]
 pub struct Q8Tiles {
     width: usize,
@@ -132,16 +133,16 @@ pub struct Q8Tiles {
     blocks: usize,
     digits: Vec<i8>,
     scales: Vec<f32>,
-    offsets: Vec<i32>,
+    sums: Vec<i32>,
 }
 
-/// One tile of [`Q8Tiles`]: `tokens` tokens' digits, scales and offsets.
+/// One tile of [`Q8Tiles`]: `tokens` tokens' digits, scales and block sums.
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Tile<'a> {
     pub tokens: usize,
     pub digits: &'a [i8],
     pub scales: &'a [f32],
-    pub offsets: &'a [i32],
+    pub sums: &'a [i32],
 }
 
 impl Q8Tiles {
@@ -158,8 +159,8 @@ impl Q8Tiles {
         self.digits.resize(tokens * blocks * 64, 0);
         self.scales.clear();
         self.scales.resize(tokens * blocks, 0.0);
-        self.offsets.clear();
-        self.offsets.resize(tokens * blocks, 0);
+        self.sums.clear();
+        self.sums.resize(tokens * blocks, 0);
         for first in (0..tokens).step_by(width) {
             let m = width.min(tokens - first);
             let digits = &mut self.digits[first * blocks * 64..(first + m) * blocks * 64];
@@ -174,7 +175,7 @@ impl Q8Tiles {
                     }
                     let at = first * blocks + b * m + t;
                     self.scales[at] = row.scales[b];
-                    self.offsets[at] = 128 * (row.sums[2 * b] + row.sums[2 * b + 1]);
+                    self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
                 }
             }
         }
@@ -196,7 +197,7 @@ impl Q8Tiles {
             tokens,
             digits: &self.digits[first * blocks * 64..(first + tokens) * blocks * 64],
             scales: &self.scales[first * blocks..(first + tokens) * blocks],
-            offsets: &self.offsets[first * blocks..(first + tokens) * blocks],
+            sums: &self.sums[first * blocks..(first + tokens) * blocks],
         }
     }
 }
@@ -259,7 +260,7 @@ mod tests {
                     }
                     assert_eq!(tile.scales[b * m + t], row.scales[b]);
                     let sum = row.sums[2 * b] + row.sums[2 * b + 1];
-                    assert_eq!(tile.offsets[b * m + t], 128 * sum);
+                    assert_eq!(tile.sums[b * m + t], sum);
                 }
             }
         }

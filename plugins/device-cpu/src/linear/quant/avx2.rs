@@ -1,9 +1,9 @@
-//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: Q8_0 groups of 16 rows in two halves of eight, one lane per row, against up to 4 tokens; the other types one weight row against a tile of tokens, the lanes of `dots` in two registers.
+//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: groups of 16 Q8_0, Q4_0 or Q4_1 rows in two halves of eight, one lane per row, against up to 4 tokens; the K-quants one weight row against a tile of tokens, the lanes of `dots` in two registers.
 //!
 //! `vpmaddubsw` multiplies unsigned bytes by signed bytes and adds neighbours into i16 with
 //! saturation; no sum here can saturate: nibbles (at most 15) and 6-bit values (at most 63)
 //! times activations in `-127..=127` give at most `2 · 63 · 127`, and a signed weight byte
-//! (Q8_0 in [`q8_0_group`], and Q4_0's `q - 8`) is made unsigned by moving its sign onto the activation
+//! (Q8_0, in [`group`]) is made unsigned by moving its sign onto the activation
 //! (`vpsignb`), at most `2 · 128 · 127`. `vpmaddwd` then adds pairs into i32, by ones or by
 //! the K-quants' sub-block scales, and the two digits' sums are joined as `dots` joins them.
 //! Every integer equals the portable one, and the float operations are those of `dots`, lane
@@ -13,21 +13,19 @@
 //! from memory once, and each token meets it in registers.
 
 use std::arch::x86_64::{
-    __m128i, __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
-    _mm_set1_epi16, _mm_srli_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_cvtepi32_ps, _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16,
-    _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8,
-    _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256,
-    _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps,
-    _mm256_sub_epi8, _mm256_xor_si256,
+    __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
+    _mm_set1_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_cvtepi32_ps,
+    _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
+    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
 
 use super::activations::{Q8Row, Q8Tile};
 use super::dots::{
-    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, block_bytes, q4_k_scales_mins, q4_k_tail, q6_k_tail,
-    scaled_tail,
+    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
 };
 
 /// 32 bytes at `p`.
@@ -84,7 +82,7 @@ fn accumulate(lane: __m256, d: f32, s: f32, ints: __m256i) -> __m256 {
 /// [`Sums::finish`].
 #[inline]
 #[target_feature(enable = "avx2")]
-fn finish<const M: usize>(dtype: DType, lanes: [[__m256; 2]; M], tails: [f32; M]) -> [f32; M] {
+fn finish<const M: usize>(lanes: [[__m256; 2]; M], tails: [f32; M]) -> [f32; M] {
     let mut out = [0.0; M];
     for t in 0..M {
         let mut sums = Sums {
@@ -96,7 +94,7 @@ fn finish<const M: usize>(dtype: DType, lanes: [[__m256; 2]; M], tails: [f32; M]
             _mm256_storeu_ps(sums.lanes.as_mut_ptr(), lanes[t][0]);
             _mm256_storeu_ps(sums.lanes[8..].as_mut_ptr(), lanes[t][1]);
         }
-        out[t] = sums.finish(dtype);
+        out[t] = sums.finish();
     }
     out
 }
@@ -110,64 +108,6 @@ fn finish<const M: usize>(dtype: DType, lanes: [[__m256; 2]; M], tails: [f32; M]
 pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     super::dots::check_rows(dtype, w, xs);
     super::tile_by_type!(self, dtype, w, xs)
-}
-
-/// The 32 nibbles of a Q4_0 or Q4_1 block in value order, from its 16 bytes at `qs`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn nibbles_32(qs: &[u8]) -> __m256i {
-    let qs = &qs[..16];
-    // SAFETY: the slice holds 16 bytes.
-    let bytes: __m128i = unsafe { _mm_loadu_si128(qs.as_ptr().cast()) };
-    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes);
-    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
-}
-
-/// Q4_0 (`FORMAT` 1) or Q4_1 (2).
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn blocks_32<const M: usize, const FORMAT: u8>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let dtype = if FORMAT == 1 {
-        DType::Q4_0
-    } else {
-        DType::Q4_1
-    };
-    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
-    let ones16 = _mm256_set1_epi16(1);
-    for (b, block) in w.chunks_exact(block_bytes(dtype)).enumerate() {
-        let weights = if FORMAT == 1 {
-            _mm256_sub_epi8(nibbles_32(&block[2..]), _mm256_set1_epi8(8))
-        } else {
-            nibbles_32(&block[4..])
-        };
-        // Signed weights go in as magnitudes, their signs moved onto the activations.
-        let unsigned = if FORMAT == 1 {
-            _mm256_sign_epi8(weights, weights)
-        } else {
-            weights
-        };
-        let d = f16(block, 0);
-        let minimum = if FORMAT == 2 { f16(block, 2) } else { 0.0 };
-        for t in 0..M {
-            let x = &xs[t];
-            let (mut high, mut low) = (digits(x.high, 32 * b), digits(x.low, 32 * b));
-            let lane = &mut lanes[t][b % 2];
-            if FORMAT == 2 {
-                // Q4_1's minimum meets the activations' own four-value sums.
-                let ones = _mm256_set1_epi8(1);
-                let sums = join(fours(ones, high, ones16), fours(ones, low, ones16));
-                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
-                *lane = accumulate(*lane, d, x.scales[b], ints);
-                *lane = accumulate(*lane, minimum, x.scales[b], sums);
-            } else {
-                high = _mm256_sign_epi8(high, weights);
-                low = _mm256_sign_epi8(low, weights);
-                let ints = join(fours(unsigned, high, ones16), fours(unsigned, low, ones16));
-                *lane = accumulate(*lane, d, x.scales[b], ints);
-            }
-        }
-    }
-    finish(dtype, lanes, [0.0; M])
 }
 
 #[inline]
@@ -206,7 +146,7 @@ fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
             tails[t] += scaled_tail(dmin, s, q4_k_tail(&mins, &xs[t], b));
         }
     }
-    finish(DType::Q4_K, lanes, tails)
+    finish(lanes, tails)
 }
 
 #[inline]
@@ -262,58 +202,95 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
             tails[t] += scaled_tail(d, xs[t].scales[b], q6_k_tail(block, &xs[t], b));
         }
     }
-    finish(DType::Q6_K, lanes, tails)
+    finish(lanes, tails)
 }
 
-/// One group of 16 interleaved Q8_0 rows (see `interleaved`) against the `M` tokens of
-/// `tile`: the 16 outputs of each token, what [`super::dots::dot_row`] gives, with the same bits.
+/// One group of 16 interleaved rows of `FORMAT`'s type (see `interleaved`: Q8_0 0, Q4_0 1,
+/// Q4_1 2) against the `M` tokens of `tile`: the 16 outputs of each token, what
+/// [`super::dots::dot_row`] gives, with the same bits.
 ///
-/// Each 64-byte quad is read as two halves of eight rows, one half at a time over all the
-/// blocks. The weights get their sign back (the arrangement stores `w + 128`) and go in as
-/// magnitudes, their signs moved onto each token's four broadcast activation bytes; the
-/// `vpmaddubsw` pairs (at most `2 · 128 · 127`) are added by `vpmaddwd` into the row's lane,
-/// the first digit's times 256, which joins the digits as `dots` does.
+/// Each 64-byte operand is read as two halves of eight rows, one half at a time over all the
+/// blocks. Q8_0's weights get their sign back (the arrangement stores `w + 128`) and go in as
+/// magnitudes, their signs moved onto each token's four broadcast activation bytes; nibbles
+/// go in as they are. The `vpmaddubsw` pairs (at most `2 · 128 · 127`) are added by
+/// `vpmaddwd` into the row's lane, the first digit's times 256, which joins the digits as
+/// `dots` does; Q4_0 then subtracts `8 ·` the token's block sum for its `q - 8`.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q8_0_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
-    let blocks = super::interleaved::check_group(group, &tile, M);
+pub unsafe fn group<const M: usize, const FORMAT: u8>(
+    group: &[u8],
+    tile: Q8Tile<'_>,
+) -> [[f32; 16]; M] {
+    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let blocks = super::interleaved::check_group(dtype, group, &tile, M);
     let activations = tile.digits.as_ptr();
-    let mut out = [[0.0; 16]; M];
     let base = group.as_ptr();
     let flip = _mm256_set1_epi8(-128);
+    let nibbles = _mm256_set1_epi8(0x0F);
     let (ones, first) = (_mm256_set1_epi16(1), _mm256_set1_epi16(256));
+    let mut out = [[0.0; 16]; M];
     for half in 0..2 {
         let mut acc = [_mm256_setzero_ps(); M];
         for b in 0..blocks {
-            let (scales, quads) = super::interleaved::block_at(b, blocks);
+            let ([scales, minima], quads) = super::interleaved::block_at(dtype, b, blocks);
             // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their
-            // 16 scales and 512 value bytes lie inside it, and every token's digits, scales
-            // and sums cover them.
+            // fields and values lie inside it, and the tile's digits, scales and sums cover
+            // them.
             unsafe {
-                let d = _mm256_cvtph_ps(_mm_loadu_si128(base.add(scales + 16 * half).cast()));
                 let mut ints = [_mm256_setzero_si256(); M];
-                for q in 0..8 {
-                    let w = _mm256_xor_si256(load32(base.add(quads + 64 * q + 32 * half)), flip);
-                    let magnitude = _mm256_sign_epi8(w, w);
+                // Weights for values `4q..4q + 4` of eight rows (`signs`: where to negate the
+                // activations), against the tokens' digits.
+                let mut dot = |q: usize, magnitude: __m256i, signs: __m256i| {
                     for (t, ints) in ints.iter_mut().enumerate() {
                         let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
-                        let h = (at as *const i32).read_unaligned();
-                        let l = (at.add(4 * M) as *const i32).read_unaligned();
-                        let h = _mm256_sign_epi8(_mm256_set1_epi32(h), w);
-                        let l = _mm256_sign_epi8(_mm256_set1_epi32(l), w);
+                        let mut h = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                        let mut l =
+                            _mm256_set1_epi32((at.add(4 * M) as *const i32).read_unaligned());
+                        if FORMAT == 0 {
+                            h = _mm256_sign_epi8(h, signs);
+                            l = _mm256_sign_epi8(l, signs);
+                        }
                         let h = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, h), first);
                         let l = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, l), ones);
                         *ints = _mm256_add_epi32(*ints, _mm256_add_epi32(h, l));
                     }
+                };
+                if FORMAT == 0 {
+                    for q in 0..8 {
+                        let at = quads + 64 * q + 32 * half;
+                        let w = _mm256_xor_si256(load32(base.add(at)), flip);
+                        dot(q, _mm256_sign_epi8(w, w), w);
+                    }
+                } else {
+                    for q in 0..4 {
+                        let w = load32(base.add(quads + 64 * q + 32 * half));
+                        dot(q, _mm256_and_si256(w, nibbles), w);
+                        let high = _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles);
+                        dot(q + 4, high, w);
+                    }
                 }
+                let field =
+                    |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(base.add(at + 16 * half).cast()));
+                let d = field(scales);
                 for t in 0..M {
+                    let sum = *tile.sums.get_unchecked(b * M + t);
+                    let ints = if FORMAT == 1 {
+                        _mm256_sub_epi32(ints[t], _mm256_set1_epi32(8 * sum))
+                    } else {
+                        ints[t]
+                    };
                     let s = _mm256_set1_ps(*tile.scales.get_unchecked(b * M + t));
                     acc[t] = _mm256_add_ps(
                         acc[t],
-                        _mm256_mul_ps(_mm256_mul_ps(d, s), _mm256_cvtepi32_ps(ints[t])),
+                        _mm256_mul_ps(_mm256_mul_ps(d, s), _mm256_cvtepi32_ps(ints)),
                     );
+                    if FORMAT == 2 {
+                        let m = field(minima);
+                        let sums = _mm256_set1_ps(sum as f32);
+                        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(m, s), sums));
+                    }
                 }
             }
         }

@@ -12,8 +12,8 @@ use crate::isa::Isa;
 use crate::workers::Workers;
 
 use super::super::sink::SharedOut;
-use super::dots::Q8_0_BYTES;
-use super::interleaved::arrange_in_tasks;
+use super::dots::block_bytes;
+use super::interleaved::{arrange_in_tasks, groups};
 use super::{Outputs, QuantMatrix, multiply};
 
 /// A device's worker threads and instruction-set level, for timing quantized linears.
@@ -37,24 +37,29 @@ impl QuantizedBench {
     /// Whether launches at this level keep `dtype` weights interleaved in groups of rows.
     pub fn reads_groups(&self, dtype: DType) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if dtype == DType::Q8_0 {
+        if groups(dtype) {
             return self.context.isa.has(crate::isa::IsaLevel::Avx2);
         }
         let _ = dtype;
         false
     }
 
-    /// Interleaves `weights` (`rows` rows of Q8_0 blocks) in place, as the first launch that
-    /// reads them at a level where [`QuantizedBench::reads_groups`] does.
-    pub fn arrange(&self, weights: &mut [u8], rows: usize) -> Result<(), String> {
+    /// Interleaves `weights` (`rows` rows of `dtype` blocks) in place, as the first launch
+    /// that reads them at a level where [`QuantizedBench::reads_groups`] does.
+    pub fn arrange(&self, dtype: DType, weights: &mut [u8], rows: usize) -> Result<(), String> {
         let row_bytes = weights.len() / rows.max(1);
-        if rows == 0 || row_bytes * rows != weights.len() || !row_bytes.is_multiple_of(Q8_0_BYTES) {
+        let whole = groups(dtype)
+            && rows > 0
+            && row_bytes * rows == weights.len()
+            && row_bytes.is_multiple_of(block_bytes(dtype));
+        if !whole {
             return Err(format!(
-                "{} bytes are not {rows} rows of Q8_0",
+                "{} bytes are not {rows} rows of {dtype} blocks kept in groups",
                 weights.len()
             ));
         }
-        arrange_in_tasks(weights, row_bytes / Q8_0_BYTES * 32, &self.context);
+        let inner = row_bytes / block_bytes(dtype) * 32;
+        arrange_in_tasks(dtype, weights, inner, &self.context);
         Ok(())
     }
 

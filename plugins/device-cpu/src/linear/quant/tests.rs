@@ -114,7 +114,7 @@ fn dot_products_match_the_reference_on_every_path() {
                     };
                     let mut tiles = Q8Tiles::default();
                     if let Some(width) = kernel.group_tokens()
-                        && case.dtype == DType::Q8_0
+                        && interleaved::groups(case.dtype)
                     {
                         tiles.regroup(rows, 1, width);
                     }
@@ -382,20 +382,23 @@ fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: u
     out.iter().map(|v| v.to_bits()).collect()
 }
 
-/// Q8_0 on the group tiles: weights interleaved as a launch keeps them and in the host's
+/// Q8_0, Q4_0 and Q4_1 on the group tiles: weights interleaved as a launch keeps them and in
+/// the host's
 /// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
 /// last group) and token counts that fill no whole tile, alone and in a batch, on one thread
 /// and two; block counts odd (a last block alone) and even.
 #[test]
-fn q8_0_groups_give_the_portable_bits_for_any_rows_and_tokens() {
+fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
     let portable = Isa::at(IsaLevel::Portable).expect("portable");
-    for (blocks, rows) in [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)] {
+    let types = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    let shapes = [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)];
+    for (dtype, (blocks, rows)) in types.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
         let inner = 32 * blocks;
-        let bytes = noise_blocks(DType::Q8_0, rows, inner, (rows + blocks) as u64);
+        let bytes = noise_blocks(dtype, rows, inner, (rows + blocks) as u64);
         let mut arranged = bytes.clone();
-        interleaved::arrange(&mut arranged, inner, &mut Vec::new());
+        interleaved::arrange(dtype, &mut arranged, inner, &mut Vec::new());
         let plain = QuantMatrix {
-            dtype: DType::Q8_0,
+            dtype,
             bytes: &bytes,
             rows,
             grouped: false,
@@ -410,7 +413,7 @@ fn q8_0_groups_give_the_portable_bits_for_any_rows_and_tokens() {
             let expected = launch_bits(portable, plain, &x, inner, 1);
             for isa in paths() {
                 let name = format!(
-                    "{rows} rows of {blocks} blocks, {tokens} tokens at {}",
+                    "{dtype}: {rows} rows of {blocks} blocks, {tokens} tokens at {}",
                     isa.level()
                 );
                 let groups = RowKernel { isa }.group_tokens().is_some();
@@ -442,48 +445,53 @@ fn q8_0_groups_give_the_portable_bits_for_any_rows_and_tokens() {
     }
 }
 
-/// The gated form over interleaved Q8_0 gate and up matrices matches two plain launches and
-/// `silu_mul`, past a partial group.
+/// The gated form over interleaved gate (Q8_0) and up (Q4_1) matrices matches two plain
+/// launches and `silu_mul`, past a partial group.
 #[test]
-fn q8_0_groups_serve_the_gated_launch() {
+fn groups_serve_the_gated_launch() {
     let (rows, inner, tokens) = (21, 64, 9);
-    let gate = noise_blocks(DType::Q8_0, rows, inner, 31);
-    let up = noise_blocks(DType::Q8_0, rows, inner, 37);
+    let (gate_type, up_type) = (DType::Q8_0, DType::Q4_1);
+    let gate = noise_blocks(gate_type, rows, inner, 31);
+    let up = noise_blocks(up_type, rows, inner, 37);
     let x: Vec<f32> = (0..tokens * inner).map(|i| noise(41, i)).collect();
+    let arranged = |dtype: DType, bytes: &[u8]| {
+        let mut bytes = bytes.to_vec();
+        interleaved::arrange(dtype, &mut bytes, inner, &mut Vec::new());
+        bytes
+    };
+    let (gate_arranged, up_arranged) = (arranged(gate_type, &gate), arranged(up_type, &up));
     for isa in paths() {
-        let arranged = |bytes: &[u8]| {
-            let mut bytes = bytes.to_vec();
-            interleaved::arrange(&mut bytes, inner, &mut Vec::new());
-            bytes
-        };
-        let (gate_arranged, up_arranged) = (arranged(&gate), arranged(&up));
         let grouped = RowKernel { isa }.group_tokens().is_some();
-        let matrix = |plain: &'static str| {
-            let (bytes, arranged) = if plain == "gate" {
-                (&gate, &gate_arranged)
-            } else {
-                (&up, &up_arranged)
-            };
+        fn matrix<'a>(
+            dtype: DType,
+            bytes: &'a [u8],
+            rows: usize,
+            grouped: bool,
+        ) -> QuantMatrix<'a> {
             QuantMatrix {
-                dtype: DType::Q8_0,
-                bytes: if grouped { arranged } else { bytes },
+                dtype,
+                bytes,
                 rows,
                 grouped,
             }
+        }
+        let (gate, up) = if grouped {
+            (&gate_arranged, &up_arranged)
+        } else {
+            (&gate, &up)
         };
+        let gate = matrix(gate_type, gate, rows, grouped);
+        let up = matrix(up_type, up, rows, grouped);
         let bits = |w| launch_bits(isa, w, &x, inner, 1);
         let (g, u): (Vec<f32>, Vec<f32>) = (
-            bits(matrix("gate"))
-                .into_iter()
-                .map(f32::from_bits)
-                .collect(),
-            bits(matrix("up")).into_iter().map(f32::from_bits).collect(),
+            bits(gate).into_iter().map(f32::from_bits).collect(),
+            bits(up).into_iter().map(f32::from_bits).collect(),
         );
         let mut expected = vec![0.0; g.len()];
         silu_mul_span(isa, &g, &u, &mut expected);
         let mut out = vec![f32::NAN; g.len()];
         let shared = SharedOut::new(&mut out, rows);
-        let weights = [matrix("gate"), matrix("up")];
+        let weights = [gate, up];
         multiply(
             &context(isa, 2),
             &x,
