@@ -209,12 +209,14 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
 /// Q4_1 2) against the `M` tokens of `tile`: the 16 outputs of each token, what
 /// [`super::dots::dot_row`] gives, with the same bits.
 ///
-/// Each 64-byte operand is read as two halves of eight rows, one half at a time over all the
-/// blocks. Q8_0's weights get their sign back (the arrangement stores `w + 128`) and go in as
-/// magnitudes, their signs moved onto each token's four broadcast activation bytes; nibbles
-/// go in as they are. The `vpmaddubsw` pairs (at most `2 · 128 · 127`) are added by
-/// `vpmaddwd` into the row's lane, the first digit's times 256, which joins the digits as
-/// `dots` does; Q4_0 then subtracts `8 ·` the token's block sum for its `q - 8`.
+/// Each 64-byte operand is read as two halves of eight rows: for one or two tokens both
+/// halves in one pass (the group streams once), for more one half at a time over all the
+/// blocks (the accumulators fill the 16 registers). Q8_0's weights get their sign back (the
+/// arrangement stores `w + 128`) and go in as magnitudes, their signs moved onto each token's
+/// four broadcast activation bytes; nibbles go in as they are. The `vpmaddubsw` pairs (at
+/// most `2 · 128 · 127`) are added by `vpmaddwd` into the row's lane, the first digit's times
+/// 256, which joins the digits as `dots` does; Q4_0 then subtracts `8 ·` the token's block sum
+/// for its `q - 8`.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
@@ -225,79 +227,107 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
 ) -> [[f32; 16]; M] {
     let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
     let blocks = super::interleaved::check_group(dtype, group, &tile, M);
+    let mut out = [[0.0; 16]; M];
+    // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
+    unsafe {
+        if M <= 2 {
+            halves::<M, FORMAT, 2>((group, blocks), tile, 0, &mut out);
+        } else {
+            halves::<M, FORMAT, 1>((group, blocks), tile, 0, &mut out);
+            halves::<M, FORMAT, 1>((group, blocks), tile, 1, &mut out);
+        }
+    }
+    out
+}
+
+/// Halves `h0..h0 + H` of [`group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
+///
+/// # Safety
+/// As [`group`], with `group` holding `blocks` whole blocks and `tile` covering them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize>(
+    (group, blocks): (&[u8], usize),
+    tile: Q8Tile<'_>,
+    h0: usize,
+    out: &mut [[f32; 16]; M],
+) {
+    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
     let activations = tile.digits.as_ptr();
     let base = group.as_ptr();
     let flip = _mm256_set1_epi8(-128);
     let nibbles = _mm256_set1_epi8(0x0F);
     let (ones, first) = (_mm256_set1_epi16(1), _mm256_set1_epi16(256));
-    let mut out = [[0.0; 16]; M];
-    for half in 0..2 {
-        let mut acc = [_mm256_setzero_ps(); M];
-        for b in 0..blocks {
-            let ([scales, minima], quads) = super::interleaved::block_at(dtype, b, blocks);
-            // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their
-            // fields and values lie inside it, and the tile's digits, scales and sums cover
-            // them.
-            unsafe {
-                let mut ints = [_mm256_setzero_si256(); M];
-                // Weights for values `4q..4q + 4` of eight rows (`signs`: where to negate the
-                // activations), against the tokens' digits.
-                let mut dot = |q: usize, magnitude: __m256i, signs: __m256i| {
-                    for (t, ints) in ints.iter_mut().enumerate() {
-                        let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
-                        let mut h = _mm256_set1_epi32((at as *const i32).read_unaligned());
-                        let mut l =
-                            _mm256_set1_epi32((at.add(4 * M) as *const i32).read_unaligned());
-                        if FORMAT == 0 {
-                            h = _mm256_sign_epi8(h, signs);
-                            l = _mm256_sign_epi8(l, signs);
-                        }
-                        let h = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, h), first);
-                        let l = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, l), ones);
-                        *ints = _mm256_add_epi32(*ints, _mm256_add_epi32(h, l));
+    let mut acc = [[_mm256_setzero_ps(); H]; M];
+    for b in 0..blocks {
+        let ([scales, minima], quads) = super::interleaved::block_at(dtype, b, blocks);
+        // SAFETY: the group holds `blocks` whole blocks, so their fields and values lie inside
+        // it, and the tile's digits, scales and sums cover them.
+        unsafe {
+            let mut ints = [[_mm256_setzero_si256(); H]; M];
+            // Weights for values `4q..4q + 4` of the eight rows of half `h` (`signs`: where to
+            // negate the activations), against the tokens' digits.
+            let mut dot = |q: usize, h: usize, magnitude: __m256i, signs: __m256i| {
+                for (t, ints) in ints.iter_mut().enumerate() {
+                    let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
+                    let mut high = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                    let mut low = _mm256_set1_epi32((at.add(4 * M) as *const i32).read_unaligned());
+                    if FORMAT == 0 {
+                        high = _mm256_sign_epi8(high, signs);
+                        low = _mm256_sign_epi8(low, signs);
                     }
-                };
+                    let high = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, high), first);
+                    let low = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, low), ones);
+                    ints[h] = _mm256_add_epi32(ints[h], _mm256_add_epi32(high, low));
+                }
+            };
+            for h in 0..H {
+                let half = 32 * (h0 + h);
                 if FORMAT == 0 {
                     for q in 0..8 {
-                        let at = quads + 64 * q + 32 * half;
-                        let w = _mm256_xor_si256(load32(base.add(at)), flip);
-                        dot(q, _mm256_sign_epi8(w, w), w);
+                        let w = _mm256_xor_si256(load32(base.add(quads + 64 * q + half)), flip);
+                        dot(q, h, _mm256_sign_epi8(w, w), w);
                     }
                 } else {
                     for q in 0..4 {
-                        let w = load32(base.add(quads + 64 * q + 32 * half));
-                        dot(q, _mm256_and_si256(w, nibbles), w);
+                        let w = load32(base.add(quads + 64 * q + half));
+                        dot(q, h, _mm256_and_si256(w, nibbles), w);
                         let high = _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles);
-                        dot(q + 4, high, w);
+                        dot(q + 4, h, high, w);
                     }
                 }
-                let field =
-                    |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(base.add(at + 16 * half).cast()));
+            }
+            for h in 0..H {
+                let field = |at: usize| {
+                    _mm256_cvtph_ps(_mm_loadu_si128(base.add(at + 16 * (h0 + h)).cast()))
+                };
                 let d = field(scales);
                 for t in 0..M {
                     let sum = *tile.sums.get_unchecked(b * M + t);
                     let ints = if FORMAT == 1 {
-                        _mm256_sub_epi32(ints[t], _mm256_set1_epi32(8 * sum))
+                        _mm256_sub_epi32(ints[t][h], _mm256_set1_epi32(8 * sum))
                     } else {
-                        ints[t]
+                        ints[t][h]
                     };
                     let s = _mm256_set1_ps(*tile.scales.get_unchecked(b * M + t));
-                    acc[t] = _mm256_add_ps(
-                        acc[t],
+                    let lane = &mut acc[t][h];
+                    *lane = _mm256_add_ps(
+                        *lane,
                         _mm256_mul_ps(_mm256_mul_ps(d, s), _mm256_cvtepi32_ps(ints)),
                     );
                     if FORMAT == 2 {
                         let m = field(minima);
                         let sums = _mm256_set1_ps(sum as f32);
-                        acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_mul_ps(m, s), sums));
+                        *lane = _mm256_add_ps(*lane, _mm256_mul_ps(_mm256_mul_ps(m, s), sums));
                     }
                 }
             }
         }
-        for t in 0..M {
-            // SAFETY: half `half` of a row of `out` holds 8 f32, one register's worth.
-            unsafe { _mm256_storeu_ps(out[t][8 * half..].as_mut_ptr(), acc[t]) };
+    }
+    for (out, acc) in out.iter_mut().zip(&acc) {
+        for (h, acc) in acc.iter().enumerate() {
+            // SAFETY: eight outputs of a row of `out` hold one register's worth.
+            unsafe { _mm256_storeu_ps(out[8 * (h0 + h)..].as_mut_ptr(), *acc) };
         }
     }
-    out
 }
