@@ -3,7 +3,7 @@
 use plughost_device_abi::blocks::dequantize;
 use plughost_device_abi::{DType, status};
 
-use super::device::{Device, IN, OUT, random};
+use super::device::{Device, IN, OUT, Tensor, random};
 use crate::isa::Isa;
 
 /// `rows` rows of 64 values in `dtype`: random blocks with small finite f16 scales.
@@ -20,6 +20,15 @@ fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
         }
     }
     bytes
+}
+
+/// The rows `ids` of `table` (rows of `width`) as an embedding gather gives them.
+fn gather(device: &Device, table: &Tensor, ids: &[i32], width: usize) -> Vec<f32> {
+    let ids_tensor = device.i32s(&[ids.len() as u64], ids);
+    let gathered = device.zeros(&[ids.len() as u64, width as u64]);
+    let args = [ids_tensor.arg(IN), table.arg(IN), gathered.arg(OUT)];
+    device.launch("embedding_gather", &args, &[]).unwrap();
+    device.read_f32(&gathered)
 }
 
 #[test]
@@ -56,18 +65,9 @@ fn quantized_weights_serve_linears_and_gathers() {
                 );
             }
         }
-        let ids = device.i32s(&[2], &[2, 0]);
-        let gathered = device.zeros(&[2, 64]);
-        device
-            .launch(
-                "embedding_gather",
-                &[ids.arg(IN), w.arg(IN), gathered.arg(OUT)],
-                &[],
-            )
-            .unwrap();
         let mut expected = values[128..192].to_vec();
         expected.extend_from_slice(&values[..64]);
-        assert_eq!(device.read_f32(&gathered), expected, "{dtype} gather");
+        assert_eq!(gather(&device, &w, &[2, 0], 64), expected, "{dtype} gather");
     }
 }
 
@@ -96,18 +96,7 @@ fn interleaved_weights_read_and_gather_as_written() {
                 .unwrap();
             device.read_f32(&out)
         };
-        let ids = device.i32s(&[2], &[17, 3]);
-        let gathered = device.zeros(&[2, width as u64]);
-        let gather = || {
-            device
-                .launch(
-                    "embedding_gather",
-                    &[ids.arg(IN), w.arg(IN), gathered.arg(OUT)],
-                    &[],
-                )
-                .unwrap();
-            device.read_f32(&gathered)
-        };
+        let gather = || gather(&device, &w, &[17, 3], width);
         let mut expected_rows = values[17 * width..18 * width].to_vec();
         expected_rows.extend_from_slice(&values[3 * width..4 * width]);
         let first = project();

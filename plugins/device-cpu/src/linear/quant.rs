@@ -302,7 +302,8 @@ macro_rules! group_by_type {
         match $dtype {
             DType::Q8_0 => $isa::group::<M, 0>($group, $tile),
             DType::Q4_0 => $isa::group::<M, 1>($group, $tile),
-            _ => $isa::group::<M, 2>($group, $tile),
+            DType::Q4_1 => $isa::group::<M, 2>($group, $tile),
+            _ => unreachable!("only the types kept in groups reach the group tiles"),
         }
     };
 }

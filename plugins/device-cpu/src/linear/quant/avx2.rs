@@ -225,7 +225,7 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
-    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let dtype = super::interleaved::format_type(FORMAT);
     let blocks = super::interleaved::check_group(dtype, group, &tile, M);
     let mut out = [[0.0; 16]; M];
     // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
@@ -252,7 +252,7 @@ unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize>(
     h0: usize,
     out: &mut [[f32; 16]; M],
 ) {
-    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let dtype = super::interleaved::format_type(FORMAT);
     let activations = tile.digits.as_ptr();
     let base = group.as_ptr();
     let flip = _mm256_set1_epi8(-128);

@@ -224,7 +224,7 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
-    let dtype = [DType::Q8_0, DType::Q4_0, DType::Q4_1][usize::from(FORMAT)];
+    let dtype = super::interleaved::format_type(FORMAT);
     let blocks = super::interleaved::check_group(dtype, group, &tile, M);
     let activations = tile.digits.as_ptr();
     let base = group.as_ptr();

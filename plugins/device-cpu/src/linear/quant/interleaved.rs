@@ -44,6 +44,12 @@ const KIND: u64 = 0x7138 << 48;
 /// The types kept in groups, in the order of their codes.
 const TYPES: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
+/// The type of the group tiles' `FORMAT` (0 Q8_0, 1 Q4_0, 2 Q4_1).
+#[cfg(target_arch = "x86_64")]
+pub const fn format_type(format: u8) -> DType {
+    TYPES[format as usize]
+}
+
 /// Whether `dtype` is kept in groups.
 pub fn groups(dtype: DType) -> bool {
     TYPES.contains(&dtype)

@@ -231,27 +231,8 @@ fn the_fused_launches_match_the_plain_ones() {
     }
     for isa in paths() {
         let context = context(isa, 2);
-        let g = launch_rows(isa, matrix(gate), &x, 2);
-        let u = launch_rows(isa, matrix(up), &x, 2);
-        let mut expected = vec![0.0; g.len()];
-        silu_mul_span(isa, &g, &u, &mut expected);
-        let mut out = vec![f32::NAN; g.len()];
-        let shared = SharedOut::new(&mut out, 2);
         let weights = [matrix(gate), matrix(up)];
-        multiply(
-            &context,
-            &x,
-            (tokens, INNER),
-            &weights,
-            &Outputs::SiluGate(shared),
-        )
-        .expect("launch");
-        assert_eq!(
-            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "silu gate (Q6_K gate, Q4_K up) at {}",
-            isa.level()
-        );
+        check_gated(isa, weights, &x, INNER, "silu gate (Q6_K gate, Q4_K up)");
         // Three matrices of three types in one launch, as a Q4_K_M layer's q, k and v.
         let (q, k, v) = (matrix(&all[3]), matrix(&all[4]), matrix(&all[0]));
         let mut outs = [
@@ -382,6 +363,25 @@ fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: u
     out.iter().map(|v| v.to_bits()).collect()
 }
 
+/// Checks that the gated launch of `gate` and `up` at `isa` gives the bits of two plain
+/// launches and `silu_mul`.
+fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usize, what: &str) {
+    let tokens = x.len() / inner;
+    let float = |w| -> Vec<f32> {
+        let bits = launch_bits(isa, w, x, inner, 1);
+        bits.into_iter().map(f32::from_bits).collect()
+    };
+    let (g, u) = (float(gate), float(up));
+    let mut expected = vec![0.0; g.len()];
+    silu_mul_span(isa, &g, &u, &mut expected);
+    let mut out = vec![f32::NAN; g.len()];
+    let shared = SharedOut::new(&mut out, gate.rows);
+    let outputs = Outputs::SiluGate(shared);
+    multiply(&context(isa, 2), x, (tokens, inner), &[gate, up], &outputs).expect("launch");
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&expected), "{what} at {}", isa.level());
+}
+
 /// Q8_0, Q4_0 and Q4_1 on the group tiles: weights interleaved as a launch keeps them and in
 /// the host's
 /// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
@@ -482,29 +482,6 @@ fn groups_serve_the_gated_launch() {
         };
         let gate = matrix(gate_type, gate, rows, grouped);
         let up = matrix(up_type, up, rows, grouped);
-        let bits = |w| launch_bits(isa, w, &x, inner, 1);
-        let (g, u): (Vec<f32>, Vec<f32>) = (
-            bits(gate).into_iter().map(f32::from_bits).collect(),
-            bits(up).into_iter().map(f32::from_bits).collect(),
-        );
-        let mut expected = vec![0.0; g.len()];
-        silu_mul_span(isa, &g, &u, &mut expected);
-        let mut out = vec![f32::NAN; g.len()];
-        let shared = SharedOut::new(&mut out, rows);
-        let weights = [gate, up];
-        multiply(
-            &context(isa, 2),
-            &x,
-            (tokens, inner),
-            &weights,
-            &Outputs::SiluGate(shared),
-        )
-        .expect("launch");
-        assert_eq!(
-            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "at {}",
-            isa.level()
-        );
+        check_gated(isa, [gate, up], &x, inner, "Q8_0 gate, Q4_1 up");
     }
 }
