@@ -205,9 +205,8 @@ fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
     finish(lanes, tails)
 }
 
-/// One group of 16 interleaved rows of `FORMAT`'s type (see `interleaved`: Q8_0 0, Q4_0 1,
-/// Q4_1 2) against the `M` tokens of `tile`: the 16 outputs of each token, what
-/// [`super::dots::dot_row`] gives, with the same bits.
+/// [`super::avx512::group`] on AVX2: the 16 outputs of each of the `M` tokens of `tile`
+/// against a group of `FORMAT`'s type, with the bits of [`super::dots::dot_row`].
 ///
 /// Each 64-byte operand is read as two halves of eight rows: for one or two tokens both
 /// halves in one pass (the group streams once), for more one half at a time over all the
