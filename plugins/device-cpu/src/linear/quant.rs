@@ -1,9 +1,9 @@
-//! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
+//! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
 //! A launch quantizes its activation rows to int8 once, in two int8 digits (the values and their
 //! residual, see [`activations`]), then every output is the dot product of one weight row and
-//! one activation row, defined once in [`dots`]: exact integer sums in 16 lanes, then the
-//! scales in one fixed float order. The tiles of each instruction set follow that definition:
+//! one activation row, defined once in [`dots`]: exact integer sums, then the scales in one
+//! fixed float order. The tiles of each instruction set follow that definition:
 //! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
 //! plain Rust otherwise. The result of an output depends only on its weight row and its
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
@@ -48,8 +48,8 @@ use interleaved::GROUP;
 pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
-    /// Each block size's quantized activations, and the 32-value ones in the Q8_0 group
-    /// tiles' order, grown to the largest launch and reused.
+    /// Each block size's quantized activations, and the 32-value ones in the group tiles'
+    /// order, grown to the largest launch and reused.
     static ROWS: RefCell<([Q8Rows; 2], Q8Tiles)> = RefCell::new(Default::default());
 }
 
