@@ -3,11 +3,13 @@
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
 //! by `-- [--portable] [--all-types] [--threads N] [--seconds S] [FILTER]`. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
-//! up projection, its down projection and the output head), 1 token (decode) and 16 (a batch
-//! of 16 streams, or a prefill chunk), and each instruction-set level this CPU has, it times
+//! up projection, its down projection and the output head), 1 token (decode), 16 (a batch
+//! of 16 streams, or a prefill chunk) and 256 (a prompt; not for the head, which meets only
+//! a prompt's last token), and each instruction-set level this CPU has, it times
 //! the whole launch (activations quantized, outputs written) and reports the median over
 //! at least five runs of at least `--seconds` (default 0.5) in all: the weights' bytes over
-//! that time is the GB/s (and times the tokens, what batching gains). The read bandwidth is measured before and after with the probe
+//! that time is the GB/s (and times the tokens, what batching gains), the multiply-adds over it
+//! the GMAC/s. The read bandwidth is measured before and after with the probe
 //! `cargo xtask compare` uses (`tools/src/bandwidth.rs`); the fraction is against their median.
 //! The portable level is slow and left out unless `--portable` asks for it. On a shared
 //! machine, `--threads 1` adds a figure other processes do not move: GB/s per second the
@@ -30,7 +32,14 @@ const SHAPES: [(&str, usize, usize); 3] = [
     ("down 1024x3072", 1024, 3072),
     ("head 151936x1024", 151_936, 1024),
 ];
-const TOKENS: [usize; 2] = [1, 16];
+/// Token counts: decode, 16 streams (or a prefill chunk), and a 256-token prefill.
+const TOKENS: [usize; 3] = [1, 16, 256];
+
+/// Whether a case runs: the output head meets one token per sequence (only the last position
+/// of a prompt needs logits), so it is timed for decode and 16 streams only.
+fn timed(rows: usize, tokens: usize) -> bool {
+    rows != SHAPES[2].1 || tokens <= 16
+}
 
 struct Options {
     portable: bool,
@@ -191,7 +200,18 @@ fn main() {
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
             let w = weights(dtype, rows, inner);
-            for tokens in TOKENS {
+            // As the launches of the levels from `avx2` up keep Q8_0, Q4_0 and Q4_1: in groups.
+            let grouped = match benches.iter().find(|bench| bench.reads_groups(dtype)) {
+                Some(bench) => {
+                    let mut grouped = w.clone();
+                    bench
+                        .arrange(dtype, &mut grouped, rows)
+                        .expect("whole rows");
+                    Some(grouped)
+                }
+                None => None,
+            };
+            for tokens in TOKENS.into_iter().filter(|&t| timed(rows, t)) {
                 let x = activations(tokens * inner);
                 let mut out = vec![0.0f32; tokens * rows];
                 for (isa, bench) in levels.iter().zip(&benches) {
@@ -203,21 +223,29 @@ fn main() {
                     {
                         continue;
                     }
+                    let weights = match &grouped {
+                        Some(grouped) if bench.reads_groups(dtype) => (&grouped[..], true),
+                        _ => (&w[..], false),
+                    };
                     let (time, cpu) = time_launch(options.seconds, || {
                         bench
-                            .linear(dtype, black_box(&w), rows, black_box(&x), &mut out)
+                            .linear(dtype, black_box(weights), rows, black_box(&x), &mut out)
                             .expect("launch");
                         black_box(&out);
                     });
                     let gb_s = w.len() as f64 / time.as_secs_f64() / 1e9;
                     let cpu_gb_s = cpu.map_or(0.0, |cpu| w.len() as f64 / cpu.as_secs_f64() / 1e9);
+                    let gmac = (tokens * rows * inner) as f64 / 1e9;
+                    let gmac_s = gmac / time.as_secs_f64();
+                    let cpu_gmac_s = cpu.map_or(0.0, |cpu| gmac / cpu.as_secs_f64());
                     println!(
-                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens; \
-                         calling thread's CPU: {cpu_gb_s:.1} GB/s",
+                        "{name:<44} {:>9.3} ms {gb_s:>7.1} GB/s {:>8.1} GB/s × tokens \
+                         {gmac_s:>7.1} GMAC/s; calling thread's CPU: {cpu_gb_s:.1} GB/s, \
+                         {cpu_gmac_s:.1} GMAC/s",
                         time.as_secs_f64() * 1e3,
                         gb_s * tokens as f64
                     );
-                    rows_out.push((name, time, gb_s, tokens, cpu_gb_s));
+                    rows_out.push((name, time, gb_s, tokens, (gmac_s, cpu_gmac_s), cpu_gb_s));
                 }
             }
         }
@@ -236,12 +264,14 @@ fn main() {
             .join(", ")
     );
     println!(
-        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | per CPU-second of the calling thread |\n\
-         |---|---:|---:|---:|---:|---:|"
+        "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | GMAC/s | \
+         per CPU-second of the calling thread: GB/s | GMAC/s |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|"
     );
-    for (name, time, gb_s, tokens, cpu_gb_s) in rows_out {
+    for (name, time, gb_s, tokens, (gmac_s, cpu_gmac_s), cpu_gb_s) in rows_out {
         println!(
-            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {cpu_gb_s:.1} |",
+            "| {name} | {:.3} | {gb_s:.1} | {:.0}% | {:.1} | {gmac_s:.1} | {cpu_gb_s:.1} | \
+             {cpu_gmac_s:.1} |",
             time.as_secs_f64() * 1e3,
             100.0 * gb_s / bound,
             gb_s * tokens as f64

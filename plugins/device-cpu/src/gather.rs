@@ -86,10 +86,11 @@ pub(crate) fn run_embedding(
     let width = launch.dim("H");
     let dtype = launch.dtype("table");
     if dtype.is_block_quantized() {
+        let arrangement = launch.arrangement("table");
         let mut views = launch.views()?;
         let (ids, table) = (views.i32("ids"), views.blocks("table"));
         return crate::linear::gather_quantized_rows(
-            dtype,
+            (dtype, arrangement),
             table,
             width,
             ids,

@@ -166,6 +166,20 @@ impl Device {
         Ok(bytes)
     }
 
+    /// The bytes of a block-quantized `tensor`.
+    pub(super) fn read_blocks(&self, tensor: &Tensor) -> Vec<u8> {
+        let (rows, width) = (tensor.shape[0], tensor.shape[tensor.rank - 1]);
+        let rows = if tensor.rank == 1 { 1 } else { rows };
+        let len = tensor.dtype.tensor_bytes(rows, width).unwrap() as usize;
+        // One byte per element of a view of `len` elements.
+        let view = Tensor {
+            shape: [len as u64, 1, 1, 1],
+            rank: 1,
+            ..*tensor
+        };
+        self.read_bytes(&view, 1)
+    }
+
     pub(super) fn read_f32(&self, tensor: &Tensor) -> Vec<f32> {
         let bytes = self.read_bytes(tensor, 4);
         bytes

@@ -3,7 +3,8 @@
 use plughost_device_abi::blocks::dequantize;
 use plughost_device_abi::{DType, status};
 
-use super::device::{Device, IN, OUT, random};
+use super::device::{Device, IN, OUT, Tensor, random};
+use crate::isa::Isa;
 
 /// `rows` rows of 64 values in `dtype`: random blocks with small finite f16 scales.
 fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
@@ -19,6 +20,15 @@ fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
         }
     }
     bytes
+}
+
+/// The rows `ids` of `table` (rows of `width`) as an embedding gather gives them.
+fn gather(device: &Device, table: &Tensor, ids: &[i32], width: usize) -> Vec<f32> {
+    let ids_tensor = device.i32s(&[ids.len() as u64], ids);
+    let gathered = device.zeros(&[ids.len() as u64, width as u64]);
+    let args = [ids_tensor.arg(IN), table.arg(IN), gathered.arg(OUT)];
+    device.launch("embedding_gather", &args, &[]).unwrap();
+    device.read_f32(&gathered)
 }
 
 #[test]
@@ -55,18 +65,53 @@ fn quantized_weights_serve_linears_and_gathers() {
                 );
             }
         }
-        let ids = device.i32s(&[2], &[2, 0]);
-        let gathered = device.zeros(&[2, 64]);
-        device
-            .launch(
-                "embedding_gather",
-                &[ids.arg(IN), w.arg(IN), gathered.arg(OUT)],
-                &[],
-            )
-            .unwrap();
         let mut expected = values[128..192].to_vec();
         expected.extend_from_slice(&values[..64]);
-        assert_eq!(device.read_f32(&gathered), expected, "{dtype} gather");
+        assert_eq!(gather(&device, &w, &[2, 0], 64), expected, "{dtype} gather");
+    }
+}
+
+/// Q8_0 and Q4_1 weights the linears interleave (from `avx2` up; 19 rows: a whole group of
+/// 16 and three rows after it): gathers from them, the host's read, and a projection after
+/// that read see them as written, at every level.
+#[test]
+fn interleaved_weights_read_and_gather_as_written() {
+    let (rows, width, tokens) = (19usize, 64usize, 3usize);
+    let x_values = random(29, tokens * width, 1.0);
+    let levels = Isa::every().into_iter().map(|isa| isa.level());
+    for (dtype, level) in [DType::Q8_0, DType::Q4_1]
+        .into_iter()
+        .flat_map(|dtype| levels.clone().map(move |level| (dtype, level)))
+    {
+        let bytes = blocks(dtype, rows, 23);
+        let values = dequantize(dtype, &bytes).unwrap();
+        let config = format!("isa={level},threads=2");
+        let device = Device::open(&config).unwrap();
+        let w = device.upload(dtype, &[rows as u64, width as u64], &bytes);
+        let x = device.f32s(&[tokens as u64, width as u64], &x_values);
+        let out = device.zeros(&[tokens as u64, rows as u64]);
+        let project = || {
+            device
+                .launch("linear", &[x.arg(IN), w.arg(IN), out.arg(OUT)], &[])
+                .unwrap();
+            device.read_f32(&out)
+        };
+        let gather = || gather(&device, &w, &[17, 3], width);
+        let mut expected_rows = values[17 * width..18 * width].to_vec();
+        expected_rows.extend_from_slice(&values[3 * width..4 * width]);
+        let first = project();
+        assert_eq!(
+            gather(),
+            expected_rows,
+            "{config}: gathered after the projection"
+        );
+        assert_eq!(device.read_blocks(&w), bytes, "{config}: the host's read");
+        assert_eq!(
+            project(),
+            first,
+            "{config}: a projection after the host's read"
+        );
+        assert_eq!(gather(), expected_rows, "{config}: a gather after that");
     }
 }
 

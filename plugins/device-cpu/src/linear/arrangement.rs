@@ -1,4 +1,4 @@
-//! Keeping weights in the tiles' own order across launches: arranging a launch's bf16 weights in panels in place, and putting them back in the host's order.
+//! Keeping weights in the tiles' own order across launches: arranging a launch's bf16 weights in panels in place, and putting them (or block-quantized weights in groups, see `quant`) back in the host's order.
 
 #[cfg(target_arch = "x86_64")]
 use plughost_device_abi::abi::DType;
@@ -97,8 +97,13 @@ pub(crate) fn restore_arrangement(launch: &mut Launch<'_>, arg: &str) -> Result<
     launch.rearrange(arg, AS_WRITTEN, |bytes| restore(current, bytes))
 }
 
-/// Undoes an arrangement of this module's on a buffer's bytes.
+/// Undoes an arrangement of the linears' (bf16 panels, or groups of quantized rows) on a
+/// buffer's bytes.
 pub(crate) fn restore(arrangement: u64, bytes: &mut [u8]) -> Result<(), DeviceFailure> {
+    if let Some((dtype, inner)) = super::quant::interleaved_inner_of(arrangement) {
+        super::quant::restore_interleaved(dtype, bytes, inner, &mut Vec::new());
+        return Ok(());
+    }
     #[cfg(target_arch = "x86_64")]
     if let Some(inner) = panels::inner_of(arrangement) {
         panels::restore(half_bits_mut(bytes), inner, &mut Vec::new());

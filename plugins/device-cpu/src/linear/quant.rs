@@ -1,17 +1,22 @@
-//! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks with no dequantized copy.
+//! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
 //! A launch quantizes its activation rows to int8 once, in two int8 digits (the values and their
 //! residual, see [`activations`]), then every output is the dot product of one weight row and
-//! one activation row, defined once in [`dots`]: exact integer sums in 16 lanes, then the
-//! scales in one fixed float order. The tiles of each instruction set follow that definition:
+//! one activation row, defined once in [`dots`]: exact integer sums, then the scales in one
+//! fixed float order. The tiles of each instruction set follow that definition:
 //! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
 //! plain Rust otherwise. The result of an output depends only on its weight row and its
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
 //! path gives the same bits.
 //!
-//! Threads take ranges of weight rows; each row meets every token of the launch while it is
-//! in cache, a tile of two tokens per pass, so a batch of 16 streams the
-//! weights from memory once.
+//! Q8_0, Q4_0 and Q4_1 weights are kept in groups of 16 interleaved rows on the levels from
+//! `avx2` up (see [`interleaved`]): made in place by the first launch that reads the buffer,
+//! like the bf16 panels, and read by group tiles that hold 16 rows × up to 8 tokens in
+//! registers with no horizontal sums, so batched decode and prefill share each weight load
+//! among the tokens. The K-quants are read in their stored blocks, a weight row at a time.
+//!
+//! Threads take ranges of groups of 16 weight rows; each group meets every token of the
+//! launch while it is in cache, so a batch streams the weights from memory once.
 
 mod activations;
 #[cfg(target_arch = "x86_64")]
@@ -20,6 +25,7 @@ mod avx2;
 mod avx512;
 mod bench_support;
 mod dots;
+mod interleaved;
 #[cfg(test)]
 mod tests;
 
@@ -36,12 +42,15 @@ use crate::isa::IsaLevel;
 use crate::workers::Workers;
 
 use super::sink::SharedOut;
-use activations::{Q8Row, Q8Rows};
+use activations::{Q8Row, Q8Rows, Q8Tiles};
 pub use bench_support::QuantizedBench;
+use interleaved::GROUP;
+pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
-    /// Each block size's quantized activations, grown to the largest launch and reused.
-    static ROWS: RefCell<[Q8Rows; 2]> = RefCell::new(Default::default());
+    /// Each block size's quantized activations, and the 32-value ones in the group tiles'
+    /// order, grown to the largest launch and reused.
+    static ROWS: RefCell<([Q8Rows; 2], Q8Tiles)> = RefCell::new(Default::default());
 }
 
 /// Whether any of the launch's weight arguments is block-quantized: such a launch runs here.
@@ -49,12 +58,14 @@ pub(crate) fn takes(launch: &Launch<'_>, weights: &[&str]) -> bool {
     weights.iter().any(|w| launch.dtype(w).is_block_quantized())
 }
 
-/// One weight matrix of a launch: its type, bytes and rows.
+/// One weight matrix of a launch: its type, bytes and rows, and whether its whole groups of
+/// rows are interleaved (see [`interleaved`]) or all rows lie in the host's order.
 #[derive(Clone, Copy)]
 pub struct QuantMatrix<'a> {
     pub dtype: DType,
     pub bytes: &'a [u8],
     pub rows: usize,
+    pub grouped: bool,
 }
 
 /// What the outputs of a launch are made of.
@@ -67,10 +78,10 @@ enum Outputs<'s, 'a> {
 
 pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner, n) = (launch.dim("T"), launch.dim("K"), launch.dim("N"));
-    let views = launch.views()?;
-    let mut views = views;
+    let [grouped] = interleaved::arrange_weights(launch, ["w"], inner, context)?;
+    let mut views = launch.views()?;
     let x = views.f32("x");
-    let w = matrix(&views, "w", n)?;
+    let w = matrix(&views, ("w", grouped), n)?;
     let out = views.f32_mut("out");
     let outs = [SharedOut::new(out, n)];
     multiply(context, x, (tokens, inner), &[w], &Outputs::Each(&outs))
@@ -79,12 +90,13 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), 
 pub(crate) fn run_qkv(launch: &mut Launch<'_>, context: &mut Context) -> Result<(), DeviceFailure> {
     let (tokens, inner) = (launch.dim("T"), launch.dim("K"));
     let (q, r) = (launch.dim("Q"), launch.dim("R"));
+    let grouped = interleaved::arrange_weights(launch, ["wq", "wk", "wv"], inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
     let weights = [
-        matrix(&views, "wq", q)?,
-        matrix(&views, "wk", r)?,
-        matrix(&views, "wv", r)?,
+        matrix(&views, ("wq", grouped[0]), q)?,
+        matrix(&views, ("wk", grouped[1]), r)?,
+        matrix(&views, ("wv", grouped[2]), r)?,
     ];
     let outs = [
         SharedOut::new(views.f32_mut("q"), q),
@@ -99,9 +111,13 @@ pub(crate) fn run_silu_gate(
     context: &mut Context,
 ) -> Result<(), DeviceFailure> {
     let (tokens, inner, i) = (launch.dim("T"), launch.dim("K"), launch.dim("I"));
+    let grouped = interleaved::arrange_weights(launch, ["w_gate", "w_up"], inner, context)?;
     let mut views = launch.views()?;
     let x = views.f32("x");
-    let weights = [matrix(&views, "w_gate", i)?, matrix(&views, "w_up", i)?];
+    let weights = [
+        matrix(&views, ("w_gate", grouped[0]), i)?,
+        matrix(&views, ("w_up", grouped[1]), i)?,
+    ];
     let out = SharedOut::new(views.f32_mut("out"), i);
     multiply(
         context,
@@ -114,7 +130,7 @@ pub(crate) fn run_silu_gate(
 
 fn matrix<'a>(
     views: &plughost_device_abi::export::ArgViews<'a>,
-    name: &str,
+    (name, grouped): (&str, bool),
     rows: usize,
 ) -> Result<QuantMatrix<'a>, DeviceFailure> {
     let dtype = views.dtype(name);
@@ -128,6 +144,7 @@ fn matrix<'a>(
         dtype,
         bytes: views.blocks(name),
         rows,
+        grouped,
     })
 }
 
@@ -161,7 +178,7 @@ fn multiply(
     }
     ROWS.with(|cell| {
         let mut rows = cell.borrow_mut();
-        let [small, large] = &mut *rows;
+        let ([small, large], tiles) = &mut *rows;
         let mut quantized = [None, None];
         for w in weights {
             let block = dots::activation_block(w.dtype);
@@ -175,33 +192,41 @@ fn multiply(
                 quantized[slot] = Some(());
             }
         }
-        let rows_for = |dtype: DType| {
-            if dots::activation_block(dtype) == 32 {
+        let kernel = RowKernel { isa: context.isa };
+        if let Some(width) = kernel.group_tokens()
+            && weights.iter().any(|w| interleaved::groups(w.dtype))
+        {
+            tiles.regroup(small, tokens, width);
+        }
+        let rows_for = |dtype: DType| Activations {
+            rows: if dots::activation_block(dtype) == 32 {
                 &*small
             } else {
                 &*large
-            }
+            },
+            tiles: &*tiles,
         };
-        let kernel = RowKernel { isa: context.isa };
         match outputs {
             Outputs::Each(outs) => {
-                let total: usize = weights.iter().map(|w| w.rows).sum();
-                run_rows(&context.workers, total, |range| {
+                let total: usize = weights.iter().map(|w| w.rows.div_ceil(GROUP)).sum();
+                run_groups(&context.workers, total, |range| {
                     // A range may cross from one matrix into the next.
                     let mut first = 0;
                     for (w, out) in weights.iter().zip(outs.iter()) {
-                        let mine = range.start.max(first)..range.end.min(first + w.rows);
+                        let groups = w.rows.div_ceil(GROUP);
+                        let mine = range.start.max(first)..range.end.min(first + groups);
                         if !mine.is_empty() {
-                            let local = mine.start - first..mine.end - first;
+                            let local = rows_of(mine.start - first..mine.end - first, w.rows);
                             kernel.rows_into(*w, rows_for(w.dtype), local, tokens, out);
                         }
-                        first += w.rows;
+                        first += groups;
                     }
                 });
             }
             Outputs::SiluGate(out) => {
                 let [gate, up] = [weights[0], weights[1]];
-                run_rows(&context.workers, gate.rows, |range| {
+                run_groups(&context.workers, gate.rows.div_ceil(GROUP), |range| {
+                    let range = rows_of(range, gate.rows);
                     kernel.gated_rows_into([gate, up], rows_for, range, tokens, out);
                 });
             }
@@ -210,9 +235,19 @@ fn multiply(
     })
 }
 
-/// Runs `task` over `0..rows` in ranges spread over the workers.
-fn run_rows(workers: &Workers, rows: usize, task: impl Fn(std::ops::Range<usize>) + Sync + Send) {
-    workers.for_each_range(rows, task);
+/// Runs `task` over `0..groups` (of [`GROUP`] rows) in ranges spread over the workers: a task
+/// starts at the start of a group, so the interleaved groups are never split.
+fn run_groups(
+    workers: &Workers,
+    groups: usize,
+    task: impl Fn(std::ops::Range<usize>) + Sync + Send,
+) {
+    workers.for_each_range(groups, task);
+}
+
+/// The rows of `groups` in a matrix of `rows` rows.
+fn rows_of(groups: std::ops::Range<usize>, rows: usize) -> std::ops::Range<usize> {
+    groups.start * GROUP..(groups.end * GROUP).min(rows)
 }
 
 /// Which tiles a launch runs.
@@ -221,9 +256,28 @@ struct RowKernel {
     isa: Isa,
 }
 
+/// A launch's quantized activations for one weight type: the rows, and the group tiles'
+/// regrouping of them (filled when a weight meets the group tiles).
+#[derive(Clone, Copy)]
+struct Activations<'r> {
+    rows: &'r Q8Rows,
+    tiles: &'r Q8Tiles,
+}
+
+/// Tokens that meet one group of weight rows before the next group: a chunk's activations
+/// and the group stay in the core's own caches while the chunk's tiles run.
+const CHUNK_TOKENS: usize = 64;
+
 /// Tokens of one tile: a weight row is unpacked once for this many.
 #[cfg(target_arch = "x86_64")]
 const TILE_TOKENS: usize = 2;
+
+/// Tokens of one group tile: 16 rows × 8 tokens of accumulators in AVX-512's 32 registers,
+/// × 4 in halves of eight rows in AVX2's 16. Both divide [`CHUNK_TOKENS`].
+#[cfg(target_arch = "x86_64")]
+const GROUP_TOKENS_AVX512: usize = 8;
+#[cfg(target_arch = "x86_64")]
+const GROUP_TOKENS_AVX2: usize = 4;
 
 /// `dtype`'s tile function of the instruction set's module `$isa` for `M` tokens, called with
 /// `($w, $xs)`: the one place that names the kernel of each type.
@@ -231,17 +285,28 @@ const TILE_TOKENS: usize = 2;
 macro_rules! tile_by_type {
     ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
         match $dtype {
-            DType::Q8_0 => $isa::blocks_32::<M, 0>($w, $xs),
-            DType::Q4_0 => $isa::blocks_32::<M, 1>($w, $xs),
-            DType::Q4_1 => $isa::blocks_32::<M, 2>($w, $xs),
             DType::Q4_K => $isa::q4_k($w, $xs),
             DType::Q6_K => $isa::q6_k($w, $xs),
-            _ => unreachable!("only block-quantized weights reach the integer dot products"),
+            _ => unreachable!("32-value blocks go to the group tiles, other types not here"),
         }
     };
 }
 #[cfg(target_arch = "x86_64")]
 use tile_by_type;
+
+/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens, called with
+/// `($group, $tile)`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! group_by_type {
+    ($isa:ident, $dtype:expr, $group:expr, $tile:expr) => {
+        match $dtype {
+            DType::Q8_0 => $isa::group::<M, 0>($group, $tile),
+            DType::Q4_0 => $isa::group::<M, 1>($group, $tile),
+            DType::Q4_1 => $isa::group::<M, 2>($group, $tile),
+            _ => unreachable!("only the types kept in groups reach the group tiles"),
+        }
+    };
+}
 
 impl RowKernel {
     /// The weight row `w` times each of the token rows `x`, into `out`.
@@ -271,75 +336,170 @@ impl RowKernel {
         }
     }
 
-    /// Outputs `range` of `w` for every token into `out`: row by row, each row against all
-    /// the tokens while it is in cache.
-    fn rows_into(
+    /// Tokens per group tile at this level, if it runs the group tiles.
+    fn group_tokens(self) -> Option<usize> {
+        #[cfg(target_arch = "x86_64")]
+        if self.isa.has(IsaLevel::Avx512Vnni) {
+            return Some(GROUP_TOKENS_AVX512);
+        } else if self.isa.has(IsaLevel::Avx2) {
+            return Some(GROUP_TOKENS_AVX2);
+        }
+        None
+    }
+
+    /// Outputs `rows` of `w` (at most one group, from a group's start) for the tokens
+    /// `tokens` (from a multiple of [`CHUNK_TOKENS`]), token-major into `out` (a span of
+    /// `rows.len()` per token): the types kept in groups by the group tiles from `avx2` up,
+    /// from the matrix's own
+    /// group when it is interleaved and whole, else from the rows packed into one; every other
+    /// case row by row, each row against all the tokens while it is in cache.
+    fn group_into(
         self,
         w: QuantMatrix<'_>,
-        x: &Q8Rows,
-        range: std::ops::Range<usize>,
-        tokens: usize,
-        out: &SharedOut<'_>,
+        (x, tiles): (&[Q8Row<'_>], &Q8Tiles),
+        (tokens, rows): (std::ops::Range<usize>, std::ops::Range<usize>),
+        out: &mut [f32],
     ) {
         let row_bytes = w.bytes.len() / w.rows.max(1);
-        let x: Vec<_> = (0..tokens).map(|t| x.row(t)).collect();
-        let mut column = vec![0.0f32; tokens];
-        for n in range {
+        let width = rows.len();
+        #[cfg(target_arch = "x86_64")]
+        if interleaved::groups(w.dtype) && self.group_tokens().is_some() {
+            let bytes = &w.bytes[rows.start * row_bytes..rows.end * row_bytes];
+            let packed;
+            let group = if w.grouped && width == GROUP {
+                bytes
+            } else {
+                let mut scratch = vec![0; GROUP * row_bytes];
+                let blocks = row_bytes / dots::block_bytes(w.dtype);
+                interleaved::pack(w.dtype, bytes, blocks, &mut scratch);
+                packed = scratch;
+                &packed
+            };
+            return self.group_tiles((w.dtype, group), tiles, tokens, (out, width));
+        }
+        let _ = tiles;
+        let mut column = vec![0.0f32; tokens.len()];
+        for (i, n) in rows.enumerate() {
             let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-            self.dots(w.dtype, row, &x, &mut column);
+            self.dots(w.dtype, row, &x[tokens.clone()], &mut column);
             for (t, &value) in column.iter().enumerate() {
-                // SAFETY: `columns` checked the element lies inside `out`, and the task owns
-                // column `n` of every row (the ranges of a launch are disjoint).
-                unsafe { *out.columns(t, n..n + 1) = value };
+                out[t * width + i] = value;
             }
         }
     }
 
-    /// `silu(gate) * up` for outputs `range` and every token, through the same SiLU as
-    /// `silu_mul`, so it matches two `linear`s and `silu_mul` bit for bit.
-    fn gated_rows_into<'r>(
+    /// One interleaved group of `dtype` rows against the tokens `tokens` (from a multiple of
+    /// the tile width) of `tiles`, its first `width` outputs per token into `out`.
+    #[cfg(target_arch = "x86_64")]
+    fn group_tiles(
         self,
-        [gate, up]: [QuantMatrix<'_>; 2],
-        rows_for: impl Fn(DType) -> &'r Q8Rows,
+        (dtype, group): (DType, &[u8]),
+        tiles: &Q8Tiles,
+        tokens: std::ops::Range<usize>,
+        (out, width): (&mut [f32], usize),
+    ) {
+        let mut store = |first: usize, values: &[[f32; GROUP]]| {
+            for (t, values) in (first - tokens.start..).zip(values) {
+                out[t * width..(t + 1) * width].copy_from_slice(&values[..width]);
+            }
+        };
+        let vnni = self.isa.has(IsaLevel::Avx512Vnni);
+        for first in tokens.clone().step_by(tiles.width()) {
+            let tile = tiles.tile(first);
+            if vnni {
+                super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
+                    // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
+                    // tile's features (checked when the `Isa` was made).
+                    let values = unsafe { group_by_type!(avx512, dtype, group, tile) };
+                    store(first, &values);
+                });
+            } else {
+                super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4], |M| {
+                    // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
+                    // made).
+                    let values = unsafe { group_by_type!(avx2, dtype, group, tile) };
+                    store(first, &values);
+                });
+            }
+        }
+    }
+
+    /// Outputs `range` of `w` (from a group's start) for every token into `out`: a chunk of
+    /// tokens at a time, each against every group of the range.
+    fn rows_into(
+        self,
+        w: QuantMatrix<'_>,
+        x: Activations<'_>,
         range: std::ops::Range<usize>,
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let row_bytes = |w: &QuantMatrix| w.bytes.len() / w.rows.max(1);
-        let (gb, ub) = (row_bytes(&gate), row_bytes(&up));
-        let width = range.len();
-        // Token-major, so each token's outputs are one span for the SiLU.
-        let mut g = vec![0.0f32; tokens * width];
-        let mut u = vec![0.0f32; tokens * width];
-        let mut column = vec![0.0f32; tokens];
-        let rows = |dtype| -> Vec<_> { (0..tokens).map(|t| rows_for(dtype).row(t)).collect() };
-        let (x_gate, x_up) = (rows(gate.dtype), rows(up.dtype));
-        for (i, n) in range.clone().enumerate() {
-            let row = &gate.bytes[n * gb..(n + 1) * gb];
-            self.dots(gate.dtype, row, &x_gate, &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                g[t * width + i] = value;
-            }
-            let row = &up.bytes[n * ub..(n + 1) * ub];
-            self.dots(up.dtype, row, &x_up, &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                u[t * width + i] = value;
+        let rows: Vec<_> = (0..tokens).map(|t| x.rows.row(t)).collect();
+        let mut values = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+            for start in range.clone().step_by(GROUP) {
+                let group = start..(start + GROUP).min(range.end);
+                let width = group.len();
+                let values = &mut values[..chunk.len() * width];
+                let at = (chunk.clone(), group.clone());
+                self.group_into(w, (&rows, x.tiles), at, values);
+                for (i, t) in chunk.clone().enumerate() {
+                    let start = out.columns(t, group.clone());
+                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                    // columns `range` of every row (the ranges of a launch are disjoint).
+                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                    columns.copy_from_slice(&values[i * width..(i + 1) * width]);
+                }
             }
         }
-        for t in 0..tokens {
-            let start = out.columns(t, range.clone());
-            // SAFETY: `columns` checked the span lies inside `out`, and the task owns columns
-            // `range` of every row (the ranges of a launch are disjoint).
-            let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-            let span = t * width..(t + 1) * width;
-            silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+    }
+
+    /// `silu(gate) * up` for outputs `range` (from a group's start) and every token, a chunk
+    /// of tokens and a group at a time, through the same SiLU as `silu_mul`, so it matches
+    /// two `linear`s and `silu_mul` bit for bit.
+    fn gated_rows_into<'r>(
+        self,
+        [gate, up]: [QuantMatrix<'_>; 2],
+        rows_for: impl Fn(DType) -> Activations<'r>,
+        range: std::ops::Range<usize>,
+        tokens: usize,
+        out: &SharedOut<'_>,
+    ) {
+        let (x_gate, x_up) = (rows_for(gate.dtype), rows_for(up.dtype));
+        let rows = |x: Activations<'r>| -> Vec<_> { (0..tokens).map(|t| x.rows.row(t)).collect() };
+        let (rows_gate, rows_up) = (rows(x_gate), rows(x_up));
+        // Token-major, so each token's outputs are one span for the SiLU.
+        let mut g = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        let mut u = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
+        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+            for start in range.clone().step_by(GROUP) {
+                let group = start..(start + GROUP).min(range.end);
+                let width = group.len();
+                let (g, u) = (&mut g[..chunk.len() * width], &mut u[..chunk.len() * width]);
+                let at = (chunk.clone(), group.clone());
+                self.group_into(gate, (&rows_gate, x_gate.tiles), at.clone(), g);
+                self.group_into(up, (&rows_up, x_up.tiles), at, u);
+                for (i, t) in chunk.clone().enumerate() {
+                    let start = out.columns(t, group.clone());
+                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
+                    // columns `range` of every row (the ranges of a launch are disjoint).
+                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                    let span = i * width..(i + 1) * width;
+                    silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+                }
+            }
         }
     }
 }
 
 /// Gathers rows of a block-quantized table into f32 (`embedding_gather`).
+///
+/// A table the linears interleaved (`arrangement`, its code, not `AS_WRITTEN`) is read in
+/// place, each gathered row put back in the host's order first.
 pub(crate) fn gather_rows(
-    dtype: DType,
+    (dtype, arrangement): (DType, u64),
     table: &[u8],
     width: usize,
     indices: &[i32],
@@ -359,12 +519,26 @@ pub(crate) fn gather_rows(
             ));
         }
     }
+    let interleaved = interleaved::inner_of(arrangement);
+    if arrangement != plughost_device_abi::export::AS_WRITTEN && interleaved != Some((dtype, width))
+    {
+        return Err(format!(
+            "a {dtype} table of rows of {width} is in arrangement {arrangement}"
+        ));
+    }
     let rows_per_task = workers.rows_per_task(indices.len(), width);
     workers.for_each_chunk(out, rows_per_task * width, |task, out_rows| {
         let first = task * rows_per_task;
+        let mut unpacked = Vec::new();
         for (out_row, &index) in out_rows.chunks_exact_mut(width).zip(&indices[first..]) {
             let index = index as usize;
-            let row = &table[index * row_bytes..(index + 1) * row_bytes];
+            let row = if interleaved.is_some() {
+                unpacked.resize(row_bytes, 0);
+                interleaved::row_of(dtype, table, width, index, &mut unpacked);
+                &unpacked[..]
+            } else {
+                &table[index * row_bytes..(index + 1) * row_bytes]
+            };
             // Whole blocks of the right count (checked above): this cannot fail.
             let _ = plughost_device_abi::blocks::dequantize_into(dtype, row, out_row);
         }

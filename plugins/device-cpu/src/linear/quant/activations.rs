@@ -120,6 +120,88 @@ impl Q8Rows {
     }
 }
 
+/// The rows of a [`Q8Rows`] of 32-value blocks regrouped for the Q8_0 group tiles, in tiles
+/// of `width` tokens (the last may be narrower): for each block and each four values, the
+/// tile's tokens' four first digits side by side, then their four second digits; for each
+/// block, the tokens' scales and their joined block sums (for Q4_1's minimum, and for what
+/// the offsets of the tiles' weights add). A tile then reads its tokens' activations as one
+/// stream.
+#[derive(Debug, Default)]
+pub struct Q8Tiles {
+    width: usize,
+    tokens: usize,
+    blocks: usize,
+    digits: Vec<i8>,
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+}
+
+/// One tile of [`Q8Tiles`]: `tokens` tokens' digits, scales and block sums.
+#[derive(Clone, Copy, Debug)]
+pub struct Q8Tile<'a> {
+    pub tokens: usize,
+    pub digits: &'a [i8],
+    pub scales: &'a [f32],
+    pub sums: &'a [i32],
+}
+
+impl Q8Tiles {
+    /// Regroups the first `tokens` rows of `rows` (blocks of 32) in tiles of `width` tokens,
+    /// reusing this value's storage.
+    pub fn regroup(&mut self, rows: &Q8Rows, tokens: usize, width: usize) {
+        assert!(
+            rows.block == 32 && width > 0,
+            "Q8_0's tiles take blocks of 32"
+        );
+        let blocks = rows.inner / 32;
+        (self.width, self.tokens, self.blocks) = (width, tokens, blocks);
+        self.digits.clear();
+        self.digits.resize(tokens * blocks * 64, 0);
+        self.scales.clear();
+        self.scales.resize(tokens * blocks, 0.0);
+        self.sums.clear();
+        self.sums.resize(tokens * blocks, 0);
+        for first in (0..tokens).step_by(width) {
+            let m = width.min(tokens - first);
+            let digits = &mut self.digits[first * blocks * 64..(first + m) * blocks * 64];
+            for t in 0..m {
+                let row = rows.row(first + t);
+                for b in 0..blocks {
+                    for q in 0..8 {
+                        let at = (b * 8 + q) * 8 * m + 4 * t;
+                        let from = 32 * b + 4 * q..32 * b + 4 * q + 4;
+                        digits[at..at + 4].copy_from_slice(&row.high[from.clone()]);
+                        digits[at + 4 * m..at + 4 * m + 4].copy_from_slice(&row.low[from]);
+                    }
+                    let at = first * blocks + b * m + t;
+                    self.scales[at] = row.scales[b];
+                    self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
+                }
+            }
+        }
+    }
+
+    /// Tokens per tile (the last tile may have fewer).
+    pub fn width(&self) -> usize {
+        self.width
+    }
+
+    /// The tile that starts at token `first` (a multiple of the width).
+    pub fn tile(&self, first: usize) -> Q8Tile<'_> {
+        assert!(
+            first.is_multiple_of(self.width) && first < self.tokens,
+            "a tile's first token"
+        );
+        let (blocks, tokens) = (self.blocks, self.width.min(self.tokens - first));
+        Q8Tile {
+            tokens,
+            digits: &self.digits[first * blocks * 64..(first + tokens) * blocks * 64],
+            scales: &self.scales[first * blocks..(first + tokens) * blocks],
+            sums: &self.sums[first * blocks..(first + tokens) * blocks],
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +233,36 @@ mod tests {
         rows.quantize(&[0.0; 32], 32, 32);
         let row = rows.row(0);
         assert_eq!((row.scales[0], row.high[5], row.low[5]), (0.0, 0, 0));
+    }
+
+    #[test]
+    fn tiles_hold_four_values_of_each_token_side_by_side() {
+        let (tokens, inner, width) = (5, 64, 2);
+        let x: Vec<f32> = (0..tokens * inner)
+            .map(|i| (i % 97) as f32 - 48.0)
+            .collect();
+        let mut rows = Q8Rows::default();
+        rows.quantize(&x, inner, 32);
+        let mut tiles = Q8Tiles::default();
+        tiles.regroup(&rows, tokens, width);
+        for first in (0..tokens).step_by(width) {
+            let tile = tiles.tile(first);
+            let m = tile.tokens;
+            assert_eq!(m, width.min(tokens - first));
+            for t in 0..m {
+                let row = rows.row(first + t);
+                for b in 0..2 {
+                    for q in 0..8 {
+                        let at = (b * 8 + q) * 8 * m + 4 * t;
+                        let from = 32 * b + 4 * q..32 * b + 4 * q + 4;
+                        assert_eq!(tile.digits[at..at + 4], row.high[from.clone()]);
+                        assert_eq!(tile.digits[at + 4 * m..at + 4 * m + 4], row.low[from]);
+                    }
+                    assert_eq!(tile.scales[b * m + t], row.scales[b]);
+                    let sum = row.sums[2 * b] + row.sums[2 * b + 1];
+                    assert_eq!(tile.sums[b * m + t], sum);
+                }
+            }
+        }
     }
 }

@@ -12,6 +12,8 @@ use crate::isa::Isa;
 use crate::workers::Workers;
 
 use super::super::sink::SharedOut;
+use super::dots::block_bytes;
+use super::interleaved::{arrange_in_tasks, groups};
 use super::{Outputs, QuantMatrix, multiply};
 
 /// A device's worker threads and instruction-set level, for timing quantized linears.
@@ -32,11 +34,41 @@ impl QuantizedBench {
         })
     }
 
-    /// `out[T, N] = x[T, K] · w[N, K]ᵀ` for `weights`, `N = rows` rows of `dtype` blocks.
+    /// Whether launches at this level keep `dtype` weights interleaved in groups of rows.
+    pub fn reads_groups(&self, dtype: DType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if groups(dtype) {
+            return self.context.isa.has(crate::isa::IsaLevel::Avx2);
+        }
+        let _ = dtype;
+        false
+    }
+
+    /// Interleaves `weights` (`rows` rows of `dtype` blocks) in place, as the first launch
+    /// that reads them at a level where [`QuantizedBench::reads_groups`] does.
+    pub fn arrange(&self, dtype: DType, weights: &mut [u8], rows: usize) -> Result<(), String> {
+        let row_bytes = weights.len() / rows.max(1);
+        let whole = groups(dtype)
+            && rows > 0
+            && row_bytes * rows == weights.len()
+            && row_bytes.is_multiple_of(block_bytes(dtype));
+        if !whole {
+            return Err(format!(
+                "{} bytes are not {rows} rows of {dtype} blocks kept in groups",
+                weights.len()
+            ));
+        }
+        let inner = row_bytes / block_bytes(dtype) * 32;
+        arrange_in_tasks(dtype, weights, inner, &self.context);
+        Ok(())
+    }
+
+    /// `out[T, N] = x[T, K] · w[N, K]ᵀ` for `weights`, `N = rows` rows of `dtype` blocks,
+    /// interleaved by [`QuantizedBench::arrange`] when `grouped` says so.
     pub fn linear(
         &self,
         dtype: DType,
-        weights: &[u8],
+        (weights, grouped): (&[u8], bool),
         rows: usize,
         x: &[f32],
         out: &mut [f32],
@@ -54,6 +86,7 @@ impl QuantizedBench {
             dtype,
             bytes: weights,
             rows,
+            grouped: grouped && self.reads_groups(dtype),
         };
         let outs = [SharedOut::new(out, rows)];
         multiply(

@@ -1,31 +1,38 @@
-//! The dot product of one block-quantized weight row and one two-digit [`Q8Row`], defined once: exact integer sums in 16 lanes, then the scales applied in one fixed float order that every instruction set follows.
+//! The dot product of one block-quantized weight row and one two-digit [`Q8Row`], defined once: exact integer sums, then the scales applied in one fixed float order that every instruction set follows.
 //!
-//! Every path computes the same exact integers. For a 32-value block `b` (Q8_0, Q4_0, Q4_1)
-//! they are the eight sums of four consecutive products (values `4g..4g + 4`), which is what
-//! `vpmaddubsw` + `vpmaddwd` and `vpdpbusd` produce in their lanes, for each activation digit,
-//! joined as `256 · high + low` ([`join`]); they go to lane `8 · (b % 2) + g`. For a 256-value
-//! K-quant block, the joined four-product sums of each 32 values are multiplied by their
-//! sub-block's integer scale and added, in integers, into lane `8 · (chunk % 2) + g` (Q4_K:
-//! over the whole block, chunk = its 32-value sub-block; Q6_K: over each half of the block,
-//! chunk = its 32 values, which keeps every lane inside i32). Q4_1's minimum meets the joined
-//! four-value sums of the activations in the same lanes. What the K-quants subtract per block
-//! (Q4_K's minima, Q6_K's `- 32`) is an exact integer too, from the activations' sums of 16
-//! ([`SUM_SPAN`]), kept in a `tail` (in i64).
+//! The 32-value blocks (Q8_0, Q4_0, Q4_1) are defined per block: the exact integer sum of the
+//! block's 32 products (Q8_0's signed values, Q4_0's `q - 8`, Q4_1's unsigned `q`) for each
+//! activation digit, joined as `256 · high + low` ([`join`], at most `32 · 128 · 127 · 257`),
+//! then `acc = acc + (d · s) · ints` ([`scaled`], `d` the weights' scale, `s` the
+//! activations'; a multiply, a multiply and an add, never fused), and for Q4_1 then
+//! `acc = acc + (m · s) · sums` with its minimum `m` and the joined sum of the block's
+//! activations ([`block_sum`]), in block order from `acc = 0`. One output is then one float
+//! chain, which the group tiles hold in one lane per weight row (see `interleaved`): 16 rows
+//! and many tokens at once with no horizontal sums.
 //!
-//! The float part is then fixed: for each block (Q6_K: each half) in order, each lane does
-//! `lane += (d · s) · ints` ([`scaled`], `d` the weights' scale, `s` the activations'; no fused
-//! multiply-add), then for Q4_1 `lane += (m · s) · sums` with its minimum `m`, the tail likewise, and [`Sums::finish`] adds the 16 lanes in one tree
-//! (`i + 8`, `i + 4`, `i + 2`, `i + 1`) and then the tail. Integer sums are exact and these
-//! float operations are the same IEEE operations in any vector width, so a row's result has
-//! the same bits on every path; since it depends on that weight row and that token's row
-//! alone, in every batch and every chunk.
+//! The K-quants keep 16 lanes. For a 256-value block, the joined four-product sums of each 32
+//! values (values `4g..4g + 4`, what `vpmaddubsw` + `vpmaddwd` and `vpdpbusd` produce in
+//! their lanes) are multiplied by their sub-block's integer scale and added, in integers, into
+//! lane `8 · (chunk % 2) + g` (Q4_K: over the whole block, chunk = its 32-value sub-block;
+//! Q6_K: over each half of the block, chunk = its 32 values, which keeps every lane inside
+//! i32). What they subtract per block (Q4_K's minima, Q6_K's `- 32`) is an exact integer too,
+//! from the activations' sums of 16 ([`SUM_SPAN`]), kept in a `tail` (in i64). The float part
+//! is then fixed: for each block (Q6_K: each half) in order, each lane does
+//! `lane += (d · s) · ints` ([`scaled`]), the tail likewise, and [`Sums::finish`] adds the 16
+//! lanes in one tree (`i + 8`, `i + 4`, `i + 2`, `i + 1`) and then subtracts the tail.
 //!
-//! Bounds, with activation digits in `-127..=127`: a joined four-product sum of Q8_0 is at most
-//! `4 · 128 · 127 · 257`; a Q4_K lane adds four sub-blocks of `63 · 4 · 15 · 127 · 257`; a Q6_K
-//! lane two chunks of `128 · 4 · 63 · 127 · 257` (2.1e9, under `i32::MAX`).
+//! Integer sums are exact and these float operations are the same IEEE operations in any
+//! vector width, so a row's result has the same bits on every path; since it depends on that
+//! weight row and that token's row alone, in every batch and every chunk.
 //!
-//! [`dot_row`] is the plain-Rust path; the vector paths keep their lanes in registers and hand
-//! them to [`Sums::finish`].
+//! Bounds, with activation digits in `-127..=127`: a Q4_K lane adds four sub-blocks of
+//! `63 · 4 · 15 · 127 · 257`; a Q6_K lane two chunks of `128 · 4 · 63 · 127 · 257` (2.1e9,
+//! under `i32::MAX`).
+//!
+//! [`dot_row`] is the plain-Rust path; the K-quants' vector paths keep their lanes in
+//! registers and hand them to [`Sums::finish`].
+//!
+//! [`SUM_SPAN`]: super::activations::SUM_SPAN
 
 use plughost_device_abi::DType;
 use plughost_device_abi::blocks::f16_at;
@@ -74,7 +81,7 @@ pub fn check_rows(dtype: DType, w: &[u8], xs: &[Q8Row<'_>]) {
     }
 }
 
-/// One output's float accumulation: the 16 lanes and the tail.
+/// One K-quant output's float accumulation: the 16 lanes and the tail.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Sums {
     pub lanes: [f32; LANES],
@@ -82,9 +89,8 @@ pub struct Sums {
 }
 
 impl Sums {
-    /// The lanes added in the fixed tree, then the tail: subtracted for the K-quants, absent
-    /// otherwise.
-    pub fn finish(&self, dtype: DType) -> f32 {
+    /// The lanes added in the fixed tree, then the tail subtracted.
+    pub fn finish(&self) -> f32 {
         let mut lanes = self.lanes;
         let mut width = LANES / 2;
         while width > 0 {
@@ -93,10 +99,7 @@ impl Sums {
             }
             width /= 2;
         }
-        match dtype {
-            DType::Q4_K | DType::Q6_K => lanes[0] - self.tail,
-            _ => lanes[0],
-        }
+        lanes[0] - self.tail
     }
 }
 
@@ -171,6 +174,34 @@ pub fn q6_k_tail(block: &[u8], x: &Q8Row<'_>, b: usize) -> i64 {
         tail += i32::from(scales[i] as i8) * sums[i];
     }
     32 * i64::from(tail)
+}
+
+/// The joined sum of the activations of 32-value block `b`.
+#[inline(always)]
+pub fn block_sum(x: &Q8Row<'_>, b: usize) -> i32 {
+    x.sums[2 * b] + x.sums[2 * b + 1]
+}
+
+/// Q8_0, Q4_0 and Q4_1: each block's joined integer sum, scaled and added in block order,
+/// Q4_1's minimum times the block's activation sum after it.
+fn blocks_32_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+    let mut acc = 0.0f32;
+    for (b, block) in w.chunks_exact(block_bytes(dtype)).enumerate() {
+        let values = values_32(dtype, block);
+        let sum = |digits: &[i8]| -> i32 {
+            let digits = &digits[32 * b..32 * b + 32];
+            values
+                .iter()
+                .zip(digits)
+                .map(|(&w, &x)| w * i32::from(x))
+                .sum()
+        };
+        acc += scaled(f16_at(block, 0), x.scales[b], join(sum(x.high), sum(x.low)));
+        if dtype == DType::Q4_1 {
+            acc += scaled(f16_at(block, 2), x.scales[b], block_sum(&x, b));
+        }
+    }
+    acc
 }
 
 /// The stored integers of a 32-value block, in value order: signed for Q8_0, `q - 8` for
@@ -255,25 +286,14 @@ fn q6_k_lanes(block: &[u8], half: usize, x: &Q8Row<'_>, at: usize) -> [i32; LANE
 /// `Σ_k w[k] · x[k]` for one row of `dtype` blocks and one token's activations, quantized in
 /// blocks of [`activation_block`]`(dtype)`: the plain-Rust path.
 pub fn dot_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
+    if matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+        return blocks_32_row(dtype, w, x);
+    }
     let mut sums = Sums::default();
     let bytes = block_bytes(dtype);
     for (b, block) in w.chunks_exact(bytes).enumerate() {
         let s = x.scales[b];
         match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-                let ints = fours(&values_32(dtype, block), &x, 32 * b);
-                let d = f16_at(block, 0);
-                for (g, &ints) in ints.iter().enumerate() {
-                    sums.lanes[8 * (b % 2) + g] += scaled(d, s, ints);
-                }
-                if dtype == DType::Q4_1 {
-                    let ones = fours(&[1; 32], &x, 32 * b);
-                    let m = f16_at(block, 2);
-                    for (g, &ints) in ones.iter().enumerate() {
-                        sums.lanes[8 * (b % 2) + g] += scaled(m, s, ints);
-                    }
-                }
-            }
             DType::Q4_K => {
                 let lanes = q4_k_lanes(block, &x, 256 * b);
                 let d = f16_at(block, 0);
@@ -296,7 +316,7 @@ pub fn dot_row(dtype: DType, w: &[u8], x: Q8Row<'_>) -> f32 {
             _ => unreachable!("only block-quantized weights reach the integer dot products"),
         }
     }
-    sums.finish(dtype)
+    sums.finish()
 }
 
 #[cfg(test)]

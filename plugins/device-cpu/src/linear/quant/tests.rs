@@ -106,7 +106,19 @@ fn dot_products_match_the_reference_on_every_path() {
                 let kernel = RowKernel { isa };
                 let dot = |rows: &Q8Rows| {
                     let mut out = [0.0f32];
-                    kernel.dots(case.dtype, w, &[rows.row(0)], &mut out);
+                    let w = QuantMatrix {
+                        dtype: case.dtype,
+                        bytes: w,
+                        rows: 1,
+                        grouped: false,
+                    };
+                    let mut tiles = Q8Tiles::default();
+                    if let Some(width) = kernel.group_tokens()
+                        && interleaved::groups(case.dtype)
+                    {
+                        tiles.regroup(rows, 1, width);
+                    }
+                    kernel.group_into(w, (&[rows.row(0)], &tiles), (0..1, 0..1), &mut out);
                     f64::from(out[0])
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
@@ -165,6 +177,7 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             dtype: case.dtype,
             bytes: &case.rows,
             rows: 2,
+            grouped: false,
         };
         for isa in paths() {
             let batch = launch_rows(isa, w, &x, 2);
@@ -213,31 +226,13 @@ fn the_fused_launches_match_the_plain_ones() {
             dtype: case.dtype,
             bytes: &case.rows,
             rows: 2,
+            grouped: false,
         }
     }
     for isa in paths() {
         let context = context(isa, 2);
-        let g = launch_rows(isa, matrix(gate), &x, 2);
-        let u = launch_rows(isa, matrix(up), &x, 2);
-        let mut expected = vec![0.0; g.len()];
-        silu_mul_span(isa, &g, &u, &mut expected);
-        let mut out = vec![f32::NAN; g.len()];
-        let shared = SharedOut::new(&mut out, 2);
         let weights = [matrix(gate), matrix(up)];
-        multiply(
-            &context,
-            &x,
-            (tokens, INNER),
-            &weights,
-            &Outputs::SiluGate(shared),
-        )
-        .expect("launch");
-        assert_eq!(
-            out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "silu gate (Q6_K gate, Q4_K up) at {}",
-            isa.level()
-        );
+        check_gated(isa, weights, &x, INNER, "silu gate (Q6_K gate, Q4_K up)");
         // Three matrices of three types in one launch, as a Q4_K_M layer's q, k and v.
         let (q, k, v) = (matrix(&all[3]), matrix(&all[4]), matrix(&all[0]));
         let mut outs = [
@@ -280,6 +275,7 @@ fn weights_that_are_not_whole_rows_are_an_error() {
         dtype: case.dtype,
         bytes: &case.rows[..case.rows.len() - 1],
         rows: 2,
+        grouped: false,
     };
     let context = context(Isa::at(IsaLevel::Portable).expect("portable"), 1);
     let mut out = vec![0.0; 2];
@@ -329,6 +325,7 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
                 dtype,
                 bytes: &bytes,
                 rows,
+                grouped: false,
             };
             let mut x: Vec<f32> = (0..tokens * inner).map(|i| noise(11, i) * 3.0).collect();
             // A zero token and a huge value: scales of 0, and saturating activations.
@@ -352,5 +349,139 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
                 );
             }
         }
+    }
+}
+
+/// `x` (`tokens` rows of `inner`) times `w` through a whole launch's code at `isa` on
+/// `threads` threads: the outputs' bits.
+fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: usize) -> Vec<u32> {
+    let context = context(isa, threads);
+    let tokens = x.len() / inner;
+    let mut out = vec![f32::NAN; tokens * w.rows];
+    let outs = [SharedOut::new(&mut out, w.rows)];
+    multiply(&context, x, (tokens, inner), &[w], &Outputs::Each(&outs)).expect("launch");
+    out.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Checks that the gated launch of `gate` and `up` at `isa` gives the bits of two plain
+/// launches and `silu_mul`.
+fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usize, what: &str) {
+    let tokens = x.len() / inner;
+    let float = |w| -> Vec<f32> {
+        let bits = launch_bits(isa, w, x, inner, 1);
+        bits.into_iter().map(f32::from_bits).collect()
+    };
+    let (g, u) = (float(gate), float(up));
+    let mut expected = vec![0.0; g.len()];
+    silu_mul_span(isa, &g, &u, &mut expected);
+    let mut out = vec![f32::NAN; g.len()];
+    let shared = SharedOut::new(&mut out, gate.rows);
+    let outputs = Outputs::SiluGate(shared);
+    multiply(&context(isa, 2), x, (tokens, inner), &[gate, up], &outputs).expect("launch");
+    let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out), bits(&expected), "{what} at {}", isa.level());
+}
+
+/// Q8_0, Q4_0 and Q4_1 on the group tiles: weights interleaved as a launch keeps them and in
+/// the host's
+/// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
+/// last group) and token counts that fill no whole tile, alone and in a batch, on one thread
+/// and two; block counts odd (a last block alone) and even.
+#[test]
+fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
+    let portable = Isa::at(IsaLevel::Portable).expect("portable");
+    let types = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+    let shapes = [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)];
+    for (dtype, (blocks, rows)) in types.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
+        let inner = 32 * blocks;
+        let bytes = noise_blocks(dtype, rows, inner, (rows + blocks) as u64);
+        let mut arranged = bytes.clone();
+        interleaved::arrange(dtype, &mut arranged, inner, &mut Vec::new());
+        let plain = QuantMatrix {
+            dtype,
+            bytes: &bytes,
+            rows,
+            grouped: false,
+        };
+        let grouped = QuantMatrix {
+            bytes: &arranged,
+            grouped: true,
+            ..plain
+        };
+        for tokens in [1, 2, 3, 5, 16, 17, 70] {
+            let x: Vec<f32> = (0..tokens * inner).map(|i| noise(13, i) * 2.0).collect();
+            let expected = launch_bits(portable, plain, &x, inner, 1);
+            for isa in paths() {
+                let name = format!(
+                    "{dtype}: {rows} rows of {blocks} blocks, {tokens} tokens at {}",
+                    isa.level()
+                );
+                let groups = RowKernel { isa }.group_tokens().is_some();
+                assert_eq!(launch_bits(isa, plain, &x, inner, 2), expected, "{name}");
+                if groups {
+                    assert_eq!(
+                        launch_bits(isa, grouped, &x, inner, 2),
+                        expected,
+                        "{name}, grouped"
+                    );
+                    assert_eq!(
+                        launch_bits(isa, grouped, &x, inner, 1),
+                        expected,
+                        "{name}, grouped"
+                    );
+                }
+                // Each token alone, as decode runs it.
+                let w = if groups { grouped } else { plain };
+                for t in [0, tokens - 1] {
+                    let alone = launch_bits(isa, w, &x[t * inner..(t + 1) * inner], inner, 2);
+                    assert_eq!(
+                        alone,
+                        expected[t * rows..(t + 1) * rows],
+                        "{name}, token {t} alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The gated form over interleaved gate (Q8_0) and up (Q4_1) matrices matches two plain
+/// launches and `silu_mul`, past a partial group.
+#[test]
+fn groups_serve_the_gated_launch() {
+    let (rows, inner, tokens) = (21, 64, 9);
+    let (gate_type, up_type) = (DType::Q8_0, DType::Q4_1);
+    let gate = noise_blocks(gate_type, rows, inner, 31);
+    let up = noise_blocks(up_type, rows, inner, 37);
+    let x: Vec<f32> = (0..tokens * inner).map(|i| noise(41, i)).collect();
+    let arranged = |dtype: DType, bytes: &[u8]| {
+        let mut bytes = bytes.to_vec();
+        interleaved::arrange(dtype, &mut bytes, inner, &mut Vec::new());
+        bytes
+    };
+    let (gate_arranged, up_arranged) = (arranged(gate_type, &gate), arranged(up_type, &up));
+    for isa in paths() {
+        let grouped = RowKernel { isa }.group_tokens().is_some();
+        fn matrix<'a>(
+            dtype: DType,
+            bytes: &'a [u8],
+            rows: usize,
+            grouped: bool,
+        ) -> QuantMatrix<'a> {
+            QuantMatrix {
+                dtype,
+                bytes,
+                rows,
+                grouped,
+            }
+        }
+        let (gate, up) = if grouped {
+            (&gate_arranged, &up_arranged)
+        } else {
+            (&gate, &up)
+        };
+        let gate = matrix(gate_type, gate, rows, grouped);
+        let up = matrix(up_type, up, rows, grouped);
+        check_gated(isa, [gate, up], &x, inner, "Q8_0 gate, Q4_1 up");
     }
 }
