@@ -27,6 +27,7 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod bench_support;
 mod online;
 #[cfg(test)]
 mod tests;
@@ -42,6 +43,7 @@ use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, Bf16Products, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::workers::{Workers, with_scratch};
+pub use bench_support::{AttentionBench, BenchHeads, BenchLayout};
 use online::{QueryBlock, TileKernel, attend_range, finish, merge, state_len, tile_buffer_len};
 
 /// Below this many multiply-adds a launch runs on the calling thread.
