@@ -305,10 +305,12 @@ fn main() {
                 .as_ref()
                 .is_none_or(|f| name.contains(f.as_str()))
         };
-        if !levels
-            .iter()
-            .any(|isa| wanted(&format!("{} {}", case.name, isa.level().name())))
-        {
+        let any_wanted = levels.iter().any(|isa| {
+            ["f32", "bf16"]
+                .iter()
+                .any(|products| wanted(&format!("{} {} {products}", case.name, isa.level().name())))
+        });
+        if !any_wanted {
             continue;
         }
         let step = Step::new(&case, heads, options.warm);

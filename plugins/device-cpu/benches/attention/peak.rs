@@ -3,10 +3,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-/// Independent accumulators per loop: more than latency times throughput, so the loop waits
-/// on the execution ports, not on one dependency chain.
+/// Independent accumulators per loop (`chains!` writes them out): more than latency times
+/// throughput, so the loop waits on the execution ports, not on one dependency chain.
 #[cfg(target_arch = "x86_64")]
-const CHAINS: usize = 16;
+const CHAINS: usize = 12;
 
 /// Instructions per accumulator per call: long enough that the call's overhead vanishes.
 #[cfg(target_arch = "x86_64")]
@@ -25,7 +25,7 @@ impl Products {
     /// Flops per instruction and the loop that runs `ROUNDS * CHAINS` of them, where the CPU
     /// has the instructions.
     #[cfg(target_arch = "x86_64")]
-    fn kernel(self) -> Option<(f64, fn() -> f32)> {
+    fn kernel(self) -> Option<(f64, fn())> {
         match self {
             Products::Bf16 if std::is_x86_feature_detected!("avx512bf16") => {
                 Some((64.0, bf16_loop_checked))
@@ -45,7 +45,7 @@ impl Products {
     }
 
     #[cfg(not(target_arch = "x86_64"))]
-    fn kernel(self) -> Option<(f64, fn() -> f32)> {
+    fn kernel(self) -> Option<(f64, fn())> {
         None
     }
 
@@ -61,7 +61,7 @@ impl Products {
                 for _ in 0..threads {
                     scope.spawn(move || {
                         for _ in 0..calls {
-                            black_box(kernel());
+                            kernel();
                         }
                     });
                 }
@@ -79,92 +79,102 @@ fn instructions_per_call() -> f64 {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn instructions_per_call() -> f64 {
-    0.0
-}
+fn instructions_per_call() -> f64 {}
 
 #[cfg(target_arch = "x86_64")]
-fn bf16_loop_checked() -> f32 {
+fn bf16_loop_checked() {
     // SAFETY: chosen by `Products::kernel` only where the CPU has AVX-512 BF16.
     unsafe { bf16_loop() }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn f32_loop_512_checked() -> f32 {
+fn f32_loop_512_checked() {
     // SAFETY: chosen by `Products::kernel` only where the CPU has AVX-512 F.
     unsafe { f32_loop_512() }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn f32_loop_256_checked() -> f32 {
+fn f32_loop_256_checked() {
     // SAFETY: chosen by `Products::kernel` only where the CPU has AVX2 and FMA.
     unsafe { f32_loop_256() }
+}
+
+/// The loop every rate runs: `ROUNDS` times `CHAINS` independent instructions `op` (an
+/// Intel-syntax mnemonic taking `acc, a, b`) over accumulators `zmm0`..`zmm11` or
+/// `ymm0`..`ymm11` (`reg`, of register class `class`), cleared first; in assembly, so the compiler can neither shuffle
+/// the accumulators through memory nor drop the work.
+#[cfg(target_arch = "x86_64")]
+macro_rules! chains {
+    ($op:literal, $reg:literal, $class:ident, $a:expr, $b:expr) => {
+        // SAFETY: only registers the block names as clobbered are written; no memory is
+        // touched; the caller's target features cover the instructions.
+        unsafe {
+            std::arch::asm!(
+                concat!("vxorps ", $reg, "0, ", $reg, "0, ", $reg, "0"),
+                concat!("vxorps ", $reg, "1, ", $reg, "1, ", $reg, "1"),
+                concat!("vxorps ", $reg, "2, ", $reg, "2, ", $reg, "2"),
+                concat!("vxorps ", $reg, "3, ", $reg, "3, ", $reg, "3"),
+                concat!("vxorps ", $reg, "4, ", $reg, "4, ", $reg, "4"),
+                concat!("vxorps ", $reg, "5, ", $reg, "5, ", $reg, "5"),
+                concat!("vxorps ", $reg, "6, ", $reg, "6, ", $reg, "6"),
+                concat!("vxorps ", $reg, "7, ", $reg, "7, ", $reg, "7"),
+                concat!("vxorps ", $reg, "8, ", $reg, "8, ", $reg, "8"),
+                concat!("vxorps ", $reg, "9, ", $reg, "9, ", $reg, "9"),
+                concat!("vxorps ", $reg, "10, ", $reg, "10, ", $reg, "10"),
+                concat!("vxorps ", $reg, "11, ", $reg, "11, ", $reg, "11"),
+                "2:",
+                concat!($op, " ", $reg, "0, {a}, {b}"),
+                concat!($op, " ", $reg, "1, {a}, {b}"),
+                concat!($op, " ", $reg, "2, {a}, {b}"),
+                concat!($op, " ", $reg, "3, {a}, {b}"),
+                concat!($op, " ", $reg, "4, {a}, {b}"),
+                concat!($op, " ", $reg, "5, {a}, {b}"),
+                concat!($op, " ", $reg, "6, {a}, {b}"),
+                concat!($op, " ", $reg, "7, {a}, {b}"),
+                concat!($op, " ", $reg, "8, {a}, {b}"),
+                concat!($op, " ", $reg, "9, {a}, {b}"),
+                concat!($op, " ", $reg, "10, {a}, {b}"),
+                concat!($op, " ", $reg, "11, {a}, {b}"),
+                "dec {n}",
+                "jnz 2b",
+                n = inout(reg) ROUNDS => _,
+                a = in($class) $a,
+                b = in($class) $b,
+                out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                options(nomem, nostack),
+            )
+        }
+    };
 }
 
 /// # Safety
 /// The CPU has AVX-512 F and BF16.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
-unsafe fn bf16_loop() -> f32 {
-    use std::arch::x86_64::{
-        __m512bh, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_reduce_add_ps, _mm512_set1_ps,
-        _mm512_setzero_ps,
-    };
-    let a: __m512bh = _mm512_cvtne2ps_pbh(
-        _mm512_set1_ps(black_box(1e-3)),
-        _mm512_set1_ps(black_box(1e-3)),
-    );
-    let b = _mm512_cvtne2ps_pbh(_mm512_set1_ps(black_box(1.0)), _mm512_set1_ps(1.0));
-    let mut acc = [_mm512_setzero_ps(); CHAINS];
-    for _ in 0..ROUNDS {
-        for acc in &mut acc {
-            *acc = _mm512_dpbf16_ps(*acc, a, b);
-        }
-    }
-    acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+unsafe fn bf16_loop() {
+    use std::arch::x86_64::_mm512_set1_ps;
+    let (a, b) = (_mm512_set1_ps(black_box(1e-3)), _mm512_set1_ps(1.0));
+    chains!("vdpbf16ps", "zmm", zmm_reg, a, b);
 }
 
 /// # Safety
 /// The CPU has AVX-512 F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn f32_loop_512() -> f32 {
-    use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_reduce_add_ps, _mm512_set1_ps};
-    let (a, b) = (
-        _mm512_set1_ps(black_box(1e-3)),
-        _mm512_set1_ps(black_box(1.0)),
-    );
-    let mut acc = [_mm512_set1_ps(0.0); CHAINS];
-    for _ in 0..ROUNDS {
-        for acc in &mut acc {
-            *acc = _mm512_fmadd_ps(a, b, *acc);
-        }
-    }
-    acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+unsafe fn f32_loop_512() {
+    use std::arch::x86_64::_mm512_set1_ps;
+    let (a, b) = (_mm512_set1_ps(black_box(1e-3)), _mm512_set1_ps(1.0));
+    chains!("vfmadd231ps", "zmm", zmm_reg, a, b);
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn f32_loop_256() -> f32 {
-    use std::arch::x86_64::{_mm256_fmadd_ps, _mm256_set1_ps, _mm256_storeu_ps};
-    let (a, b) = (
-        _mm256_set1_ps(black_box(1e-3)),
-        _mm256_set1_ps(black_box(1.0)),
-    );
-    let mut acc = [_mm256_set1_ps(0.0); CHAINS];
-    for _ in 0..ROUNDS {
-        for acc in &mut acc {
-            *acc = _mm256_fmadd_ps(a, b, *acc);
-        }
-    }
-    let mut lanes = [0.0f32; 8];
-    let mut total = 0.0;
-    for v in acc {
-        // SAFETY: `lanes` holds 8 f32s.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
-        total += lanes.iter().sum::<f32>();
-    }
-    total
+unsafe fn f32_loop_256() {
+    use std::arch::x86_64::_mm256_set1_ps;
+    let (a, b) = (_mm256_set1_ps(black_box(1e-3)), _mm256_set1_ps(1.0));
+    chains!("vfmadd231ps", "ymm", ymm_reg, a, b);
 }

@@ -50,13 +50,17 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
             let query = block.query(token, head, head_dim);
             // Positions before the window score negative infinity and weigh nothing.
             let mut scores = [f32::NEG_INFINITY; TILE];
-            let keys = keys.chunks_exact(head_dim).skip(skip);
-            for (score, key) in scores[skip..valid].iter_mut().zip(keys) {
+            let keys = keys.chunks_exact(head_dim).enumerate().skip(skip);
+            for (score, (j, key)) in scores[skip..valid].iter_mut().zip(keys) {
                 let mut acc = [_mm256_setzero_ps(); 2];
                 for c in 0..C {
                     acc[c % 2] = _mm256_fmadd_ps(load(query, c), load(key, c), acc[c % 2]);
                 }
                 *score = reduce(_mm256_add_ps(acc[0], acc[1])) * scale;
+                // The first token's heads fetch the next tile, a part every sixteen keys.
+                if token == 0 && j % 16 == 15 {
+                    tile.fetch_ahead(head * TILE / 16 + j / 16, block.heads * TILE / 16, head_dim);
+                }
             }
             let tile_max = scores[skip..valid]
                 .iter()
