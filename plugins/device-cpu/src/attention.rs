@@ -696,16 +696,17 @@ impl<E> Head<'_, E> {
     }
 }
 
-/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L1: rows of a
+/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L2: rows of a
 /// sequence lie in blocks scattered over the cache, which the hardware prefetchers do not
-/// follow from one block to the next.
+/// follow from one block to the next. L2, not L1: a tile's widened keys and values (the AVX2
+/// kernel's buffer) fill L1 by themselves, and would evict the next tile's rows before use.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn prefetch_row<E>(cache: &[E], offset: usize, head_dim: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
     let start = cache.as_ptr().wrapping_add(offset).cast::<i8>();
     for line in (0..head_dim * size_of::<E>()).step_by(64) {
         // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(line)) };
     }
 }
