@@ -15,13 +15,15 @@
 //! are adjacent in a row, and a block of a sequence's query tokens meets its keys and values
 //! one tile of [`online::TILE`] positions at a time, so each tile is read once per block, not
 //! once per token. A token's history is cut into ranges of [`RANGE_POSITIONS`] (whole blocks,
-//! counted from position 0): a prefill block walks the ranges in order, a lone token (a
-//! decode) has each range computed as a task of its own, spread over the threads, and the
-//! ranges' states merged in range order. Both fold the same states in the same order, so a
-//! row's bits depend neither on the rest of the step, nor on how its sequence was chunked, nor
-//! on the number of threads. Tasks go to the threads largest first, so they finish together
-//! whatever the mix of depths; the task list and the ranges' states live in
-//! [`AttentionScratch`], reused from launch to launch.
+//! counted from position 0): a prefill block walks the ranges in order; a lone token (a
+//! decode) whose history is a large share of the launch's work ([`SPLIT_SHARES`]) has each
+//! range computed as a task of its own, spread over the threads, and the ranges' states
+//! merged in range order, while the lone tokens of a large batch walk their ranges as a
+//! block does (the batch already has a task per thread). All fold the same states in the same
+//! order, so a row's bits depend neither on the rest of the step, nor on how its sequence was
+//! chunked, nor on the number of threads. Tasks go to the threads largest first, so they
+//! finish together whatever the mix of depths; the task list and the ranges' states live in
+//! [`AttentionScratch`], the states sized at the first launch for the longest history.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -95,8 +97,14 @@ pub struct KvCache<'a, E> {
     pub values: &'a [E],
 }
 
-/// What one row of the step computes: nothing (padding), a row of a prefill block, or a lone
-/// token whose ranges' states start at `partials` in [`AttentionScratch::partials`].
+/// Lone tokens whose history is more than `1 / (SPLIT_SHARES * threads)` of a launch's work
+/// have their ranges computed as tasks of their own: fewer than `SPLIT_SHARES * threads` of
+/// them can be, so their states fit a scratch sized once from the longest history.
+const SPLIT_SHARES: usize = 2;
+
+/// What one row of the step computes: nothing (padding), a row of a prefill block (or a
+/// lone token computed whole), or a lone token whose ranges' states start at `partials` in
+/// [`AttentionScratch::partials`].
 #[derive(Clone, Copy)]
 enum RowOwner {
     Block,
@@ -111,13 +119,15 @@ enum RowOwner {
 #[derive(Clone, Copy)]
 enum Task {
     /// `tokens` query tokens of sequence `seq` from step row `first_row` (at position
-    /// `first_position`) over their whole history, written to `out`.
+    /// `first_position`) over their whole history, written to `out`; `lone`: the sequence's
+    /// only token of the step, whose rows are likely in memory rather than cache.
     Block {
         seq: usize,
         first_row: usize,
         tokens: usize,
         first_position: usize,
         kv_head: usize,
+        lone: bool,
     },
     /// Range `range` of the history of the lone token at step row `row`, into its state slot
     /// at `slot` of the partials.
@@ -148,8 +158,10 @@ impl Task {
 }
 
 /// What attention keeps from launch to launch: the rows' owners, the task list and the lone
-/// tokens' range states. Each grows to the largest step's need and is reused, so once a
-/// server has run its longest step no launch allocates.
+/// tokens' range states. The states are sized at the first launch for the longest history
+/// its block table allows; the owners and tasks grow with the step's tokens to the largest
+/// step's, whatever the depth. So once a server has run its largest step no launch
+/// allocates.
 #[derive(Default)]
 pub struct AttentionScratch {
     owners: Vec<Option<RowOwner>>,
@@ -182,27 +194,39 @@ impl Cuts {
 
 impl AttentionScratch {
     /// Fills the owners and the tasks (largest first, so the threads finish together) after
-    /// checking every sequence's span and blocks; makes room for the lone tokens' states.
+    /// checking every sequence's span and blocks; lone tokens with a large share of the work
+    /// are split into ranges (see [`SPLIT_SHARES`]), the others computed whole.
     fn plan(
         &mut self,
         layout: &StepLayout<'_>,
         (shape, window): (AttentionShape, usize),
-        num_tokens: usize,
+        (num_tokens, threads): (usize, usize),
         cuts: Cuts,
     ) -> Result<(), String> {
         self.owners.clear();
         self.owners.resize(num_tokens, None);
         self.tasks.clear();
+        self.reserve_partials(shape, cuts, threads);
+        let span = |seq| sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq);
+        let mut work = 0;
+        for seq in 0..layout.seq_lens.len() {
+            let span = span(seq)?;
+            if !span.tokens.is_empty() {
+                check_blocks(layout, shape, seq, &span)?;
+                work += span.tokens.len() * (span.first_position + span.tokens.len());
+            }
+        }
+        let split_above = work / (SPLIT_SHARES * threads.max(1));
         let state_len = state_len(shape.head_dim);
         let mut partials = 0;
         for seq in 0..layout.seq_lens.len() {
-            let span = sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq)?;
+            let span = span(seq)?;
             if span.tokens.is_empty() {
                 continue;
             }
-            check_blocks(layout, shape, seq, &span)?;
             let first_position = span.first_position;
-            if span.tokens.len() == 1 {
+            let lone = span.tokens.len() == 1;
+            if lone && first_position + 1 > split_above {
                 let (row, position) = (span.tokens.start, first_position);
                 let held = cuts.ranges(position, window);
                 let ranges = held.len();
@@ -234,16 +258,32 @@ impl AttentionScratch {
                         tokens,
                         first_position: first_position + offset,
                         kv_head,
+                        lone,
                     });
                 }
             }
         }
         self.tasks
             .sort_unstable_by_key(|task| std::cmp::Reverse(task.cost(cuts.range_len)));
+        // Sized for the longest history below, so this only runs for a shape of the tests'
+        // making that breaks the block table's promise.
         if self.partials.len() < partials {
             self.partials.resize(partials, 0.0);
         }
         Ok(())
+    }
+
+    /// Makes room for the states of the most lone tokens a launch on `threads` threads
+    /// splits (fewer than `SPLIT_SHARES * threads`), each over as many ranges as a history
+    /// of the block table's length holds: the same for every launch of a model, so the
+    /// first launch sizes it.
+    fn reserve_partials(&mut self, shape: AttentionShape, cuts: Cuts, threads: usize) {
+        let ranges = (shape.blocks_per_seq * shape.block_size).div_ceil(cuts.range_len);
+        let most = SPLIT_SHARES * threads.max(1) * shape.num_heads * ranges;
+        let len = most * state_len(shape.head_dim);
+        if self.partials.len() < len {
+            self.partials.resize(len, 0.0);
+        }
     }
 }
 
@@ -346,7 +386,8 @@ fn attend<E: CacheElement>(
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let cuts = Cuts::new(shape);
-    scratch.plan(layout, (shape, window), num_tokens, cuts)?;
+    let threads = workers.threads();
+    scratch.plan(layout, (shape, window), (num_tokens, threads), cuts)?;
     let AttentionScratch {
         owners,
         tasks,
@@ -506,6 +547,7 @@ impl<E: CacheElement> Work<'_, E> {
                 tokens,
                 first_position,
                 kv_head,
+                lone,
             } => {
                 let block = QueryBlock {
                     queries: self.queries(first_row, kv_head),
@@ -515,7 +557,7 @@ impl<E: CacheElement> Work<'_, E> {
                     first_end: first_position + 1,
                     window: self.window,
                 };
-                let head = self.head(seq, kv_head, false);
+                let head = self.head(seq, kv_head, lone);
                 let rows = tokens * heads;
                 let len = 2 * rows * state_len + tile_buffer_len(head_dim);
                 with_scratch(len, |scratch| {

@@ -147,7 +147,7 @@ impl<E> KvTile<'_, E> {
     }
 
     /// Asks for part `part` of `parts` of the next tile's key and value rows (those in
-    /// [`KvTile::ahead`]) to be brought into L1. The vector kernels call it at `parts` even
+    /// [`KvTile::ahead`]) to be brought into cache. The vector kernels call it at `parts` even
     /// points of their loops, so the fetches overlap the arithmetic: fetched all at once, a
     /// tile's hundreds of misses would fill the core's miss buffers and hold up the
     /// arithmetic behind them until most had returned.

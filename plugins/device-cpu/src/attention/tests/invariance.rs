@@ -157,3 +157,24 @@ fn launches_reuse_the_scratch_of_the_largest_step() {
         );
     }
 }
+
+#[test]
+fn the_first_launch_sizes_the_range_states_for_the_longest_history() {
+    let workers = Workers::new(2).unwrap();
+    let path = Path::every().pop().unwrap();
+    let columns = 4_200usize.div_ceil(SMOLLM2.block_size);
+    let lone_at = |depth| Step::new(SMOLLM2, &[Sequence::new(0, depth, 1)]).with_columns(columns);
+    let mut scratch = AttentionScratch::default();
+    lone_at(1).run(path, &workers, &mut scratch);
+    let held = |s: &AttentionScratch| (s.partials.as_ptr() as usize, s.partials.capacity());
+    let after_first = held(&scratch);
+    for depth in [100, 600, 2_000, 4_100] {
+        lone_at(depth).run(path, &workers, &mut scratch);
+        // A lone token alone is split into ranges, each with states of its own.
+        assert!(
+            matches!(scratch.owners[0], Some(RowOwner::Lone { ranges, .. }) if ranges == depth / 512 + 1),
+            "depth {depth}"
+        );
+        assert_eq!(held(&scratch), after_first, "depth {depth} grew the states");
+    }
+}
