@@ -10,7 +10,9 @@
 //! `bf16_products=bf16` runs the f32 kernel, so it is not repeated).
 //!
 //! A launch's time is the median over at least five launches and `--seconds` (default 0.5)
-//! in all. A server reads each layer's cache once per step, between the weights of the
+//! in all; beside it, the mean time the launching thread spent on a CPU per launch, which
+//! with `--threads 1` is the whole launch's work and which other processes on a shared
+//! machine do not inflate. A server reads each layer's cache once per step, between the weights of the
 //! layers around it, so its keys and values come from memory; to time that, launches cycle
 //! through copies of the step's cache ("layers") at distinct addresses, at least 96 MiB in
 //! all, three times the last-level cache of the machines this runs on. `--warm` uses one copy
@@ -231,19 +233,31 @@ impl Step {
     }
 }
 
+/// Nanoseconds the calling thread has spent on a CPU (Linux's schedstat), if the system says.
+fn thread_cpu_nanos() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
 /// The median time of one launch over at least five launches and `seconds` in all, after
-/// one launch that lets the scratch and the workers settle; `launch(i)` runs the `i`-th.
-fn median_time(seconds: f64, mut launch: impl FnMut(usize)) -> Duration {
+/// one launch that lets the scratch and the workers settle (`launch(i)` runs the `i`-th),
+/// and the mean time the calling thread spent on a CPU per launch: with one thread, all of
+/// a launch's work, which other processes on a shared machine do not inflate.
+fn median_time(seconds: f64, mut launch: impl FnMut(usize)) -> (Duration, Option<Duration>) {
     launch(0);
     let mut times = Vec::new();
+    let cpu_before = thread_cpu_nanos();
     let start = Instant::now();
     while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 100_000) {
         let run = Instant::now();
         launch(times.len() + 1);
         times.push(run.elapsed());
     }
+    let cpu = thread_cpu_nanos()
+        .zip(cpu_before)
+        .map(|(after, before)| Duration::from_nanos((after - before) / times.len() as u64));
     times.sort();
-    times[times.len() / 2]
+    (times[times.len() / 2], cpu)
 }
 
 fn cpu_name() -> String {
@@ -258,6 +272,8 @@ fn cpu_name() -> String {
 struct Measured {
     name: String,
     time: Duration,
+    /// The calling thread's CPU time per launch.
+    cpu: Option<Duration>,
     kv_gb_s: f64,
     gflop_s: f64,
     products: Products,
@@ -326,7 +342,7 @@ fn main() {
                 if !wanted(&name) {
                     continue;
                 }
-                let time = median_time(options.seconds, |i| {
+                let (time, cpu) = median_time(options.seconds, |i| {
                     let caches = (&step.keys[..], &step.values[..]);
                     let kernel = (heads, bf16_products);
                     bench
@@ -344,6 +360,7 @@ fn main() {
                 let row = Measured {
                     name,
                     time,
+                    cpu,
                     kv_gb_s: step.kv_bytes as f64 / seconds / 1e9,
                     gflop_s: step.flops / seconds / 1e9,
                     products: if bf16_products {
@@ -353,11 +370,12 @@ fn main() {
                     },
                 };
                 println!(
-                    "{:<40} {:>9.3} ms {:>7.1} GB/s K/V {:>7.1} GFLOP/s",
+                    "{:<40} {:>9.3} ms {:>7.1} GB/s K/V {:>7.1} GFLOP/s; calling thread's CPU {:.3} ms",
                     row.name,
                     seconds * 1e3,
                     row.kv_gb_s,
-                    row.gflop_s
+                    row.gflop_s,
+                    cpu.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e3)
                 );
                 measured.push(row);
             }
@@ -405,8 +423,8 @@ fn report(
         }
     }
     println!(
-        "\n| case | ms | K/V GB/s | of bandwidth | GFLOP/s | of the arithmetic rate |\n\
-         |---|---:|---:|---:|---:|---:|"
+        "\n| case | ms | K/V GB/s | of bandwidth | GFLOP/s | of the arithmetic rate | calling thread's CPU ms |\n\
+         |---|---:|---:|---:|---:|---:|---:|"
     );
     for row in measured {
         let of_rate = gflops(row.products).map_or_else(
@@ -414,12 +432,13 @@ fn report(
             |peak| format!("{:.0}%", 100.0 * row.gflop_s / peak),
         );
         println!(
-            "| {} | {:.3} | {:.1} | {:.0}% | {:.1} | {of_rate} |",
+            "| {} | {:.3} | {:.1} | {:.0}% | {:.1} | {of_rate} | {:.3} |",
             row.name,
             row.time.as_secs_f64() * 1e3,
             row.kv_gb_s,
             100.0 * row.kv_gb_s / bound,
-            row.gflop_s
+            row.gflop_s,
+            row.cpu.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e3)
         );
     }
 }

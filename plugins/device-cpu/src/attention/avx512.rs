@@ -36,9 +36,34 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     states: &mut [f32],
     buffer: &mut [f32],
 ) {
+    let rows = (block, tile, bf16_keys);
+    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    if tile.ahead.is_empty() {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { attend_tile_with::<E, C>(rows, |_, _| {}, scale, states, buffer) }
+    } else {
+        let fetch = |part, parts| tile.fetch_ahead(part, parts, 16 * C);
+        // SAFETY: as above.
+        unsafe { attend_tile_with::<E, C>(rows, fetch, scale, states, buffer) }
+    }
+}
+
+/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the first token's score
+/// groups.
+///
+/// # Safety
+/// As [`attend_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn attend_tile_with<E: CacheElement, const C: usize>(
+    (block, tile, bf16_keys): (&QueryBlock<'_>, &KvTile<'_, E>, Option<&[u16]>),
+    fetch: impl Fn(usize, usize),
+    scale: f32,
+    states: &mut [f32],
+    buffer: &mut [f32],
+) {
     let head_dim = 16 * C;
     let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
-    let fetch = |part, parts| tile.fetch_ahead(part, parts, head_dim);
     let rows = (block, |token| tile.span(block, token), fetch);
     let updates = (scale, states);
     let in_cache = |data| KvRows::at(data, tile.offsets, head_dim);
