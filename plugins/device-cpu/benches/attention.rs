@@ -31,14 +31,16 @@
 mod bandwidth;
 #[path = "attention/peak.rs"]
 mod peak;
+mod support;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{AttentionBench, BenchHeads, BenchLayout};
 
 use peak::Products;
+use support::{CommonOptions, cpu_name, print_bandwidth, time_launch};
 
 const SMOLLM2: BenchHeads = BenchHeads {
     num_heads: 9,
@@ -64,71 +66,42 @@ struct Case {
 }
 
 fn cases() -> Vec<Case> {
+    let case = |name, sequences| Case { name, sequences };
     vec![
-        Case {
-            name: "decode 1 at 512",
-            sequences: vec![(512, 1)],
-        },
-        Case {
-            name: "decode 1 at 4096",
-            sequences: vec![(4096, 1)],
-        },
-        Case {
-            name: "decode 1 at 8192",
-            sequences: vec![(8192, 1)],
-        },
-        Case {
-            name: "decode 16 at 4096",
-            sequences: vec![(4096, 1); 16],
-        },
-        Case {
-            name: "prefill 512 at 0",
-            sequences: vec![(0, 512)],
-        },
-        Case {
-            name: "prefill 512 at 7168",
-            sequences: vec![(7168, 512)],
-        },
+        case("decode 1 at 512", vec![(512, 1)]),
+        case("decode 1 at 4096", vec![(4096, 1)]),
+        case("decode 1 at 8192", vec![(8192, 1)]),
+        case("decode 16 at 4096", vec![(4096, 1); 16]),
+        case("prefill 512 at 0", vec![(0, 512)]),
+        case("prefill 512 at 7168", vec![(7168, 512)]),
     ]
 }
 
+/// The benchmark's options: the common ones, and `--warm` and `--qwen3`.
 struct Options {
-    portable: bool,
+    common: CommonOptions,
     warm: bool,
     heads: BenchHeads,
-    threads: usize,
-    seconds: f64,
-    filter: Option<String>,
 }
 
 fn options() -> Options {
-    let mut options = Options {
-        portable: false,
-        warm: false,
-        heads: SMOLLM2,
-        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        seconds: 0.5,
-        filter: None,
-    };
-    let number = |value: Option<String>, what: &str| -> f64 {
-        value.and_then(|n| n.parse().ok()).unwrap_or_else(|| {
-            eprintln!("{what} takes a number");
-            std::process::exit(2)
-        })
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--bench" => {}
-            "--portable" => options.portable = true,
-            "--warm" => options.warm = true,
-            "--qwen3" => options.heads = QWEN3,
-            "--threads" => options.threads = number(args.next(), "--threads") as usize,
-            "--seconds" => options.seconds = number(args.next(), "--seconds"),
-            other => options.filter = Some(other.to_string()),
+    let (mut warm, mut heads) = (false, SMOLLM2);
+    let common = CommonOptions::parse(|flag| match flag {
+        "--warm" => {
+            warm = true;
+            true
         }
+        "--qwen3" => {
+            heads = QWEN3;
+            true
+        }
+        _ => false,
+    });
+    Options {
+        common,
+        warm,
+        heads,
     }
-    options
 }
 
 /// Values in about [-1, 1) from a xorshift stream: random enough that no score dominates.
@@ -233,41 +206,6 @@ impl Step {
     }
 }
 
-/// Nanoseconds the calling thread has spent on a CPU (Linux's schedstat), if the system says.
-fn thread_cpu_nanos() -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    stat.split_whitespace().next()?.parse().ok()
-}
-
-/// The median time of one launch over at least five launches and `seconds` in all, after
-/// one launch that lets the scratch and the workers settle (`launch(i)` runs the `i`-th),
-/// and the mean time the calling thread spent on a CPU per launch: with one thread, all of
-/// a launch's work, which other processes on a shared machine do not inflate.
-fn median_time(seconds: f64, mut launch: impl FnMut(usize)) -> (Duration, Option<Duration>) {
-    launch(0);
-    let mut times = Vec::new();
-    let cpu_before = thread_cpu_nanos();
-    let start = Instant::now();
-    while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 100_000) {
-        let run = Instant::now();
-        launch(times.len() + 1);
-        times.push(run.elapsed());
-    }
-    let cpu = thread_cpu_nanos()
-        .zip(cpu_before)
-        .map(|(after, before)| Duration::from_nanos((after - before) / times.len() as u64));
-    times.sort();
-    (times[times.len() / 2], cpu)
-}
-
-fn cpu_name() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .find_map(|line| line.strip_prefix("model name"))
-        .and_then(|rest| rest.split(':').nth(1))
-        .map_or_else(|| "unknown CPU".to_string(), |name| name.trim().to_string())
-}
-
 /// One row of the report.
 struct Measured {
     name: String,
@@ -282,21 +220,21 @@ struct Measured {
 fn main() {
     let options = options();
     let heads = options.heads;
-    let probe = bandwidth::Probe::new(1024, options.threads, 5).expect("probe");
+    let probe = bandwidth::Probe::new(1024, options.common.threads(), 5).expect("probe");
     let mut bandwidths = vec![probe.measure().expect("bandwidth")];
-    let rate = |products: Products| products.rate(options.threads, 5);
+    let rate = |products: Products| products.rate(options.common.threads(), 5);
     let mut rates = [
         (Products::Bf16, rate(Products::Bf16)),
         (Products::F32, rate(Products::F32)),
     ];
     let levels: Vec<Isa> = Isa::every()
         .into_iter()
-        .filter(|isa| options.portable || isa.level() != IsaLevel::Portable)
+        .filter(|isa| options.common.portable() || isa.level() != IsaLevel::Portable)
         .collect();
     println!(
         "{}, {} threads, {heads:?}, levels {}, {} caches",
         cpu_name(),
-        options.threads,
+        options.common.threads(),
         levels
             .iter()
             .map(|isa| isa.level().name())
@@ -309,18 +247,13 @@ fn main() {
         .map(|&isa| {
             (
                 isa,
-                AttentionBench::new(isa, options.threads).expect("workers"),
+                AttentionBench::new(isa, options.common.threads()).expect("workers"),
             )
         })
         .collect();
     let mut measured = Vec::new();
     for case in cases() {
-        let wanted = |name: &str| {
-            options
-                .filter
-                .as_ref()
-                .is_none_or(|f| name.contains(f.as_str()))
-        };
+        let wanted = |name: &str| options.common.wants(name);
         let any_wanted = levels.iter().any(|isa| {
             ["f32", "bf16"]
                 .iter()
@@ -342,7 +275,7 @@ fn main() {
                 if !wanted(&name) {
                     continue;
                 }
-                let (time, cpu) = median_time(options.seconds, |i| {
+                let (time, cpu) = time_launch(options.common.seconds(), |i| {
                     let caches = (&step.keys[..], &step.values[..]);
                     let kernel = (heads, bf16_products);
                     bench
@@ -384,7 +317,7 @@ fn main() {
     bandwidths.push(probe.measure().expect("bandwidth"));
     for (products, rate) in &mut rates {
         // The better of the two: the loop measures a ceiling, which load elsewhere only lowers.
-        *rate = match (*rate, products.rate(options.threads, 5)) {
+        *rate = match (*rate, products.rate(options.common.threads(), 5)) {
             (Some(before), Some(after)) => Some(before.max(after)),
             (before, after) => before.or(after),
         };
@@ -400,15 +333,8 @@ fn report(
     let bound = bandwidth::median(bandwidths)
         .expect("two measurements")
         .gb_per_second();
-    println!(
-        "\nread bandwidth {bound:.1} GB/s (median of {}: {})",
-        bandwidths.len(),
-        bandwidths
-            .iter()
-            .map(|b| format!("{:.1}", b.gb_per_second()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
+    print_bandwidth(bound, &probed);
     let gflops = |products: Products| {
         rates
             .iter()
@@ -423,22 +349,27 @@ fn report(
         }
     }
     println!(
-        "\n| case | ms | K/V GB/s | of bandwidth | GFLOP/s | of the arithmetic rate | calling thread's CPU ms |\n\
-         |---|---:|---:|---:|---:|---:|---:|"
+        "\n| case | ms | K/V GB/s | of bandwidth | GFLOP/s | of the arithmetic rate | calling thread's CPU ms | K/V GB/s per CPU-second | GFLOP/s per CPU-second |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for row in measured {
         let of_rate = gflops(row.products).map_or_else(
             || "–".to_string(),
             |peak| format!("{:.0}%", 100.0 * row.gflop_s / peak),
         );
+        // Per CPU-second of the calling thread: with one thread, the kernel's own rate.
+        let cpu = row.cpu.map_or(f64::NAN, |cpu| cpu.as_secs_f64());
+        let per_cpu = row.time.as_secs_f64() / cpu;
         println!(
-            "| {} | {:.3} | {:.1} | {:.0}% | {:.1} | {of_rate} | {:.3} |",
+            "| {} | {:.3} | {:.1} | {:.0}% | {:.1} | {of_rate} | {:.3} | {:.1} | {:.1} |",
             row.name,
             row.time.as_secs_f64() * 1e3,
             row.kv_gb_s,
             100.0 * row.kv_gb_s / bound,
             row.gflop_s,
-            row.cpu.map_or(f64::NAN, |cpu| cpu.as_secs_f64() * 1e3)
+            cpu * 1e3,
+            row.kv_gb_s * per_cpu,
+            row.gflop_s * per_cpu
         );
     }
 }
