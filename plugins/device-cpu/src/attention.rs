@@ -98,8 +98,9 @@ pub struct KvCache<'a, E> {
 }
 
 /// Lone tokens whose history is more than `1 / (SPLIT_SHARES * threads)` of a launch's work
-/// have their ranges computed as tasks of their own: fewer than `SPLIT_SHARES * threads` of
-/// them can be, so their states fit a scratch sized once from the longest history.
+/// have their ranges computed as tasks of their own, as long as their states fit a scratch of
+/// `SPLIT_SHARES` longest histories' states, sized once (the others walk their ranges in one
+/// task each, with the same bits). Beyond a few such tokens the launch has tasks enough.
 const SPLIT_SHARES: usize = 2;
 
 /// What one row of the step computes: nothing (padding), a row of a prefill block (or a
@@ -195,7 +196,8 @@ impl Cuts {
 impl AttentionScratch {
     /// Fills the owners and the tasks (largest first, so the threads finish together) after
     /// checking every sequence's span and blocks; lone tokens with a large share of the work
-    /// are split into ranges (see [`SPLIT_SHARES`]), the others computed whole.
+    /// are split into ranges while their states fit (see [`SPLIT_SHARES`]), the others
+    /// computed whole.
     fn plan(
         &mut self,
         layout: &StepLayout<'_>,
@@ -206,7 +208,7 @@ impl AttentionScratch {
         self.owners.clear();
         self.owners.resize(num_tokens, None);
         self.tasks.clear();
-        self.reserve_partials(shape, cuts, threads);
+        self.reserve_partials(shape, cuts);
         let span = |seq| sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq);
         let mut work = 0;
         for seq in 0..layout.seq_lens.len() {
@@ -226,10 +228,11 @@ impl AttentionScratch {
             }
             let first_position = span.first_position;
             let lone = span.tokens.len() == 1;
-            if lone && first_position + 1 > split_above {
+            let held = cuts.ranges(first_position, window);
+            let ranges = held.len();
+            let fits = partials + shape.num_heads * ranges * state_len <= self.partials.len();
+            if lone && first_position + 1 > split_above && fits {
                 let (row, position) = (span.tokens.start, first_position);
-                let held = cuts.ranges(position, window);
-                let ranges = held.len();
                 self.owners[row] = Some(RowOwner::Lone { ranges, partials });
                 let group_states = (shape.num_heads / shape.num_kv_heads) * state_len;
                 for kv_head in 0..shape.num_kv_heads {
@@ -265,22 +268,15 @@ impl AttentionScratch {
         }
         self.tasks
             .sort_unstable_by_key(|task| std::cmp::Reverse(task.cost(cuts.range_len)));
-        // Sized for the longest history below, so this only runs for a shape of the tests'
-        // making that breaks the block table's promise.
-        if self.partials.len() < partials {
-            self.partials.resize(partials, 0.0);
-        }
         Ok(())
     }
 
-    /// Makes room for the states of the most lone tokens a launch on `threads` threads
-    /// splits (fewer than `SPLIT_SHARES * threads`), each over as many ranges as a history
-    /// of the block table's length holds: the same for every launch of a model, so the
-    /// first launch sizes it.
-    fn reserve_partials(&mut self, shape: AttentionShape, cuts: Cuts, threads: usize) {
+    /// Makes room for the states of [`SPLIT_SHARES`] lone tokens, each over as many ranges
+    /// as a history of the block table's length holds: the same for every launch of a
+    /// model, so the first launch sizes it.
+    fn reserve_partials(&mut self, shape: AttentionShape, cuts: Cuts) {
         let ranges = (shape.blocks_per_seq * shape.block_size).div_ceil(cuts.range_len);
-        let most = SPLIT_SHARES * threads.max(1) * shape.num_heads * ranges;
-        let len = most * state_len(shape.head_dim);
+        let len = SPLIT_SHARES * shape.num_heads * ranges * state_len(shape.head_dim);
         if self.partials.len() < len {
             self.partials.resize(len, 0.0);
         }
