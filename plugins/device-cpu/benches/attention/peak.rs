@@ -101,8 +101,8 @@ fn f32_loop_256_checked() {
 
 /// The loop every rate runs: `ROUNDS` times `CHAINS` independent instructions `op` (an
 /// Intel-syntax mnemonic taking `acc, a, b`) over accumulators `zmm0`..`zmm11` or
-/// `ymm0`..`ymm11` (`reg`, of register class `class`), cleared first; in assembly, so the compiler can neither shuffle
-/// the accumulators through memory nor drop the work.
+/// `ymm0`..`ymm11` (`reg`, of register class `class`), cleared first; in assembly, so the
+/// compiler can neither shuffle the accumulators through memory nor drop the work.
 #[cfg(target_arch = "x86_64")]
 macro_rules! chains {
     ($op:literal, $reg:literal, $class:ident, $a:expr, $b:expr) => {
