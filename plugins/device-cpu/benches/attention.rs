@@ -12,12 +12,14 @@
 //! A launch's time is the median over at least five launches and `--seconds` (default 0.5)
 //! in all; beside it, the mean time the launching thread spent on a CPU per launch, which
 //! with `--threads 1` is the whole launch's work and which other processes on a shared
-//! machine do not inflate. A server reads each layer's cache once per step, between the weights of the
-//! layers around it, so its keys and values come from memory; to time that, launches cycle
-//! through copies of the step's cache ("layers") at distinct addresses, at least 96 MiB in
-//! all, three times the last-level cache of the machines this runs on. `--warm` uses one copy
-//! (the cache stays in L2 or L3 where it fits). A sequence's blocks are consecutive in the
-//! cache, as on a fresh server.
+//! machine do not inflate; and, from it, the K/V GB/s and GFLOP/s per CPU-second.
+//!
+//! A server reads each layer's cache once per step, between the weights of the layers around
+//! it, so its keys and values come from memory; to time that, launches cycle through copies
+//! of the step's cache ("layers") at distinct addresses, at least 96 MiB in all, three times
+//! the last-level cache of the machines this runs on. `--warm` uses one copy (the cache stays
+//! in L2 or L3 where it fits). A sequence's blocks are consecutive in the cache, as on a
+//! fresh server.
 //!
 //! Figures: keys and values read (each position's row once per launch) over the time, the
 //! GB/s, against the read bandwidth measured before and after with the probe `cargo xtask
