@@ -18,13 +18,14 @@
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tools/src/bandwidth.rs"]
 mod bandwidth;
+mod support;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
 
 use plughost_device_abi::DType;
 use plughost_device_cpu::QuantizedBench;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
+use support::{CommonOptions, cpu_name, print_bandwidth, time_launch};
 
 /// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
 const SHAPES: [(&str, usize, usize); 3] = [
@@ -41,44 +42,19 @@ fn timed(rows: usize, tokens: usize) -> bool {
     rows != SHAPES[2].1 || tokens <= 16
 }
 
+/// The benchmark's options: the common ones, and `--all-types`.
 struct Options {
-    portable: bool,
+    common: CommonOptions,
     all_types: bool,
-    threads: usize,
-    seconds: f64,
-    filter: Option<String>,
 }
 
 fn options() -> Options {
-    let mut options = Options {
-        portable: false,
-        all_types: false,
-        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        seconds: 0.5,
-        filter: None,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--bench" => {}
-            "--portable" => options.portable = true,
-            "--all-types" => options.all_types = true,
-            "--threads" => {
-                options.threads = args.next().and_then(|n| n.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--threads takes a count");
-                    std::process::exit(2)
-                })
-            }
-            "--seconds" => {
-                options.seconds = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-                    eprintln!("--seconds takes a number");
-                    std::process::exit(2)
-                })
-            }
-            other => options.filter = Some(other.to_string()),
-        }
-    }
-    options
+    let mut all_types = false;
+    let common = CommonOptions::parse(|flag| {
+        all_types |= flag == "--all-types";
+        flag == "--all-types"
+    });
+    Options { common, all_types }
 }
 
 /// A deterministic pseudo-random byte stream (splitmix64).
@@ -128,36 +104,9 @@ fn activations(len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The calling thread's time on a CPU so far (Linux's schedstat), if the system says.
-fn thread_cpu_time() -> Option<Duration> {
-    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    let nanos = text.split_whitespace().next()?.parse().ok()?;
-    Some(Duration::from_nanos(nanos))
-}
-
-/// What one launch took: the median wall time over at least five runs and `seconds` in all,
-/// and the mean time the calling thread spent on a CPU, which a shared machine's other load
-/// does not inflate (with one thread, all of the launch's work).
-fn time_launch(seconds: f64, mut launch: impl FnMut()) -> (Duration, Option<Duration>) {
-    launch(); // warm-up: the activations' buffers grow, the workers wake
-    let mut times = Vec::new();
-    let start = Instant::now();
-    let cpu_start = thread_cpu_time();
-    while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 10_000) {
-        let run = Instant::now();
-        launch();
-        times.push(run.elapsed());
-    }
-    let cpu = thread_cpu_time()
-        .zip(cpu_start)
-        .map(|(end, start)| (end - start) / times.len() as u32);
-    times.sort();
-    (times[times.len() / 2], cpu)
-}
-
 fn main() {
     let options = options();
-    let probe = bandwidth::Probe::new(1024, options.threads, 5).expect("probe");
+    let probe = bandwidth::Probe::new(1024, options.common.threads(), 5).expect("probe");
     let mut bandwidths = vec![probe.measure().expect("bandwidth")];
     let types: &[DType] = if options.all_types {
         &[
@@ -172,20 +121,12 @@ fn main() {
     };
     let levels: Vec<Isa> = Isa::every()
         .into_iter()
-        .filter(|isa| options.portable || isa.level() != IsaLevel::Portable)
+        .filter(|isa| options.common.portable() || isa.level() != IsaLevel::Portable)
         .collect();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find(|line| line.starts_with("model name"))
-                .and_then(|line| line.split(':').nth(1))
-                .map(|name| name.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_string());
+    let cpu = cpu_name();
     println!(
         "{cpu}, {} threads, levels {}",
-        options.threads,
+        options.common.threads(),
         levels
             .iter()
             .map(|isa| isa.level().name())
@@ -194,7 +135,7 @@ fn main() {
     );
     let benches: Vec<QuantizedBench> = levels
         .iter()
-        .map(|&isa| QuantizedBench::new(isa, options.threads).expect("workers"))
+        .map(|&isa| QuantizedBench::new(isa, options.common.threads()).expect("workers"))
         .collect();
     let mut rows_out = Vec::new();
     for &dtype in types {
@@ -216,18 +157,14 @@ fn main() {
                 let mut out = vec![0.0f32; tokens * rows];
                 for (isa, bench) in levels.iter().zip(&benches) {
                     let name = format!("{dtype} {shape} T={tokens} {}", isa.level().name());
-                    if options
-                        .filter
-                        .as_ref()
-                        .is_some_and(|f| !name.contains(f.as_str()))
-                    {
+                    if !options.common.wants(&name) {
                         continue;
                     }
                     let weights = match &grouped {
                         Some(grouped) if bench.reads_groups(dtype) => (&grouped[..], true),
                         _ => (&w[..], false),
                     };
-                    let (time, cpu) = time_launch(options.seconds, || {
+                    let (time, cpu) = time_launch(options.common.seconds(), |_| {
                         bench
                             .linear(dtype, black_box(weights), rows, black_box(&x), &mut out)
                             .expect("launch");
@@ -254,15 +191,9 @@ fn main() {
     let bound = bandwidth::median(&bandwidths)
         .expect("two measurements")
         .gb_per_second();
-    println!(
-        "\nread bandwidth {bound:.1} GB/s (median of {}: {})\n",
-        bandwidths.len(),
-        bandwidths
-            .iter()
-            .map(|b| format!("{:.1}", b.gb_per_second()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
+    let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
+    print_bandwidth(bound, &probed);
+    println!();
     println!(
         "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | GMAC/s | \
          per CPU-second of the calling thread: GB/s | GMAC/s |\n\

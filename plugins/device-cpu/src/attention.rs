@@ -15,18 +15,21 @@
 //! are adjacent in a row, and a block of a sequence's query tokens meets its keys and values
 //! one tile of [`online::TILE`] positions at a time, so each tile is read once per block, not
 //! once per token. A token's history is cut into ranges of [`RANGE_POSITIONS`] (whole blocks,
-//! counted from position 0): a prefill block walks the ranges in order, a lone token (a
-//! decode) has each range computed as a task of its own, spread over the threads, and the
-//! ranges' states merged in range order. Both fold the same states in the same order, so a
-//! row's bits depend neither on the rest of the step, nor on how its sequence was chunked, nor
-//! on the number of threads. Tasks go to the threads largest first, so they finish together
-//! whatever the mix of depths; the task list and the ranges' states live in
-//! [`AttentionScratch`], reused from launch to launch.
+//! counted from position 0): a prefill block walks the ranges in order; a lone token (a
+//! decode) whose history is a large share of the launch's work ([`SPLIT_SHARES`]) has each
+//! range computed as a task of its own, spread over the threads, and the ranges' states
+//! merged in range order, while the lone tokens of a large batch walk their ranges as a
+//! block does (the batch already has a task per thread). All fold the same states in the same
+//! order, so a row's bits depend neither on the rest of the step, nor on how its sequence was
+//! chunked, nor on the number of threads. Tasks go to the threads largest first, so they
+//! finish together whatever the mix of depths; the task list and the ranges' states live in
+//! [`AttentionScratch`], the states sized at the first launch for the longest history.
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod bench_support;
 mod online;
 #[cfg(test)]
 mod tests;
@@ -42,6 +45,7 @@ use crate::kv_cache::{CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, Bf16Products, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::workers::{Workers, with_scratch};
+pub use bench_support::{AttentionBench, BenchHeads, BenchLayout};
 use online::{QueryBlock, TileKernel, attend_range, finish, merge, state_len, tile_buffer_len};
 
 /// Below this many multiply-adds a launch runs on the calling thread.
@@ -93,8 +97,15 @@ pub struct KvCache<'a, E> {
     pub values: &'a [E],
 }
 
-/// What one row of the step computes: nothing (padding), a row of a prefill block, or a lone
-/// token whose ranges' states start at `partials` in [`AttentionScratch::partials`].
+/// Lone tokens whose history is more than `1 / (SPLIT_SHARES * threads)` of a launch's work
+/// have their ranges computed as tasks of their own, as long as their states fit a scratch of
+/// `SPLIT_SHARES` longest histories' states, sized once (the others walk their ranges in one
+/// task each, with the same bits). Beyond a few such tokens the launch has tasks enough.
+const SPLIT_SHARES: usize = 2;
+
+/// What one row of the step computes: nothing (padding), a row of a prefill block (or a
+/// lone token computed whole), or a lone token whose ranges' states start at `partials` in
+/// [`AttentionScratch::partials`].
 #[derive(Clone, Copy)]
 enum RowOwner {
     Block,
@@ -109,13 +120,15 @@ enum RowOwner {
 #[derive(Clone, Copy)]
 enum Task {
     /// `tokens` query tokens of sequence `seq` from step row `first_row` (at position
-    /// `first_position`) over their whole history, written to `out`.
+    /// `first_position`) over their whole history, written to `out`; `lone`: the sequence's
+    /// only token of the step, whose rows are likely in memory rather than cache.
     Block {
         seq: usize,
         first_row: usize,
         tokens: usize,
         first_position: usize,
         kv_head: usize,
+        lone: bool,
     },
     /// Range `range` of the history of the lone token at step row `row`, into its state slot
     /// at `slot` of the partials.
@@ -146,8 +159,10 @@ impl Task {
 }
 
 /// What attention keeps from launch to launch: the rows' owners, the task list and the lone
-/// tokens' range states. Each grows to the largest step's need and is reused, so once a
-/// server has run its longest step no launch allocates.
+/// tokens' range states. The states are sized at the first launch for the longest history
+/// its block table allows; the owners and tasks grow with the step's tokens to the largest
+/// step's, whatever the depth. So once a server has run its largest step no launch
+/// allocates.
 #[derive(Default)]
 pub struct AttentionScratch {
     owners: Vec<Option<RowOwner>>,
@@ -180,30 +195,44 @@ impl Cuts {
 
 impl AttentionScratch {
     /// Fills the owners and the tasks (largest first, so the threads finish together) after
-    /// checking every sequence's span and blocks; makes room for the lone tokens' states.
+    /// checking every sequence's span and blocks; lone tokens with a large share of the work
+    /// are split into ranges while their states fit (see [`SPLIT_SHARES`]), the others
+    /// computed whole.
     fn plan(
         &mut self,
         layout: &StepLayout<'_>,
         (shape, window): (AttentionShape, usize),
-        num_tokens: usize,
+        (num_tokens, threads): (usize, usize),
         cuts: Cuts,
     ) -> Result<(), String> {
         self.owners.clear();
         self.owners.resize(num_tokens, None);
         self.tasks.clear();
+        self.reserve_partials(shape, cuts);
+        let span = |seq| sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq);
+        let mut work = 0;
+        for seq in 0..layout.seq_lens.len() {
+            let span = span(seq)?;
+            if !span.tokens.is_empty() {
+                check_blocks(layout, shape, seq, &span)?;
+                work += span.tokens.len() * (span.first_position + span.tokens.len());
+            }
+        }
+        let split_above = work / (SPLIT_SHARES * threads.max(1));
         let state_len = state_len(shape.head_dim);
         let mut partials = 0;
         for seq in 0..layout.seq_lens.len() {
-            let span = sequence_span(layout.seq_lens, layout.query_start, num_tokens, seq)?;
+            let span = span(seq)?;
             if span.tokens.is_empty() {
                 continue;
             }
-            check_blocks(layout, shape, seq, &span)?;
             let first_position = span.first_position;
-            if span.tokens.len() == 1 {
+            let lone = span.tokens.len() == 1;
+            let held = cuts.ranges(first_position, window);
+            let ranges = held.len();
+            let fits = partials + shape.num_heads * ranges * state_len <= self.partials.len();
+            if lone && first_position + 1 > split_above && fits {
                 let (row, position) = (span.tokens.start, first_position);
-                let held = cuts.ranges(position, window);
-                let ranges = held.len();
                 self.owners[row] = Some(RowOwner::Lone { ranges, partials });
                 let group_states = (shape.num_heads / shape.num_kv_heads) * state_len;
                 for kv_head in 0..shape.num_kv_heads {
@@ -232,16 +261,25 @@ impl AttentionScratch {
                         tokens,
                         first_position: first_position + offset,
                         kv_head,
+                        lone,
                     });
                 }
             }
         }
         self.tasks
             .sort_unstable_by_key(|task| std::cmp::Reverse(task.cost(cuts.range_len)));
-        if self.partials.len() < partials {
-            self.partials.resize(partials, 0.0);
-        }
         Ok(())
+    }
+
+    /// Makes room for the states of [`SPLIT_SHARES`] lone tokens, each over as many ranges
+    /// as a history of the block table's length holds: the same for every launch of a
+    /// model, so the first launch sizes it.
+    fn reserve_partials(&mut self, shape: AttentionShape, cuts: Cuts) {
+        let ranges = (shape.blocks_per_seq * shape.block_size).div_ceil(cuts.range_len);
+        let len = SPLIT_SHARES * shape.num_heads * ranges * state_len(shape.head_dim);
+        if self.partials.len() < len {
+            self.partials.resize(len, 0.0);
+        }
     }
 }
 
@@ -344,7 +382,8 @@ fn attend<E: CacheElement>(
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let cuts = Cuts::new(shape);
-    scratch.plan(layout, (shape, window), num_tokens, cuts)?;
+    let threads = workers.threads();
+    scratch.plan(layout, (shape, window), (num_tokens, threads), cuts)?;
     let AttentionScratch {
         owners,
         tasks,
@@ -504,6 +543,7 @@ impl<E: CacheElement> Work<'_, E> {
                 tokens,
                 first_position,
                 kv_head,
+                lone,
             } => {
                 let block = QueryBlock {
                     queries: self.queries(first_row, kv_head),
@@ -513,7 +553,7 @@ impl<E: CacheElement> Work<'_, E> {
                     first_end: first_position + 1,
                     window: self.window,
                 };
-                let head = self.head(seq, kv_head, false);
+                let head = self.head(seq, kv_head, lone);
                 let rows = tokens * heads;
                 let len = 2 * rows * state_len + tile_buffer_len(head_dim);
                 with_scratch(len, |scratch| {
@@ -694,16 +734,17 @@ impl<E> Head<'_, E> {
     }
 }
 
-/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L1: rows of a
+/// Asks for the `head_dim` elements at `offset` of `cache` to be brought into L2: rows of a
 /// sequence lie in blocks scattered over the cache, which the hardware prefetchers do not
-/// follow from one block to the next.
+/// follow from one block to the next. L2, not L1: a tile's widened keys and values (the AVX2
+/// kernel's buffer) fill L1 by themselves, and would evict the next tile's rows before use.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn prefetch_row<E>(cache: &[E], offset: usize, head_dim: usize) {
-    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
     let start = cache.as_ptr().wrapping_add(offset).cast::<i8>();
     for line in (0..head_dim * size_of::<E>()).step_by(64) {
         // SAFETY: a prefetch is a hint; it never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line)) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(line)) };
     }
 }

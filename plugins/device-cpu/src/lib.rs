@@ -35,6 +35,9 @@ pub(crate) mod vector;
 pub(crate) mod widen;
 pub(crate) mod workers;
 
+/// Paged attention for `cargo bench` (`benches/attention.rs`); not an interface.
+#[doc(hidden)]
+pub use attention::{AttentionBench, BenchHeads, BenchLayout};
 /// The quantized linear for `cargo bench` (`benches/quantized_linear.rs`); not an interface.
 #[doc(hidden)]
 pub use linear::QuantizedBench;

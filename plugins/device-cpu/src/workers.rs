@@ -224,6 +224,11 @@ impl Workers {
         })
     }
 
+    /// The threads a launch runs on, the calling thread included.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
     /// Runs `task(i)` for every `i` in `0..num_tasks`, spread over the workers; the calling
     /// thread takes tasks too. A panic in any task is re-raised here once all tasks are done.
     pub fn for_each(&self, num_tasks: usize, task: impl Fn(usize) + Sync + Send) {

@@ -28,6 +28,24 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     states: &mut [f32],
     buffer: &mut [f32],
 ) {
+    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    if tile.ahead.is_empty() {
+        attend_tile_with::<E, C>((block, tile, |_, _| {}), scale, states, buffer)
+    } else {
+        let fetch = |part, parts| tile.fetch_ahead(part, parts, 8 * C);
+        attend_tile_with::<E, C>((block, tile, fetch), scale, states, buffer)
+    }
+}
+
+/// [`attend_tile`], with `fetch(part, parts)` every sixteen keys of the first token's heads.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_tile_with<E: CacheElement, const C: usize>(
+    (block, tile, fetch): (&QueryBlock<'_>, &KvTile<'_, E>, impl Fn(usize, usize)),
+    scale: f32,
+    states: &mut [f32],
+    buffer: &mut [f32],
+) {
     let head_dim = 8 * C;
     let (keys, values) = buffer.split_at_mut(TILE * head_dim);
     for (j, &offset) in tile.offsets.iter().enumerate() {
@@ -50,13 +68,17 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
             let query = block.query(token, head, head_dim);
             // Positions before the window score negative infinity and weigh nothing.
             let mut scores = [f32::NEG_INFINITY; TILE];
-            let keys = keys.chunks_exact(head_dim).skip(skip);
-            for (score, key) in scores[skip..valid].iter_mut().zip(keys) {
+            let keys = keys.chunks_exact(head_dim).enumerate().skip(skip);
+            for (score, (j, key)) in scores[skip..valid].iter_mut().zip(keys) {
                 let mut acc = [_mm256_setzero_ps(); 2];
                 for c in 0..C {
                     acc[c % 2] = _mm256_fmadd_ps(load(query, c), load(key, c), acc[c % 2]);
                 }
                 *score = reduce(_mm256_add_ps(acc[0], acc[1])) * scale;
+                // The first token's heads fetch the next tile, a part every sixteen keys.
+                if token == 0 && j % 16 == 15 {
+                    fetch(head * TILE / 16 + j / 16, block.heads * TILE / 16);
+                }
             }
             let tile_max = scores[skip..valid]
                 .iter()

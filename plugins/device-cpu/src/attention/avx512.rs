@@ -36,9 +36,35 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     states: &mut [f32],
     buffer: &mut [f32],
 ) {
+    let rows = (block, tile, bf16_keys);
+    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    if tile.ahead.is_empty() {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { attend_tile_with::<E, C>(rows, |_, _| {}, scale, states, buffer) }
+    } else {
+        let fetch = |part, parts| tile.fetch_ahead(part, parts, 16 * C);
+        // SAFETY: as above.
+        unsafe { attend_tile_with::<E, C>(rows, fetch, scale, states, buffer) }
+    }
+}
+
+/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the first token's score
+/// groups.
+///
+/// # Safety
+/// As [`attend_tile`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+unsafe fn attend_tile_with<E: CacheElement, const C: usize>(
+    (block, tile, bf16_keys): (&QueryBlock<'_>, &KvTile<'_, E>, Option<&[u16]>),
+    fetch: impl Fn(usize, usize),
+    scale: f32,
+    states: &mut [f32],
+    buffer: &mut [f32],
+) {
     let head_dim = 16 * C;
     let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
-    let rows = (block, |token| tile.span(block, token));
+    let rows = (block, |token| tile.span(block, token), fetch);
     let updates = (scale, states);
     let in_cache = |data| KvRows::at(data, tile.offsets, head_dim);
     if let (Some(keys), Some(values)) = (bf16_keys, E::bf16_bits(tile.values)) {
@@ -78,7 +104,8 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
 /// How a query row's scores against a tile's keys are computed.
 trait Scores: Copy {
     /// The scaled scores of `query` against the tile's first `valid` keys, sixteen per vector;
-    /// the lanes past `valid` are negative infinity.
+    /// the lanes past `valid` are negative infinity. `fetch(g)` runs after each group `g` of
+    /// sixteen keys.
     ///
     /// # Safety
     /// The CPU has the level the implementing type asks for.
@@ -87,6 +114,7 @@ trait Scores: Copy {
         query: &[f32],
         valid: usize,
         scale: f32,
+        fetch: impl Fn(usize),
     ) -> [__m512; SCORE_VECTORS];
 }
 
@@ -109,9 +137,10 @@ impl<K: CacheElement> Scores for WideKeys<'_, K> {
         query: &[f32],
         valid: usize,
         scale: f32,
+        fetch: impl Fn(usize),
     ) -> [__m512; SCORE_VECTORS] {
         let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
-        score_groups(valid, scale, |j| {
+        score_groups((valid, scale), fetch, |j| {
             let key = self.0.row(j);
             let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
             for (c, &q) in q.iter().enumerate().skip(1) {
@@ -132,6 +161,7 @@ impl Scores for Bf16Keys<'_> {
         query: &[f32],
         valid: usize,
         scale: f32,
+        fetch: impl Fn(usize),
     ) -> [__m512; SCORE_VECTORS] {
         // Pairs of query vectors rounded into one vector of 32 bf16s; `C` is even.
         let q: [__m512bh; 4] = std::array::from_fn(|i| {
@@ -141,7 +171,7 @@ impl Scores for Bf16Keys<'_> {
                 _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())
             }
         });
-        score_groups(valid, scale, |j| {
+        score_groups((valid, scale), fetch, |j| {
             let key = self.0.row(j);
             let mut acc = _mm512_setzero_ps();
             for (i, &q) in q.iter().enumerate().take(C / 2) {
@@ -164,8 +194,8 @@ impl Scores for Bf16Keys<'_> {
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn score_groups(
-    valid: usize,
-    scale: f32,
+    (valid, scale): (usize, f32),
+    fetch: impl Fn(usize),
     product: impl Fn(usize) -> __m512,
 ) -> [__m512; SCORE_VECTORS] {
     let mut scores = [_mm512_set1_ps(f32::NEG_INFINITY); SCORE_VECTORS];
@@ -180,6 +210,7 @@ fn score_groups(
         }
         let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
         *scores = _mm512_mask_mov_ps(*scores, lanes_mask(count), sums);
+        fetch(group);
     }
     scores
 }
@@ -227,7 +258,11 @@ impl<'a, K> KvRows<'a, K> {
 #[inline]
 #[target_feature(enable = "avx512f,avx512dq")]
 fn attend_rows<S: Scores, W: Values, const C: usize>(
-    (block, span): (&QueryBlock<'_>, impl Fn(usize) -> RowSpan),
+    (block, span, fetch): (
+        &QueryBlock<'_>,
+        impl Fn(usize) -> RowSpan,
+        impl Fn(usize, usize),
+    ),
     (keys, values): (S, W),
     (scale, states): (f32, &mut [f32]),
 ) {
@@ -247,9 +282,17 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
         for (pass, pass_states) in token_states.chunks_mut(pass_heads * stride).enumerate() {
             let heads = pass_states.len() / stride;
             for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
-                let query = block.query(token, pass * pass_heads + h, head_dim);
+                let head = pass * pass_heads + h;
+                let query = block.query(token, head, head_dim);
+                // The first token's score groups fetch the next tile, a part each.
+                let parts = block.heads * SCORE_VECTORS;
+                let fetch = |group| {
+                    if token == 0 {
+                        fetch(head * SCORE_VECTORS + group, parts)
+                    }
+                };
                 // SAFETY: `attend_tile` made `keys` at the level it asks for.
-                let scores = unsafe { keys.scores::<C>(query, valid, scale) };
+                let scores = unsafe { keys.scores::<C>(query, valid, scale, fetch) };
                 rescales[h] = weigh(scores, span, state, &mut weights[h]);
             }
             let pass_weights = (&weights, &rescales);

@@ -109,6 +109,9 @@ pub struct KvTile<'a, E> {
     pub keys: &'a [E],
     pub values: &'a [E],
     pub offsets: &'a [usize],
+    /// The next tile's offsets, when its rows are to be fetched while this one computes
+    /// (see [`KvTile::fetch_ahead`]); empty otherwise.
+    pub ahead: &'a [usize],
     pub start: usize,
     /// Where the range the tile belongs to starts.
     pub range_start: usize,
@@ -140,6 +143,24 @@ impl<E> KvTile<'_, E> {
             skip: start.saturating_sub(self.start),
             valid: self.valid(block.end(token)),
             first: (self.start..self.start + TILE).contains(&from),
+        }
+    }
+
+    /// Asks for part `part` of `parts` of the next tile's key and value rows (those in
+    /// [`KvTile::ahead`]) to be brought into cache. The vector kernels call it at `parts` even
+    /// points of their loops, so the fetches overlap the arithmetic: fetched all at once, a
+    /// tile's hundreds of misses would fill the core's miss buffers and hold up the
+    /// arithmetic behind them until most had returned.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    pub fn fetch_ahead(&self, part: usize, parts: usize, head_dim: usize) {
+        let len = self.ahead.len();
+        if part >= parts {
+            return;
+        }
+        for &offset in &self.ahead[part * len / parts..(part + 1) * len / parts] {
+            super::prefetch_row(self.keys, offset, head_dim);
+            super::prefetch_row(self.values, offset, head_dim);
         }
     }
 
@@ -178,17 +199,11 @@ pub fn attend_range<E: CacheElement>(
     let mut len = tile_offsets(first_tile, &mut offsets);
     for start in (first_tile..end).step_by(TILE) {
         let next_len = tile_offsets(start + TILE, &mut next);
-        #[cfg(target_arch = "x86_64")]
-        if head.cold {
-            for &offset in &next[..next_len] {
-                super::prefetch_row(head.cache.keys, offset, head.shape.head_dim);
-                super::prefetch_row(head.cache.values, offset, head.shape.head_dim);
-            }
-        }
         let tile = KvTile {
             keys: head.cache.keys,
             values: head.cache.values,
             offsets: &offsets[..len],
+            ahead: if head.cold { &next[..next_len] } else { &[] },
             start,
             range_start: range.start,
         };

@@ -226,6 +226,23 @@ impl Step {
         }
     }
 
+    /// The step with a block table of `columns` columns, as a model allowing histories of
+    /// `columns` blocks has.
+    fn with_columns(mut self, columns: usize) -> Step {
+        assert!(columns >= self.blocks_per_seq);
+        self.block_table = self
+            .block_table
+            .chunks_exact(self.blocks_per_seq)
+            .flat_map(|row| {
+                row.iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(-1, columns - row.len()))
+            })
+            .collect();
+        self.blocks_per_seq = columns;
+        self
+    }
+
     fn shape(&self) -> AttentionShape {
         AttentionShape {
             num_heads: self.heads.num_heads,

@@ -157,3 +157,54 @@ fn launches_reuse_the_scratch_of_the_largest_step() {
         );
     }
 }
+
+#[test]
+fn the_first_launch_sizes_the_range_states_for_the_longest_history() {
+    let workers = Workers::new(2).unwrap();
+    let path = Path::every().pop().unwrap();
+    let columns = 4_200usize.div_ceil(SMOLLM2.block_size);
+    let lone_at = |depth| Step::new(SMOLLM2, &[Sequence::new(0, depth, 1)]).with_columns(columns);
+    let mut scratch = AttentionScratch::default();
+    lone_at(1).run(path, &workers, &mut scratch);
+    let held = |s: &AttentionScratch| (s.partials.as_ptr() as usize, s.partials.capacity());
+    let after_first = held(&scratch);
+    for depth in [100, 600, 2_000, 4_100] {
+        lone_at(depth).run(path, &workers, &mut scratch);
+        // A lone token alone is split into ranges, each with states of its own.
+        assert!(
+            matches!(scratch.owners[0], Some(RowOwner::Lone { ranges, .. }) if ranges == depth / 512 + 1),
+            "depth {depth}"
+        );
+        assert_eq!(held(&scratch), after_first, "depth {depth} grew the states");
+    }
+}
+
+#[test]
+fn lone_tokens_beyond_the_states_room_are_computed_whole_with_the_same_bits() {
+    let workers = Workers::new(3).unwrap();
+    // Three lone tokens, each a third of the work: all would be split on 3 threads, but the
+    // states have room for the longest history's, twice.
+    let batch: Vec<Sequence> = [1_500, 1_400, 1_300]
+        .into_iter()
+        .enumerate()
+        .map(|(id, depth)| Sequence::new(id as u64, depth, 1))
+        .collect();
+    let step = Step::new(SMOLLM2, &batch);
+    for path in Path::every() {
+        let mut scratch = AttentionScratch::default();
+        let out = step.run(path, &workers, &mut scratch);
+        let split = (scratch.owners.iter())
+            .filter(|owner| matches!(owner, Some(RowOwner::Lone { .. })))
+            .count();
+        assert_eq!(split, SPLIT_SHARES, "{path:?}");
+        for (index, sequence) in batch.iter().enumerate() {
+            let alone = Step::new(SMOLLM2, &[*sequence]);
+            let alone_out = alone.run(path, &workers, &mut AttentionScratch::default());
+            assert_eq!(
+                bits(step.row(&out, index, sequence.cached)),
+                bits(alone.row(&alone_out, 0, sequence.cached)),
+                "{path:?}: sequence {index}"
+            );
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! What the CPU device's benchmarks share: their common command-line options, the CPU's name, the timing of a launch (wall time, and the time the calling thread spent on a CPU) and the line naming the read bandwidth.
+
+use std::time::{Duration, Instant};
+
+/// The options every benchmark takes: `--portable` (time the portable level too),
+/// `--threads N`, `--seconds S` (time per case, at least) and a filter on the cases' names.
+pub struct CommonOptions {
+    portable: bool,
+    threads: usize,
+    seconds: f64,
+    filter: Option<String>,
+}
+
+impl CommonOptions {
+    /// The command line's options; `extra(flag)` takes the benchmark's own flags (without
+    /// values) and says whether it knew the flag. A bad value ends the process with status 2.
+    pub fn parse(mut extra: impl FnMut(&str) -> bool) -> CommonOptions {
+        let mut options = CommonOptions {
+            portable: false,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            seconds: 0.5,
+            filter: None,
+        };
+        let number = |value: Option<String>, flag: &str| -> f64 {
+            value.and_then(|n| n.parse().ok()).unwrap_or_else(|| {
+                eprintln!("{flag} takes a number");
+                std::process::exit(2)
+            })
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                // What `cargo bench` passes to every harness-less benchmark.
+                "--bench" => {}
+                "--portable" => options.portable = true,
+                "--threads" => options.threads = number(args.next(), "--threads") as usize,
+                "--seconds" => options.seconds = number(args.next(), "--seconds"),
+                flag if extra(flag) => {}
+                other => options.filter = Some(other.to_string()),
+            }
+        }
+        options
+    }
+
+    pub fn portable(&self) -> bool {
+        self.portable
+    }
+
+    pub fn threads(&self) -> usize {
+        self.threads.max(1)
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.seconds
+    }
+
+    /// Whether the case named `name` is to run: there is no filter, or the name holds it.
+    pub fn wants(&self, name: &str) -> bool {
+        self.filter
+            .as_ref()
+            .is_none_or(|filter| name.contains(filter.as_str()))
+    }
+}
+
+/// The CPU's model name, from `/proc/cpuinfo`.
+pub fn cpu_name() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .and_then(|rest| rest.split(':').nth(1))
+        .map_or_else(|| "unknown CPU".to_string(), |name| name.trim().to_string())
+}
+
+/// The calling thread's time on a CPU so far (Linux's schedstat), if the system says.
+pub fn thread_cpu_time() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let nanos = stat.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(nanos))
+}
+
+/// What one launch takes: the median wall time over at least five launches and `seconds` in
+/// all, after one launch that lets buffers grow and the workers wake (`launch(i)` runs the
+/// `i`-th), and the mean time the calling thread spent on a CPU per launch, which a shared
+/// machine's other load does not inflate (with one thread, all of the launch's work).
+pub fn time_launch(seconds: f64, mut launch: impl FnMut(usize)) -> (Duration, Option<Duration>) {
+    launch(0);
+    let mut times = Vec::new();
+    let start = Instant::now();
+    let cpu_start = thread_cpu_time();
+    while times.len() < 5 || (start.elapsed().as_secs_f64() < seconds && times.len() < 10_000) {
+        let run = Instant::now();
+        launch(times.len() + 1);
+        times.push(run.elapsed());
+    }
+    let cpu = thread_cpu_time()
+        .zip(cpu_start)
+        .map(|(end, start)| (end - start) / times.len() as u32);
+    times.sort();
+    (times[times.len() / 2], cpu)
+}
+
+/// Prints the read bandwidth the figures are measured against (`bound`, GB/s) and the
+/// measurements (GB/s) it is the median of.
+pub fn print_bandwidth(bound: f64, measured: &[f64]) {
+    let each: Vec<String> = measured.iter().map(|gb_s| format!("{gb_s:.1}")).collect();
+    println!(
+        "\nread bandwidth {bound:.1} GB/s (median of {}: {})",
+        measured.len(),
+        each.join(", ")
+    );
+}
