@@ -111,6 +111,8 @@ pub struct KvTile<'a, E> {
     pub offsets: &'a [usize],
     /// The next tile's offsets, when its rows are to be fetched while this one computes
     /// (see [`KvTile::fetch_ahead`]); empty otherwise.
+    // Only the x86-64 kernels fetch ahead.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub ahead: &'a [usize],
     pub start: usize,
     /// Where the range the tile belongs to starts.

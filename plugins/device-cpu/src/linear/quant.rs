@@ -65,6 +65,8 @@ pub struct QuantMatrix<'a> {
     pub dtype: DType,
     pub bytes: &'a [u8],
     pub rows: usize,
+    // Only the x86-64 group tiles read interleaved rows.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub grouped: bool,
 }
 

@@ -137,6 +137,8 @@ pub struct Q8Tiles {
 }
 
 /// One tile of [`Q8Tiles`]: `tokens` tokens' digits, scales and block sums.
+// Only the x86-64 group tiles read tiles.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy, Debug)]
 pub struct Q8Tile<'a> {
     pub tokens: usize,
@@ -181,11 +183,15 @@ impl Q8Tiles {
         }
     }
 
+    // Only the x86-64 group tiles read tiles.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     /// Tokens per tile (the last tile may have fewer).
     pub fn width(&self) -> usize {
         self.width
     }
 
+    // Only the x86-64 group tiles (and the tests) read tiles.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     /// The tile that starts at token `first` (a multiple of the width).
     pub fn tile(&self, first: usize) -> Q8Tile<'_> {
         assert!(

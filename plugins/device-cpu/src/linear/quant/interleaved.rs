@@ -70,6 +70,8 @@ fn flip(dtype: DType) -> u8 {
     if dtype == DType::Q8_0 { 0x80 } else { 0 }
 }
 
+// Groups are made only where the x86-64 group tiles read them.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 /// The arrangement code of a `dtype` matrix of rows of `inner` values, when `dtype` is kept
 /// in groups, the rows are whole blocks and `K` can be encoded.
 pub fn arrangement(dtype: DType, inner: usize) -> Option<u64> {
