@@ -52,6 +52,40 @@ fn facts() -> ModelFacts {
     }
 }
 
+/// A machine whose bandwidth probe measured `bytes_per_second`, one figure per measurement.
+fn machine(bytes_per_second: &[f64]) -> Machine {
+    let at = |bytes_per_second: f64| Bandwidth {
+        bytes_per_second,
+        buffer_bytes: 1 << 30,
+        threads: 2,
+        passes: 5,
+    };
+    Machine::new(
+        "cpu".into(),
+        IsaLevel::Avx2,
+        bytes_per_second.iter().copied().map(at).collect(),
+    )
+    .unwrap()
+}
+
+/// The loads' shape of both target tests.
+fn shape() -> Shape {
+    Shape {
+        input_len: 256,
+        output_len: 128,
+        max_token_id: 100,
+    }
+}
+
+/// plughost at 40 tok/s decode (25 ms), 300 tok/s batched with TTFT p99 90 ms, 280 sampling.
+fn plughost_at_40() -> ServerResult {
+    server(
+        "plughost",
+        [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
+        250,
+    )
+}
+
 /// A bf16 page of `plughost` against `peers` with no loads of its own.
 fn page_of<'a>(
     machine: &'a Machine,
@@ -82,31 +116,11 @@ fn page_of<'a>(
 
 #[test]
 fn targets_pass_and_fail_on_their_thresholds() {
-    let at = |bytes_per_second: f64| Bandwidth {
-        bytes_per_second,
-        buffer_bytes: 1 << 30,
-        threads: 2,
-        passes: 5,
-    };
     // A median of 50 000 bytes/s over 1000 bytes per token: a 50 tok/s bound.
-    let machine = Machine::new(
-        "cpu".into(),
-        IsaLevel::Avx2,
-        vec![at(90_000.0), at(50_000.0), at(20_000.0)],
-    )
-    .unwrap();
+    let machine = machine(&[90_000.0, 50_000.0, 20_000.0]);
     let model = facts();
-    let shape = Shape {
-        input_len: 256,
-        output_len: 128,
-        max_token_id: 100,
-    };
-    // plughost: 40 tok/s decode (25 ms), 300 tok/s batched, TTFT p99 90, sampling 280.
-    let p = server(
-        "plughost",
-        [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
-        250,
-    );
+    let shape = shape();
+    let p = plughost_at_40();
     let l = server(
         "llama.cpp",
         [
@@ -144,29 +158,11 @@ fn targets_pass_and_fail_on_their_thresholds() {
 
 #[test]
 fn targets_are_judged_against_the_faster_peer() {
-    let machine = Machine::new(
-        "cpu".into(),
-        IsaLevel::Avx2,
-        vec![Bandwidth {
-            bytes_per_second: 50_000.0,
-            buffer_bytes: 1 << 30,
-            threads: 2,
-            passes: 5,
-        }],
-    )
-    .unwrap();
+    let machine = machine(&[50_000.0]);
     let model = facts();
-    let shape = Shape {
-        input_len: 256,
-        output_len: 128,
-        max_token_id: 100,
-    };
+    let shape = shape();
     // plughost decodes at 40 tok/s; llama.cpp at 20, ik_llama.cpp at 38.
-    let p = server(
-        "plughost",
-        [(30.0, 50.0, 25.0), (300.0, 90.0, 40.0), (280.0, 95.0, 41.0)],
-        250,
-    );
+    let p = plughost_at_40();
     let peers = [
         server(
             "llama.cpp",
