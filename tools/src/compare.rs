@@ -1,4 +1,4 @@
-//! `plughost-tools compare` (run by `cargo xtask compare`): plughost, llama.cpp's `llama-server` and, when given, ik_llama.cpp's, on the same SmolLM2-135M-Instruct weights (bf16 or Q8_0), one server at a time under the same `plughost bench` loads, written up in `docs/benchmarks.md` with a throughput chart beside it.
+//! `plughost-tools compare` (run by `cargo xtask compare`): plughost, llama.cpp's `llama-server` and, when given, ik_llama.cpp's, on the same weights (SmolLM2-135M-Instruct or the Qwen3-0.6B shape; bf16, Q8_0 or Q4_K_M), one server at a time under the same `plughost bench` loads, written up in `docs/benchmarks*.md` with a throughput chart beside it.
 //!
 //! Every server is up for the whole run and every load goes to one after another, never to
 //! two at once, in several rounds that rotate the order, so they never share the cores and a
@@ -10,6 +10,7 @@ mod llama;
 mod loads;
 mod model;
 mod plot;
+mod random_model;
 mod report;
 mod rounds;
 mod server;
@@ -25,6 +26,7 @@ use serde_json::json;
 use crate::bandwidth::{self, Bandwidth};
 use loads::{Load, SAMPLING, Shape, Summary};
 use model::ModelFacts;
+use random_model::RandomQwen3;
 use report::{GREEDY, Machine, Report, SAMPLED, SINGLE, ServerResult};
 use rounds::{Bench, Measured, counter};
 use server::{RunningServer, ServerSpec, display_path, shell_word};
@@ -48,6 +50,9 @@ pub struct CompareInputs {
     /// SmolLM2-135M-Instruct in bf16, as `fetch-model smollm2-135m-instruct --dtype bf16` writes it.
     #[arg(long)]
     pub model_dir: PathBuf,
+    /// Qwen3's tokenizer files, which `--model qwen3-0.6b-shape` writes into its GGUF.
+    #[arg(long)]
+    pub qwen3_tokenizer_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -71,8 +76,13 @@ pub struct CompareArgs {
     pub ik_llama_server: Option<PathBuf>,
     #[arg(long, default_value_t = 8125)]
     pub ik_llama_port: u16,
-    /// The weights every server serves: bf16 (plughost the converted bf16 folder, the peers a
-    /// BF16 GGUF), or q8_0 (one Q8_0 GGUF made by llama-quantize, served by all).
+    /// The model every server serves: SmolLM2-135M-Instruct, or the Qwen3-0.6B shape with
+    /// random weights (one GGUF per format, written by tests/reference/random_qwen3_0_6b_gguf.py
+    /// and llama-quantize, served by all three; the script needs Python's gguf and numpy).
+    #[arg(long, value_enum, default_value_t = ComparedModel::Smollm2)]
+    pub model: ComparedModel,
+    /// The weights every server serves: bf16 (for SmolLM2 plughost the converted bf16 folder,
+    /// the peers a BF16 GGUF), or q8_0 / q4_k_m (one GGUF made by llama-quantize, served by all).
     #[arg(long, value_enum, default_value_t = WeightFormat::Bf16)]
     pub format: WeightFormat,
     /// CPU threads of each server (default: every core).
@@ -139,6 +149,8 @@ pub enum WeightFormat {
     Bf16,
     #[value(name = "q8_0")]
     Q8_0,
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 impl WeightFormat {
@@ -147,13 +159,49 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 => "BF16",
             WeightFormat::Q8_0 => "Q8_0",
+            WeightFormat::Q4KM => "Q4_K_M",
         }
     }
 
-    fn default_page(self) -> &'static str {
+    /// The name the pages give the format.
+    fn label(self) -> &'static str {
         match self {
-            WeightFormat::Bf16 => "docs/benchmarks.md",
-            WeightFormat::Q8_0 => "docs/benchmarks-q8_0.md",
+            WeightFormat::Bf16 => "bf16",
+            other => other.gguf_type(),
+        }
+    }
+}
+
+/// The model every server serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ComparedModel {
+    #[value(name = "smollm2-135m-instruct")]
+    Smollm2,
+    #[value(name = "qwen3-0.6b-shape")]
+    Qwen3Shape,
+}
+
+impl ComparedModel {
+    /// How the pages and the chart name it.
+    fn title(self) -> &'static str {
+        match self {
+            ComparedModel::Smollm2 => "SmolLM2-135M",
+            ComparedModel::Qwen3Shape => "Qwen3-0.6B shape",
+        }
+    }
+
+    fn default_page(self, format: WeightFormat) -> String {
+        match (self, format) {
+            (ComparedModel::Smollm2, WeightFormat::Bf16) => "docs/benchmarks.md".to_string(),
+            (ComparedModel::Smollm2, f) => {
+                format!("docs/benchmarks-{}.md", f.label().to_lowercase())
+            }
+            (ComparedModel::Qwen3Shape, f) => {
+                format!(
+                    "docs/benchmarks-qwen3-shape-{}.md",
+                    f.label().to_lowercase()
+                )
+            }
         }
     }
 }
@@ -302,7 +350,7 @@ impl CompareArgs {
     fn out(&self) -> PathBuf {
         self.out
             .clone()
-            .unwrap_or_else(|| PathBuf::from(self.format.default_page()))
+            .unwrap_or_else(|| PathBuf::from(self.model.default_page(self.format)))
     }
 
     /// (concurrency, key of the load that measured it) per sweep level.
@@ -435,15 +483,13 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
         written: utc_now(),
         machine: &machine,
         model: setup.facts(),
-        model_source: setup.model_source(args.format, root),
+        model_source: setup.model_source(root),
         loads: &loads,
         shape: &shape,
         sweep: &sweep,
         depths: &depths,
-        format: match args.format {
-            WeightFormat::Bf16 => "bf16",
-            WeightFormat::Q8_0 => "Q8_0",
-        },
+        format: args.format.label(),
+        model_title: args.model.title(),
         plughost: &plughost_result,
         peers: &peer_results,
         bench_commands,
@@ -475,8 +521,12 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
     };
     let chart = plot::svg(
         &format!(
-            "SmolLM2-135M {}, {} in / {} out, {} cores",
-            report.format, report.shape.input_len, report.shape.output_len, report.machine.cores
+            "{} {}, {} in / {} out, {} cores",
+            report.model_title,
+            report.format,
+            report.shape.input_len,
+            report.shape.output_len,
+            report.machine.cores
         ),
         &levels,
         &report

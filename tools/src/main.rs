@@ -28,9 +28,9 @@ enum Command {
         #[command(flatten)]
         args: model_fetch::FetchArgs,
     },
-    /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
-    /// each load to one server and then the other, and write docs/benchmarks.md (builds
-    /// llama.cpp if needed).
+    /// Benchmark plughost against llama.cpp's llama-server (and ik_llama.cpp's when given) on
+    /// SmolLM2-135M-Instruct or the Qwen3-0.6B shape, each load to one server and then the
+    /// others, and write docs/benchmarks*.md (builds llama.cpp if needed).
     Compare(Box<CompareCommand>),
 }
 

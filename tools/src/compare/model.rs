@@ -77,6 +77,34 @@ impl ModelFacts {
         Ok(facts)
     }
 
+    /// Shape and sizes of a GGUF file served as it is, from its metadata and tensors.
+    pub fn read_gguf(path: &Path) -> Result<Self> {
+        let file = plughost::model::gguf::Gguf::open(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let arch = file.str("general.architecture")?.to_string();
+        let int = |key: &str| file.u64(&format!("{arch}.{key}"));
+        let heads = int("attention.head_count")?;
+        ensure!(heads > 0, "{} has zero heads", path.display());
+        let head_dim = match int("attention.key_length") {
+            Ok(d) => d,
+            Err(_) => int("embedding_length")? / heads,
+        };
+        let has = |name: &str| file.tensors().iter().any(|t| t.name == name);
+        let mut facts = ModelFacts {
+            layers: int("block_count")?,
+            kv_heads: int("attention.head_count_kv").unwrap_or(heads),
+            head_dim,
+            vocab_size: file.array("tokenizer.ggml.tokens")?.len() as u64,
+            tied_embeddings: !has("output.weight"),
+            file_bytes: 0,
+            tensor_bytes: 0,
+            embedding_bytes: 0,
+        };
+        drop(file);
+        facts.use_gguf_weights(path)?;
+        Ok(facts)
+    }
+
     /// Counts the tensors of `gguf` as the weights instead of the folder's safetensors: the
     /// bytes a server serving that file reads.
     pub fn use_gguf_weights(&mut self, gguf: &Path) -> Result<()> {
@@ -143,6 +171,35 @@ fn tensor_bytes(path: &Path) -> Result<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn facts_of_a_gguf_come_from_its_metadata_and_tensors() {
+        use plughost::model::gguf::GgufWriter;
+        const F32: u32 = 0;
+        let dir = std::env::temp_dir().join(format!("xtask-compare-gguf-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("m.gguf");
+        let bytes = GgufWriter::default()
+            .str("general.architecture", "qwen3")
+            .u32("qwen3.block_count", 3)
+            .u32("qwen3.attention.head_count", 4)
+            .u32("qwen3.attention.head_count_kv", 2)
+            .u32("qwen3.attention.key_length", 32)
+            .u32("qwen3.embedding_length", 64)
+            .strs("tokenizer.ggml.tokens", &["a", "b", "c"])
+            .tensor("token_embd.weight", &[2, 3], F32, &[0u8; 24])
+            .tensor("blk.0.attn_norm.weight", &[2], F32, &[0u8; 8])
+            .build();
+        std::fs::write(&path, &bytes).unwrap();
+        let facts = ModelFacts::read_gguf(&path).unwrap();
+        // key_length wins over embedding_length / heads (16).
+        assert_eq!((facts.layers, facts.kv_heads, facts.head_dim), (3, 2, 32));
+        assert_eq!(facts.vocab_size, 3);
+        assert!(facts.tied_embeddings, "no output.weight");
+        assert_eq!((facts.tensor_bytes, facts.embedding_bytes), (32, 24));
+        assert_eq!(facts.file_bytes, bytes.len() as u64);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 
     #[test]
     fn facts_come_from_config_and_safetensors_headers() {

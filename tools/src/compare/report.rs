@@ -85,8 +85,10 @@ pub struct Report<'a> {
     pub sweep: &'a [(usize, String)],
     /// The depth sweep: prompt tokens and the load measuring each.
     pub depths: &'a [(u32, String)],
-    /// The weights' format on every server: `bf16`, `Q8_0`.
+    /// The weights' format on every server: `bf16`, `Q8_0`, `Q4_K_M`.
     pub format: &'a str,
+    /// The model's name on the page and the chart: `SmolLM2-135M`.
+    pub model_title: &'a str,
     pub plughost: &'a ServerResult,
     /// llama.cpp, then ik_llama.cpp when it ran.
     pub peers: &'a [ServerResult],
@@ -319,8 +321,9 @@ pub fn markdown(r: &Report) -> String {
     let targets = targets(r);
     let _ = writeln!(
         out,
-        "# Benchmarks: plughost, {} ({})\n",
+        "# Benchmarks: plughost, {} ({}, {})\n",
         r.peer_names(),
+        r.model_title,
         r.format
     );
     let _ = writeln!(

