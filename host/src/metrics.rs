@@ -1,8 +1,8 @@
 //! The server's Prometheus metrics: request latencies, queue and KV state, prefix cache, step time split.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::kv_tier_metrics::KvTierMetrics;
@@ -41,6 +41,9 @@ pub struct Metrics {
     pub step_seconds: HistogramVec,
     /// The device's own counters, copied after every step and at shutdown.
     pub device: IntGaugeVec,
+    /// Device time spent in each callable's launches (`linear`, `paged_attention`...), for a
+    /// device that reports it.
+    pub device_callable_seconds: CounterVec,
     /// Deployment reloads by result, `ok` or `error`.
     pub deployment_reloads: IntCounterVec,
     /// The number of the active deployment generation; 1 at start, one more per reload.
@@ -132,6 +135,17 @@ impl Metrics {
         .expect("valid gauge options");
         registry
             .register(Box::new(device.clone()))
+            .expect("metric names are unique");
+        let device_callable_seconds = CounterVec::new(
+            Opts::new(
+                "device_callable_seconds_total",
+                "Device time spent in each callable's launches, for a device that reports it",
+            ),
+            &["callable"],
+        )
+        .expect("valid counter options");
+        registry
+            .register(Box::new(device_callable_seconds.clone()))
             .expect("metric names are unique");
         let deployment_reloads = IntCounterVec::new(
             Opts::new(
@@ -269,6 +283,7 @@ impl Metrics {
                 "Device worker processes started again after one crashed or hung",
             ),
             step_seconds,
+            device_callable_seconds,
             registry,
         }
     }

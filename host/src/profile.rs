@@ -61,6 +61,20 @@ impl Profiler {
         duration: Duration,
         step: u64,
     ) {
+        self.span_with(name, track, (start, duration), step, serde_json::Map::new());
+    }
+
+    /// As [`Profiler::span`], with more `args` beside the step number: what a trace viewer
+    /// shows for the span when it is selected.
+    pub fn span_with(
+        &mut self,
+        name: &'static str,
+        track: Track,
+        (start, duration): (Instant, Duration),
+        step: u64,
+        mut args: serde_json::Map<String, serde_json::Value>,
+    ) {
+        args.insert("step".into(), step.into());
         let ts = start.saturating_duration_since(self.origin).as_secs_f64() * 1e6;
         self.events.push(TraceEvent {
             name,
@@ -73,7 +87,7 @@ impl Profiler {
             dur: duration.as_secs_f64() * 1e6,
             pid: 1,
             tid: track as u32,
-            args: serde_json::json!({ "step": step }),
+            args: serde_json::Value::Object(args),
         });
     }
 

@@ -81,6 +81,14 @@ async fn streams_survive(server: &Server) {
         server.stderr()
     );
     assert_eq!(server.health().await, Some(200));
+    // The workers' time in attention crosses the process boundary, the replaced worker's added
+    // to the first's.
+    let attention = metric(
+        server,
+        "plughost_device_callable_seconds_total{callable=\"paged_attention\"}",
+    )
+    .await;
+    assert!(attention.is_some_and(|s| s > 0.0), "{attention:?}");
 }
 
 #[tokio::test]

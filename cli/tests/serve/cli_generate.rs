@@ -23,6 +23,17 @@ fn plugins_dir() -> PathBuf {
 
 #[test]
 fn generate_prints_the_reference_continuation_and_writes_a_trace() {
+    generate_with_a_trace(&[]);
+}
+
+/// The device in a worker process: the same text, and the device's time by callable crosses
+/// the process boundary into the trace.
+#[test]
+fn generate_in_a_device_worker_writes_the_same_trace() {
+    generate_with_a_trace(&["--device-isolation", "process"]);
+}
+
+fn generate_with_a_trace(extra_args: &[&str]) {
     let model = workspace().join("tests/fixtures/tiny-qwen3");
     let reference: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(model.join("reference.json")).expect("reference.json"),
@@ -40,8 +51,9 @@ fn generate_prints_the_reference_continuation_and_writes_a_trace() {
     let want = tokenizer.decode(&ids, true).expect("decode");
 
     let trace = std::env::temp_dir().join(format!(
-        "plughost-generate-trace-{}.json",
-        std::process::id()
+        "plughost-generate-trace-{}-{}.json",
+        std::process::id(),
+        extra_args.len()
     ));
     let output = Command::new(env!("CARGO_BIN_EXE_plughost"))
         .args(["generate", "--model"])
@@ -63,6 +75,7 @@ fn generate_prints_the_reference_continuation_and_writes_a_trace() {
         .arg(std::env::temp_dir().join("plughost-test-component-cache"))
         .arg("--profile-output")
         .arg(&trace)
+        .args(extra_args)
         .output()
         .expect("plughost runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -94,6 +107,26 @@ fn generate_prints_the_reference_continuation_and_writes_a_trace() {
         assert!(
             host_steps.iter().filter(|s| *s == step).count() >= 5,
             "host spans of step {step}"
+        );
+    }
+    // Every step's device span says what each callable took of it: attention ran in each,
+    // and the callables' times add up to no more than the span.
+    for e in events
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["cat"] == "device")
+    {
+        let callables = e["args"]["callables_ms"].as_object().expect("callables_ms");
+        assert!(
+            callables["paged_attention"]
+                .as_f64()
+                .is_some_and(|ms| ms > 0.0),
+            "{e}"
+        );
+        let sum: f64 = callables.values().map(|ms| ms.as_f64().expect("ms")).sum();
+        let span_ms = e["dur"].as_f64().expect("dur") / 1e3;
+        assert!(
+            sum <= span_ms * (1.0 + 1e-9) + 1e-6,
+            "{sum} ms in callables, {span_ms} ms span: {e}"
         );
     }
     for e in events.iter().filter(|e| e["ph"] == "X") {

@@ -334,6 +334,15 @@ impl Device {
         }
     }
 
+    /// Device nanoseconds spent in each callable's successful launches since open, in
+    /// callable order, into `out`; false when the device does not report them.
+    pub fn callable_device_ns(&self, out: &mut Vec<u64>) -> Result<bool, DeviceError> {
+        match &self.backend {
+            Backend::Local(device) => Ok(device.callable_device_ns(out)),
+            Backend::Worker(worker) => worker.borrow_mut().callable_device_ns(out),
+        }
+    }
+
     /// Successful launches of one callable since open.
     pub fn callable_launches(&self, callable: CallableIndex) -> u64 {
         match &self.backend {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use libloading::Library;
 use plughost_device_abi::abi::{
-    AllocFn, CallableCountFn, CallableLaunchesFn, CallableNameFn, CloseFn, FreeFn, LastErrorFn,
-    LaunchFn, OpenFn, ReadFn, StatsFn, SynchronizeFn, WriteFn,
+    AllocFn, CallableCountFn, CallableDeviceNsFn, CallableLaunchesFn, CallableNameFn, CloseFn,
+    FreeFn, LastErrorFn, LaunchFn, OpenFn, ReadFn, StatsFn, SynchronizeFn, WriteFn,
 };
 use plughost_device_abi::{
     ENTRY_SYMBOL, EntryFn, PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceHeader, PlughostDeviceV1,
@@ -28,7 +28,7 @@ pub(super) struct LoadedLibrary {
     _library: Library,
 }
 
-/// The checked function table: every entry present.
+/// The checked function table: every required entry present.
 #[derive(Clone, Copy)]
 pub(super) struct DeviceFunctions {
     pub(super) open: OpenFn,
@@ -44,6 +44,9 @@ pub(super) struct DeviceFunctions {
     pub(super) stats: StatsFn,
     pub(super) callable_launches: CallableLaunchesFn,
     pub(super) last_error: LastErrorFn,
+    /// Absent from a first-revision table, or left null by a device that does not time its
+    /// callables.
+    pub(super) callable_device_ns: Option<CallableDeviceNsFn>,
 }
 
 impl DeviceLibrary {
@@ -118,15 +121,23 @@ unsafe fn check_table(
         });
     }
     // Larger is fine: a later minor revision may append entries this host does not use.
-    if header.struct_size < PlughostDeviceV1::SIZE {
+    // Smaller down to the first revision's table is fine too: the entries it lacks read as null.
+    if header.struct_size < PlughostDeviceV1::MIN_SIZE {
         return Err(DeviceError::TableTooSmall {
             path: path.to_path_buf(),
             found: header.struct_size,
-            expected: PlughostDeviceV1::SIZE,
+            expected: PlughostDeviceV1::MIN_SIZE,
         });
     }
-    // SAFETY: the header promises at least `size_of::<PlughostDeviceV1>()` readable bytes.
-    let table = unsafe { table.read() };
+    let readable = header.struct_size.min(PlughostDeviceV1::SIZE) as usize;
+    let mut copy = std::mem::MaybeUninit::<PlughostDeviceV1>::zeroed();
+    // SAFETY: the header promises `struct_size` readable bytes, and `copy` has room for
+    // `SIZE`; every field of the table is an integer or an `Option` of a function pointer, for
+    // which all-zero bytes are valid (0 and `None`), so the bytes not copied leave it valid.
+    let table = unsafe {
+        std::ptr::copy_nonoverlapping(table.cast::<u8>(), copy.as_mut_ptr().cast::<u8>(), readable);
+        copy.assume_init()
+    };
     let require = |entry: &'static str| DeviceError::NullEntry {
         path: path.to_path_buf(),
         entry,
@@ -151,6 +162,7 @@ unsafe fn check_table(
             .callable_launches
             .ok_or_else(|| require("callable_launches"))?,
         last_error: table.last_error.ok_or_else(|| require("last_error"))?,
+        callable_device_ns: table.callable_device_ns,
     })
 }
 
@@ -174,6 +186,7 @@ mod tests {
         stats: None,
         callable_launches: None,
         last_error: None,
+        callable_device_ns: None,
     };
 
     fn check(table: &PlughostDeviceV1) -> String {
@@ -203,11 +216,19 @@ mod tests {
                 },
                 format!(
                     "declares a function table of 16 bytes, host expects at least {}",
-                    PlughostDeviceV1::SIZE
+                    PlughostDeviceV1::MIN_SIZE
                 ),
             ),
             (
                 EMPTY_TABLE,
+                "leaves function table entry `open` null".to_string(),
+            ),
+            // A first-revision table, without `callable_device_ns`, passes the size check.
+            (
+                PlughostDeviceV1 {
+                    struct_size: PlughostDeviceV1::MIN_SIZE,
+                    ..EMPTY_TABLE
+                },
                 "leaves function table entry `open` null".to_string(),
             ),
         ];

@@ -154,6 +154,21 @@ impl LocalDevice {
         unsafe { (self.functions().callable_launches)(self.handle.as_ptr(), callable.raw()) }
     }
 
+    /// Device nanoseconds of each callable's successful launches since open, into `out`;
+    /// false when the device does not report them.
+    pub(super) fn callable_device_ns(&self, out: &mut Vec<u64>) -> bool {
+        let Some(times) = self.functions().callable_device_ns else {
+            return false;
+        };
+        // SAFETY: a live handle; a null buffer only asks for the count.
+        let count = unsafe { times(self.handle.as_ptr(), std::ptr::null_mut(), 0) };
+        out.clear();
+        out.resize(count as usize, 0);
+        // SAFETY: a live handle and `count` writable u64s.
+        unsafe { times(self.handle.as_ptr(), out.as_mut_ptr(), count) };
+        count > 0
+    }
+
     fn functions(&self) -> &DeviceFunctions {
         &self.library.functions
     }

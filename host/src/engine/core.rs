@@ -27,6 +27,7 @@ use crate::plugins::{Generation, PluginRejection};
 use crate::profile::{Profiler, Track};
 use crate::runtime::{Runtime, RuntimeError, StepSequence};
 
+use super::callable_times::CallableTimes;
 use super::health::EngineHealth;
 use super::output::OutputProcessor;
 use super::queues::RequestTable;
@@ -64,6 +65,8 @@ pub struct EngineCore {
     logits: Vec<f32>,
     /// Spans of every step, when a profile was asked for.
     profiler: Option<Profiler>,
+    /// Each step's device time by callable, for the metrics and the profile.
+    callable_times: CallableTimes,
     /// Steps run since the engine started: the number a scheduler plugin plans each step by.
     num_steps: u64,
     /// Progress stamps for the watchdog, and the requests it fails if the engine cannot.
@@ -105,6 +108,7 @@ impl EngineCore {
             output,
             logits: Vec::new(),
             profiler: None,
+            callable_times: CallableTimes::default(),
             num_steps: 0,
             health,
             masks: Default::default(),
@@ -188,6 +192,42 @@ impl EngineCore {
             .observe(duration.as_secs_f64());
         if let Some(profiler) = self.profiler.as_mut() {
             profiler.span(part, track, start, duration, self.num_steps);
+        }
+    }
+
+    /// Records the step's device time, and what each callable took of it when the device
+    /// says: as a counter per callable, and as the device span's arguments in the profile.
+    fn record_device_time(&mut self, start: Instant, duration: Duration) {
+        self.metrics
+            .step_seconds
+            .with_label_values(&["device"])
+            .observe(duration.as_secs_f64());
+        let timed = self.callable_times.read(self.runtime.device());
+        let names = self.runtime.device().callables();
+        let mut by_callable = serde_json::Map::new();
+        if timed {
+            for &(index, ns) in self.callable_times.step() {
+                let name = names.get(index).map_or("unknown", String::as_str);
+                let seconds = ns as f64 * 1e-9;
+                self.metrics
+                    .device_callable_seconds
+                    .with_label_values(&[name])
+                    .inc_by(seconds);
+                by_callable.insert(name.to_string(), (seconds * 1e3).into());
+            }
+        }
+        if let Some(profiler) = self.profiler.as_mut() {
+            let mut args = serde_json::Map::new();
+            if timed {
+                args.insert("callables_ms".into(), by_callable.into());
+            }
+            profiler.span_with(
+                "device",
+                Track::Device,
+                (start, duration),
+                self.num_steps,
+                args,
+            );
         }
     }
 
@@ -318,6 +358,7 @@ impl EngineCore {
                         state.take_prefix(ComputedPrefix::default());
                     }
                 }
+                self.callable_times.reset();
                 self.record_device_stats();
             }
             Err(fault) => {
@@ -389,7 +430,7 @@ impl EngineCore {
         );
         // The device runs inside the dispatch window; the host's share is what remains.
         self.record("dispatch", Track::Host, dispatch_start, timing.dispatch);
-        self.record("device", Track::Device, dispatch_start, timing.device);
+        self.record_device_time(dispatch_start, timing.device);
         self.record("read_logits", Track::Host, read_start, timing.read_logits);
         for &(id, n) in scheduled {
             if let Some(state) = self.requests.get_mut(id) {

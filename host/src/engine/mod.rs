@@ -10,6 +10,7 @@
 //! request table (`queues`), the KV cache and the output processor (`output`)
 //! each own their part of the state.
 
+mod callable_times;
 mod core;
 mod fingerprint;
 mod handle;

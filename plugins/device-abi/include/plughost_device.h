@@ -121,8 +121,10 @@ extern "C" {
 #define PLUGHOST_TENSOR_ARG_OFFSET_TAG 56
 #define PLUGHOST_DEVICE_STATS_SIZE 72
 #define PLUGHOST_DEVICE_STATS_OFFSET_LAUNCHES 64
-#define PLUGHOST_DEVICE_TABLE_V1_SIZE_LP64 112
+#define PLUGHOST_DEVICE_TABLE_V1_SIZE_LP64 120
 #define PLUGHOST_DEVICE_TABLE_V1_OFFSET_LAST_ERROR_LP64 104
+/* A table of this size (everything up to callable_device_ns) is accepted too. */
+#define PLUGHOST_DEVICE_TABLE_V1_MIN_SIZE_LP64 112
 
 /* The opaque device state behind a handle. */
 typedef struct plughost_device plughost_device;
@@ -190,6 +192,12 @@ typedef struct plughost_device_table_v1 {
     /* Copies the last failure's message, truncated to buf_len - 1 bytes and
      * NUL-terminated; returns the full length like snprintf. */
     size_t (*last_error)(plughost_device *handle, char *buf, size_t buf_len);
+
+    /* Appended in revision 1.1; a host reads it only from a table whose struct_size
+     * covers it, and NULL means the device does not report it.
+     * Nanoseconds of device time spent in each callable's successful launches since
+     * open, into out[0..min(len, count)); returns the callable count. */
+    uint32_t (*callable_device_ns)(plughost_device *handle, uint64_t *out, uint32_t len);
 } plughost_device_table_v1;
 
 typedef const plughost_device_table_v1 *(*plughost_device_entry_fn)(void);

@@ -367,6 +367,11 @@ pub type CallableLaunchesFn = unsafe extern "C" fn(handle: *mut DeviceHandle, in
 pub type LastErrorFn =
     unsafe extern "C" fn(handle: *mut DeviceHandle, buf: *mut c_char, buf_len: usize) -> usize;
 
+/// Writes the nanoseconds of device time spent in each callable's successful launches since
+/// `open` into `out[..min(len, count)]` and returns the callable count `count`.
+pub type CallableDeviceNsFn =
+    unsafe extern "C" fn(handle: *mut DeviceHandle, out: *mut u64, len: u32) -> u32;
+
 /// The exported entry point: returns a pointer to a table that lives as long as the library.
 pub type EntryFn = unsafe extern "C" fn() -> *const PlughostDeviceV1;
 
@@ -400,11 +405,17 @@ pub struct PlughostDeviceV1 {
     pub stats: Option<StatsFn>,
     pub callable_launches: Option<CallableLaunchesFn>,
     pub last_error: Option<LastErrorFn>,
+    /// Appended in revision 1.1: a host reads it only from a table whose `struct_size` covers
+    /// it (see [`PlughostDeviceV1::MIN_SIZE`]); `None` means the device does not report it.
+    pub callable_device_ns: Option<CallableDeviceNsFn>,
 }
 
 impl PlughostDeviceV1 {
-    /// The `struct_size` a version 1 table carries.
+    /// The `struct_size` a version 1 table of this revision carries.
     pub const SIZE: u32 = size_of::<PlughostDeviceV1>() as u32;
+    /// The smallest `struct_size` a host accepts: the first revision's table, which ends
+    /// before `callable_device_ns`.
+    pub const MIN_SIZE: u32 = std::mem::offset_of!(PlughostDeviceV1, callable_device_ns) as u32;
 }
 
 #[cfg(test)]
@@ -475,6 +486,10 @@ mod tests {
             (
                 "PLUGHOST_DEVICE_TABLE_V1_OFFSET_LAST_ERROR_LP64".into(),
                 offset_of!(PlughostDeviceV1, last_error) as u64,
+            ),
+            (
+                "PLUGHOST_DEVICE_TABLE_V1_MIN_SIZE_LP64".into(),
+                PlughostDeviceV1::MIN_SIZE.into(),
             ),
         ];
         for code in 0..=status::INTERNAL {

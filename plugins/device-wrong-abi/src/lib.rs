@@ -19,6 +19,7 @@ static TABLE: PlughostDeviceV1 = PlughostDeviceV1 {
     stats: None,
     callable_launches: None,
     last_error: None,
+    callable_device_ns: None,
 };
 
 #[unsafe(no_mangle)]

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use plughost_device_abi::{DeviceStats, TensorArg, status};
 
 use super::protocol::{
-    Op, RANGE_BYTES, REQUEST_HEADER_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES,
-    decode_stats, encode_range, encode_tensor_arg,
+    Op, RANGE_BYTES, REQUEST_HEADER_BYTES, ReplyHeader, RequestHeader, STATS_BYTES,
+    TENSOR_ARG_BYTES, decode_callable_times, decode_stats, encode_range, encode_tensor_arg,
 };
 use super::region::{REGION_BYTES, SharedRegion};
 use crate::device::error::DeviceError;
@@ -87,6 +87,11 @@ pub struct WorkerDevice {
     /// The counters the last `synchronize` or `read` brought, while nothing has been sent
     /// since: the engine reads them after every step.
     stats: Option<DeviceStats>,
+    /// Each callable's device nanoseconds, as the last `synchronize` brought them.
+    callable_times: Vec<u64>,
+    /// Whether `callable_times` holds the device's report (`Some(false)`: the device does not
+    /// report them), while nothing has been sent since that `synchronize`.
+    callable_times_fresh: Option<bool>,
     /// The last reply's payload, reused from reply to reply.
     reply_body: Vec<u8>,
     /// A batched copy's ranges on the wire, reused from call to call.
@@ -163,6 +168,8 @@ impl WorkerDevice {
             last_launch: None,
             callable_names: Vec::new(),
             stats: None,
+            callable_times: Vec::new(),
+            callable_times_fresh: None,
             reply_body: Vec::new(),
             range_payload: Vec::new(),
         };
@@ -299,6 +306,7 @@ impl WorkerDevice {
         header.payload_len = (args.len() * TENSOR_ARG_BYTES + params.len() * 8) as u64;
         self.last_launch = Some(callable);
         self.stats = None;
+        self.callable_times_fresh = None;
         if self.batch.len() + REQUEST_HEADER_BYTES + header.payload_len as usize > BATCH_BYTES {
             self.flush()?;
         }
@@ -315,7 +323,24 @@ impl WorkerDevice {
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
         let device_ns = self.request(RequestHeader::new(Op::Synchronize), &[])?;
         self.stats = decode_stats(&self.reply_body);
+        let times = self.reply_body.get(STATS_BYTES..).unwrap_or(&[]);
+        self.callable_times_fresh = Some(decode_callable_times(times, &mut self.callable_times));
         Ok(Duration::from_nanos(device_ns))
+    }
+
+    /// Each callable's device nanoseconds since open into `out`; false when the device does
+    /// not report them. Free right after a `synchronize`, whose reply carries them.
+    pub fn callable_device_ns(&mut self, out: &mut Vec<u64>) -> Result<bool, DeviceError> {
+        let reported = match self.callable_times_fresh {
+            Some(reported) => reported,
+            None => {
+                self.request(RequestHeader::new(Op::CallableDeviceNs), &[])?;
+                decode_callable_times(&self.reply_body, &mut self.callable_times)
+            }
+        };
+        out.clear();
+        out.extend_from_slice(&self.callable_times);
+        Ok(reported)
     }
 
     pub fn stats(&mut self) -> Result<DeviceStats, DeviceError> {
@@ -346,6 +371,7 @@ impl WorkerDevice {
 
     fn queue(&mut self, header: RequestHeader, payload: &[u8]) -> Result<(), DeviceError> {
         self.stats = None;
+        self.callable_times_fresh = None;
         if self.batch.len() + REQUEST_HEADER_BYTES + payload.len() > BATCH_BYTES {
             self.flush()?;
         }

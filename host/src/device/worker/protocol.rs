@@ -28,7 +28,7 @@ pub enum Op {
     /// Callable `a` with `count` tensor arguments and `b` params in the payload. No reply.
     Launch,
     /// Reply `value`: device nanoseconds since the previous synchronize; payload: the
-    /// counters of [`DeviceStats`].
+    /// counters of [`DeviceStats`], then [`encode_callable_times`]'s.
     Synchronize,
     /// Reply payload: the counters of [`DeviceStats`].
     Stats,
@@ -44,10 +44,12 @@ pub enum Op {
     /// Copy the region's bytes from `d` on, in order, into the `count` byte ranges of the
     /// payload. No reply.
     WriteRanges,
+    /// Reply payload: [`encode_callable_times`]'s.
+    CallableDeviceNs,
 }
 
 impl Op {
-    const ALL: [Op; 13] = [
+    const ALL: [Op; 14] = [
         Op::Open,
         Op::Alloc,
         Op::Free,
@@ -61,6 +63,7 @@ impl Op {
         Op::Close,
         Op::ReadRanges,
         Op::WriteRanges,
+        Op::CallableDeviceNs,
     ];
 
     fn code(self) -> u32 {
@@ -87,6 +90,7 @@ impl Op {
             Op::Close => "close",
             Op::ReadRanges => "read_ranges",
             Op::WriteRanges => "write_ranges",
+            Op::CallableDeviceNs => "callable_device_ns",
         }
     }
 }
@@ -287,6 +291,55 @@ fn stats_fields(stats: &DeviceStats) -> [u64; 9] {
     ]
 }
 
+/// The most callables whose device times a reply carries.
+pub const MAX_TIMED_CALLABLES: usize = 64;
+
+/// The counters and callable times a reply carries, on the stack.
+pub struct ReplyCounters {
+    bytes: [u8; STATS_BYTES + 8 * MAX_TIMED_CALLABLES],
+    len: usize,
+}
+
+impl ReplyCounters {
+    pub fn new() -> Self {
+        ReplyCounters {
+            bytes: [0; STATS_BYTES + 8 * MAX_TIMED_CALLABLES],
+            len: 0,
+        }
+    }
+
+    pub fn push_stats(&mut self, stats: &DeviceStats) {
+        self.push(&encode_stats(stats));
+    }
+
+    /// Appends each callable's device nanoseconds, at most [`MAX_TIMED_CALLABLES`]; nothing
+    /// for a device that does not report them (`None`).
+    pub fn push_callable_times(&mut self, times: Option<&[u64]>) {
+        for ns in times.unwrap_or(&[]).iter().take(MAX_TIMED_CALLABLES) {
+            self.push(&ns.to_le_bytes());
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        let end = (self.len + bytes.len()).min(self.bytes.len());
+        self.bytes[self.len..end].copy_from_slice(&bytes[..end - self.len]);
+        self.len = end;
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// Each callable's device nanoseconds from a reply's callable-times section into `out`;
+/// false when the section is empty: the device does not report them.
+pub fn decode_callable_times(bytes: &[u8], out: &mut Vec<u64>) -> bool {
+    out.clear();
+    let mut fields = Fields(bytes);
+    out.extend((0..bytes.len() / 8).map(|_| fields.u64()));
+    !out.is_empty()
+}
+
 /// Reads little-endian integers from the front of a slice whose length the caller checked.
 struct Fields<'a>(&'a [u8]);
 
@@ -378,6 +431,36 @@ mod tests {
         bytes[0] = 200;
         let error = RequestHeader::read(&mut bytes.as_slice()).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn counters_and_callable_times_share_a_reply() {
+        let stats = DeviceStats {
+            launches: 3,
+            ..Default::default()
+        };
+        let mut counters = ReplyCounters::new();
+        counters.push_stats(&stats);
+        counters.push_callable_times(Some(&[7, 0, u64::MAX]));
+        let bytes = counters.as_bytes();
+        assert_eq!(decode_stats(bytes).map(|s| s.launches), Some(3));
+        let mut times = vec![1];
+        assert!(decode_callable_times(&bytes[STATS_BYTES..], &mut times));
+        assert_eq!(times, [7, 0, u64::MAX]);
+        // A device that does not time its callables sends none.
+        let mut counters = ReplyCounters::new();
+        counters.push_stats(&stats);
+        counters.push_callable_times(None);
+        assert!(!decode_callable_times(
+            &counters.as_bytes()[STATS_BYTES..],
+            &mut times
+        ));
+        assert!(times.is_empty());
+        // More callables than a reply carries are cut at the limit, never past the buffer.
+        let mut counters = ReplyCounters::new();
+        counters.push_callable_times(Some(&[1; MAX_TIMED_CALLABLES + 5]));
+        assert!(decode_callable_times(counters.as_bytes(), &mut times));
+        assert_eq!(times.len(), MAX_TIMED_CALLABLES);
     }
 
     #[test]

@@ -7,8 +7,8 @@ use std::path::Path;
 use plughost_device_abi::{TensorArg, status};
 
 use super::protocol::{
-    Op, RANGE_BYTES, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_range, decode_tensor_arg,
-    encode_stats,
+    Op, RANGE_BYTES, ReplyCounters, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_range,
+    decode_tensor_arg,
 };
 use super::region::{REGION_BYTES, SharedRegion};
 use crate::device::error::DeviceError;
@@ -57,6 +57,7 @@ pub fn run_worker(socket: &Path, region: &Path) -> Result<(), WorkerError> {
         payload: Vec::new(),
         args: Vec::new(),
         params: Vec::new(),
+        callable_times: Vec::new(),
     };
     session.serve()
 }
@@ -78,6 +79,7 @@ struct Session {
     payload: Vec<u8>,
     args: Vec<TensorArg>,
     params: Vec<i64>,
+    callable_times: Vec<u64>,
 }
 
 impl Session {
@@ -180,7 +182,12 @@ impl Session {
             return Err(WorkerError::NotOpenedFirst(header.op.name()));
         };
         // The counters, for the replies that carry them; nothing on the heap.
-        let mut counters = None;
+        let mut counters = ReplyCounters::new();
+        let times = &mut self.callable_times;
+        let mut callable_times = |counters: &mut ReplyCounters, device: &LocalDevice| {
+            let reported = device.callable_device_ns(times);
+            counters.push_callable_times(reported.then_some(&times[..]));
+        };
         let result = match header.op {
             Op::Alloc => device.alloc(header.a).map(BufferId::raw),
             Op::Free => device.free(BufferId::from_raw(header.a)).map(|()| 0),
@@ -192,7 +199,7 @@ impl Session {
                         &mut self.region.bytes_mut()[range],
                     )
                     .and_then(|()| {
-                        counters = Some(encode_stats(&device.stats()?));
+                        counters.push_stats(&device.stats()?);
                         Ok(0)
                     }),
                 None => Err(out_of_region(header)),
@@ -207,30 +214,32 @@ impl Session {
                     )
                 })
                 .and_then(|()| {
-                    counters = Some(encode_stats(&device.stats()?));
+                    counters.push_stats(&device.stats()?);
                     Ok(0)
                 })
             }
             // The counters come with the answers that end a step, so reading them after it
             // costs no round trip.
             Op::Synchronize => device.synchronize().and_then(|t| {
-                counters = Some(encode_stats(&device.stats()?));
+                counters.push_stats(&device.stats()?);
+                callable_times(&mut counters, device);
                 Ok(t.as_nanos() as u64)
             }),
             Op::Stats => device.stats().map(|stats| {
-                counters = Some(encode_stats(&stats));
+                counters.push_stats(&stats);
                 0
             }),
+            Op::CallableDeviceNs => {
+                callable_times(&mut counters, device);
+                Ok(0)
+            }
             Op::CallableLaunches => {
                 Ok(device.callable_launches(CallableIndex::from_raw(header.a as u32)))
             }
             _ => Ok(0),
         };
         match result {
-            Ok(value) => {
-                let payload = counters.as_ref().map_or(&[][..], |c| &c[..]);
-                self.reply(status::OK, header.op, value, payload)
-            }
+            Ok(value) => self.reply(status::OK, header.op, value, counters.as_bytes()),
             Err(e) => {
                 let status = error_status(&e);
                 self.reply(status, header.op, 0, error_message(e).as_bytes())

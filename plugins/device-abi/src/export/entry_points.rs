@@ -6,8 +6,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
 
 use crate::abi::{
-    AllocFn, CallableCountFn, CallableLaunchesFn, CallableNameFn, CloseFn, DeviceHandle,
-    DeviceStats, FreeFn, LastErrorFn, LaunchFn, OpenFn, PLUGHOST_DEVICE_ABI_VERSION,
+    AllocFn, CallableCountFn, CallableDeviceNsFn, CallableLaunchesFn, CallableNameFn, CloseFn,
+    DeviceHandle, DeviceStats, FreeFn, LastErrorFn, LaunchFn, OpenFn, PLUGHOST_DEVICE_ABI_VERSION,
     PlughostDeviceV1, ReadFn, StatsFn, SynchronizeFn, TensorArg, WriteFn, status,
 };
 use crate::callables;
@@ -360,6 +360,32 @@ unsafe extern "C" fn callable_launches<B: DeviceBackend>(
     state.launches_of(index)
 }
 
+/// `plughost_device_v1.callable_device_ns`.
+///
+/// # Safety
+/// `handle` is null or a live handle from `open::<B>` that no other call is using; a non-null
+/// `out` holds `len` writable `u64`s.
+unsafe extern "C" fn callable_device_ns<B: DeviceBackend>(
+    handle: *mut DeviceHandle,
+    out: *mut u64,
+    len: u32,
+) -> u32 {
+    let state = handle.cast::<DeviceState<B>>();
+    if state.is_null() {
+        return 0;
+    }
+    // SAFETY: a live handle that no other call is using.
+    let state = unsafe { &*state };
+    if !out.is_null() {
+        // SAFETY: the caller promises `len` writable `u64`s at `out`.
+        let out = unsafe { std::slice::from_raw_parts_mut(out, len as usize) };
+        for (slot, ns) in out.iter_mut().zip(state.device_ns_by_callable()) {
+            *slot = ns;
+        }
+    }
+    u32::try_from(state.device_ns_by_callable().count()).unwrap_or(u32::MAX)
+}
+
 /// `plughost_device_v1.last_error`.
 ///
 /// # Safety
@@ -414,6 +440,7 @@ pub const fn device_table<B: DeviceBackend>() -> PlughostDeviceV1 {
         synchronize: Some(synchronize::<B> as SynchronizeFn),
         stats: Some(stats::<B> as StatsFn),
         callable_launches: Some(callable_launches::<B> as CallableLaunchesFn),
+        callable_device_ns: Some(callable_device_ns::<B> as CallableDeviceNsFn),
         last_error: Some(last_error::<B> as LastErrorFn),
     }
 }
@@ -572,6 +599,52 @@ mod tests {
         assert_eq!((stats.h2d_calls, stats.h2d_bytes), (2, 24));
         assert_eq!((stats.d2h_calls, stats.d2h_bytes), (1, 12));
         assert_eq!(stats.live_bytes, 24);
+    }
+
+    #[test]
+    fn device_time_is_kept_per_callable() {
+        let device = Caller::open("").unwrap();
+        let x = device.alloc(16).unwrap();
+        let y = device.alloc(16).unwrap();
+        device.launch_add(x, y, 4).unwrap();
+        device.launch_add(x, y, 4).unwrap();
+        // A launch that fails (its backend panics on a first value of -1) counts nowhere.
+        device.write_f32(x, &[-1.0]).unwrap();
+        assert!(device.launch_add(x, y, 4).is_err());
+        let count = callables::ALL.len();
+        let mut times = vec![u64::MAX; count + 2];
+        // SAFETY: a live handle and `times.len()` writable u64s.
+        let reported = unsafe {
+            (TABLE.callable_device_ns.unwrap())(
+                device.handle,
+                times.as_mut_ptr(),
+                times.len() as u32,
+            )
+        };
+        assert_eq!(reported as usize, count);
+        assert_eq!(
+            &times[count..],
+            &[u64::MAX; 2],
+            "nothing past the count is written"
+        );
+        let (add, _) = callables::by_name("add").unwrap();
+        assert!(times[add] > 0, "{times:?}");
+        let others: u64 = (0..count).filter(|&i| i != add).map(|i| times[i]).sum();
+        assert_eq!(others, 0, "{times:?}");
+        // A shorter buffer gets a prefix; no buffer, only the count.
+        let mut first = [u64::MAX; 1];
+        // SAFETY: as above, one u64; then a null buffer, which the entry point allows.
+        unsafe {
+            assert_eq!(
+                (TABLE.callable_device_ns.unwrap())(device.handle, first.as_mut_ptr(), 1) as usize,
+                count
+            );
+            assert_eq!(
+                (TABLE.callable_device_ns.unwrap())(device.handle, ptr::null_mut(), 0) as usize,
+                count
+            );
+        }
+        assert_eq!(first[0], times[0]);
     }
 
     #[test]

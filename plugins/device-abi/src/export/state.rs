@@ -17,6 +17,8 @@ pub(super) struct DeviceState<B> {
     buffers: BufferTable,
     stats: DeviceStats,
     launches_by_callable: Vec<u64>,
+    /// Time inside the backend's successful launches, per callable.
+    time_by_callable: Vec<Duration>,
     callable_names: Vec<CString>,
     /// Launch time not yet reported by `synchronize`.
     unreported_device_time: Duration,
@@ -34,6 +36,7 @@ impl<B: DeviceBackend> DeviceState<B> {
             buffers: BufferTable::default(),
             stats: DeviceStats::default(),
             launches_by_callable: vec![0; callables::ALL.len()],
+            time_by_callable: vec![Duration::ZERO; callables::ALL.len()],
             callable_names,
             unreported_device_time: Duration::ZERO,
             last_error: String::new(),
@@ -169,10 +172,12 @@ impl<B: DeviceBackend> DeviceState<B> {
         let mut launch = Launch::new(spec, resolved, params, shapes, &mut self.buffers);
         let started = Instant::now();
         let outcome = self.backend.launch(&mut launch);
-        self.unreported_device_time += started.elapsed();
+        let elapsed = started.elapsed();
+        self.unreported_device_time += elapsed;
         outcome?;
         self.stats.launches += 1;
         self.launches_by_callable[index] += 1;
+        self.time_by_callable[index] += elapsed;
         Ok(())
     }
 
@@ -195,6 +200,13 @@ impl<B: DeviceBackend> DeviceState<B> {
             .get(index as usize)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Nanoseconds inside each callable's successful launches so far, in callable order.
+    pub(super) fn device_ns_by_callable(&self) -> impl Iterator<Item = u64> + '_ {
+        self.time_by_callable
+            .iter()
+            .map(|t| u64::try_from(t.as_nanos()).unwrap_or(u64::MAX))
     }
 
     pub(super) fn last_error(&self) -> &str {
