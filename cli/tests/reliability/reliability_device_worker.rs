@@ -208,3 +208,34 @@ fn restart_flags_without_a_worker_are_refused_naming_them() {
         "{stderr}"
     );
 }
+
+/// A slow device: every launch takes 100 ms, so a step of the tiny model's few dozen launches
+/// outlasts a 1 s device timeout while no launch comes near it. The timeout bounds a launch,
+/// not a step, in a worker process (progress replies) and in process (the watchdog restamped
+/// per launch): a long prefill on a slow machine is no hang.
+#[tokio::test]
+async fn steps_longer_than_the_device_timeout_are_no_hang_while_launches_complete() {
+    for isolation in ["process", "in-process"] {
+        let server = Server::ready(
+            "launch_ms=100",
+            &["--device-isolation", isolation, "--device-timeout", "1"],
+        )
+        .await;
+        let started = std::time::Instant::now();
+        let (status, body) = server.complete(&completion(6, 2)).await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{isolation}: {body}\n{}", server.stderr());
+        assert_eq!(body["usage"]["completion_tokens"], 2, "{isolation}: {body}");
+        // Two steps (prefill and one decode), each longer than the timeout.
+        assert!(
+            took > std::time::Duration::from_secs(2),
+            "{isolation}: {took:?}: the steps were not slower than the timeout"
+        );
+        assert_eq!(server.health().await, Some(200), "{isolation}");
+        assert!(
+            !server.stderr().contains("device timeout"),
+            "{isolation}: {}",
+            server.stderr()
+        );
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg};
@@ -155,6 +156,7 @@ impl DeviceSource {
                 Ok(Device {
                     backend: Backend::Worker(RefCell::new(Box::new(worker))),
                     callable_names,
+                    launch_completed: None,
                 })
             }
         }
@@ -171,7 +173,13 @@ enum Backend {
 pub struct Device {
     backend: Backend,
     callable_names: Vec<String>,
+    /// Called after each launch an in-process device completes. Boxed to keep `Device`, which
+    /// failed preparations hand back inside their errors, small.
+    launch_completed: Option<Box<LaunchHook>>,
 }
+
+/// What [`Device::on_launch_completed`] calls.
+pub type LaunchHook = Arc<dyn Fn() + Send + Sync>;
 
 impl Device {
     /// Opens a device in this process with a config string whose format the device defines.
@@ -180,7 +188,16 @@ impl Device {
         Ok(Device {
             backend: Backend::Local(local),
             callable_names,
+            launch_completed: None,
         })
+    }
+
+    /// Calls `hook` after every launch an in-process device completes. A launch is a call
+    /// that returns when its work is done, so a watchdog stamped by the hook times launches,
+    /// not whole steps: a long prefill that keeps launching is not a hang. A device in a
+    /// worker process reports the same through its progress replies instead.
+    pub fn on_launch_completed(&mut self, hook: LaunchHook) {
+        self.launch_completed = Some(Box::new(hook));
     }
 
     /// Closes the device, freeing every buffer it holds.
@@ -314,7 +331,13 @@ impl Device {
             });
         }
         match &mut self.backend {
-            Backend::Local(device) => device.launch(callable, args, params),
+            Backend::Local(device) => {
+                device.launch(callable, args, params)?;
+                if let Some(hook) = &self.launch_completed {
+                    hook();
+                }
+                Ok(())
+            }
             Backend::Worker(worker) => worker.get_mut().launch(callable.0, args, params),
         }
     }

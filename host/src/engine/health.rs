@@ -84,7 +84,8 @@ const NEVER: u64 = 0;
 /// The stamps the engine thread writes and the watchdog reads.
 pub struct Liveness {
     epoch: Instant,
-    /// When the running device step started (µs since `epoch`, plus one), or `NEVER`.
+    /// When the running device step started or last completed a launch (µs since `epoch`,
+    /// plus one), or `NEVER`.
     device_step_started: AtomicU64,
     /// When the engine last made progress (µs since `epoch`, plus one).
     last_progress: AtomicU64,
@@ -120,6 +121,15 @@ impl Liveness {
     pub fn device_step_started(&self) {
         self.device_step_started
             .store(self.now(), Ordering::Release);
+    }
+
+    /// An in-process device completed a launch: the device timeout starts again, so it
+    /// bounds one launch rather than a whole step.
+    pub fn device_launch_completed(&self) {
+        if self.device_step_started.load(Ordering::Acquire) != NEVER {
+            self.device_step_started
+                .store(self.now(), Ordering::Release);
+        }
     }
 
     pub fn device_step_finished(&self) {

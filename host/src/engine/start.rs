@@ -291,7 +291,11 @@ pub(super) fn build_core(
         device_source =
             device_source.in_worker(options.device_worker.clone(), options.device_timeout);
     }
-    let device = device_source.open(0)?;
+    let mut device = device_source.open(0)?;
+    if options.device_isolation == DeviceIsolation::InProcess {
+        let health = health.clone();
+        device.on_launch_completed(Arc::new(move || health.liveness.device_launch_completed()));
+    }
     let runtime_config = RuntimeConfig {
         max_num_seqs: options.max_num_seqs,
         max_num_batched_tokens: options.max_num_batched_tokens,

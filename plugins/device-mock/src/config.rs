@@ -25,6 +25,9 @@ pub struct MockConfig {
     pub faults_every_worker: bool,
     /// Bytes the device can hold at once; unlimited when absent.
     pub memory_bytes: Option<u64>,
+    /// How long every launch takes at least: a slow device, whose steps can outlast the
+    /// host's device timeout while each launch stays well within it.
+    pub launch_time: Duration,
 }
 
 impl Default for MockConfig {
@@ -37,6 +40,7 @@ impl Default for MockConfig {
             crash_launch: None,
             faults_every_worker: false,
             memory_bytes: None,
+            launch_time: Duration::ZERO,
         }
     }
 }
@@ -52,6 +56,7 @@ const SPEC: ConfigSpec = ConfigSpec {
         "crash_launch",
         "faults_every_worker",
         "memory_bytes",
+        "launch_ms",
     ],
 };
 
@@ -72,6 +77,7 @@ impl MockConfig {
                 "crash_launch" => config.crash_launch = Some(launch_number(&option, number)?),
                 "faults_every_worker" => config.faults_every_worker = number != 0,
                 "memory_bytes" => config.memory_bytes = Some(number),
+                "launch_ms" => config.launch_time = Duration::from_millis(number),
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
@@ -132,6 +138,13 @@ mod tests {
                     ..MockConfig::default()
                 },
             ),
+            (
+                "launch_ms=150",
+                MockConfig {
+                    launch_time: Duration::from_millis(150),
+                    ..MockConfig::default()
+                },
+            ),
         ];
         for (text, expected) in cases {
             assert_eq!(MockConfig::parse(text), Ok(expected), "{text}");
@@ -149,7 +162,7 @@ mod tests {
                 "fail_lunch=2",
                 "unknown mock device option `fail_lunch` \
                  (known: fail_launch, fail_launch_count, hang_launch, hang_ms, crash_launch, \
-                 faults_every_worker, memory_bytes)",
+                 faults_every_worker, memory_bytes, launch_ms)",
             ),
             (
                 "hang_ms=soon",

@@ -5,7 +5,8 @@
 //! the K launches from the Nth on: K=1 is a transient fault a retry gets past, K≥2 a persistent
 //! one); `hang_launch=N` makes it sleep `hang_ms` (default a day) before running;
 //! `crash_launch=N` aborts the process at the Nth launch (run it in a device worker);
-//! `memory_bytes=N` caps live allocations. Launches are counted from 1 across all callables,
+//! `memory_bytes=N` caps live allocations; `launch_ms=N` makes every launch take N ms at least
+//! (a slow device). Launches are counted from 1 across all callables,
 //! counting every launch that passed the argument checks (a refused launch never reaches the
 //! device), so each fault fires once in the life of a device. In a device worker process the
 //! faults fire only in a server's first worker, so a restarted worker recovers; with
@@ -58,6 +59,7 @@ impl DeviceBackend for MockDevice {
         if self.config.hang_launch == Some(number) {
             thread::sleep(self.config.hang);
         }
+        thread::sleep(self.config.launch_time);
         if self.config.crash_launch == Some(number) {
             eprintln!("mock device: injected crash at launch {number} (crash_launch={number})");
             std::process::abort();

@@ -394,7 +394,14 @@ impl WorkerDevice {
         self.queue(header, payload)?;
         self.flush()?;
         self.region_cursor = 0;
-        let reply = ReplyHeader::read(&mut self.reader).map_err(|e| self.lose(header.op, e))?;
+        // Each read waits at most the device timeout: progress replies, sent while launches
+        // complete, restart that wait, so the timeout bounds a launch rather than a step.
+        let reply = loop {
+            let reply = ReplyHeader::read(&mut self.reader).map_err(|e| self.lose(header.op, e))?;
+            if reply.op != Op::Progress {
+                break reply;
+            }
+        };
         self.reply_body.clear();
         let read = (&mut self.reader)
             .take(reply.payload_len)

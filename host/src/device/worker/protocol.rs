@@ -28,7 +28,7 @@ pub enum Op {
     /// Callable `a` with `count` tensor arguments and `b` params in the payload. No reply.
     Launch,
     /// Reply `value`: device nanoseconds since the previous synchronize; payload: the
-    /// counters of [`DeviceStats`], then [`encode_callable_times`]'s.
+    /// counters of [`DeviceStats`], then [`ReplyCounters::push_callable_times`]'s.
     Synchronize,
     /// Reply payload: the counters of [`DeviceStats`].
     Stats,
@@ -44,12 +44,20 @@ pub enum Op {
     /// Copy the region's bytes from `d` on, in order, into the `count` byte ranges of the
     /// payload. No reply.
     WriteRanges,
-    /// Reply payload: [`encode_callable_times`]'s.
+    /// Reply payload: [`ReplyCounters::push_callable_times`]'s.
     CallableDeviceNs,
+    /// Only ever a reply, sent unasked while a batch of launches runs, at most every
+    /// [`PROGRESS_EVERY`] and only after a launch completed: the host's timeout then measures
+    /// a launch, not a whole step, so a long step that keeps launching is not taken for a hang.
+    /// `value`: launches completed since the worker started. No payload.
+    Progress,
 }
 
+/// The least time between two [`Op::Progress`] replies.
+pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 impl Op {
-    const ALL: [Op; 14] = [
+    const ALL: [Op; 15] = [
         Op::Open,
         Op::Alloc,
         Op::Free,
@@ -64,6 +72,7 @@ impl Op {
         Op::ReadRanges,
         Op::WriteRanges,
         Op::CallableDeviceNs,
+        Op::Progress,
     ];
 
     fn code(self) -> u32 {
@@ -91,6 +100,7 @@ impl Op {
             Op::ReadRanges => "read_ranges",
             Op::WriteRanges => "write_ranges",
             Op::CallableDeviceNs => "callable_device_ns",
+            Op::Progress => "progress",
         }
     }
 }

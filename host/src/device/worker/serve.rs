@@ -3,12 +3,13 @@
 use std::io::{self, BufReader, BufWriter, Read};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::time::Instant;
 
 use plughost_device_abi::{TensorArg, status};
 
 use super::protocol::{
-    Op, RANGE_BYTES, ReplyCounters, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES, decode_range,
-    decode_tensor_arg,
+    Op, PROGRESS_EVERY, RANGE_BYTES, ReplyCounters, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES,
+    decode_range, decode_tensor_arg,
 };
 use super::region::{REGION_BYTES, SharedRegion};
 use crate::device::error::DeviceError;
@@ -58,6 +59,8 @@ pub fn run_worker(socket: &Path, region: &Path) -> Result<(), WorkerError> {
         args: Vec::new(),
         params: Vec::new(),
         callable_times: Vec::new(),
+        launches: 0,
+        last_reply: Instant::now(),
     };
     session.serve()
 }
@@ -80,6 +83,10 @@ struct Session {
     args: Vec<TensorArg>,
     params: Vec<i64>,
     callable_times: Vec<u64>,
+    /// Launches completed, for the progress replies.
+    launches: u64,
+    /// When the host last heard from the worker.
+    last_reply: Instant,
 }
 
 impl Session {
@@ -101,7 +108,12 @@ impl Session {
             match header.op {
                 Op::Close => return Ok(()),
                 Op::Open => self.open()?,
-                Op::Launch | Op::Write | Op::WriteRanges => self.run_without_reply(&header),
+                Op::Launch | Op::Write | Op::WriteRanges => {
+                    self.run_without_reply(&header);
+                    if header.op == Op::Launch && self.last_reply.elapsed() >= PROGRESS_EVERY {
+                        self.reply(status::OK, Op::Progress, self.launches, &[])?;
+                    }
+                }
                 _ => self.run_with_reply(&header)?,
             }
         }
@@ -158,11 +170,13 @@ impl Session {
             }),
             _ => {
                 decode_launch(header, &self.payload, &mut self.args, &mut self.params);
-                device.launch(
+                let launched = device.launch(
                     CallableIndex::from_raw(header.a as u32),
                     &self.args,
                     &self.params,
-                )
+                );
+                self.launches += u64::from(launched.is_ok());
+                launched
             }
         };
         if let Err(e) = result {
@@ -261,6 +275,7 @@ impl Session {
             payload_len: payload.len() as u64,
         };
         header.write(&mut self.writer, payload)?;
+        self.last_reply = Instant::now();
         Ok(())
     }
 }
