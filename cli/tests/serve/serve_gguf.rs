@@ -94,7 +94,7 @@ fn corrupt_and_unsupported_gguf_files_are_errors_naming_the_problem() {
             GgufWriter::default()
                 .str("general.architecture", "mamba")
                 .build(),
-            r#"GGUF architecture "mamba" is not supported"#,
+            r#"GGUF general.architecture "mamba" is not supported"#,
         ),
     ];
     for (name, bytes, message) in cases {
