@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write tests/fixtures/tiny-qwen3-gguf/model.gguf and tests/fixtures/tiny-qwen3-bf16-gguf/model.gguf:
-the tiny-qwen3 fixture (float32) and tiny-qwen3-bf16 (its weights rounded to bfloat16, the norms
-kept float32 as llama.cpp's converter keeps every 1-D tensor) as `convert_hf_to_gguf.py` writes a
-`Qwen3ForCausalLM` checkpoint (see qwen3_gguf.py).
+the tiny-qwen3 fixture (float32) and tiny-qwen3-bf16 (its weights rounded to bfloat16; the norms
+widened to float32, as llama.cpp's converter stores every 1-D tensor) as `convert_hf_to_gguf.py`
+writes a `Qwen3ForCausalLM` checkpoint (see qwen3_gguf.py).
 
 The tests serve these files and hold them to tiny-qwen3's and tiny-qwen3-bf16's `transformers`
 references, and check that the tokenizer the host builds from the metadata encodes like the
@@ -44,16 +44,21 @@ def main():
     source = FIXTURES / "tiny-qwen3"
     config = json.loads((source / "config.json").read_text())
     state = load_file(str(source / "model.safetensors"))
-    # tiny-qwen3-bf16 is tiny-qwen3 rounded: the BF16 file below must hold exactly its bits.
+    # tiny-qwen3-bf16 is tiny-qwen3 rounded; converting it keeps its matrices' bits and widens
+    # its norms to float32 exactly.
     stored = raw_bf16_tensors(FIXTURES / "tiny-qwen3-bf16/model.safetensors")
     assert sorted(stored) == sorted(state)
     for name, bits in stored.items():
         assert np.array_equal(to_bf16_bits(state[name]), bits), name
+    widened = {name: (bits.astype(np.uint32) << 16).view(np.float32) for name, bits in stored.items()}
 
-    for out_name, file_type in (("tiny-qwen3-gguf", "F32"), ("tiny-qwen3-bf16-gguf", "BF16")):
+    for out_name, weights, file_type in (
+        ("tiny-qwen3-gguf", state, "F32"),
+        ("tiny-qwen3-bf16-gguf", widened, "BF16"),
+    ):
         out = FIXTURES / out_name
         out.mkdir(parents=True, exist_ok=True)
-        tensors = [(name, state[name]) for name in sorted(state)]
+        tensors = [(name, weights[name]) for name in sorted(weights)]
         write_qwen3_gguf(out / "model.gguf", out_name, config, tensors, source, file_type)
         print(f"wrote {out / 'model.gguf'}")
 
