@@ -21,22 +21,12 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from gguf_names import gguf_name
 from gguf_tokenizer import add_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FROM = REPO / "tests/fixtures/tiny-llama3"
 OUT = REPO / "tests/fixtures/tiny-llama3-gguf"
-LEAVES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
 
 
 def interleave_rows(rows, heads):
@@ -66,19 +56,6 @@ def rope_divisors(config):
             smooth = (window / wavelength - low) / (high - low)
             divisors.append(1 / ((1 - smooth) / factor + smooth))
     return np.asarray(divisors, dtype=np.float32)
-
-
-def gguf_name(hf_name):
-    fixed = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if hf_name in fixed:
-        return fixed[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)
-    leaf = rest.removesuffix(".weight")
-    return f"blk.{layer}.{LEAVES[leaf]}.weight"
 
 
 def main():

@@ -17,34 +17,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-LEAVES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
+from gguf_names import gguf_name
 
 # llama.cpp's file types (`gguf.LlamaFileType`) for the two this module writes.
 FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16}
-
-
-def gguf_name(hf_name):
-    fixed = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if hf_name in fixed:
-        return fixed[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)
-    return f"blk.{layer}.{LEAVES[rest.removesuffix('.weight')]}.weight"
 
 
 def to_bf16_bits(values):
