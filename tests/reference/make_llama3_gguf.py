@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
-from gguf_names import gguf_name
+from gguf_convert import add_shape, gguf_name
 from gguf_tokenizer import add_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,12 +67,7 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(OUT / "model.gguf"), "llama")
     writer.add_name("tiny-llama3")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    add_shape(writer, config)
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_rope_dimension_count(config["head_dim"])

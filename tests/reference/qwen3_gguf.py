@@ -17,7 +17,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from gguf_names import gguf_name
+from gguf_convert import add_shape, gguf_name
 
 # llama.cpp's file types (`gguf.LlamaFileType`) for the two this module writes.
 FILE_TYPES = {"F32": gguf.LlamaFileType.ALL_F32, "BF16": gguf.LlamaFileType.MOSTLY_BF16}
@@ -96,12 +96,7 @@ def write_qwen3_gguf(path, name, config, tensors, tokenizer_dir, file_type):
     writer = gguf.GGUFWriter(str(path), "qwen3")
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name)
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    add_shape(writer, config)
     writer.add_rope_freq_base(rope["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_key_length(config["head_dim"])

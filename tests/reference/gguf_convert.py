@@ -1,5 +1,6 @@
-"""Hugging Face tensor names as llama.cpp's converter names them in a GGUF (Llama and Qwen3
-layers). Shared by the scripts that write GGUF fixtures."""
+"""What llama.cpp's converter writes for any Llama-family checkpoint: the GGUF names of Hugging
+Face tensors (Llama and Qwen3 layers) and the shape keys every decoder has. Shared by the scripts
+that write GGUF fixtures."""
 
 LEAVES = {
     "self_attn.q_proj": "attn_q",
@@ -27,3 +28,13 @@ def gguf_name(hf_name):
         return FIXED[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     return f"blk.{layer}.{LEAVES[rest.removesuffix('.weight')]}.weight"
+
+
+def add_shape(writer, config):
+    """`TextModel.set_gguf_parameters`' first keys, in its order."""
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
