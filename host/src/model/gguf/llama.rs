@@ -108,7 +108,7 @@ impl LlamaParams {
         };
         ensure!(
             head_dim > 0 && head_dim % 2 == 0,
-            "head_dim {head_dim} is odd"
+            "GGUF head_dim {head_dim} is not a positive even number"
         );
         if let Some(value_dim) = optional_usize("attention.value_length")?
             && value_dim != head_dim
