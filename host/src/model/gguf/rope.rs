@@ -282,4 +282,42 @@ mod tests {
         let error = llama3_parameters(&llama32_table(), 500_000.0, 128).unwrap_err();
         assert!(error.to_string().contains("needs 64"), "{error}");
     }
+
+    fn scaling_keys(arch: &str, kind: &str) -> Gguf {
+        let key = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+        let bytes = crate::model::gguf::GgufWriter::default()
+            .str(&key("type"), kind)
+            .f32(&key("factor"), 4.0)
+            .u32(&key("original_context_length"), 32_768)
+            .f32(&key("yarn_attn_factor"), 1.5)
+            .build();
+        Gguf::parse(bytes).expect("parses")
+    }
+
+    #[test]
+    fn yarn_is_read_under_the_files_architecture() {
+        let gguf = scaling_keys("qwen3", "yarn");
+        let parameters = rope_scaling(&gguf, "qwen3", 1e6, 128)
+            .unwrap()
+            .expect("a scaling");
+        assert_eq!(parameters["rope_type"], "yarn");
+        assert_eq!(parameters["factor"], 4.0);
+        assert_eq!(parameters["original_max_position_embeddings"], 32_768);
+        assert_eq!(parameters["attention_factor"], 1.5);
+        // Another architecture's keys say nothing about this one.
+        assert_eq!(rope_scaling(&gguf, "llama", 1e6, 128).unwrap(), None);
+    }
+
+    #[test]
+    fn a_scaling_type_it_cannot_map_is_refused_naming_the_key_and_value() {
+        let gguf = scaling_keys("qwen3", "longrope");
+        let error = rope_scaling(&gguf, "qwen3", 1e6, 128).unwrap_err();
+        assert!(matches!(error, GgufError::Unsupported(_)), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(r#"qwen3.rope.scaling.type "longrope" is not supported"#),
+            "{error}"
+        );
+    }
 }
