@@ -173,8 +173,8 @@ impl Fixture {
                 .into_iter()
                 .map(move |style| Fixture::open(name, tolerance, style))
         });
-        // Llama 3's scaling as a GGUF states it: no metadata, a `rope_freqs` table of divisors
-        // (`tests/reference/make_llama3_gguf.py`), which the host fits back to the parameters.
+        // Among the GGUF files, Llama 3's scaling as a GGUF states it: no metadata, a
+        // `rope_freqs` table of divisors, which the host fits back to the parameters.
         folders.chain(GGUF_CHECKPOINTS.map(|(name, tolerance)| Fixture::gguf(name, tolerance)))
     }
 
@@ -367,7 +367,13 @@ const CHECKPOINTS: [(&str, f32); 8] = [
     ("tiny-qwen3-yarn", 1e-4),
 ];
 
-const GGUF_CHECKPOINTS: [(&str, f32); 1] = [("tiny-llama3", 1e-4)];
+/// As llama.cpp's converter writes them: Llama 3 (`make_llama3_gguf.py`), and Qwen3 in float32
+/// and in bfloat16 with float32 norms (`make_qwen3_gguf.py`).
+const GGUF_CHECKPOINTS: [(&str, f32); 3] = [
+    ("tiny-llama3", 1e-4),
+    ("tiny-qwen3", 1e-4),
+    ("tiny-qwen3-bf16", 2e-2),
+];
 
 #[test]
 fn logits_at_every_prompt_position_match_the_reference() {

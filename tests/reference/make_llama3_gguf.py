@@ -21,22 +21,12 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file
 
+from gguf_convert import add_shape, gguf_name
 from gguf_tokenizer import add_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 FROM = REPO / "tests/fixtures/tiny-llama3"
 OUT = REPO / "tests/fixtures/tiny-llama3-gguf"
-LEAVES = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
 
 
 def interleave_rows(rows, heads):
@@ -68,19 +58,6 @@ def rope_divisors(config):
     return np.asarray(divisors, dtype=np.float32)
 
 
-def gguf_name(hf_name):
-    fixed = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
-    if hf_name in fixed:
-        return fixed[hf_name]
-    _, _, layer, rest = hf_name.split(".", 3)
-    leaf = rest.removesuffix(".weight")
-    return f"blk.{layer}.{LEAVES[leaf]}.weight"
-
-
 def main():
     config = json.loads((FROM / "config.json").read_text())
     rope = config["rope_parameters"]
@@ -90,12 +67,7 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(OUT / "model.gguf"), "llama")
     writer.add_name("tiny-llama3")
-    writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
-    writer.add_embedding_length(config["hidden_size"])
-    writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
-    writer.add_head_count_kv(config["num_key_value_heads"])
+    add_shape(writer, config)
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_rope_dimension_count(config["head_dim"])

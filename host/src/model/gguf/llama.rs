@@ -1,20 +1,61 @@
-//! A Llama-architecture GGUF's shape and names as a Hugging Face `LlamaForCausalLM` sees them: `config.json`, tensor names and the rotary row order.
+//! A Llama-family GGUF's shape and names as Hugging Face sees them: `config.json`, tensor names and the rotary row order, for `general.architecture` `llama` (`LlamaForCausalLM`) and `qwen3` (`Qwen3ForCausalLM`).
 //!
 //! Names: llama.cpp's `token_embd`, `blk.N.attn_q`, … map to HF's `model.embed_tokens`,
-//! `model.layers.N.self_attn.q_proj`, … (see [`hf_name`]). Layout: llama.cpp's converter
-//! reorders the rows of `q_proj` and `k_proj` within each head from HF's "rotate half" rotary
-//! layout (first half of a head, then second half) to interleaved pairs (GGUF row `2i + j` of
-//! a head is HF row `j * head_dim / 2 + i`); [`unpermute_rows`] puts them back, as
-//! `transformers`' own GGUF loader does. Rows are whole blocks in every ggml type, so the
-//! reordering moves quantized rows as they are.
+//! `model.layers.N.self_attn.q_proj`, … (see [`hf_name`]); Qwen3 adds the per-head norms
+//! `blk.N.attn_q_norm` / `attn_k_norm`. Layout: for `llama`, llama.cpp's converter reorders
+//! the rows of `q_proj` and `k_proj` within each head from HF's "rotate half" rotary layout
+//! (first half of a head, then second half) to interleaved pairs (GGUF row `2i + j` of a head
+//! is HF row `j * head_dim / 2 + i`); [`unpermute_rows`] puts them back, as `transformers`' own
+//! GGUF loader does. Rows are whole blocks in every ggml type, so the reordering moves
+//! quantized rows as they are. `qwen3` files keep HF's row order: llama.cpp rotates them
+//! NEOX-style, which is "rotate half".
 
 use serde_json::{Value, json};
 
 use super::{Gguf, GgufError, Result, rope};
 
-/// The shape of a Llama model as the GGUF metadata gives it.
+/// The `general.architecture` values served, each a Hugging Face architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen3,
+}
+
+impl Architecture {
+    fn from_gguf(name: &str) -> Option<Self> {
+        match name {
+            "llama" => Some(Architecture::Llama),
+            "qwen3" => Some(Architecture::Qwen3),
+            _ => None,
+        }
+    }
+
+    /// The `general.architecture` value, which also prefixes the model's metadata keys.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+
+    /// `config.json`'s `architectures` entry and `model_type`.
+    fn hugging_face(self) -> (&'static str, &'static str) {
+        match self {
+            Architecture::Llama => ("LlamaForCausalLM", "llama"),
+            Architecture::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+        }
+    }
+
+    /// Whether `q_proj` and `k_proj` rows are stored in llama.cpp's interleaved rotary order.
+    fn interleaves_rotary_rows(self) -> bool {
+        self == Architecture::Llama
+    }
+}
+
+/// The shape of a Llama-family model as the GGUF metadata gives it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LlamaParams {
+    pub architecture: Architecture,
     pub hidden: usize,
     pub intermediate: usize,
     pub layers: usize,
@@ -35,55 +76,78 @@ pub struct LlamaParams {
 
 impl LlamaParams {
     pub fn from_gguf(gguf: &Gguf) -> Result<Self> {
-        let arch = gguf.str("general.architecture")?;
-        if arch != "llama" {
-            unsupported!("GGUF architecture {arch:?} is not supported: llama is");
-        }
-        let hidden = gguf.usize("llama.embedding_length")?;
-        let heads = gguf.usize("llama.attention.head_count")?;
-        let kv_heads = match gguf.get("llama.attention.head_count_kv") {
-            Some(_) => gguf.usize("llama.attention.head_count_kv")?,
-            None => heads,
+        let name = gguf.str("general.architecture")?;
+        let Some(architecture) = Architecture::from_gguf(name) else {
+            unsupported!(
+                "GGUF general.architecture {name:?} is not supported: llama and qwen3 are"
+            );
+        };
+        let arch = architecture.gguf_name();
+        let key = |suffix: &str| format!("{arch}.{suffix}");
+        let optional_usize = |suffix: &str| -> Result<Option<usize>> {
+            let key = key(suffix);
+            gguf.get(&key).map(|_| gguf.usize(&key)).transpose()
+        };
+        let hidden = gguf.usize(&key("embedding_length"))?;
+        let heads = gguf.usize(&key("attention.head_count"))?;
+        let kv_heads = optional_usize("attention.head_count_kv")?.unwrap_or(heads);
+        ensure!(
+            heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
+            "GGUF has {heads} heads / {kv_heads} KV heads"
+        );
+        // Qwen3 sets head_dim apart from hidden / heads (0.6B: 128 against 1024 / 16 = 64).
+        let head_dim = match optional_usize("attention.key_length")? {
+            Some(head_dim) => head_dim,
+            None => {
+                ensure!(
+                    hidden % heads == 0,
+                    "GGUF has {heads} heads for hidden size {hidden} and no {arch}.attention.key_length"
+                );
+                hidden / heads
+            }
         };
         ensure!(
-            heads > 0 && kv_heads > 0 && hidden % heads == 0 && heads % kv_heads == 0,
-            "GGUF has {heads} heads / {kv_heads} KV heads for hidden size {hidden}"
+            head_dim > 0 && head_dim % 2 == 0,
+            "GGUF head_dim {head_dim} is not a positive even number"
         );
-        let head_dim = match gguf.get("llama.attention.key_length") {
-            Some(_) => gguf.usize("llama.attention.key_length")?,
-            None => hidden / heads,
-        };
-        ensure!(head_dim % 2 == 0, "head_dim {head_dim} is odd");
-        if gguf.get("llama.rope.dimension_count").is_some() {
-            let rotary = gguf.usize("llama.rope.dimension_count")?;
-            if rotary != head_dim {
-                unsupported!(
-                    "GGUF llama.rope.dimension_count {rotary} is not head_dim {head_dim}: \
-                     partial rotary embeddings are not supported"
-                );
-            }
+        if let Some(value_dim) = optional_usize("attention.value_length")?
+            && value_dim != head_dim
+        {
+            unsupported!(
+                "GGUF {arch}.attention.value_length {value_dim} is not \
+                 {arch}.attention.key_length {head_dim}: values of another width are not supported"
+            );
         }
-        let vocab = match gguf.get("llama.vocab_size") {
-            Some(_) => gguf.usize("llama.vocab_size")?,
+        if let Some(rotary) = optional_usize("rope.dimension_count")?
+            && rotary != head_dim
+        {
+            unsupported!(
+                "GGUF {arch}.rope.dimension_count {rotary} is not head_dim {head_dim}: \
+                 partial rotary embeddings are not supported"
+            );
+        }
+        let vocab = match optional_usize("vocab_size")? {
+            Some(vocab) => vocab,
             None => gguf.array("tokenizer.ggml.tokens")?.len(),
         };
         let optional_id =
             |key: &str| -> Result<Option<u64>> { gguf.get(key).map(|_| gguf.u64(key)).transpose() };
-        let rope_theta = match gguf.get("llama.rope.freq_base") {
-            Some(_) => gguf.f64("llama.rope.freq_base")? as f32,
+        let rope_theta = match gguf.get(&key("rope.freq_base")) {
+            Some(_) => gguf.f64(&key("rope.freq_base"))? as f32,
             None => 10_000.0,
         };
-        let rope_scaling = rope::rope_scaling(gguf, shortest_f32(rope_theta), head_dim)?;
+        let rope_scaling = rope::rope_scaling(gguf, arch, shortest_f32(rope_theta), head_dim)?;
         Ok(LlamaParams {
+            architecture,
             hidden,
-            intermediate: gguf.usize("llama.feed_forward_length")?,
-            layers: gguf.usize("llama.block_count")?,
+            intermediate: gguf.usize(&key("feed_forward_length"))?,
+            layers: gguf.usize(&key("block_count"))?,
             heads,
             kv_heads,
             head_dim,
             vocab,
-            context_length: gguf.usize("llama.context_length")?,
-            rms_norm_eps: gguf.f64("llama.attention.layer_norm_rms_epsilon")? as f32,
+            context_length: gguf.usize(&key("context_length"))?,
+            rms_norm_eps: gguf.f64(&key("attention.layer_norm_rms_epsilon"))? as f32,
             rope_theta,
             rope_scaling,
             tied_embeddings: !gguf.tensors().iter().any(|t| t.name == "output.weight"),
@@ -93,7 +157,7 @@ impl LlamaParams {
         })
     }
 
-    /// `config.json` for `LlamaForCausalLM`, in the shape `transformers` 5 saves it plus the
+    /// `config.json` for the architecture, in the shape `transformers` 5 saves it plus the
     /// keys `transformers` 4 wrote (`torch_dtype`, top-level `rope_theta`, `rope_scaling`), so
     /// readers of either style find them. Readers refuse the two styles disagreeing.
     /// `torch_dtype` names the dtype of the activations and of `--kv-cache-dtype auto`.
@@ -110,9 +174,10 @@ impl LlamaParams {
             }
             _ => json!({"rope_theta": theta, "rope_type": "default"}),
         };
-        json!({
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
+        let (architecture, model_type) = self.architecture.hugging_face();
+        let mut config = json!({
+            "architectures": [architecture],
+            "model_type": model_type,
             "attention_bias": false,
             "attention_dropout": 0.0,
             "bos_token_id": self.bos_token_id,
@@ -126,11 +191,9 @@ impl LlamaParams {
             "initializer_range": 0.02,
             "intermediate_size": self.intermediate,
             "max_position_embeddings": self.context_length,
-            "mlp_bias": false,
             "num_attention_heads": self.heads,
             "num_hidden_layers": self.layers,
             "num_key_value_heads": self.kv_heads,
-            "pretraining_tp": 1,
             "rms_norm_eps": eps,
             "rope_parameters": rope_parameters,
             "rope_scaling": self.rope_scaling,
@@ -138,7 +201,21 @@ impl LlamaParams {
             "tie_word_embeddings": self.tied_embeddings,
             "use_cache": true,
             "vocab_size": self.vocab,
-        })
+        });
+        let extra = match self.architecture {
+            Architecture::Llama => json!({"mlp_bias": false, "pretraining_tp": 1}),
+            // A GGUF states no sliding window, and Qwen3's own configs switch it off.
+            Architecture::Qwen3 => json!({
+                "layer_types": vec!["full_attention"; self.layers],
+                "max_window_layers": self.layers,
+                "sliding_window": null,
+                "use_sliding_window": false,
+            }),
+        };
+        if let (Some(config), Value::Object(extra)) = (config.as_object_mut(), extra) {
+            config.extend(extra);
+        }
+        config
     }
 
     /// `generation_config.json`: the ids `transformers` derives from the config.
@@ -166,6 +243,7 @@ impl LlamaParams {
             "self_attn.q_proj.weight" => vec![q, h],
             "self_attn.k_proj.weight" | "self_attn.v_proj.weight" => vec![kv, h],
             "self_attn.o_proj.weight" => vec![h, q],
+            "self_attn.q_norm.weight" | "self_attn.k_norm.weight" => vec![self.head_dim],
             "mlp.gate_proj.weight" | "mlp.up_proj.weight" => vec![i, h],
             "mlp.down_proj.weight" => vec![h, i],
             _ => return None,
@@ -185,8 +263,8 @@ pub enum Rotary {
     Unpermute { heads: usize },
 }
 
-/// The HF name of a GGUF tensor and the reordering it needs; `None` for a name a Llama model
-/// does not have.
+/// The HF name of a GGUF tensor and the reordering it needs; `None` for a name a model of
+/// `params`' architecture does not have.
 pub fn hf_name(gguf_name: &str, params: &LlamaParams) -> Option<(String, Rotary)> {
     let fixed = match gguf_name {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
@@ -200,20 +278,20 @@ pub fn hf_name(gguf_name: &str, params: &LlamaParams) -> Option<(String, Rotary)
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, leaf) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok().filter(|&l| l < params.layers)?;
+    let rotary = |heads| {
+        if params.architecture.interleaves_rotary_rows() {
+            Rotary::Unpermute { heads }
+        } else {
+            Rotary::None
+        }
+    };
+    let qwen3 = params.architecture == Architecture::Qwen3;
     let (hf_leaf, rotary) = match leaf {
         "attn_norm.weight" => ("input_layernorm.weight", Rotary::None),
-        "attn_q.weight" => (
-            "self_attn.q_proj.weight",
-            Rotary::Unpermute {
-                heads: params.heads,
-            },
-        ),
-        "attn_k.weight" => (
-            "self_attn.k_proj.weight",
-            Rotary::Unpermute {
-                heads: params.kv_heads,
-            },
-        ),
+        "attn_q.weight" => ("self_attn.q_proj.weight", rotary(params.heads)),
+        "attn_k.weight" => ("self_attn.k_proj.weight", rotary(params.kv_heads)),
+        "attn_q_norm.weight" if qwen3 => ("self_attn.q_norm.weight", Rotary::None),
+        "attn_k_norm.weight" if qwen3 => ("self_attn.k_norm.weight", Rotary::None),
         "attn_v.weight" => ("self_attn.v_proj.weight", Rotary::None),
         "attn_output.weight" => ("self_attn.o_proj.weight", Rotary::None),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Rotary::None),
@@ -245,8 +323,8 @@ pub fn unpermute_rows<T: Copy + Default>(values: &[T], heads: usize, cols: usize
     out
 }
 
-/// The HF names of every tensor a Llama model of `params` must have (the output projection
-/// only when the embeddings are not tied).
+/// The HF names of every tensor a model of `params` must have (the output projection only
+/// when the embeddings are not tied).
 pub fn required_names(params: &LlamaParams) -> Vec<String> {
     let mut names = vec![
         "model.embed_tokens.weight".to_string(),
@@ -269,6 +347,11 @@ pub fn required_names(params: &LlamaParams) -> Vec<String> {
         ] {
             names.push(format!("model.layers.{layer}.{leaf}.weight"));
         }
+        if params.architecture == Architecture::Qwen3 {
+            for leaf in ["self_attn.q_norm", "self_attn.k_norm"] {
+                names.push(format!("model.layers.{layer}.{leaf}.weight"));
+            }
+        }
     }
     names
 }
@@ -279,6 +362,7 @@ mod tests {
 
     fn params() -> LlamaParams {
         LlamaParams {
+            architecture: Architecture::Llama,
             hidden: 576,
             intermediate: 1536,
             layers: 30,
@@ -412,5 +496,78 @@ mod tests {
             json!({"rope_theta": 100000.0, "rope_type": "default"})
         );
         assert_eq!(config["rope_scaling"], Value::Null);
+    }
+
+    fn qwen3_params() -> LlamaParams {
+        LlamaParams {
+            architecture: Architecture::Qwen3,
+            hidden: 1024,
+            intermediate: 3072,
+            layers: 28,
+            heads: 16,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 151_936,
+            context_length: 40_960,
+            rms_norm_eps: 1e-6,
+            rope_theta: 1_000_000.0,
+            ..params()
+        }
+    }
+
+    #[test]
+    fn qwen3_keeps_the_rotary_row_order_and_has_per_head_norms() {
+        let qwen3 = qwen3_params();
+        let cases = [
+            (
+                "blk.2.attn_q.weight",
+                "model.layers.2.self_attn.q_proj.weight",
+            ),
+            (
+                "blk.2.attn_k.weight",
+                "model.layers.2.self_attn.k_proj.weight",
+            ),
+            (
+                "blk.2.attn_q_norm.weight",
+                "model.layers.2.self_attn.q_norm.weight",
+            ),
+            (
+                "blk.2.attn_k_norm.weight",
+                "model.layers.2.self_attn.k_norm.weight",
+            ),
+        ];
+        for (gguf, hf) in cases {
+            assert_eq!(
+                hf_name(gguf, &qwen3),
+                Some((hf.to_string(), Rotary::None)),
+                "{gguf}"
+            );
+        }
+        assert_eq!(
+            qwen3.expected_shape("model.layers.2.self_attn.q_norm.weight"),
+            Some(vec![128])
+        );
+        assert_eq!(
+            qwen3.expected_shape("model.layers.2.self_attn.q_proj.weight"),
+            Some(vec![16 * 128, 1024])
+        );
+        let required = required_names(&qwen3);
+        assert_eq!(required.len(), 2 + 28 * 11);
+        assert!(required.contains(&"model.layers.27.self_attn.k_norm.weight".to_string()));
+        // A Llama model has no per-head norms.
+        assert_eq!(hf_name("blk.2.attn_q_norm.weight", &params()), None);
+    }
+
+    #[test]
+    fn qwen3_config_is_qwen3s() {
+        let config = qwen3_params().config_json("float32");
+        assert_eq!(config["architectures"], json!(["Qwen3ForCausalLM"]));
+        assert_eq!(config["model_type"], "qwen3");
+        assert_eq!(config["head_dim"], 128);
+        assert_eq!(config["rope_theta"], json!(1_000_000.0));
+        assert_eq!(config["rms_norm_eps"], json!(1e-6));
+        assert_eq!(config["use_sliding_window"], false);
+        assert_eq!(config["layer_types"].as_array().map(Vec::len), Some(28));
+        assert!(config.get("pretraining_tp").is_none());
     }
 }

@@ -1,6 +1,6 @@
 //! Reading a GGUF file (llama.cpp's format), memory-mapped or in memory: header, metadata and tensor descriptors.
 //!
-//! [`llama`] maps a Llama GGUF's metadata and names to a Hugging Face config and names,
+//! [`llama`] maps a Llama or Qwen3 GGUF's metadata and names to a Hugging Face config and names,
 //! [`tokenizer`] builds `tokenizer.json` from its vocabulary, and [`folder`] puts both beside
 //! the file so the host serves a GGUF as it serves a model folder, weights as stored.
 //!

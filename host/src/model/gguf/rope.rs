@@ -1,4 +1,4 @@
-//! A Llama GGUF's rotary scaling as `config.json`'s `rope_parameters`: from the `llama.rope.scaling.*` keys, or from llama.cpp's `rope_freqs` table fitted back to the llama3 parameters that made it.
+//! A GGUF's rotary scaling as `config.json`'s `rope_parameters`: from the `ARCH.rope.scaling.*` keys, or from llama.cpp's `rope_freqs` table fitted back to the llama3 parameters that made it.
 //!
 //! llama.cpp's converter writes no metadata for Llama 3.1+'s `llama3` scaling: it bakes the
 //! parameters into a per-frequency table of divisors, the `rope_freqs` tensor. The model glue
@@ -18,23 +18,25 @@ pub const ROPE_FREQS: &str = "rope_freqs.weight";
 /// the table is f32 computed in f64 from f32 frequencies, so entries agree to a few ulps.
 const TABLE_TOLERANCE: f64 = 1e-5;
 
-/// The scaling part of `rope_parameters` (without `rope_theta`), or `None` for none.
-pub fn rope_scaling(gguf: &Gguf, theta: f64, head_dim: usize) -> Result<Option<Value>> {
-    let kind = match gguf.get("llama.rope.scaling.type") {
-        Some(_) => Some(gguf.str("llama.rope.scaling.type")?),
+/// The scaling part of `rope_parameters` (without `rope_theta`), or `None` for none; `arch`
+/// is the metadata keys' prefix (`general.architecture`).
+pub fn rope_scaling(gguf: &Gguf, arch: &str, theta: f64, head_dim: usize) -> Result<Option<Value>> {
+    let type_key = format!("{arch}.rope.scaling.type");
+    let kind = match gguf.get(&type_key) {
+        Some(_) => Some(gguf.str(&type_key)?),
         None => None,
     };
     let table = rope_freqs(gguf)?;
     match (kind, table) {
         (Some(kind), Some(_)) if kind != "none" => unsupported!(
-            "GGUF has both llama.rope.scaling.type {kind:?} and a rope_freqs table; \
+            "GGUF has both {type_key} {kind:?} and a rope_freqs table; \
              one scaling is supported at a time"
         ),
         (_, Some(table)) => llama3_parameters(&table, theta, head_dim).map(Some),
         (None | Some("none"), None) => Ok(None),
-        (Some("yarn"), None) => yarn_parameters(gguf).map(Some),
+        (Some("yarn"), None) => yarn_parameters(gguf, arch).map(Some),
         (Some(kind), None) => unsupported!(
-            "GGUF llama.rope.scaling.type {kind:?} is not supported: none, yarn and \
+            "GGUF {type_key} {kind:?} is not supported: none, yarn and \
              llama3 (a rope_freqs table) are"
         ),
     }
@@ -59,12 +61,12 @@ fn rope_freqs(gguf: &Gguf) -> Result<Option<Vec<f32>>> {
     Ok(Some(table))
 }
 
-fn yarn_parameters(gguf: &Gguf) -> Result<Value> {
-    let factor = gguf.f64("llama.rope.scaling.factor")?;
-    let original = gguf.usize("llama.rope.scaling.original_context_length")?;
+fn yarn_parameters(gguf: &Gguf, arch: &str) -> Result<Value> {
+    let factor = gguf.f64(&format!("{arch}.rope.scaling.factor"))?;
+    let original = gguf.usize(&format!("{arch}.rope.scaling.original_context_length"))?;
     ensure!(
         factor.is_finite() && factor >= 1.0,
-        "GGUF llama.rope.scaling.factor {factor} is below 1"
+        "GGUF {arch}.rope.scaling.factor {factor} is below 1"
     );
     let mut parameters = json!({
         "rope_type": "yarn",
@@ -72,19 +74,21 @@ fn yarn_parameters(gguf: &Gguf) -> Result<Value> {
         "original_max_position_embeddings": original,
     });
     for (key, name) in [
-        ("llama.rope.scaling.yarn_beta_fast", "beta_fast"),
-        ("llama.rope.scaling.yarn_beta_slow", "beta_slow"),
-        ("llama.rope.scaling.attn_factor", "attention_factor"),
+        ("yarn_beta_fast", "beta_fast"),
+        ("yarn_beta_slow", "beta_slow"),
+        // llama.cpp's converter writes `attention_factor` as yarn_attn_factor; older files as
+        // attn_factor.
+        ("attn_factor", "attention_factor"),
+        ("yarn_attn_factor", "attention_factor"),
     ] {
-        if gguf.get(key).is_some() {
-            parameters[name] = json!(gguf.f64(key)?);
+        let key = format!("{arch}.rope.scaling.{key}");
+        if gguf.get(&key).is_some() {
+            parameters[name] = json!(gguf.f64(&key)?);
         }
     }
-    for key in [
-        "llama.rope.scaling.yarn_ext_factor",
-        "llama.rope.scaling.yarn_log_multiplier",
-    ] {
-        if gguf.get(key).is_some() {
+    for key in ["yarn_ext_factor", "yarn_log_multiplier"] {
+        let key = format!("{arch}.rope.scaling.{key}");
+        if gguf.get(&key).is_some() {
             unsupported!("GGUF {key} is not supported");
         }
     }
@@ -277,5 +281,43 @@ mod tests {
     fn a_table_of_the_wrong_length_is_refused() {
         let error = llama3_parameters(&llama32_table(), 500_000.0, 128).unwrap_err();
         assert!(error.to_string().contains("needs 64"), "{error}");
+    }
+
+    fn scaling_keys(arch: &str, kind: &str) -> Gguf {
+        let key = |suffix: &str| format!("{arch}.rope.scaling.{suffix}");
+        let bytes = crate::model::gguf::GgufWriter::default()
+            .str(&key("type"), kind)
+            .f32(&key("factor"), 4.0)
+            .u32(&key("original_context_length"), 32_768)
+            .f32(&key("yarn_attn_factor"), 1.5)
+            .build();
+        Gguf::parse(bytes).expect("parses")
+    }
+
+    #[test]
+    fn yarn_is_read_under_the_files_architecture() {
+        let gguf = scaling_keys("qwen3", "yarn");
+        let parameters = rope_scaling(&gguf, "qwen3", 1e6, 128)
+            .unwrap()
+            .expect("a scaling");
+        assert_eq!(parameters["rope_type"], "yarn");
+        assert_eq!(parameters["factor"], 4.0);
+        assert_eq!(parameters["original_max_position_embeddings"], 32_768);
+        assert_eq!(parameters["attention_factor"], 1.5);
+        // Another architecture's keys say nothing about this one.
+        assert_eq!(rope_scaling(&gguf, "llama", 1e6, 128).unwrap(), None);
+    }
+
+    #[test]
+    fn a_scaling_type_it_cannot_map_is_refused_naming_the_key_and_value() {
+        let gguf = scaling_keys("qwen3", "longrope");
+        let error = rope_scaling(&gguf, "qwen3", 1e6, 128).unwrap_err();
+        assert!(matches!(error, GgufError::Unsupported(_)), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(r#"qwen3.rope.scaling.type "longrope" is not supported"#),
+            "{error}"
+        );
     }
 }

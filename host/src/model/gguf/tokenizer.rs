@@ -4,11 +4,15 @@
 //! `transformers` (5.23, `integrations/gguf/gguf_tokenizer_mapping.py`) makes a `GPT2Tokenizer`
 //! from `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`, adds the tokens typed CONTROL (3)
 //! as special added tokens and USER_DEFINED (4) as plain added tokens, and replaces the GPT-2
-//! pre-tokenizer only for the `tokenizer.ggml.pre` values it knows a split regex for. SmolLM's
-//! `smollm` is not one of them, so it keeps GPT-2's byte-level split. (llama.cpp, and SmolLM2's
-//! own `tokenizer.json`, also split digits one by one first; the two differ only where a run of
-//! whitespace precedes a digit, e.g. "a\n\n2024". The reference ids come from `transformers`,
-//! so this converter follows it.)
+//! pre-tokenizer for the `tokenizer.ggml.pre` values it knows a split regex for: Qwen's
+//! `qwen2` becomes Qwen2's split (digits one by one) followed by a byte-level step without a
+//! regex. SmolLM's `smollm` is not one of them, so it keeps GPT-2's byte-level split.
+//! (llama.cpp, and SmolLM2's own `tokenizer.json`, also split digits one by one first; the two
+//! differ only where a run of whitespace precedes a digit, e.g. "a\n\n2024". The reference ids
+//! come from `transformers`, so this converter follows it. Likewise Qwen's own `tokenizer.json`
+//! NFC-normalizes first, which `transformers`' loader leaves out: the two differ only on text
+//! that is not in NFC.) A `tokenizer.ggml.pre` this converter has no split for is
+//! refused, as a tokenizer that split differently would serve wrong ids.
 
 use std::collections::HashMap;
 
@@ -21,33 +25,60 @@ use super::{Context, Gguf, GgufError, Result};
 const CONTROL: i64 = 3;
 const USER_DEFINED: i64 = 4;
 
-/// `tokenizer.ggml.pre` values `transformers` gives a split regex of their own: a converter that
-/// kept GPT-2's split for them would tokenize differently, so they are refused.
-const PRE_WITH_OWN_SPLIT: &[&str] = &[
-    "llama3",
-    "llama-v3",
-    "llama-bpe",
-    "falcon3",
-    "falcon-h1",
-    "pixtral",
-    "midm-2.0",
-    "lfm2",
-    "jina-v5-nano",
-    "dbrx",
-    "smaug-bpe",
-    "tekken",
-    "qwen2",
-    "deepseek-r1-qwen",
-    "kormo",
-    "f2llmv2",
-    "megrez",
-    "qwen35",
-    "gpt-4o",
-    "llama4",
-    "kanana2",
-    "talkie",
-    "minimax-m2",
-];
+/// Qwen2's pre-tokenizer split (`transformers`' `tokenization_qwen2.PRETOKENIZE_REGEX`, and
+/// llama.cpp's for `qwen2`).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// How text is cut into words before the merges apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    /// GPT-2's regex, inside the byte-level pre-tokenizer.
+    Gpt2,
+    /// A regex of its own, then the byte-level mapping without GPT-2's regex.
+    Regex(&'static str),
+}
+
+impl Split {
+    /// The split of a `tokenizer.ggml.pre` value, as `transformers`' loader applies it.
+    fn of(pre: &str) -> Option<Split> {
+        match pre {
+            "default" | "gpt-2" | "smollm" => Some(Split::Gpt2),
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" => {
+                Some(Split::Regex(QWEN2_SPLIT))
+            }
+            _ => None,
+        }
+    }
+
+    /// `tokenizer.json`'s `pre_tokenizer`.
+    fn pre_tokenizer(self) -> Value {
+        match self {
+            Split::Gpt2 => json!({
+                "type": "ByteLevel",
+                "add_prefix_space": false,
+                "trim_offsets": true,
+                "use_regex": true,
+            }),
+            Split::Regex(pattern) => json!({
+                "type": "Sequence",
+                "pretokenizers": [
+                    {
+                        "type": "Split",
+                        "pattern": {"Regex": pattern},
+                        "behavior": "Isolated",
+                        "invert": false,
+                    },
+                    {
+                        "type": "ByteLevel",
+                        "add_prefix_space": false,
+                        "trim_offsets": true,
+                        "use_regex": false,
+                    },
+                ],
+            }),
+        }
+    }
+}
 
 /// GPT-2's byte → character table: printable bytes stand for themselves, the others for
 /// U+0100 onwards in byte order.
@@ -74,6 +105,7 @@ pub struct GgufTokenizer<'a> {
     token_types: Vec<i64>,
     merges: Vec<&'a str>,
     pre: &'a str,
+    split: Split,
     add_bos: bool,
     add_eos: bool,
     bos: Option<&'a str>,
@@ -88,18 +120,19 @@ impl<'a> GgufTokenizer<'a> {
         let model = gguf.str("tokenizer.ggml.model")?;
         if model != "gpt2" {
             unsupported!(
-                "GGUF tokenizer model {model:?} is not supported: only byte-level BPE (gpt2) is"
+                "GGUF tokenizer.ggml.model {model:?} is not supported: only byte-level BPE (gpt2) is"
             );
         }
         let pre = match gguf.get("tokenizer.ggml.pre") {
             Some(_) => gguf.str("tokenizer.ggml.pre")?,
             None => "default",
         };
-        if PRE_WITH_OWN_SPLIT.contains(&pre) {
+        let Some(split) = Split::of(pre) else {
             unsupported!(
-                "GGUF pre-tokenizer {pre:?} needs its own split regex, which is not implemented"
+                "GGUF tokenizer.ggml.pre {pre:?} is not supported: default, gpt-2, smollm and \
+                 qwen2 (with its aliases deepseek-r1-qwen, kormo, f2llmv2 and megrez) are"
             );
-        }
+        };
         let tokens = gguf.str_array("tokenizer.ggml.tokens")?;
         let token_types = match gguf.get("tokenizer.ggml.token_type") {
             Some(_) => gguf.int_array("tokenizer.ggml.token_type")?,
@@ -125,6 +158,7 @@ impl<'a> GgufTokenizer<'a> {
         Ok(GgufTokenizer {
             merges: gguf.str_array("tokenizer.ggml.merges")?,
             pre,
+            split,
             add_bos: flag("tokenizer.ggml.add_bos_token")?,
             add_eos: flag("tokenizer.ggml.add_eos_token")?,
             bos: token("tokenizer.ggml.bos_token_id")?,
@@ -200,12 +234,7 @@ impl<'a> GgufTokenizer<'a> {
             padding: None,
             added_tokens,
             normalizer: None,
-            pre_tokenizer: ByteLevel {
-                kind: "ByteLevel",
-                add_prefix_space: false,
-                trim_offsets: true,
-                use_regex: true,
-            },
+            pre_tokenizer: self.split.pre_tokenizer(),
             post_processor: self.post_processor(&ids),
             decoder: ByteLevel {
                 kind: "ByteLevel",
@@ -289,7 +318,7 @@ struct TokenizerFile<'a> {
     padding: Option<()>,
     added_tokens: Vec<AddedToken<'a>>,
     normalizer: Option<()>,
-    pre_tokenizer: ByteLevel,
+    pre_tokenizer: Value,
     post_processor: Value,
     decoder: ByteLevel,
     model: Bpe<'a>,
@@ -455,9 +484,29 @@ mod tests {
     }
 
     #[test]
-    fn pre_tokenizers_with_their_own_split_are_refused() {
-        let gguf = tiny("llama-bpe", false);
-        let err = GgufTokenizer::from_gguf(&gguf).err().expect("refused");
-        assert!(err.to_string().contains("llama-bpe"), "{err}");
+    fn pre_tokenizers_without_a_split_here_are_refused_naming_the_key() {
+        for pre in ["llama-bpe", "made-up"] {
+            let gguf = tiny(pre, false);
+            let err = GgufTokenizer::from_gguf(&gguf).err().expect("refused");
+            assert!(matches!(err, GgufError::Unsupported(_)), "{err}");
+            assert!(
+                err.to_string()
+                    .contains(&format!("tokenizer.ggml.pre {pre:?} is not supported")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn qwen2_splits_with_its_own_regex_before_the_byte_level_step() {
+        let gguf = tiny("qwen2", false);
+        let tokenizer = GgufTokenizer::from_gguf(&gguf).expect("reads");
+        let json: Value = serde_json::from_str(&tokenizer.tokenizer_json().unwrap()).unwrap();
+        let steps = &json["pre_tokenizer"]["pretokenizers"];
+        assert_eq!(steps[0]["type"], "Split");
+        assert_eq!(steps[0]["pattern"]["Regex"], QWEN2_SPLIT);
+        assert_eq!(steps[0]["behavior"], "Isolated");
+        assert_eq!(steps[1]["type"], "ByteLevel");
+        assert_eq!(steps[1]["use_regex"], false);
     }
 }

@@ -1,4 +1,4 @@
-//! A Llama GGUF's tensors under their Hugging Face names, in their stored types: what a checkpoint serves from a GGUF.
+//! A Llama-family GGUF's tensors under their Hugging Face names, in their stored types: what a checkpoint serves from a GGUF.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -34,7 +34,7 @@ impl GgufTensor {
     }
 }
 
-/// The tensors of a mapped Llama GGUF, by HF name.
+/// The tensors of a mapped Llama-family GGUF, by HF name.
 pub struct GgufWeights {
     gguf: Gguf,
     tensors: HashMap<String, GgufTensor>,
@@ -50,7 +50,7 @@ impl std::fmt::Debug for GgufWeights {
 }
 
 impl GgufWeights {
-    /// Maps `path` and names its tensors; a tensor a Llama model does not have, one whose
+    /// Maps `path` and names its tensors; a tensor the architecture does not have, one whose
     /// shape disagrees with the metadata, or a missing one is an error.
     pub fn open(path: &Path) -> Result<Self> {
         let mut gguf = Gguf::open(path)?;
@@ -64,8 +64,9 @@ impl GgufWeights {
             }
             let Some((name, rotary)) = hf_name(&info.name, &params) else {
                 return Err(GgufError::Unsupported(format!(
-                    "GGUF tensor {} is not part of a Llama model",
-                    info.name
+                    "GGUF tensor {} is not part of a {} model",
+                    info.name,
+                    params.architecture.gguf_name()
                 )));
             };
             let shape = info.shape();
