@@ -109,8 +109,8 @@ pub struct KvTile<'a, E> {
     pub keys: &'a [E],
     pub values: &'a [E],
     pub offsets: &'a [usize],
-    /// The next tile's offsets, when its rows are to be fetched while this one computes
-    /// (see [`KvTile::fetch_ahead`]); empty otherwise.
+    /// The offsets of rows of later tiles, when they are to be fetched while this one
+    /// computes (see [`KvTile::fetch_ahead`]); empty otherwise.
     // Only the x86-64 kernels fetch ahead.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub ahead: &'a [usize],
@@ -148,7 +148,7 @@ impl<E> KvTile<'_, E> {
         }
     }
 
-    /// Asks for part `part` of `parts` of the next tile's key and value rows (those in
+    /// Asks for part `part` of `parts` of the later tiles' key and value rows (those in
     /// [`KvTile::ahead`]) to be brought into cache. The vector kernels call it at `parts` even
     /// points of their loops, so the fetches overlap the arithmetic: fetched all at once, a
     /// tile's hundreds of misses would fill the core's miss buffers and hold up the
@@ -187,8 +187,6 @@ pub fn attend_range<E: CacheElement>(
     buffer: &mut [f32],
 ) {
     let end = range.end.min(block.end(block.tokens - 1));
-    let mut offsets = [0usize; TILE];
-    let mut next = [0usize; TILE];
     let tile_offsets = |start: usize, offsets: &mut [usize; TILE]| {
         let len = TILE.min(end.saturating_sub(start));
         if len > 0 {
@@ -198,19 +196,35 @@ pub fn attend_range<E: CacheElement>(
     };
     // Later tokens' windows start later: none of them reaches a tile the first one does not.
     let first_tile = range.start + block.start(0).saturating_sub(range.start) / TILE * TILE;
+    let (mut offsets, mut next, mut after) = ([0usize; TILE], [0usize; TILE], [0usize; TILE]);
     let mut len = tile_offsets(first_tile, &mut offsets);
+    let mut next_len = tile_offsets(first_tile + TILE, &mut next);
+    // The rows fetched while a tile computes are those two tiles on (and, from the first
+    // tile, the next one's too): one tile on, the last of them would still be on their way
+    // when the next tile starts reading them.
+    let mut first_ahead = [0usize; 2 * TILE];
     for start in (first_tile..end).step_by(TILE) {
-        let next_len = tile_offsets(start + TILE, &mut next);
+        let after_len = tile_offsets(start + 2 * TILE, &mut after);
+        let ahead: &[usize] = if !head.cold {
+            &[]
+        } else if start == first_tile {
+            first_ahead[..next_len].copy_from_slice(&next[..next_len]);
+            first_ahead[next_len..next_len + after_len].copy_from_slice(&after[..after_len]);
+            &first_ahead[..next_len + after_len]
+        } else {
+            &after[..after_len]
+        };
         let tile = KvTile {
             keys: head.cache.keys,
             values: head.cache.values,
             offsets: &offsets[..len],
-            ahead: if head.cold { &next[..next_len] } else { &[] },
+            ahead,
             start,
             range_start: range.start,
         };
         attend_tile(kernel, block, &tile, scale, states, buffer);
         (offsets, len) = (next, next_len);
+        (next, next_len) = (after, after_len);
     }
 }
 
