@@ -187,6 +187,8 @@ pub fn attend_range<E: CacheElement>(
     buffer: &mut [f32],
 ) {
     let end = range.end.min(block.end(block.tokens - 1));
+    let mut offsets = [0usize; TILE];
+    let mut next = [0usize; TILE];
     let tile_offsets = |start: usize, offsets: &mut [usize; TILE]| {
         let len = TILE.min(end.saturating_sub(start));
         if len > 0 {
@@ -196,35 +198,19 @@ pub fn attend_range<E: CacheElement>(
     };
     // Later tokens' windows start later: none of them reaches a tile the first one does not.
     let first_tile = range.start + block.start(0).saturating_sub(range.start) / TILE * TILE;
-    let (mut offsets, mut next, mut after) = ([0usize; TILE], [0usize; TILE], [0usize; TILE]);
     let mut len = tile_offsets(first_tile, &mut offsets);
-    let mut next_len = tile_offsets(first_tile + TILE, &mut next);
-    // The rows fetched while a tile computes are those two tiles on (and, from the first
-    // tile, the next one's too): one tile on, the last of them would still be on their way
-    // when the next tile starts reading them.
-    let mut first_ahead = [0usize; 2 * TILE];
     for start in (first_tile..end).step_by(TILE) {
-        let after_len = tile_offsets(start + 2 * TILE, &mut after);
-        let ahead: &[usize] = if !head.cold {
-            &[]
-        } else if start == first_tile {
-            first_ahead[..next_len].copy_from_slice(&next[..next_len]);
-            first_ahead[next_len..next_len + after_len].copy_from_slice(&after[..after_len]);
-            &first_ahead[..next_len + after_len]
-        } else {
-            &after[..after_len]
-        };
+        let next_len = tile_offsets(start + TILE, &mut next);
         let tile = KvTile {
             keys: head.cache.keys,
             values: head.cache.values,
             offsets: &offsets[..len],
-            ahead,
+            ahead: if head.cold { &next[..next_len] } else { &[] },
             start,
             range_start: range.start,
         };
         attend_tile(kernel, block, &tile, scale, states, buffer);
         (offsets, len) = (next, next_len);
-        (next, next_len) = (after, after_len);
     }
 }
 
