@@ -53,8 +53,8 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     }
 }
 
-/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the first token's score
-/// groups.
+/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the key layout and the
+/// first token's scores (see [`FETCH_PHASES`]).
 ///
 /// # Safety
 /// As [`attend_tile`].
@@ -124,8 +124,9 @@ fn attend_wide_values<E: CacheElement, S: Scores, const C: usize>(
 }
 
 /// The phases of a tile's work that fetch a share of the next tile's rows each: laying out
-/// the keys, the first pass's scores, its weighted values.
-const FETCH_PHASES: usize = 3;
+/// the keys, and the first pass's scores. Not its weighted values: the rows fetched last
+/// would then still be on their way when the next tile's keys are laid out.
+const FETCH_PHASES: usize = 2;
 
 /// `fetch(part, parts)` for part `part` of `parts` of phase `phase` (see [`FETCH_PHASES`]).
 fn phase(fetch: &impl Fn(usize, usize), phase: usize) -> impl Fn(usize, usize) + '_ {
@@ -178,6 +179,8 @@ impl Scores for WidenedPairColumns<'_> {
         fetch: impl Fn(usize, usize),
     ) -> [[__m512; SCORE_VECTORS]; G] {
         let pairs = 8 * C;
+        // Slices of the head's length, so indexing them needs no checks.
+        let queries = queries.map(|query| &query[..16 * C]);
         let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
         let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
         for i in 0..pairs {
@@ -226,8 +229,9 @@ impl Scores for WideColumns<'_> {
         fetch: impl Fn(usize, usize),
     ) -> [[__m512; SCORE_VECTORS]; G] {
         let head_dim = 16 * C;
-        // Plain loops, not `array::map`: closures handed to it are compiled without the
-        // AVX-512 features, and called once per element.
+        let queries = queries.map(|query| &query[..head_dim]);
+        // Plain loops, not `array::map`, for the vectors: closures handed to it are compiled
+        // without the AVX-512 features, and called once per element.
         let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
         for d in 0..head_dim {
             let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
@@ -472,7 +476,7 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
                     fetch(step, steps)
                 }
             };
-            let (score_fetch, value_fetch) = (phase(&fetch, 1), phase(&fetch, 2));
+            let score_fetch = phase(&fetch, 1);
             let query = |h: usize| block.query(token, pass * pass_heads + h, head_dim);
             macro_rules! pass {
                 ($g:literal) => {{
@@ -485,14 +489,7 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
                     }
                     let pass_weights = (&weights, &rescales);
                     // SAFETY: `attend_tile` made `values` at the level it asks for.
-                    unsafe {
-                        values.accumulate::<C, $g>(
-                            pass_weights,
-                            (valid, first),
-                            pass_states,
-                            &value_fetch,
-                        )
-                    }
+                    unsafe { values.accumulate::<C, $g>(pass_weights, (valid, first), pass_states) }
                 }};
             }
             match heads {
@@ -559,7 +556,6 @@ trait Values: Copy {
         weights: (&[[f32; TILE]; 4], &[f32; 4]),
         rows: (usize, bool),
         states: &mut [f32],
-        fetch: impl Fn(usize, usize),
     );
 }
 
@@ -642,13 +638,11 @@ impl<K: CacheElement> Values for WideValues<'_, K> {
         (weights, rescales): (&[[f32; TILE]; 4], &[f32; 4]),
         (valid, first): (usize, bool),
         states: &mut [f32],
-        fetch: impl Fn(usize, usize),
     ) {
         let mut acc = rescaled::<C, G>(rescales, first, states);
         let weight = |h: usize, j: usize| weights[h][j];
         for j in 0..valid {
             add_weighted(&mut acc, self.0.row(j), |h| weight(h, j));
-            fetch(j, valid);
         }
         store_outputs(&acc, states);
     }
@@ -664,7 +658,6 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
         (weights, rescales): (&[[f32; TILE]; 4], &[f32; 4]),
         (valid, first): (usize, bool),
         states: &mut [f32],
-        fetch: impl Fn(usize, usize),
     ) {
         let mut acc = rescaled::<C, G>(rescales, first, states);
         // Each head's weights rounded to bf16, two positions per 32-bit lane.
@@ -691,7 +684,6 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
                     *acc = _mm512_dpbf16_ps(*acc, weight, v);
                 }
             }
-            fetch(pair, valid / 2);
         }
         if valid % 2 == 1 {
             // The rounded weight: the low half of the last pair.
