@@ -42,7 +42,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     buffer: &mut [f32],
 ) {
     let rows = (block, tile, bf16_keys);
-    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    // Compiled twice, so the tiles that fetch nothing (a range's last) carry no fetch points.
     if tile.ahead.is_empty() {
         // SAFETY: the caller's promise, passed on.
         unsafe { attend_tile_with::<E, C>(rows, |_, _| {}, scale, states, buffer) }

@@ -109,8 +109,9 @@ pub struct KvTile<'a, E> {
     pub keys: &'a [E],
     pub values: &'a [E],
     pub offsets: &'a [usize],
-    /// The offsets of rows of later tiles, when they are to be fetched while this one
-    /// computes (see [`KvTile::fetch_ahead`]); empty otherwise.
+    /// The next tile's offsets, whose rows are fetched while this one computes (see
+    /// [`KvTile::fetch_ahead`]): a lone token's rows are in memory, and at depth even a
+    /// prefill block's come from the last-level cache; empty for a range's last tile.
     // Only the x86-64 kernels fetch ahead.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub ahead: &'a [usize],
@@ -148,7 +149,7 @@ impl<E> KvTile<'_, E> {
         }
     }
 
-    /// Asks for part `part` of `parts` of the later tiles' key and value rows (those in
+    /// Asks for part `part` of `parts` of the next tile's key and value rows (those in
     /// [`KvTile::ahead`]) to be brought into cache. The vector kernels call it at `parts` even
     /// points of their loops, so the fetches overlap the arithmetic: fetched all at once, a
     /// tile's hundreds of misses would fill the core's miss buffers and hold up the
@@ -205,7 +206,7 @@ pub fn attend_range<E: CacheElement>(
             keys: head.cache.keys,
             values: head.cache.values,
             offsets: &offsets[..len],
-            ahead: if head.cold { &next[..next_len] } else { &[] },
+            ahead: &next[..next_len],
             start,
             range_start: range.start,
         };
