@@ -58,7 +58,7 @@ const RANGE_POSITIONS: usize = 512;
 
 /// Query rows (tokens times the heads of a KV head) of one prefill task, at most: the rows
 /// that share each widened tile.
-const BLOCK_ROWS: usize = 64;
+const BLOCK_ROWS: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
