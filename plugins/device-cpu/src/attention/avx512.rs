@@ -10,15 +10,15 @@
 
 use std::arch::x86_64::{
     __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
-    _mm512_castsi512_ps, _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_ps,
-    _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps,
-    _mm512_permutex2var_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_setzero_si512, _mm512_shuffle_i32x4, _mm512_slli_epi32, _mm512_storeu_ps,
-    _mm512_storeu_si512, _mm512_sub_ps, _mm512_unpackhi_epi32, _mm512_unpackhi_epi64,
-    _mm512_unpacklo_epi32, _mm512_unpacklo_epi64,
+    _mm512_castsi512_ps, _mm512_cvtne2ps_pbh, _mm512_cvtss_f32, _mm512_dpbf16_ps, _mm512_fmadd_ps,
+    _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps,
+    _mm512_mul_ps, _mm512_permutex2var_epi16, _mm512_reduce_max_ps, _mm512_set1_epi32,
+    _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512, _mm512_shuffle_i32x4,
+    _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps, _mm512_unpackhi_epi32,
+    _mm512_unpackhi_epi64, _mm512_unpacklo_epi32, _mm512_unpacklo_epi64,
 };
 
-use super::online::{KvTile, QueryBlock, RowSpan, TILE, TileStatistics, state_len};
+use super::online::{KvTile, QueryBlock, RowSpan, TILE, state_len};
 use crate::kv_cache::CacheElement;
 use crate::vector::avx512::{exp, reduce};
 
@@ -523,25 +523,35 @@ fn weigh(
             *scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep(group), *scores);
         }
     }
-    let lane_max = scores
-        .iter()
-        .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {
-            _mm512_max_ps(m, s)
-        });
-    let tile_max = to_array(lane_max)
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    let statistics = TileStatistics::new(state, tile_max, first);
-    let max = statistics.max;
+    let mut lane_max = scores[0];
+    for &scores in &scores[1..] {
+        lane_max = _mm512_max_ps(lane_max, scores);
+    }
+    // A maximum is the same in any order.
+    let tile_max = _mm512_reduce_max_ps(lane_max);
+    let (old_max, old_sum) = (state[state.len() - 2], state[state.len() - 1]);
+    // The first tile has no output or sum to rescale.
+    let (max, rescale) = if first {
+        (tile_max, 0.0)
+    } else {
+        let max = old_max.max(tile_max);
+        (max, _mm512_cvtss_f32(exp(_mm512_set1_ps(old_max - max))))
+    };
     let mut total = _mm512_setzero_ps();
     for (group, &scores) in scores.iter().enumerate() {
         let w = _mm512_maskz_mov_ps(keep(group), exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
         total = _mm512_add_ps(total, w);
         store(&mut weights[16 * group..], 0, w);
     }
-    statistics.store(state, reduce(total));
-    statistics.rescale
+    let tile_sum = reduce(total);
+    let len = state.len();
+    state[len - 2] = max;
+    state[len - 1] = if first {
+        tile_sum
+    } else {
+        old_sum * rescale + tile_sum
+    };
+    rescale
 }
 
 /// How the weighted value rows of a tile are added into the outputs of a pass's heads.
@@ -781,14 +791,6 @@ fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m512 {
     let chunk = &row[16 * c..16 * c + 16];
     // SAFETY: `chunk` holds 16 elements.
     unsafe { <E as crate::linear::avx512::Wide>::load(chunk.as_ptr()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn to_array(v: __m512) -> [f32; 16] {
-    let mut lanes = [0.0f32; 16];
-    store(&mut lanes, 0, v);
-    lanes
 }
 
 /// A mask of the first `min(16, len)` lanes.
