@@ -168,57 +168,47 @@ struct PairColumns<'a>(&'a [f32]);
 #[derive(Clone, Copy)]
 struct WidenedPairColumns<'a>(&'a [f32]);
 
-impl Scores for WidenedPairColumns<'_> {
+/// Key columns that give, for each dimension `d`, the four vectors of the tile's keys'
+/// dimension `d` in f32.
+trait F32Columns: Copy {
     /// # Safety
-    /// As [`Scores::scores`]: the CPU has isa level `avx512`.
+    /// The CPU has isa level `avx512`.
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS];
+}
+
+impl F32Columns for WideColumns<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
-    unsafe fn scores<const C: usize, const G: usize>(
-        self,
-        queries: [&[f32]; G],
-        (valid, scale): (usize, f32),
-        fetch: impl Fn(usize, usize),
-    ) -> [[__m512; SCORE_VECTORS]; G] {
-        let pairs = 8 * C;
-        // Slices of the head's length, so indexing them needs no checks.
-        let queries = queries.map(|query| &query[..16 * C]);
-        let high_half = _mm512_set1_epi32(0xffff_0000_u32 as i32);
-        let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
-        for i in 0..pairs {
-            let (mut even, mut odd) = (
-                [_mm512_setzero_ps(); SCORE_VECTORS],
-                [_mm512_setzero_ps(); SCORE_VECTORS],
-            );
-            for g in 0..SCORE_VECTORS {
-                let pair = _mm512_castps_si512(load(&self.0[(g * pairs + i) * 16..], 0));
-                // A bf16 widens to the f32 of its bits shifted up by 16.
-                even[g] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pair));
-                odd[g] = _mm512_castsi512_ps(_mm512_and_si512(pair, high_half));
-            }
-            for (acc, query) in acc.iter_mut().zip(&queries) {
-                let (q_even, q_odd) = (
-                    _mm512_set1_ps(query[2 * i]),
-                    _mm512_set1_ps(query[2 * i + 1]),
-                );
-                for ((acc, &even), &odd) in acc.iter_mut().zip(&even).zip(&odd) {
-                    let first = if i == 0 {
-                        _mm512_mul_ps(q_even, even)
-                    } else {
-                        _mm512_fmadd_ps(q_even, even, *acc)
-                    };
-                    *acc = _mm512_fmadd_ps(q_odd, odd, first);
-                }
-            }
-            fetch(i, pairs);
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
+        let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
+        for (g, k) in keys.iter_mut().enumerate() {
+            *k = load(&self.0[(g * 16 * C + d) * 16..], 0);
         }
-        for acc in &mut acc {
-            scale_and_mask(acc, valid, scale);
-        }
-        acc
+        keys
     }
 }
 
-impl Scores for WideColumns<'_> {
+impl F32Columns for WidenedPairColumns<'_> {
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
+        let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
+        for (g, k) in keys.iter_mut().enumerate() {
+            let pair = _mm512_castps_si512(load(&self.0[(g * 8 * C + d / 2) * 16..], 0));
+            // A bf16 widens to the f32 of its bits shifted up by 16: the even dimension is
+            // the low half of each lane, the odd one the high half.
+            let wide = if d.is_multiple_of(2) {
+                _mm512_slli_epi32::<16>(pair)
+            } else {
+                _mm512_and_si512(pair, _mm512_set1_epi32(0xffff_0000_u32 as i32))
+            };
+            *k = _mm512_castsi512_ps(wide);
+        }
+        keys
+    }
+}
+
+impl<K: F32Columns> Scores for K {
     /// # Safety
     /// As [`Scores::scores`]: the CPU has isa level `avx512`.
     #[inline]
@@ -230,15 +220,14 @@ impl Scores for WideColumns<'_> {
         fetch: impl Fn(usize, usize),
     ) -> [[__m512; SCORE_VECTORS]; G] {
         let head_dim = 16 * C;
+        // Slices of the head's length, so indexing them needs no checks.
         let queries = queries.map(|query| &query[..head_dim]);
         // Plain loops, not `array::map`, for the vectors: closures handed to it are compiled
         // without the AVX-512 features, and called once per element.
         let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
         for d in 0..head_dim {
-            let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
-            for (g, k) in keys.iter_mut().enumerate() {
-                *k = load(&self.0[(g * head_dim + d) * 16..], 0);
-            }
+            // SAFETY: the caller's promise, passed on.
+            let keys = unsafe { self.dimension::<C>(d) };
             for (acc, query) in acc.iter_mut().zip(&queries) {
                 let q = _mm512_set1_ps(query[d]);
                 for (acc, &k) in acc.iter_mut().zip(&keys) {

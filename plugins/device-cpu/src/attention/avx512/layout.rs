@@ -191,14 +191,7 @@ mod tests {
             .map(|i| (i % 65_521) as u16 + 1)
             .collect();
         let offsets: Vec<usize> = (0..37).map(|k| ((k * 7 + 3) % 100) * head_dim).collect();
-        let tile = KvTile {
-            keys: as_wide::<Bf16Bits>(&bits),
-            values: as_wide::<Bf16Bits>(&bits),
-            offsets: &offsets,
-            ahead: &[],
-            start: 0,
-            range_start: 0,
-        };
+        let tile = tile_of(as_wide::<Bf16Bits>(&bits), &offsets);
         let mut columns = vec![f32::NAN; TILE_F32S];
         // SAFETY: the CPU has AVX-512 (checked above).
         let paired = unsafe { lay_out_keys::<Bf16Bits, C>(&tile, &mut columns, |_, _| {}) };
@@ -226,14 +219,7 @@ mod tests {
         let head_dim = 16 * C;
         let keys: Vec<f32> = (0..20 * head_dim).map(|i| i as f32).collect();
         let offsets: Vec<usize> = (0..17).map(|k| (19 - k) * head_dim).collect();
-        let tile = KvTile {
-            keys: &keys,
-            values: &keys,
-            offsets: &offsets,
-            ahead: &[],
-            start: 0,
-            range_start: 0,
-        };
+        let tile = tile_of(&keys, &offsets);
         let mut columns = vec![f32::NAN; 2 * TILE_F32S];
         // SAFETY: the CPU has AVX-512 (checked above).
         let paired = unsafe { lay_out_keys::<f32, C>(&tile, &mut columns, |_, _| {}) };
@@ -248,6 +234,18 @@ mod tests {
                     "key {key}, dimension {d}"
                 );
             }
+        }
+    }
+
+    /// A tile of `keys` (its values too) at `offsets`, from position 0.
+    fn tile_of<'a, E>(keys: &'a [E], offsets: &'a [usize]) -> KvTile<'a, E> {
+        KvTile {
+            keys,
+            values: keys,
+            offsets,
+            ahead: &[],
+            start: 0,
+            range_start: 0,
         }
     }
 
