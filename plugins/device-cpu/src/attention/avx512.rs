@@ -177,6 +177,8 @@ trait F32Columns: Copy {
 }
 
 impl F32Columns for WideColumns<'_> {
+    /// # Safety
+    /// As [`F32Columns::dimension`]: the CPU has isa level `avx512`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
@@ -189,6 +191,8 @@ impl F32Columns for WideColumns<'_> {
 }
 
 impl F32Columns for WidenedPairColumns<'_> {
+    /// # Safety
+    /// As [`F32Columns::dimension`]: the CPU has isa level `avx512`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
     unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
@@ -378,9 +382,10 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
             macro_rules! pass {
                 ($g:literal) => {{
                     let queries: [&[f32]; $g] = std::array::from_fn(query);
-                    // SAFETY: `attend_tile` made `keys` at the level it asks for.
-                    let scores =
-                        unsafe { keys.scores::<C, $g>(queries, (valid, scale), score_fetch) };
+                    let scores = {
+                        // SAFETY: `attend_tile` made `keys` at the level it asks for.
+                        unsafe { keys.scores::<C, $g>(queries, (valid, scale), score_fetch) }
+                    };
                     for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
                         rescales[h] = weigh(scores[h], span, state, &mut weights[h]);
                     }
