@@ -57,7 +57,7 @@ const MIN_PARALLEL_WORK: usize = 64 * 1024;
 const RANGE_POSITIONS: usize = 512;
 
 /// Query rows (tokens times the heads of a KV head) of one prefill task, at most: the rows
-/// that share each widened tile.
+/// that share each tile once it is laid out (widened or transposed) for the kernel.
 const BLOCK_ROWS: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -24,7 +24,8 @@ pub fn state_len(head_dim: usize) -> usize {
     head_dim + 2
 }
 
-/// The f32s of a tile's keys and values, widened.
+/// The f32s of a tile's keys and values as a kernel lays them out (widened, transposed or
+/// paired), at most.
 pub fn tile_buffer_len(head_dim: usize) -> usize {
     2 * TILE * head_dim
 }
