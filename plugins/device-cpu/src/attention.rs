@@ -57,8 +57,8 @@ const MIN_PARALLEL_WORK: usize = 64 * 1024;
 const RANGE_POSITIONS: usize = 512;
 
 /// Query rows (tokens times the heads of a KV head) of one prefill task, at most: the rows
-/// that share each widened tile.
-const BLOCK_ROWS: usize = 64;
+/// that share each tile once it is laid out (widened or transposed) for the kernel.
+const BLOCK_ROWS: usize = 128;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
@@ -120,15 +120,13 @@ enum RowOwner {
 #[derive(Clone, Copy)]
 enum Task {
     /// `tokens` query tokens of sequence `seq` from step row `first_row` (at position
-    /// `first_position`) over their whole history, written to `out`; `lone`: the sequence's
-    /// only token of the step, whose rows are likely in memory rather than cache.
+    /// `first_position`) over their whole history, written to `out`.
     Block {
         seq: usize,
         first_row: usize,
         tokens: usize,
         first_position: usize,
         kv_head: usize,
-        lone: bool,
     },
     /// Range `range` of the history of the lone token at step row `row`, into its state slot
     /// at `slot` of the partials.
@@ -261,7 +259,6 @@ impl AttentionScratch {
                         tokens,
                         first_position: first_position + offset,
                         kv_head,
-                        lone,
                     });
                 }
             }
@@ -481,14 +478,13 @@ struct Work<'a, E> {
 }
 
 impl<E: CacheElement> Work<'_, E> {
-    fn head(&self, seq: usize, kv_head: usize, cold: bool) -> Head<'_, E> {
+    fn head(&self, seq: usize, kv_head: usize) -> Head<'_, E> {
         let columns = self.shape.blocks_per_seq;
         Head {
             cache: self.cache,
             block_row: &self.layout.block_table[seq * columns..(seq + 1) * columns],
             kv_head,
             shape: self.shape,
-            cold,
         }
     }
 
@@ -521,7 +517,7 @@ impl<E: CacheElement> Work<'_, E> {
                     first_end: position + 1,
                     window: self.window,
                 };
-                let head = self.head(seq, kv_head, true);
+                let head = self.head(seq, kv_head);
                 let range_len = self.cuts.range_len;
                 let positions = range * range_len..(range + 1) * range_len;
                 // SAFETY: `plan` gave every (row, KV head, range) a slot of its own.
@@ -543,7 +539,6 @@ impl<E: CacheElement> Work<'_, E> {
                 tokens,
                 first_position,
                 kv_head,
-                lone,
             } => {
                 let block = QueryBlock {
                     queries: self.queries(first_row, kv_head),
@@ -553,7 +548,7 @@ impl<E: CacheElement> Work<'_, E> {
                     first_end: first_position + 1,
                     window: self.window,
                 };
-                let head = self.head(seq, kv_head, lone);
+                let head = self.head(seq, kv_head);
                 let rows = tokens * heads;
                 let len = 2 * rows * state_len + tile_buffer_len(head_dim);
                 with_scratch(len, |scratch| {
@@ -704,10 +699,6 @@ pub struct Head<'a, E> {
     block_row: &'a [i32],
     kv_head: usize,
     shape: AttentionShape,
-    /// Whether the rows are likely in memory rather than cache (a lone token reads its rows
-    /// once); only the x86-64 kernels prefetch.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    cold: bool,
 }
 
 impl<E> Head<'_, E> {

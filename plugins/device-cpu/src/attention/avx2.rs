@@ -28,7 +28,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     states: &mut [f32],
     buffer: &mut [f32],
 ) {
-    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    // Compiled twice, so the tiles that fetch nothing (a range's last) carry no fetch points.
     if tile.ahead.is_empty() {
         attend_tile_with::<E, C>((block, tile, |_, _| {}), scale, states, buffer)
     } else {

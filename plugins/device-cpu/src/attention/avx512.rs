@@ -1,21 +1,27 @@
-//! AVX-512 online-softmax tile for heads of 64 or 128: a tile's keys and values widened once for every row of the block, then per row sixteen scores at a time and the output in registers.
+//! AVX-512 online-softmax tile for heads of 64 or 128: a tile's keys laid out transposed once for every row of the block, then the rows of a pass (the query heads of a token) scored together, sixteen keys to a vector, and their outputs in registers.
 //!
-//! Scores are sixteen 16-lane dot products and one transposed reduction
-//! (`sum_lanes_of_each`) that adds each product's lanes in a fixed tree; exponentials are
-//! vectorized ([`exp`]); the output lanes are FMA chains over the tile's positions in order.
-//! None of it depends on the other rows of the block.
+//! A score is one chain over the head's dimensions in order in one lane: f32 FMAs (the keys
+//! widened) or, with bf16 products, `vdpbf16ps` over pairs of dimensions. Each loaded key
+//! vector feeds every row of the pass and no score needs a reduction across lanes; the
+//! rows of a pass only share loads, so a row's bits are the same whichever rows it is
+//! computed with (a lone decode token's as a prefill row's). Exponentials are vectorized
+//! ([`exp`]); the output lanes are FMA (or `vdpbf16ps`) chains over the tile's positions in
+//! order.
 
 use std::arch::x86_64::{
-    __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_castps_si512, _mm512_castsi512_ps,
-    _mm512_cvtne2ps_pbh, _mm512_dpbf16_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_loadu_si512,
-    _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps,
-    _mm512_permutex2var_epi16, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
-    _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps,
+    __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
+    _mm512_castsi512_ps, _mm512_cvtne2ps_pbh, _mm512_cvtss_f32, _mm512_dpbf16_ps, _mm512_fmadd_ps,
+    _mm512_loadu_ps, _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps,
+    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps,
 };
 
-use super::online::{KvTile, QueryBlock, RowSpan, TILE, TileStatistics, state_len};
+use super::online::{KvTile, QueryBlock, RowSpan, TILE, state_len};
 use crate::kv_cache::CacheElement;
-use crate::vector::avx512::{exp, reduce, sum_lanes_of_each};
+use crate::vector::avx512::{exp, reduce};
+use layout::{lay_out_keys, pair_values};
+
+mod layout;
 
 /// Rows of at most this many queries read the tile from the cache directly: widening it
 /// first pays off only when many rows read it.
@@ -37,7 +43,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     buffer: &mut [f32],
 ) {
     let rows = (block, tile, bf16_keys);
-    // Compiled twice, so the tiles that fetch nothing (a prefill's) carry no fetch points.
+    // Compiled twice, so the tiles that fetch nothing (a range's last) carry no fetch points.
     if tile.ahead.is_empty() {
         // SAFETY: the caller's promise, passed on.
         unsafe { attend_tile_with::<E, C>(rows, |_, _| {}, scale, states, buffer) }
@@ -48,8 +54,8 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     }
 }
 
-/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the first token's score
-/// groups.
+/// [`attend_tile`], with `fetch(part, parts)` at the fetch points of the key layout and the
+/// first token's scores (see [`FETCH_PHASES`]).
 ///
 /// # Safety
 /// As [`attend_tile`].
@@ -66,153 +72,237 @@ unsafe fn attend_tile_with<E: CacheElement, const C: usize>(
     let (key_buffer, value_buffer) = buffer.split_at_mut(TILE * head_dim);
     let rows = (block, |token| tile.span(block, token), fetch);
     let updates = (scale, states);
-    let in_cache = |data| KvRows::at(data, tile.offsets, head_dim);
-    if let (Some(keys), Some(values)) = (bf16_keys, E::bf16_bits(tile.values)) {
+    let paired = lay_out_keys::<E, C>(tile, key_buffer, phase(&rows.2, 0));
+    let key_columns = &*key_buffer;
+    if let (Some(_), Some(values)) = (bf16_keys, E::bf16_bits(tile.values)) {
         // SAFETY: bf16 keys come only with isa level `avx512_bf16` (the contract).
         unsafe { pair_values::<C>(values, tile.offsets, value_buffer) };
         let values = PairedValues {
             pairs: value_buffer,
             rows: KvRows::at(tile.values, tile.offsets, head_dim),
         };
-        return attend_rows::<_, _, C>(rows, (Bf16Keys(in_cache(keys)), values), updates);
+        return attend_rows::<_, _, C>(rows, (PairColumns(key_columns), values), updates);
     }
-    if block.tokens * block.heads <= DIRECT_ROWS {
-        let kv = (
-            WideKeys(KvRows::at(tile.keys, tile.offsets, head_dim)),
-            WideValues(KvRows::at(tile.values, tile.offsets, head_dim)),
-        );
-        return attend_rows::<_, _, C>(rows, kv, updates);
+    if paired {
+        let keys = WidenedPairColumns(key_columns);
+        return attend_wide_values::<E, _, C>((rows, tile), keys, updates, value_buffer);
     }
-    for (cache, buffer) in [
-        (tile.keys, &mut *key_buffer),
-        (tile.values, &mut *value_buffer),
-    ] {
-        for (j, &offset) in tile.offsets.iter().enumerate() {
-            let row = &cache[offset..offset + head_dim];
-            for c in 0..C {
-                store(&mut buffer[j * head_dim..], c, load_cached(row, c));
-            }
-        }
-    }
-    let kv = (
-        WideKeys(KvRows::packed(key_buffer, head_dim)),
-        WideValues(KvRows::packed(value_buffer, head_dim)),
-    );
-    attend_rows::<_, _, C>(rows, kv, updates)
+    let keys = WideColumns(key_columns);
+    attend_wide_values::<E, _, C>((rows, tile), keys, updates, value_buffer)
 }
 
-/// How a query row's scores against a tile's keys are computed.
+/// [`attend_rows`] with the values widened to f32: read in the cache by a few rows, widened
+/// into `buffer` for more.
+#[inline]
+#[target_feature(enable = "avx512f,avx512dq")]
+fn attend_wide_values<E: CacheElement, S: Scores, const C: usize>(
+    (rows, tile): (
+        (
+            &QueryBlock<'_>,
+            impl Fn(usize) -> RowSpan,
+            impl Fn(usize, usize),
+        ),
+        &KvTile<'_, E>,
+    ),
+    keys: S,
+    updates: (f32, &mut [f32]),
+    buffer: &mut [f32],
+) {
+    let head_dim = 16 * C;
+    let block = rows.0;
+    if block.tokens * block.heads <= DIRECT_ROWS {
+        let values = WideValues(KvRows::at(tile.values, tile.offsets, head_dim));
+        return attend_rows::<_, _, C>(rows, (keys, values), updates);
+    }
+    for (j, &offset) in tile.offsets.iter().enumerate() {
+        let row = &tile.values[offset..offset + head_dim];
+        for c in 0..C {
+            store(&mut buffer[j * head_dim..], c, load_cached(row, c));
+        }
+    }
+    let values = WideValues(KvRows::packed(buffer, head_dim));
+    attend_rows::<_, _, C>(rows, (keys, values), updates)
+}
+
+/// The phases of a tile's work that fetch a share of the next tile's rows each: laying out
+/// the keys, and the first pass's scores. Not its weighted values: the rows fetched last
+/// would then still be on their way when the next tile's keys are laid out.
+const FETCH_PHASES: usize = 2;
+
+/// `fetch(part, parts)` for part `part` of `parts` of phase `phase` (see [`FETCH_PHASES`]).
+fn phase(fetch: &impl Fn(usize, usize), phase: usize) -> impl Fn(usize, usize) + '_ {
+    move |part, parts| fetch(phase * parts + part, FETCH_PHASES * parts)
+}
+
+/// How the rows of a pass score the tile's keys, laid out by [`lay_out_keys`] sixteen keys to
+/// a vector: each score a chain over the head's dimensions in order in one lane, so it has
+/// the same bits whichever rows share the pass.
 trait Scores: Copy {
-    /// The scaled scores of `query` against the tile's first `valid` keys, sixteen per vector;
-    /// the lanes past `valid` are negative infinity. `fetch(g)` runs after each group `g` of
-    /// sixteen keys.
+    /// The scaled scores of the `G` `queries` against the tile's keys, sixteen per vector;
+    /// lanes past `valid` are negative infinity. `fetch(step, steps)` runs after each step of
+    /// the chain.
     ///
     /// # Safety
     /// The CPU has the level the implementing type asks for.
-    unsafe fn scores<const C: usize>(
+    unsafe fn scores<const C: usize, const G: usize>(
         self,
-        query: &[f32],
-        valid: usize,
-        scale: f32,
-        fetch: impl Fn(usize),
-    ) -> [__m512; SCORE_VECTORS];
+        queries: [&[f32]; G],
+        valid_and_scale: (usize, f32),
+        fetch: impl Fn(usize, usize),
+    ) -> [[__m512; SCORE_VECTORS]; G];
 }
 
-/// Keys widened to f32 and multiplied in f32 FMAs (isa level `avx512`).
+/// Keys widened to f32, vector `g * D + d` holding dimension `d` of keys `16g..16g + 16`;
+/// scores are f32 FMA chains (isa level `avx512`).
 #[derive(Clone, Copy)]
-struct WideKeys<'a, K>(KvRows<'a, K>);
+struct WideColumns<'a>(&'a [f32]);
 
-/// Keys as stored in a bf16 cache, multiplied by the query rounded to bf16 through
-/// `vdpbf16ps` (isa level `avx512_bf16`).
+/// Keys of a bf16 cache as stored, vector `g * D / 2 + i` holding dimensions `2i` and `2i +
+/// 1` of keys `16g..16g + 16` in each 32-bit lane; scores are `vdpbf16ps` chains with the
+/// query rounded to bf16 (isa level `avx512_bf16`).
 #[derive(Clone, Copy)]
-struct Bf16Keys<'a>(KvRows<'a, u16>);
+struct PairColumns<'a>(&'a [f32]);
 
-impl<K: CacheElement> Scores for WideKeys<'_, K> {
+/// Keys of a bf16 cache laid out as for [`PairColumns`], widened as they are read: the same
+/// f32 FMA chains as [`WideColumns`] from half the bytes (isa level `avx512`).
+#[derive(Clone, Copy)]
+struct WidenedPairColumns<'a>(&'a [f32]);
+
+/// Key columns that give, for each dimension `d`, the four vectors of the tile's keys'
+/// dimension `d` in f32.
+trait F32Columns: Copy {
+    /// # Safety
+    /// The CPU has isa level `avx512`.
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS];
+}
+
+impl F32Columns for WideColumns<'_> {
+    /// # Safety
+    /// As [`F32Columns::dimension`]: the CPU has isa level `avx512`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
+        let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
+        for (g, k) in keys.iter_mut().enumerate() {
+            *k = load(&self.0[(g * 16 * C + d) * 16..], 0);
+        }
+        keys
+    }
+}
+
+impl F32Columns for WidenedPairColumns<'_> {
+    /// # Safety
+    /// As [`F32Columns::dimension`]: the CPU has isa level `avx512`.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn dimension<const C: usize>(self, d: usize) -> [__m512; SCORE_VECTORS] {
+        let mut keys = [_mm512_setzero_ps(); SCORE_VECTORS];
+        for (g, k) in keys.iter_mut().enumerate() {
+            let pair = _mm512_castps_si512(load(&self.0[(g * 8 * C + d / 2) * 16..], 0));
+            // A bf16 widens to the f32 of its bits shifted up by 16: the even dimension is
+            // the low half of each lane, the odd one the high half.
+            let wide = if d.is_multiple_of(2) {
+                _mm512_slli_epi32::<16>(pair)
+            } else {
+                _mm512_and_si512(pair, _mm512_set1_epi32(0xffff_0000_u32 as i32))
+            };
+            *k = _mm512_castsi512_ps(wide);
+        }
+        keys
+    }
+}
+
+impl<K: F32Columns> Scores for K {
     /// # Safety
     /// As [`Scores::scores`]: the CPU has isa level `avx512`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512dq")]
-    unsafe fn scores<const C: usize>(
+    unsafe fn scores<const C: usize, const G: usize>(
         self,
-        query: &[f32],
-        valid: usize,
-        scale: f32,
-        fetch: impl Fn(usize),
-    ) -> [__m512; SCORE_VECTORS] {
-        let q: [__m512; C] = std::array::from_fn(|c| load(query, c));
-        score_groups((valid, scale), fetch, |j| {
-            let key = self.0.row(j);
-            let mut acc = _mm512_mul_ps(q[0], load_cached(key, 0));
-            for (c, &q) in q.iter().enumerate().skip(1) {
-                acc = _mm512_fmadd_ps(q, load_cached(key, c), acc);
+        queries: [&[f32]; G],
+        (valid, scale): (usize, f32),
+        fetch: impl Fn(usize, usize),
+    ) -> [[__m512; SCORE_VECTORS]; G] {
+        let head_dim = 16 * C;
+        // Slices of the head's length, so indexing them needs no checks.
+        let queries = queries.map(|query| &query[..head_dim]);
+        // Plain loops, not `array::map`, for the vectors: closures handed to it are compiled
+        // without the AVX-512 features, and called once per element.
+        let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
+        for d in 0..head_dim {
+            // SAFETY: the caller's promise, passed on.
+            let keys = unsafe { self.dimension::<C>(d) };
+            for (acc, query) in acc.iter_mut().zip(&queries) {
+                let q = _mm512_set1_ps(query[d]);
+                for (acc, &k) in acc.iter_mut().zip(&keys) {
+                    *acc = if d == 0 {
+                        _mm512_mul_ps(q, k)
+                    } else {
+                        _mm512_fmadd_ps(q, k, *acc)
+                    };
+                }
             }
-            acc
-        })
+            fetch(d, head_dim);
+        }
+        for acc in &mut acc {
+            scale_and_mask(acc, valid, scale);
+        }
+        acc
     }
 }
 
-impl Scores for Bf16Keys<'_> {
+impl Scores for PairColumns<'_> {
     /// # Safety
     /// As [`Scores::scores`]: the CPU has isa level `avx512_bf16`.
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
-    unsafe fn scores<const C: usize>(
+    unsafe fn scores<const C: usize, const G: usize>(
         self,
-        query: &[f32],
-        valid: usize,
-        scale: f32,
-        fetch: impl Fn(usize),
-    ) -> [__m512; SCORE_VECTORS] {
-        // Pairs of query vectors rounded into one vector of 32 bf16s; `C` is even.
-        let q: [__m512bh; 4] = std::array::from_fn(|i| {
-            if 2 * i + 1 < C {
-                _mm512_cvtne2ps_pbh(load(query, 2 * i + 1), load(query, 2 * i))
-            } else {
-                _mm512_cvtne2ps_pbh(_mm512_setzero_ps(), _mm512_setzero_ps())
+        queries: [&[f32]; G],
+        (valid, scale): (usize, f32),
+        fetch: impl Fn(usize, usize),
+    ) -> [[__m512; SCORE_VECTORS]; G] {
+        let pairs = 8 * C;
+        // Each query rounded to bf16: pair `i` (dimensions `2i`, `2i + 1`) in 32-bit lane `i`.
+        let mut rounded = [[0u32; 64]; G];
+        for (lanes, query) in rounded.iter_mut().zip(&queries) {
+            for (k, chunk) in lanes[..pairs].chunks_exact_mut(16).enumerate() {
+                let pair = _mm512_cvtne2ps_pbh(load(query, 2 * k + 1), load(query, 2 * k));
+                // SAFETY: `chunk` holds 16 u32s.
+                unsafe { _mm512_storeu_si512(chunk.as_mut_ptr().cast(), bf16_lanes_as_bits(pair)) };
             }
-        });
-        score_groups((valid, scale), fetch, |j| {
-            let key = self.0.row(j);
-            let mut acc = _mm512_setzero_ps();
-            for (i, &q) in q.iter().enumerate().take(C / 2) {
-                let chunk = &key[32 * i..32 * i + 32];
-                // SAFETY: `chunk` holds 32 bf16s.
-                let k = unsafe {
-                    std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(
-                        chunk.as_ptr().cast(),
-                    ))
-                };
-                acc = _mm512_dpbf16_ps(acc, q, k);
+        }
+        let mut acc = [[_mm512_setzero_ps(); SCORE_VECTORS]; G];
+        for i in 0..pairs {
+            let mut keys = [bits_as_bf16_lanes(_mm512_setzero_si512()); SCORE_VECTORS];
+            for (g, k) in keys.iter_mut().enumerate() {
+                let column = _mm512_castps_si512(load(&self.0[(g * pairs + i) * 16..], 0));
+                *k = bits_as_bf16_lanes(column);
             }
-            acc
-        })
+            for (acc, rounded) in acc.iter_mut().zip(&rounded) {
+                let q = bits_as_bf16_lanes(_mm512_set1_epi32(rounded[i] as i32));
+                for (acc, &k) in acc.iter_mut().zip(&keys) {
+                    *acc = _mm512_dpbf16_ps(*acc, q, k);
+                }
+            }
+            fetch(i, pairs);
+        }
+        for acc in &mut acc {
+            scale_and_mask(acc, valid, scale);
+        }
+        acc
     }
 }
 
-/// The scaled scores of the first `valid` keys from `product(j)`, key `j`'s sixteen partial
-/// sums: one transposed reduction per sixteen keys, negative infinity past `valid`.
+/// Dot products times `scale`, negative infinity past the first `valid` keys.
 #[inline]
-#[target_feature(enable = "avx512f,avx512dq")]
-fn score_groups(
-    (valid, scale): (usize, f32),
-    fetch: impl Fn(usize),
-    product: impl Fn(usize) -> __m512,
-) -> [__m512; SCORE_VECTORS] {
-    let mut scores = [_mm512_set1_ps(f32::NEG_INFINITY); SCORE_VECTORS];
-    for (group, scores) in scores.iter_mut().enumerate() {
-        let count = valid.saturating_sub(16 * group).min(16);
-        if count == 0 {
-            break;
-        }
-        let mut products = [_mm512_setzero_ps(); 16];
-        for (j, p) in products[..count].iter_mut().enumerate() {
-            *p = product(16 * group + j);
-        }
-        let sums = _mm512_mul_ps(sum_lanes_of_each(&products), _mm512_set1_ps(scale));
-        *scores = _mm512_mask_mov_ps(*scores, lanes_mask(count), sums);
-        fetch(group);
+#[target_feature(enable = "avx512f")]
+fn scale_and_mask(acc: &mut [__m512; SCORE_VECTORS], valid: usize, scale: f32) {
+    for (group, acc) in acc.iter_mut().enumerate() {
+        let keep = lanes_mask(valid.saturating_sub(16 * group));
+        let scores = _mm512_mul_ps(*acc, _mm512_set1_ps(scale));
+        *acc = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep, scores);
     }
-    scores
 }
 
 /// The key or value rows of a tile: in the cache at `offsets`, or one after the other.
@@ -281,32 +371,34 @@ fn attend_rows<S: Scores, W: Values, const C: usize>(
         let mut rescales = [0.0f32; 4];
         for (pass, pass_states) in token_states.chunks_mut(pass_heads * stride).enumerate() {
             let heads = pass_states.len() / stride;
-            for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
-                let head = pass * pass_heads + h;
-                let query = block.query(token, head, head_dim);
-                // The first token's score groups fetch the next tile, a part each.
-                let parts = block.heads * SCORE_VECTORS;
-                let fetch = |group| {
-                    if token == 0 {
-                        fetch(head * SCORE_VECTORS + group, parts)
+            // The first pass of the first token fetches the next tile, a part each step.
+            let fetch = |step, steps| {
+                if token == 0 && pass == 0 {
+                    fetch(step, steps)
+                }
+            };
+            let score_fetch = phase(&fetch, 1);
+            let query = |h: usize| block.query(token, pass * pass_heads + h, head_dim);
+            macro_rules! pass {
+                ($g:literal) => {{
+                    let queries: [&[f32]; $g] = std::array::from_fn(query);
+                    let scores = {
+                        // SAFETY: `attend_tile` made `keys` at the level it asks for.
+                        unsafe { keys.scores::<C, $g>(queries, (valid, scale), score_fetch) }
+                    };
+                    for (h, state) in pass_states.chunks_exact_mut(stride).enumerate() {
+                        rescales[h] = weigh(scores[h], span, state, &mut weights[h]);
                     }
-                };
-                // SAFETY: `attend_tile` made `keys` at the level it asks for.
-                let scores = unsafe { keys.scores::<C>(query, valid, scale, fetch) };
-                rescales[h] = weigh(scores, span, state, &mut weights[h]);
-            }
-            let pass_weights = (&weights, &rescales);
-            macro_rules! accumulate {
-                ($g:literal) => {
+                    let pass_weights = (&weights, &rescales);
                     // SAFETY: `attend_tile` made `values` at the level it asks for.
                     unsafe { values.accumulate::<C, $g>(pass_weights, (valid, first), pass_states) }
-                };
+                }};
             }
             match heads {
-                1 => accumulate!(1),
-                2 => accumulate!(2),
-                3 => accumulate!(3),
-                _ => accumulate!(4),
+                1 => pass!(1),
+                2 => pass!(2),
+                3 => pass!(3),
+                _ => pass!(4),
             }
         }
     }
@@ -333,25 +425,35 @@ fn weigh(
             *scores = _mm512_mask_mov_ps(_mm512_set1_ps(f32::NEG_INFINITY), keep(group), *scores);
         }
     }
-    let lane_max = scores
-        .iter()
-        .fold(_mm512_set1_ps(f32::NEG_INFINITY), |m, &s| {
-            _mm512_max_ps(m, s)
-        });
-    let tile_max = to_array(lane_max)
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    let statistics = TileStatistics::new(state, tile_max, first);
-    let max = statistics.max;
+    let mut lane_max = scores[0];
+    for &scores in &scores[1..] {
+        lane_max = _mm512_max_ps(lane_max, scores);
+    }
+    // A maximum is the same in any order.
+    let tile_max = _mm512_reduce_max_ps(lane_max);
+    let (old_max, old_sum) = (state[state.len() - 2], state[state.len() - 1]);
+    // The first tile has no output or sum to rescale.
+    let (max, rescale) = if first {
+        (tile_max, 0.0)
+    } else {
+        let max = old_max.max(tile_max);
+        (max, _mm512_cvtss_f32(exp(_mm512_set1_ps(old_max - max))))
+    };
     let mut total = _mm512_setzero_ps();
     for (group, &scores) in scores.iter().enumerate() {
         let w = _mm512_maskz_mov_ps(keep(group), exp(_mm512_sub_ps(scores, _mm512_set1_ps(max))));
         total = _mm512_add_ps(total, w);
         store(&mut weights[16 * group..], 0, w);
     }
-    statistics.store(state, reduce(total));
-    statistics.rescale
+    let tile_sum = reduce(total);
+    let len = state.len();
+    state[len - 2] = max;
+    state[len - 1] = if first {
+        tile_sum
+    } else {
+        old_sum * rescale + tile_sum
+    };
+    rescale
 }
 
 /// How the weighted value rows of a tile are added into the outputs of a pass's heads.
@@ -394,14 +496,16 @@ fn rescaled<const C: usize, const G: usize>(
     states: &[f32],
 ) -> [[__m512; C]; G] {
     let stride = state_len(16 * C);
-    std::array::from_fn(|h| {
-        if first {
-            [_mm512_setzero_ps(); C]
-        } else {
+    let mut acc = [[_mm512_setzero_ps(); C]; G];
+    if !first {
+        for (h, acc) in acc.iter_mut().enumerate() {
             let rescale = _mm512_set1_ps(rescales[h]);
-            std::array::from_fn(|c| _mm512_mul_ps(load(&states[h * stride..], c), rescale))
+            for (c, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_mul_ps(load(&states[h * stride..], c), rescale);
+            }
         }
-    })
+    }
+    acc
 }
 
 /// `acc` into the outputs of a pass.
@@ -424,7 +528,10 @@ fn add_weighted<K: CacheElement, const C: usize, const G: usize>(
     value: &[K],
     weight: impl Fn(usize) -> f32,
 ) {
-    let v: [__m512; C] = std::array::from_fn(|c| load_cached(value, c));
+    let mut v = [_mm512_setzero_ps(); C];
+    for (c, v) in v.iter_mut().enumerate() {
+        *v = load_cached(value, c);
+    }
     for (h, acc) in acc.iter_mut().enumerate() {
         let weight = _mm512_set1_ps(weight(h));
         for (acc, &v) in acc.iter_mut().zip(&v) {
@@ -466,22 +573,22 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
     ) {
         let mut acc = rescaled::<C, G>(rescales, first, states);
         // Each head's weights rounded to bf16, two positions per 32-bit lane.
-        let weight_pairs: [[u32; TILE / 2]; G] = std::array::from_fn(|h| {
-            let mut pairs = [0u32; TILE / 2];
+        let mut weight_pairs = [[0u32; TILE / 2]; G];
+        for (pairs, weights) in weight_pairs.iter_mut().zip(weights) {
             for (k, chunk) in pairs.chunks_exact_mut(16).enumerate() {
-                let (low, high) = (load(&weights[h], 2 * k), load(&weights[h], 2 * k + 1));
+                let (low, high) = (load(weights, 2 * k), load(weights, 2 * k + 1));
                 let rounded = _mm512_cvtne2ps_pbh(high, low);
                 let bits = bf16_lanes_as_bits(rounded);
                 // SAFETY: `chunk` holds 16 u32s.
                 unsafe { _mm512_storeu_si512(chunk.as_mut_ptr().cast(), bits) };
             }
-            pairs
-        });
+        }
         for pair in 0..valid / 2 {
-            let v: [__m512bh; C] = std::array::from_fn(|c| {
+            let mut v = [bits_as_bf16_lanes(_mm512_setzero_si512()); C];
+            for (c, v) in v.iter_mut().enumerate() {
                 let lanes = _mm512_castps_si512(load(&self.pairs[(pair * C + c) * 16..], 0));
-                bits_as_bf16_lanes(lanes)
-            });
+                *v = bits_as_bf16_lanes(lanes);
+            }
             for (acc, weights) in acc.iter_mut().zip(&weight_pairs) {
                 let weight = _mm512_set1_epi32(weights[pair] as i32);
                 let weight = bits_as_bf16_lanes(weight);
@@ -496,51 +603,6 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
             add_weighted(&mut acc, self.rows.row(valid - 1), rounded);
         }
         store_outputs(&acc, states);
-    }
-}
-
-/// The value rows of a bf16 tile (`bits` at `offsets`) interleaved in pairs of positions
-/// into `pairs`, as [`PairedValues`] reads them; an odd last row stays out.
-///
-/// # Safety
-/// The CPU has isa level `avx512_bf16`.
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
-unsafe fn pair_values<const C: usize>(bits: &[u16], offsets: &[usize], pairs: &mut [f32]) {
-    let head_dim = 16 * C;
-    // Lanes of the first and second rows, alternately: elements 0..16, then 16..32.
-    let low: [i16; 32] = std::array::from_fn(|i| (i / 2 + 32 * (i % 2)) as i16);
-    let high: [i16; 32] = std::array::from_fn(|i| (16 + i / 2 + 32 * (i % 2)) as i16);
-    // SAFETY: both arrays hold 32 i16s.
-    let (low, high) = unsafe {
-        (
-            _mm512_loadu_si512(low.as_ptr().cast()),
-            _mm512_loadu_si512(high.as_ptr().cast()),
-        )
-    };
-    for (pair, rows) in offsets.chunks_exact(2).enumerate() {
-        let (a, b) = (
-            &bits[rows[0]..rows[0] + head_dim],
-            &bits[rows[1]..rows[1] + head_dim],
-        );
-        for half in 0..C / 2 {
-            let (a, b) = (&a[32 * half..32 * half + 32], &b[32 * half..32 * half + 32]);
-            // SAFETY: `a` and `b` hold 32 u16s each.
-            let (a, b) = unsafe {
-                (
-                    _mm512_loadu_si512(a.as_ptr().cast()),
-                    _mm512_loadu_si512(b.as_ptr().cast()),
-                )
-            };
-            for (i, index) in [low, high].into_iter().enumerate() {
-                let c = 2 * half + i;
-                let lanes = _mm512_permutex2var_epi16(a, index, b);
-                store(
-                    &mut pairs[(pair * C + c) * 16..],
-                    0,
-                    _mm512_castsi512_ps(lanes),
-                );
-            }
-        }
     }
 }
 
@@ -586,14 +648,6 @@ fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m512 {
     let chunk = &row[16 * c..16 * c + 16];
     // SAFETY: `chunk` holds 16 elements.
     unsafe { <E as crate::linear::avx512::Wide>::load(chunk.as_ptr()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn to_array(v: __m512) -> [f32; 16] {
-    let mut lanes = [0.0f32; 16];
-    store(&mut lanes, 0, v);
-    lanes
 }
 
 /// A mask of the first `min(16, len)` lanes.

@@ -24,7 +24,8 @@ pub fn state_len(head_dim: usize) -> usize {
     head_dim + 2
 }
 
-/// The f32s of a tile's keys and values, widened.
+/// The f32s of a tile's keys and values as a kernel lays them out (widened, transposed or
+/// paired), at most.
 pub fn tile_buffer_len(head_dim: usize) -> usize {
     2 * TILE * head_dim
 }
@@ -109,8 +110,9 @@ pub struct KvTile<'a, E> {
     pub keys: &'a [E],
     pub values: &'a [E],
     pub offsets: &'a [usize],
-    /// The next tile's offsets, when its rows are to be fetched while this one computes
-    /// (see [`KvTile::fetch_ahead`]); empty otherwise.
+    /// The next tile's offsets, whose rows are fetched while this one computes (see
+    /// [`KvTile::fetch_ahead`]): a lone token's rows are in memory, and at depth even a
+    /// prefill block's come from the last-level cache; empty for a range's last tile.
     // Only the x86-64 kernels fetch ahead.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub ahead: &'a [usize],
@@ -205,7 +207,7 @@ pub fn attend_range<E: CacheElement>(
             keys: head.cache.keys,
             values: head.cache.values,
             offsets: &offsets[..len],
-            ahead: if head.cold { &next[..next_len] } else { &[] },
+            ahead: &next[..next_len],
             start,
             range_start: range.start,
         };

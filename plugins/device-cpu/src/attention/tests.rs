@@ -404,6 +404,26 @@ fn every_depth_block_size_group_and_head_size_matches_dense_attention() {
 }
 
 #[test]
+fn prefill_blocks_and_head_passes_of_every_remainder_match_dense_attention() {
+    // A chunk of several prefill blocks with a shorter last one (blocks hold up to
+    // `BLOCK_ROWS` query rows), and groups whose heads fill the AVX-512 kernel's passes (4
+    // heads of 64, 2 of 128) unevenly, next to a decode whose tile ends mid-vector.
+    for group in [1, 2, 5] {
+        for head_dim in [64, 128] {
+            let heads = Heads {
+                num_heads: 2 * group,
+                num_kv_heads: 2,
+                head_dim,
+                block_size: 16,
+                window: usize::MAX,
+            };
+            let sequences = [Sequence::new(0, 100, 300), Sequence::new(1, 36, 1)];
+            Step::new(heads, &sequences).check(&format!("group {group}"));
+        }
+    }
+}
+
+#[test]
 fn a_sliding_window_matches_dense_attention_over_the_window() {
     // Windows shorter than a tile, across tiles, across a range, and longer than the history;
     // prompts and decodes whose windows start inside tiles, at a tile, and before position 0.

@@ -1,14 +1,13 @@
-//! AVX-512 building blocks the kernels share: one vector's lanes summed, sixteen vectors' lanes summed at once, and `exp`.
+//! AVX-512 building blocks the kernels share: one vector's lanes summed, and `exp`.
 //!
 //! Each sums or evaluates in one fixed order, so results never depend on where a value sits
 //! in a batch.
 
 use std::arch::x86_64::{
     __m512, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps,
-    _mm256_castps256_ps128, _mm256_extractf128_ps, _mm512_add_ps, _mm512_castps512_ps256,
-    _mm512_extractf32x8_ps, _mm512_fmadd_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_roundscale_ps,
-    _mm512_scalef_ps, _mm512_set1_ps, _mm512_shuffle_f32x4, _mm512_shuffle_ps, _mm512_unpackhi_ps,
-    _mm512_unpacklo_ps,
+    _mm256_castps256_ps128, _mm256_extractf128_ps, _mm512_castps512_ps256, _mm512_extractf32x8_ps,
+    _mm512_fmadd_ps, _mm512_max_ps, _mm512_mul_ps, _mm512_roundscale_ps, _mm512_scalef_ps,
+    _mm512_set1_ps,
 };
 
 /// The 16 lanes of `v` added as `((l + l⊕8) + (l + l⊕4)) …`: halves, then quarters, then
@@ -26,42 +25,6 @@ pub fn reduce(v: __m512) -> f32 {
     );
     let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     _mm_cvtss_f32(_mm_add_ss(two, _mm_shuffle_ps::<1>(two, two)))
-}
-
-/// Lane `i` of the result is the sum of the 16 lanes of `v[i]`, in one fixed tree for every
-/// `i`: within each 128-bit quarter `(l0 + l2) + (l1 + l3)`, then quarters `(q0 + q2) + (q1 +
-/// q3)`. Sixteen sums for the cost of about three full reductions (attention's scores).
-///
-/// # Safety
-/// The CPU has AVX-512 F and DQ (isa level `avx512`).
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub fn sum_lanes_of_each(v: &[__m512; 16]) -> __m512 {
-    // Pairs: per quarter [a0+a2, b0+b2, a1+a3, b1+b3].
-    let pairs: [__m512; 8] = std::array::from_fn(|i| {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b))
-    });
-    // Fours: per quarter the quarter sums of four vectors, in order.
-    let fours: [__m512; 4] = std::array::from_fn(|i| {
-        let (s, t) = (pairs[2 * i], pairs[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_ps::<0x44>(s, t),
-            _mm512_shuffle_ps::<0xEE>(s, t),
-        )
-    });
-    // Quarters (q0 + q2, q1 + q3) of two groups of four.
-    let halves: [__m512; 2] = std::array::from_fn(|i| {
-        let (u, w) = (fours[2 * i], fours[2 * i + 1]);
-        _mm512_add_ps(
-            _mm512_shuffle_f32x4::<0x44>(u, w),
-            _mm512_shuffle_f32x4::<0xEE>(u, w),
-        )
-    });
-    _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0x88>(halves[0], halves[1]),
-        _mm512_shuffle_f32x4::<0xDD>(halves[0], halves[1]),
-    )
 }
 
 /// `exp(x)` for 16 lanes, within 2 ulp for `x` in [-87, 88] (scores minus their maximum,
@@ -93,26 +56,9 @@ mod tests {
     use std::arch::x86_64::_mm512_loadu_ps;
 
     #[test]
-    fn lanes_are_summed_in_order_and_exp_is_close() {
+    fn exp_is_close() {
         if !Isa::detect().has(IsaLevel::Avx512) {
             return;
-        }
-        let values: Vec<[f32; 16]> = (0..16)
-            .map(|v| std::array::from_fn(|l| noise(5 + v as u64, l)))
-            .collect();
-        // SAFETY: the CPU has AVX-512 (checked above).
-        let sums: [f32; 16] = unsafe {
-            let vectors: [__m512; 16] =
-                std::array::from_fn(|v| _mm512_loadu_ps(values[v].as_ptr()));
-            std::mem::transmute(sum_lanes_of_each(&vectors))
-        };
-        for (v, lanes) in values.iter().enumerate() {
-            let quarter = |q: usize| {
-                let l = &lanes[4 * q..4 * q + 4];
-                (l[0] + l[2]) + (l[1] + l[3])
-            };
-            let expected = (quarter(0) + quarter(2)) + (quarter(1) + quarter(3));
-            assert_eq!(sums[v].to_bits(), expected.to_bits(), "vector {v}");
         }
         let xs: [f32; 16] = std::array::from_fn(|i| -(i as f32) * 5.7 - noise(9, i).abs());
         // SAFETY: the CPU has AVX-512 (checked above).
