@@ -382,18 +382,19 @@ fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usi
     assert_eq!(bits(&out), bits(&expected), "{what} at {}", isa.level());
 }
 
-/// Q8_0, Q4_0 and Q4_1 on the group tiles: weights interleaved as a launch keeps them and in
-/// the host's
-/// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
-/// last group) and token counts that fill no whole tile, alone and in a batch, on one thread
-/// and two; block counts odd (a last block alone) and even.
+/// Every type on the group tiles: weights interleaved as a launch keeps them and in the
+/// host's order give the portable path's bits, for row counts that are no multiple of 16 (a
+/// partial last group) and token counts that fill no whole tile, alone and in a batch, on
+/// one thread and two; block counts odd (a last block alone) and even.
 #[test]
 fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
     let portable = Isa::at(IsaLevel::Portable).expect("portable");
-    let types = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
     let shapes = [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)];
-    for (dtype, (blocks, rows)) in types.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
-        let inner = 32 * blocks;
+    let cases = DType::BLOCK_QUANTIZED
+        .into_iter()
+        .flat_map(|t| shapes.map(|s| (t, s)));
+    for (dtype, (blocks, rows)) in cases {
+        let inner = dots::activation_block(dtype) * blocks;
         let bytes = noise_blocks(dtype, rows, inner, (rows + blocks) as u64);
         let mut arranged = bytes.clone();
         interleaved::arrange(dtype, &mut arranged, inner, &mut Vec::new());
