@@ -323,4 +323,37 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn k_tiles_hold_each_sub_blocks_sums_in_pairs() {
+        let (tokens, inner) = (3, 512);
+        let x: Vec<f32> = (0..tokens * inner)
+            .map(|i| ((i * 37) % 101) as f32 - 50.0)
+            .collect();
+        let mut rows = Q8Rows::default();
+        rows.quantize(&x, inner, 256);
+        let mut tiles = Q8Tiles::default();
+        tiles.regroup(&rows, tokens, 2);
+        let halves = |word: i32| (word as i16 as i32, word >> 16);
+        for first in [0, 2] {
+            let tile = tiles.tile(first);
+            for t in 0..tile.tokens {
+                let row = rows.row(first + t);
+                for b in 0..2 {
+                    let words = &tile.pairs[(b * tile.tokens + t) * K_PAIRS..][..K_PAIRS];
+                    for (digit, digits) in [row.high, row.low].into_iter().enumerate() {
+                        let sum = |from: usize, len: usize| -> i32 {
+                            let at = 256 * b + from;
+                            digits[at..at + len].iter().map(|&q| i32::from(q)).sum()
+                        };
+                        // Q4_K's (1, 3): sub-blocks of 32.
+                        assert_eq!(halves(words[4 * digit + 1]), (sum(32, 32), sum(96, 32)));
+                        // Q6_K's (14, 15): sub-blocks of 16.
+                        let word = words[8 + 8 * digit + 7];
+                        assert_eq!(halves(word), (sum(224, 16), sum(240, 16)));
+                    }
+                }
+            }
+        }
+    }
 }
