@@ -13,20 +13,20 @@
 //! streams from memory once, and each token meets it in registers.
 
 use std::arch::x86_64::{
-    __m256, __m256i, _MM_HINT_T0, _mm_loadu_si128, _mm_prefetch, _mm256_add_epi32, _mm256_add_ps,
-    _mm256_and_si256, _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
-    _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
-    _mm256_or_si256, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
-    _mm256_sub_epi32, _mm256_sub_ps, _mm256_xor_si256,
+    __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
+    _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps, _mm256_cvtph_ps,
+    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_or_si256,
+    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32,
+    _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sub_ps, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, check_k_group, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_HALF, check_k_group, q6_k_at};
 
 /// 32 bytes at `p`.
 ///
@@ -38,24 +38,6 @@ unsafe fn load32<T>(p: *const T) -> __m256i {
     // SAFETY: the caller's contract; unaligned loads are allowed.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
-
-/// Asks for the `bytes` after `p` in cache: a block [`PREFETCH_BLOCKS`] ahead in a group (or in
-/// the next group) while this one is multiplied. The hardware prefetchers follow a stream that
-/// goes straight on, but lose one that jumps around inside each block, as the tiles' loads of
-/// quads do.
-#[inline]
-#[target_feature(enable = "sse")]
-pub fn prefetch(p: *const u8, bytes: usize) {
-    for line in (0..bytes).step_by(64) {
-        // A prefetch never faults, even past the end of a buffer; `wrapping_add` keeps the
-        // address computation defined there.
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(line).cast());
-    }
-}
-
-/// How far ahead of its loads a Q6_K tile asks for blocks: some 10 KB, which covers the
-/// memory's latency at the rate the tiles consume a block.
-pub const PREFETCH_BLOCKS: usize = 3;
 
 /// The eight f16 at `p`, widened.
 ///
@@ -283,8 +265,7 @@ unsafe fn q6_k_halves<const M: usize, const H: usize>(
         // SAFETY: as in `q4_k_halves`.
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
-            let next = base.wrapping_add(PREFETCH_BLOCKS * GROUP * Q6_K_BYTES);
-            let [scales, low_bits, high_bits, d] = q6_k_at(b).map(|at| base.add(at));
+            let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
             let (mut h, mut l) = (
                 [[_mm256_setzero_si256(); H]; M],
                 [[_mm256_setzero_si256(); H]; M],
@@ -292,51 +273,48 @@ unsafe fn q6_k_halves<const M: usize, const H: usize>(
             for half in 0..H {
                 let rows = 32 * (h0 + half);
                 let pair = |p: usize| {
-                    _mm256_cvtepi8_epi16(_mm_loadu_si128(
-                        scales.add(32 * p + 16 * (h0 + half)).cast(),
-                    ))
+                    let at = scales.add(32 * p + 16 * (h0 + half));
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(at.cast()))
                 };
-                // Values 128 · part + 32k + 4i..: as in `avx512::q6_k_group`.
+                // The row's scale of sub-block `j` in both i16 of its lane.
+                let scale = |j: usize| {
+                    let pair = pair(j / 2);
+                    if j.is_multiple_of(2) {
+                        _mm256_blend_epi16::<0xAA>(pair, _mm256_slli_epi32::<16>(pair))
+                    } else {
+                        _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(pair), pair)
+                    }
+                };
+                // As in `avx512::q6_k_group`, eight rows at a time.
                 for part in 0..2 {
-                    for k in 0..4 {
-                        if half == 0 {
-                            // An eighth of a block ahead at each of these eight steps.
-                            prefetch(next.wrapping_add(448 * (4 * part + k)), 448);
-                        }
-                        let weights: [__m256i; 8] = std::array::from_fn(|i| {
-                            let ql =
-                                load32(low_bits.add(64 * (16 * part + 8 * (k % 2) + i) + rows));
-                            let ql = if k < 2 {
-                                ql
-                            } else {
-                                _mm256_srli_epi16::<4>(ql)
-                            };
-                            let qh = load32(high_bits.add(64 * (8 * part + i) + rows));
-                            let qh = match k {
-                                0 => _mm256_slli_epi16::<4>(qh),
-                                1 => _mm256_slli_epi16::<2>(qh),
-                                2 => qh,
-                                _ => _mm256_srli_epi16::<2>(qh),
-                            };
-                            _mm256_or_si256(
-                                _mm256_and_si256(ql, nibbles),
-                                _mm256_and_si256(qh, two_bits),
-                            )
-                        });
+                    let values = values.add(Q6_K_HALF * part + rows);
+                    for kk in 0..2 {
                         for sub in 0..2 {
-                            let j = 8 * part + 2 * k + sub;
-                            let pair = pair(j / 2);
-                            // The row's scale in both i16 of its lane.
-                            let scale = if j % 2 == 0 {
-                                _mm256_blend_epi16::<0xAA>(pair, _mm256_slli_epi32::<16>(pair))
-                            } else {
-                                _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(pair), pair)
-                            };
-                            let four: &[__m256i; 4] = weights[4 * sub..4 * sub + 4]
-                                .try_into()
-                                .expect("four operands");
-                            let at = (8 * b + 4 * part + k, 4 * sub, half);
-                            sub_block(activations, at, four, scale, [&mut h, &mut l]);
+                            let both: [[__m256i; 2]; 4] = std::array::from_fn(|q| {
+                                let i = 4 * sub + q;
+                                let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
+                                let ql = load32(values.add(low));
+                                let qh = load32(values.add(128 * i + 64));
+                                let (first, second) = if kk == 0 {
+                                    (_mm256_slli_epi16::<4>(qh), qh)
+                                } else {
+                                    (_mm256_slli_epi16::<2>(qh), _mm256_srli_epi16::<2>(qh))
+                                };
+                                let value = |low: __m256i, high: __m256i| {
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(low, nibbles),
+                                        _mm256_and_si256(high, two_bits),
+                                    )
+                                };
+                                [value(ql, first), value(_mm256_srli_epi16::<4>(ql), second)]
+                            });
+                            let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
+                            for (n, operands) in operands.iter().enumerate() {
+                                let k = kk + 2 * n;
+                                let at = (8 * b + 4 * part + k, 4 * sub, half);
+                                let scale = scale(8 * part + 2 * k + sub);
+                                sub_block(activations, at, operands, scale, [&mut h, &mut l]);
+                            }
                         }
                     }
                 }

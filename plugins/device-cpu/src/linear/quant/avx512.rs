@@ -25,9 +25,8 @@ use std::arch::x86_64::{
 use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
-use super::avx2::{PREFETCH_BLOCKS, prefetch};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, check_k_group, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_HALF, check_k_group, q6_k_at};
 
 /// The 64 bytes at `p`.
 ///
@@ -205,8 +204,9 @@ pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
 
 /// One group of 16 interleaved Q6_K rows against the `M` tokens of `tile`, as
 /// [`q4_k_group`]: each operand of 6-bit values is put together from a quad of low bits and
-/// one of high bits; the values' `- 32` is taken off after the scales, as the rows' scale
-/// pairs times the tokens' sub-block sums (`vpdpwssd`), times 32.
+/// one of high bits, each low quad giving two operands (its nibbles), in the order the group
+/// keeps them; the values' `- 32` is taken off after the scales, as the rows' scale pairs
+/// times the tokens' sub-block sums (`vpdpwssd`), times 32.
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
@@ -221,49 +221,50 @@ pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
         // SAFETY: as in `q4_k_group`.
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
-            let next = base.wrapping_add(PREFETCH_BLOCKS * GROUP * Q6_K_BYTES);
-            let [scales, low_bits, high_bits, d] = q6_k_at(b).map(|at| base.add(at));
+            let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
             let pairs: [__m512i; 8] = std::array::from_fn(|p| {
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(scales.add(32 * p).cast()))
             });
+            let scale = |j: usize| {
+                let pair = pairs[j / 2];
+                if j.is_multiple_of(2) {
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair))
+                } else {
+                    _mm512_srai_epi32::<16>(pair)
+                }
+            };
             let (mut h, mut l) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
-            // Values 128 · half + 32k + 4i..: quad 16 · half + 8 (k % 2) + i of low bits
-            // (nibble k / 2), quad 8 · half + i of high bits (bits 2k, 2k + 1).
+            // Values 128 · half + 32k + 4i..: the low bits' quad `8 (k % 2) + i` of the half
+            // (nibble k / 2), the high bits' quad `i` (bits 2k, 2k + 1).
             for half in 0..2 {
-                for k in 0..4 {
-                    // An eighth of the next block at each of these eight steps.
-                    prefetch(next.wrapping_add(448 * (4 * half + k)), 448);
-                    let weights: [__m512i; 8] = std::array::from_fn(|i| {
-                        let ql = load64(low_bits.add(64 * (16 * half + 8 * (k % 2) + i)));
-                        let ql = if k < 2 {
-                            ql
-                        } else {
-                            _mm512_srli_epi16::<4>(ql)
-                        };
-                        let qh = load64(high_bits.add(64 * (8 * half + i)));
-                        let qh = match k {
-                            0 => _mm512_slli_epi16::<4>(qh),
-                            1 => _mm512_slli_epi16::<2>(qh),
-                            2 => qh,
-                            _ => _mm512_srli_epi16::<2>(qh),
-                        };
-                        // (ql & 0x0F) | (qh & 0x30)
-                        let low = _mm512_and_si512(ql, nibbles);
-                        _mm512_ternarylogic_epi32::<0xF8>(low, qh, two_bits)
-                    });
+                let values = values.add(Q6_K_HALF * half);
+                for kk in 0..2 {
                     for sub in 0..2 {
-                        let j = 8 * half + 2 * k + sub;
-                        let pair = pairs[j / 2];
-                        let scale = if j % 2 == 0 {
-                            _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair))
-                        } else {
-                            _mm512_srai_epi32::<16>(pair)
-                        };
-                        let four: &[__m512i; 4] = weights[4 * sub..4 * sub + 4]
-                            .try_into()
-                            .expect("four operands");
-                        let chunk = (8 * b + 4 * half + k, 4 * sub);
-                        sub_block(activations, chunk, four, scale, &mut h, &mut l);
+                        let both: [[__m512i; 2]; 4] = std::array::from_fn(|q| {
+                            let i = 4 * sub + q;
+                            let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
+                            let ql = load64(values.add(low));
+                            let qh = load64(values.add(128 * i + 64));
+                            // Bits 2k, 2k + 1 of `qh` to bits 4, 5, for k = kk and kk + 2.
+                            let (first, second) = if kk == 0 {
+                                (_mm512_slli_epi16::<4>(qh), qh)
+                            } else {
+                                (_mm512_slli_epi16::<2>(qh), _mm512_srli_epi16::<2>(qh))
+                            };
+                            // (low & 0x0F) | (high & 0x30)
+                            let value = |low: __m512i, high: __m512i| {
+                                let low = _mm512_and_si512(low, nibbles);
+                                _mm512_ternarylogic_epi32::<0xF8>(low, high, two_bits)
+                            };
+                            [value(ql, first), value(_mm512_srli_epi16::<4>(ql), second)]
+                        });
+                        let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
+                        for (n, operands) in operands.iter().enumerate() {
+                            let k = kk + 2 * n;
+                            let chunk = (8 * b + 4 * half + k, 4 * sub);
+                            let j = 8 * half + 2 * k + sub;
+                            sub_block(activations, chunk, operands, scale(j), &mut h, &mut l);
+                        }
                     }
                 }
             }

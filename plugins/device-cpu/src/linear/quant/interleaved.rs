@@ -23,9 +23,12 @@
 //! one; then the 128 bytes of nibbles in 32 quads (bytes `4q..4q + 4` of each row: values
 //! `64c + 4i..` low and `64c + 32 + 4i..` high for `q = 8c + i`). Q6_K: its sixteen scales
 //! in pairs of sub-blocks, the two scales of each row side by side (`vpmaddwd`'s operand), 32
-//! bytes a pair; the 128 bytes of low bits in 32 quads, the 64 of high bits in 16, and the
-//! rows' `d`: last in an even block and first in an odd one, so that the quads of every block
-//! start on a 64-byte line.
+//! bytes a pair; then each half of the block (128 values) in 24 quads, in the order the tiles
+//! read them: quad `i` of the low bits (values `32k + 4i..` for `k` 0 and 2, its nibbles) and
+//! quad `i` of the high bits (the same values' top two bits, for every `k`) in turn for `i` in
+//! `0..8`, then the low bits' quads `8..16` (`k` 1 and 3); and the rows' `d`: last in an even
+//! block and first in an odd one, so that the quads of every block start on a 64-byte line. A
+//! block is then read from its start to its end, a stream the hardware prefetchers follow.
 //!
 //! The arrangement changes no value: the group tiles and the row path compute the same
 //! integers and float operations (see `dots`), so a weight gives the same bits in either order.
@@ -93,21 +96,34 @@ pub fn k_place(dtype: DType, b: usize, r: usize, i: usize) -> usize {
             (32, 0)
         };
         match i {
-            0..128 => quad(fields + 256, i),
-            128..192 => quad(fields + 2304, i - 128),
+            // Low bits: quads 0..8 of a half between the high bits' quads, 8..16 after them.
+            0..128 => {
+                let (half, q) = (i / 64, (i % 64) / 4);
+                let at = if q < 8 { 128 * q } else { 1024 + 64 * (q - 8) };
+                fields + 256 + 1536 * half + at + 4 * r + i % 4
+            }
+            128..192 => {
+                let (half, q) = ((i - 128) / 32, ((i - 128) % 32) / 4);
+                fields + 256 + 1536 * half + 128 * q + 64 + 4 * r + i % 4
+            }
             192..208 => fields + 32 * ((i - 192) / 2) + 2 * r + (i - 192) % 2,
             _ => d + 2 * r + i - 208,
         }
     }
 }
 
-/// Where Q6_K block `b` of a group keeps its scale pairs, quads of low bits and of high bits,
-/// and `d`, from the block's start: see [`k_place`].
+/// Where Q6_K block `b` of a group keeps its scale pairs, its quads of values (the first
+/// half's, then the second's, [`Q6_K_HALF`] bytes each) and `d`, from the block's start: see
+/// [`k_place`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub fn q6_k_at(b: usize) -> [usize; 4] {
-    [192, 0, 128, 208].map(|i| k_place(DType::Q6_K, b, 0, i))
+pub fn q6_k_at(b: usize) -> [usize; 3] {
+    [192, 0, 208].map(|i| k_place(DType::Q6_K, b, 0, i))
 }
+
+/// Bytes of the quads of one half of a Q6_K block in a group.
+#[cfg(target_arch = "x86_64")]
+pub const Q6_K_HALF: usize = 1536;
 
 /// The f16 fields of a block of `dtype`: its scale, and Q4_1's minimum.
 fn fields(dtype: DType) -> usize {
@@ -381,14 +397,16 @@ mod tests {
                     // Byte 16 + 4q + i of a Q4_K row's block (values), and byte 4q + i of a
                     // Q6_K one's, lies at quad q, lane r, byte i of the block's quads.
                     let last = (blocks - 1) * GROUP * bytes_per_block;
-                    let (at, first) = if dtype == DType::Q4_K {
-                        (256, 16)
+                    // Q6_K's low bits' quad 3 lies sixth of the half's quads, between the high
+                    // bits' quads 2 and 3.
+                    let (at, first, quad) = if dtype == DType::Q4_K {
+                        (256, 16, 3)
                     } else if blocks % 2 == 1 {
-                        (256, 0)
+                        (256, 0, 6)
                     } else {
-                        (288, 0)
+                        (288, 0, 6)
                     };
-                    let byte = arranged[last + at + 64 * 3 + 4 * r + 2];
+                    let byte = arranged[last + at + 64 * quad + 4 * r + 2];
                     assert_eq!(byte, block[first + 4 * 3 + 2], "{dtype}");
                 } else {
                     // Byte 4q + i of row r's values in block b lies at quad q, lane r, byte i.
