@@ -26,7 +26,7 @@ use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, Q6_K_HALF, check_k_group, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_HALF, check_group, q6_k_at};
 
 /// 32 bytes at `p`.
 ///
@@ -108,45 +108,35 @@ unsafe fn sub_block<const M: usize, const N: usize, const H: usize>(
     }
 }
 
-/// [`super::avx512::q4_k_group`] on AVX2, in halves of eight rows as [`group`].
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C (the `avx2` level).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
-    let blocks = check_k_group(DType::Q4_K, group, &tile, M);
-    let mut out = [[0.0; 16]; M];
-    // SAFETY: `check_k_group` checked the group and the tile, for `blocks` blocks.
-    unsafe {
-        if M <= 2 {
-            q4_k_halves::<M, 2>((group, blocks), tile, 0, &mut out);
-        } else {
-            q4_k_halves::<M, 1>((group, blocks), tile, 0, &mut out);
-            q4_k_halves::<M, 1>((group, blocks), tile, 1, &mut out);
+/// A K-quant's group tile, `$name`, from its halves function `$halves`: both halves of
+/// eight rows in one pass for one or two tokens (the group streams once), one half at a time
+/// for more (the accumulators fill the 16 registers), as [`group`] does.
+macro_rules! k_group {
+    ($name:ident, $dtype:expr, $halves:ident) => {
+        #[doc = concat!("[`super::avx512::", stringify!($name), "`] on AVX2, in halves of eight rows.")]
+        ///
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C (the `avx2` level).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+            let blocks = check_group($dtype, group, &tile, M);
+            let mut out = [[0.0; 16]; M];
+            // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
+            unsafe {
+                if M <= 2 {
+                    $halves::<M, 2>((group, blocks), tile, 0, &mut out);
+                } else {
+                    $halves::<M, 1>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 1>((group, blocks), tile, 1, &mut out);
+                }
+            }
+            out
         }
-    }
-    out
+    };
 }
 
-/// [`super::avx512::q6_k_group`] on AVX2, in halves of eight rows as [`group`].
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C (the `avx2` level).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
-    let blocks = check_k_group(DType::Q6_K, group, &tile, M);
-    let mut out = [[0.0; 16]; M];
-    // SAFETY: `check_k_group` checked the group and the tile, for `blocks` blocks.
-    unsafe {
-        if M <= 2 {
-            q6_k_halves::<M, 2>((group, blocks), tile, 0, &mut out);
-        } else {
-            q6_k_halves::<M, 1>((group, blocks), tile, 0, &mut out);
-            q6_k_halves::<M, 1>((group, blocks), tile, 1, &mut out);
-        }
-    }
-    out
-}
+k_group!(q4_k_group, DType::Q4_K, q4_k_halves);
+k_group!(q6_k_group, DType::Q6_K, q6_k_halves);
 
 /// Halves `h0..h0 + H` of [`q4_k_group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
 ///

@@ -26,7 +26,7 @@ use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, Q6_K_HALF, check_k_group, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_HALF, check_group, q6_k_at};
 
 /// The 64 bytes at `p`.
 ///
@@ -131,14 +131,14 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m512i; N], at: *const i32) -> __m
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
 pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
-    let blocks = check_k_group(DType::Q4_K, group, &tile, M);
+    let blocks = check_group(DType::Q4_K, group, &tile, M);
     let activations = tile.digits.as_ptr();
     let nibbles = _mm512_set1_epi8(0x0F);
     let [low_6, low_4, low_2, byte, words] =
         [0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303, 0xff, 0x00ff_00ff].map(|v| _mm512_set1_epi32(v));
     let mut acc = [_mm512_setzero_ps(); M];
     for b in 0..blocks {
-        // SAFETY: `check_k_group` checked the group holds `blocks` whole blocks, so their
+        // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their
         // fields and values lie inside it, and the tile's digits, scales and pairs cover them.
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
@@ -212,7 +212,7 @@ pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
 pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
-    let blocks = check_k_group(DType::Q6_K, group, &tile, M);
+    let blocks = check_group(DType::Q6_K, group, &tile, M);
     let activations = tile.digits.as_ptr();
     let nibbles = _mm512_set1_epi8(0x0F);
     let two_bits = _mm512_set1_epi8(0x30);

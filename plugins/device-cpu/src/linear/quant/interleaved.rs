@@ -189,30 +189,18 @@ pub fn check_group(dtype: DType, group: &[u8], tile: &Q8Tile<'_>, tokens: usize)
         "a group holds whole blocks"
     );
     let blocks = group.len() / group_block;
+    // The 32-value blocks' tiles keep a block sum per token, the K-quants' their pairs.
+    let (sums, pairs) = if k_quant(dtype) {
+        (0, super::activations::K_PAIRS)
+    } else {
+        (1, 0)
+    };
     assert!(
         tile.tokens == tokens
-            && tile.digits.len() >= 2 * 32 * blocks * tokens
+            && tile.digits.len() >= 2 * activation_block(dtype) * blocks * tokens
             && tile.scales.len() >= blocks * tokens
-            && tile.sums.len() >= blocks * tokens,
-        "a tile of {tokens} tokens covers the group's blocks"
-    );
-    blocks
-}
-
-/// [`check_group`] for a K-quant group.
-#[cfg(target_arch = "x86_64")]
-pub fn check_k_group(dtype: DType, group: &[u8], tile: &Q8Tile<'_>, tokens: usize) -> usize {
-    let group_block = GROUP * block_bytes(dtype);
-    assert!(
-        group.len().is_multiple_of(group_block),
-        "a group holds whole blocks"
-    );
-    let blocks = group.len() / group_block;
-    assert!(
-        tile.tokens == tokens
-            && tile.digits.len() >= 2 * 256 * blocks * tokens
-            && tile.scales.len() >= blocks * tokens
-            && tile.pairs.len() >= super::activations::K_PAIRS * blocks * tokens,
+            && tile.sums.len() >= sums * blocks * tokens
+            && tile.pairs.len() >= pairs * blocks * tokens,
         "a tile of {tokens} tokens covers the group's blocks"
     );
     blocks
