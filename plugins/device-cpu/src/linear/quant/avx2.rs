@@ -95,11 +95,12 @@ unsafe fn sub_block<const M: usize, const N: usize, const H: usize>(
 ) {
     for t in 0..M {
         for (q, &w) in weights.iter().enumerate() {
-            // SAFETY: the caller's contract.
-            let at = unsafe { activations.add((chunk * 8 + quad + q) * 8 * M + 4 * t) };
-            // SAFETY: as above.
-            let [high, low] =
-                [0, 4 * M].map(|d| unsafe { (at.add(d) as *const i32).read_unaligned() });
+            let at = (chunk * 8 + quad + q) * 8 * M + 4 * t;
+            let digits = |at: usize| {
+                // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
+                unsafe { (activations.add(at) as *const i32).read_unaligned() }
+            };
+            let [high, low] = [at, at + 4 * M].map(digits);
             let high = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(high)), scale);
             let low = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(low)), scale);
             h[t][half] = _mm256_add_epi32(h[t][half], high);
