@@ -16,7 +16,7 @@
 //! the first digits, `L` the same with the second digits ([`q4_k_ints`], [`q6_k_ints`]).
 //! Joined in i32 as the 32-value blocks are, `256 · H + L` could overflow, so the digits are
 //! joined in floats: `acc = acc + (d · s) · (256 · H + L)` ([`scaled_digits`]; `256 · H` is
-//! exact in f32, so fused or not the join rounds once). Q4_K then subtracts its minima:
+//! exact in f32, so the join's add rounds once, fused or not). Q4_K then subtracts its minima:
 //! `T = Σ m_j · S_j` over the sub-blocks' joined activation sums, and
 //! `acc = acc - (dmin · s) · T` ([`scaled`]). A block's integers are whole sums, so the group
 //! tiles hold one row in one lane, as for the 32-value blocks.
@@ -27,8 +27,9 @@
 //!
 //! Bounds, with activation digits in `-127..=127`: Q4_K's `|H|` at most
 //! `8 · 63 · 32 · 15 · 127` (3.1e7) and `|T|` at most `8 · 63 · 32 · 127 · 257` (5.3e8);
-//! Q6_K's `|H|` at most `16 · 128 · 16 · 32 · 127` (1.3e8), its sub-blocks' `q - 32` sums
-//! at most `16 · 63 · 127` before the offset. All inside i32.
+//! Q6_K's `|H|` at most `16 · 128 · 16 · 32 · 127` (1.3e8), and the vector tiles' sums of
+//! the unsigned `q` before they take the offset off at most `16 · 128 · 16 · 63 · 127`
+//! (2.6e8). All inside i32.
 //!
 //! [`dot_row`] is the plain-Rust path.
 
