@@ -141,7 +141,7 @@ fn main() {
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
             let w = weights(dtype, rows, inner);
-            // As the launches of the levels from `avx2` up keep Q8_0, Q4_0 and Q4_1: in groups.
+            // As the launches of the levels from `avx2` up keep every type: in groups.
             let grouped = match benches.iter().find(|bench| bench.reads_groups(dtype)) {
                 Some(bench) => {
                     let mut grouped = w.clone();

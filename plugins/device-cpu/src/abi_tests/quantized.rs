@@ -1,4 +1,4 @@
-//! Block-quantized weights through the C ABI: a linear and an embedding gather over Q4_1 and Q8_0 buffers as a host uploads them from a GGUF, and weights whose rows are not whole blocks refused before anything runs.
+//! Block-quantized weights through the C ABI: a linear and an embedding gather over buffers of each type as a host uploads them from a GGUF, and weights whose rows are not whole blocks refused before anything runs.
 
 use plughost_device_abi::blocks::dequantize;
 use plughost_device_abi::{DType, status};
@@ -6,17 +6,23 @@ use plughost_device_abi::{DType, status};
 use super::device::{Device, IN, OUT, Tensor, random};
 use crate::isa::Isa;
 
-/// `rows` rows of 64 values in `dtype`: random blocks with small finite f16 scales.
-fn blocks(dtype: DType, rows: usize, seed: u64) -> Vec<u8> {
+/// `rows` rows of `width` values in `dtype`: random blocks with small finite f16 scales.
+fn blocks(dtype: DType, rows: usize, width: usize, seed: u64) -> Vec<u8> {
     let size = dtype.size_bytes() as usize;
-    let count = rows * 64 / dtype.block_elements() as usize;
+    let count = rows * width / dtype.block_elements() as usize;
     let noise = random(seed, count * size, 1.0);
     let mut bytes: Vec<u8> = noise.iter().map(|v| (v.to_bits() >> 7) as u8).collect();
+    // Where each type keeps its f16 scale, and its minimum's if it has one.
+    let (scale_at, minimum_at) = match dtype {
+        DType::Q4_1 | DType::Q4_K => (0, Some(2)),
+        DType::Q6_K => (208, None),
+        _ => (0, None),
+    };
     for (b, block) in bytes.chunks_exact_mut(size).enumerate() {
         let scale = half::f16::from_f32(0.01 + 0.001 * b as f32).to_le_bytes();
-        block[..2].copy_from_slice(&scale);
-        if dtype == DType::Q4_1 {
-            block[2..4].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
+        block[scale_at..scale_at + 2].copy_from_slice(&scale);
+        if let Some(at) = minimum_at {
+            block[at..at + 2].copy_from_slice(&half::f16::from_f32(-0.05).to_le_bytes());
         }
     }
     bytes
@@ -36,7 +42,7 @@ fn quantized_weights_serve_linears_and_gathers() {
     let device = Device::open("").unwrap();
     let x_values = random(3, 2 * 64, 1.0);
     for dtype in [DType::Q4_1, DType::Q8_0] {
-        let bytes = blocks(dtype, 3, 11);
+        let bytes = blocks(dtype, 3, 64, 11);
         let w = device.upload(dtype, &[3, 64], &bytes);
         let x = device.f32s(&[2, 64], &x_values);
         let out = device.zeros(&[2, 3]);
@@ -71,19 +77,21 @@ fn quantized_weights_serve_linears_and_gathers() {
     }
 }
 
-/// Q8_0 and Q4_1 weights the linears interleave (from `avx2` up; 19 rows: a whole group of
-/// 16 and three rows after it): gathers from them, the host's read, and a projection after
-/// that read see them as written, at every level.
+/// Weights the linears interleave (from `avx2` up; 19 rows: a whole group of 16 and three
+/// rows after it): gathers from them, the host's read, and a projection after that read see
+/// them as written, at every level, for the 32-value blocks and the K-quants (rows of two
+/// 256-value blocks).
 #[test]
 fn interleaved_weights_read_and_gather_as_written() {
-    let (rows, width, tokens) = (19usize, 64usize, 3usize);
-    let x_values = random(29, tokens * width, 1.0);
+    let (rows, tokens) = (19usize, 3usize);
     let levels = Isa::every().into_iter().map(|isa| isa.level());
-    for (dtype, level) in [DType::Q8_0, DType::Q4_1]
+    for (dtype, level) in [DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K]
         .into_iter()
         .flat_map(|dtype| levels.clone().map(move |level| (dtype, level)))
     {
-        let bytes = blocks(dtype, rows, 23);
+        let width = 2 * dtype.block_elements() as usize;
+        let x_values = random(29, tokens * width, 1.0);
+        let bytes = blocks(dtype, rows, width, 23);
         let values = dequantize(dtype, &bytes).unwrap();
         let config = format!("isa={level},threads=2");
         let device = Device::open(&config).unwrap();
@@ -103,15 +111,23 @@ fn interleaved_weights_read_and_gather_as_written() {
         assert_eq!(
             gather(),
             expected_rows,
-            "{config}: gathered after the projection"
+            "{dtype} at {config}: gathered after the projection"
         );
-        assert_eq!(device.read_blocks(&w), bytes, "{config}: the host's read");
+        assert_eq!(
+            device.read_blocks(&w),
+            bytes,
+            "{dtype} at {config}: the host's read"
+        );
         assert_eq!(
             project(),
             first,
-            "{config}: a projection after the host's read"
+            "{dtype} at {config}: a projection after the host's read"
         );
-        assert_eq!(gather(), expected_rows, "{config}: a gather after that");
+        assert_eq!(
+            gather(),
+            expected_rows,
+            "{dtype} at {config}: a gather after that"
+        );
     }
 }
 

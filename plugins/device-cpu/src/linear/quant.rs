@@ -9,11 +9,11 @@
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
 //! path gives the same bits.
 //!
-//! Q8_0, Q4_0 and Q4_1 weights are kept in groups of 16 interleaved rows on the levels from
-//! `avx2` up (see [`interleaved`]): made in place by the first launch that reads the buffer,
-//! like the bf16 panels, and read by group tiles that hold 16 rows × up to 8 tokens in
-//! registers with no horizontal sums, so batched decode and prefill share each weight load
-//! among the tokens. The K-quants are read in their stored blocks, a weight row at a time.
+//! Weights of every block-quantized type are kept in groups of 16 interleaved rows on the
+//! levels from `avx2` up (see [`interleaved`]): made in place by the first launch that reads
+//! the buffer, like the bf16 panels, and read by group tiles that hold 16 rows × up to 8
+//! tokens in registers with no horizontal sums, so batched decode and prefill share each
+//! weight load among the tokens. The portable level reads the stored blocks a row at a time.
 //!
 //! Threads take ranges of groups of 16 weight rows; each group meets every token of the
 //! launch while it is in cache, so a batch streams the weights from memory once.
@@ -48,9 +48,9 @@ use interleaved::GROUP;
 pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
-    /// Each block size's quantized activations, and the 32-value ones in the group tiles'
-    /// order, grown to the largest launch and reused.
-    static ROWS: RefCell<([Q8Rows; 2], Q8Tiles)> = RefCell::new(Default::default());
+    /// Each block size's quantized activations, and the same in the group tiles' order, grown
+    /// to the largest launch and reused.
+    static ROWS: RefCell<([Q8Rows; 2], [Q8Tiles; 2])> = RefCell::new(Default::default());
 }
 
 /// Whether any of the launch's weight arguments is block-quantized: such a launch runs here.
@@ -180,33 +180,25 @@ fn multiply(
     }
     ROWS.with(|cell| {
         let mut rows = cell.borrow_mut();
-        let ([small, large], tiles) = &mut *rows;
-        let mut quantized = [None, None];
+        let (rows, tiles) = &mut *rows;
+        let kernel = RowKernel { isa: context.isa };
+        // Slot 0 for the 32-value blocks, 1 for the K-quants' 256.
+        let slot = |dtype: DType| usize::from(dots::activation_block(dtype) != 32);
+        let mut quantized = [false; 2];
         for w in weights {
-            let block = dots::activation_block(w.dtype);
-            let (slot, rows) = if block == 32 {
-                (0, &mut *small)
-            } else {
-                (1, &mut *large)
-            };
-            if quantized[slot].is_none() {
-                rows.quantize(x, inner, block);
-                quantized[slot] = Some(());
+            let (slot, block) = (slot(w.dtype), dots::activation_block(w.dtype));
+            if !quantized[slot] {
+                rows[slot].quantize(x, inner, block);
+                if let Some(width) = kernel.group_tokens() {
+                    tiles[slot].regroup(&rows[slot], tokens, width);
+                }
+                quantized[slot] = true;
             }
         }
-        let kernel = RowKernel { isa: context.isa };
-        if let Some(width) = kernel.group_tokens()
-            && weights.iter().any(|w| interleaved::groups(w.dtype))
-        {
-            tiles.regroup(small, tokens, width);
-        }
+        let (rows, tiles) = (&*rows, &*tiles);
         let rows_for = |dtype: DType| Activations {
-            rows: if dots::activation_block(dtype) == 32 {
-                &*small
-            } else {
-                &*large
-            },
-            tiles: &*tiles,
+            rows: &rows[slot(dtype)],
+            tiles: &tiles[slot(dtype)],
         };
         match outputs {
             Outputs::Each(outs) => {
@@ -270,31 +262,12 @@ struct Activations<'r> {
 /// and the group stay in the core's own caches while the chunk's tiles run.
 const CHUNK_TOKENS: usize = 64;
 
-/// Tokens of one tile: a weight row is unpacked once for this many.
-#[cfg(target_arch = "x86_64")]
-const TILE_TOKENS: usize = 2;
-
 /// Tokens of one group tile: 16 rows × 8 tokens of accumulators in AVX-512's 32 registers,
 /// × 4 in halves of eight rows in AVX2's 16. Both divide [`CHUNK_TOKENS`].
 #[cfg(target_arch = "x86_64")]
 const GROUP_TOKENS_AVX512: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const GROUP_TOKENS_AVX2: usize = 4;
-
-/// `dtype`'s tile function of the instruction set's module `$isa` for `M` tokens, called with
-/// `($w, $xs)`: the one place that names the kernel of each type.
-#[cfg(target_arch = "x86_64")]
-macro_rules! tile_by_type {
-    ($isa:ident, $dtype:expr, $w:expr, $xs:expr) => {
-        match $dtype {
-            DType::Q4_K => $isa::q4_k($w, $xs),
-            DType::Q6_K => $isa::q6_k($w, $xs),
-            _ => unreachable!("32-value blocks go to the group tiles, other types not here"),
-        }
-    };
-}
-#[cfg(target_arch = "x86_64")]
-use tile_by_type;
 
 /// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens, called with
 /// `($group, $tile)`.
@@ -305,34 +278,16 @@ macro_rules! group_by_type {
             DType::Q8_0 => $isa::group::<M, 0>($group, $tile),
             DType::Q4_0 => $isa::group::<M, 1>($group, $tile),
             DType::Q4_1 => $isa::group::<M, 2>($group, $tile),
+            DType::Q4_K => $isa::q4_k_group::<M>($group, $tile),
+            DType::Q6_K => $isa::q6_k_group::<M>($group, $tile),
             _ => unreachable!("only the types kept in groups reach the group tiles"),
         }
     };
 }
 
 impl RowKernel {
-    /// The weight row `w` times each of the token rows `x`, into `out`.
-    fn dots(self, dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.isa.has(IsaLevel::Avx2) {
-            let vnni = self.isa.has(IsaLevel::Avx512Vnni);
-            for (out, x) in out.chunks_mut(TILE_TOKENS).zip(x.chunks(TILE_TOKENS)) {
-                super::dispatch::by_tokens!(out.len(), [1, 2], |M| {
-                    let xs: &[_; M] = x.try_into().expect("a tile's tokens");
-                    let values = if vnni {
-                        // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
-                        // tile's features (checked when the `Isa` was made).
-                        unsafe { avx512::tile::<M>(dtype, w, xs) }
-                    } else {
-                        // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
-                        // made).
-                        unsafe { avx2::tile::<M>(dtype, w, xs) }
-                    };
-                    out.copy_from_slice(&values);
-                });
-            }
-            return;
-        }
+    /// The weight row `w` times each of the token rows `x`, into `out`: the portable path.
+    fn dots(dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
         for (value, &x) in out.iter_mut().zip(x) {
             *value = dots::dot_row(dtype, w, x);
         }
@@ -351,10 +306,9 @@ impl RowKernel {
 
     /// Outputs `rows` of `w` (at most one group, from a group's start) for the tokens
     /// `tokens` (from a multiple of [`CHUNK_TOKENS`]), token-major into `out` (a span of
-    /// `rows.len()` per token): the types kept in groups by the group tiles from `avx2` up,
-    /// from the matrix's own
-    /// group when it is interleaved and whole, else from the rows packed into one; every other
-    /// case row by row, each row against all the tokens while it is in cache.
+    /// `rows.len()` per token): by the group tiles from `avx2` up, from the matrix's own group
+    /// when it is interleaved and whole, else from the rows packed into one; on the portable
+    /// level row by row, each row against all the tokens while it is in cache.
     fn group_into(
         self,
         w: QuantMatrix<'_>,
@@ -383,7 +337,7 @@ impl RowKernel {
         let mut column = vec![0.0f32; tokens.len()];
         for (i, n) in rows.enumerate() {
             let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-            self.dots(w.dtype, row, &x[tokens.clone()], &mut column);
+            Self::dots(w.dtype, row, &x[tokens.clone()], &mut column);
             for (t, &value) in column.iter().enumerate() {
                 out[t * width + i] = value;
             }

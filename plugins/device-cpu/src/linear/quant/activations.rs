@@ -120,12 +120,13 @@ impl Q8Rows {
     }
 }
 
-/// The rows of a [`Q8Rows`] of 32-value blocks regrouped for the Q8_0 group tiles, in tiles
-/// of `width` tokens (the last may be narrower): for each block and each four values, the
-/// tile's tokens' four first digits side by side, then their four second digits; for each
-/// block, the tokens' scales and their joined block sums (for Q4_1's minimum, and for what
-/// the offsets of the tiles' weights add). A tile then reads its tokens' activations as one
-/// stream.
+/// The rows of a [`Q8Rows`] regrouped for the group tiles, in tiles of `width` tokens (the
+/// last may be narrower): for each 32 values and each four of them, the tile's tokens' four
+/// first digits side by side, then their four second digits; for each block, the tokens'
+/// scales, and for 32-value blocks their joined block sums (for Q4_1's minimum, and for what
+/// the offsets of the tiles' weights add), for the K-quants' 256-value blocks their
+/// sub-blocks' sums of each digit in i16 pairs ([`K_PAIRS`]). A tile then reads its tokens'
+/// activations as one stream.
 #[derive(Debug, Default)]
 pub struct Q8Tiles {
     width: usize,
@@ -134,7 +135,15 @@ pub struct Q8Tiles {
     digits: Vec<i8>,
     scales: Vec<f32>,
     sums: Vec<i32>,
+    pairs: Vec<i32>,
 }
+
+/// The i16 pairs of sub-block sums per token and 256-value block, each the sum of one digit
+/// over a sub-block, a pair's first in the low half: Q4_K's sub-blocks of 32 as `(0, 2)`,
+/// `(1, 3)`, `(4, 6)`, `(5, 7)` of the first digits, then of the second (the pairs the tiles'
+/// minima fall in), then Q6_K's sub-blocks of 16 as `(0, 1)` .. `(14, 15)` of the first
+/// digits, then of the second. A sum of 32 digits is at most `32 · 127`: an i16.
+pub const K_PAIRS: usize = 24;
 
 /// One tile of [`Q8Tiles`]: `tokens` tokens' digits, scales and block sums.
 // Only the x86-64 group tiles read tiles.
@@ -145,39 +154,79 @@ pub struct Q8Tile<'a> {
     pub digits: &'a [i8],
     pub scales: &'a [f32],
     pub sums: &'a [i32],
+    pub pairs: &'a [i32],
+}
+
+/// Two i16 in one i32, `a` in the low half.
+fn pair(a: i32, b: i32) -> i32 {
+    (i32::from(b as i16) << 16) | i32::from(a as i16 as u16)
+}
+
+/// The [`K_PAIRS`] words of the 256 digits `high` and `low` of one block.
+fn k_pairs(high: &[i8], low: &[i8]) -> [i32; K_PAIRS] {
+    let spans = |digits: &[i8]| -> [i32; 16] {
+        std::array::from_fn(|j| {
+            digits[16 * j..16 * j + 16]
+                .iter()
+                .map(|&q| i32::from(q))
+                .sum()
+        })
+    };
+    let mut words = [0; K_PAIRS];
+    for (digit, spans) in [spans(high), spans(low)].iter().enumerate() {
+        let sub = |j: usize| spans[2 * j] + spans[2 * j + 1];
+        for (k, (a, b)) in [(0, 2), (1, 3), (4, 6), (5, 7)].into_iter().enumerate() {
+            words[4 * digit + k] = pair(sub(a), sub(b));
+        }
+        for p in 0..8 {
+            words[8 + 8 * digit + p] = pair(spans[2 * p], spans[2 * p + 1]);
+        }
+    }
+    words
 }
 
 impl Q8Tiles {
-    /// Regroups the first `tokens` rows of `rows` (blocks of 32) in tiles of `width` tokens,
-    /// reusing this value's storage.
+    /// Regroups the first `tokens` rows of `rows` in tiles of `width` tokens, reusing this
+    /// value's storage.
     pub fn regroup(&mut self, rows: &Q8Rows, tokens: usize, width: usize) {
-        assert!(
-            rows.block == 32 && width > 0,
-            "Q8_0's tiles take blocks of 32"
-        );
-        let blocks = rows.inner / 32;
+        assert!(width > 0, "a tile holds tokens");
+        let (chunks, blocks) = (rows.inner / 32, rows.inner / rows.block);
+        let k_quants = rows.block == MAX_BLOCK;
         (self.width, self.tokens, self.blocks) = (width, tokens, blocks);
         self.digits.clear();
-        self.digits.resize(tokens * blocks * 64, 0);
+        self.digits.resize(tokens * chunks * 64, 0);
         self.scales.clear();
         self.scales.resize(tokens * blocks, 0.0);
         self.sums.clear();
-        self.sums.resize(tokens * blocks, 0);
+        self.pairs.clear();
+        if k_quants {
+            self.pairs.resize(tokens * blocks * K_PAIRS, 0);
+        } else {
+            self.sums.resize(tokens * blocks, 0);
+        }
         for first in (0..tokens).step_by(width) {
             let m = width.min(tokens - first);
-            let digits = &mut self.digits[first * blocks * 64..(first + m) * blocks * 64];
+            let digits = &mut self.digits[first * chunks * 64..(first + m) * chunks * 64];
             for t in 0..m {
                 let row = rows.row(first + t);
-                for b in 0..blocks {
+                for c in 0..chunks {
                     for q in 0..8 {
-                        let at = (b * 8 + q) * 8 * m + 4 * t;
-                        let from = 32 * b + 4 * q..32 * b + 4 * q + 4;
+                        let at = (c * 8 + q) * 8 * m + 4 * t;
+                        let from = 32 * c + 4 * q..32 * c + 4 * q + 4;
                         digits[at..at + 4].copy_from_slice(&row.high[from.clone()]);
                         digits[at + 4 * m..at + 4 * m + 4].copy_from_slice(&row.low[from]);
                     }
+                }
+                for b in 0..blocks {
                     let at = first * blocks + b * m + t;
                     self.scales[at] = row.scales[b];
-                    self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
+                    if k_quants {
+                        let values = 256 * b..256 * b + 256;
+                        let words = k_pairs(&row.high[values.clone()], &row.low[values]);
+                        self.pairs[at * K_PAIRS..(at + 1) * K_PAIRS].copy_from_slice(&words);
+                    } else {
+                        self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
+                    }
                 }
             }
         }
@@ -199,11 +248,14 @@ impl Q8Tiles {
             "a tile's first token"
         );
         let (blocks, tokens) = (self.blocks, self.width.min(self.tokens - first));
+        let chunks = self.digits.len() / (64 * self.tokens);
+        let span = |per: usize| first * blocks * per..(first + tokens) * blocks * per;
         Q8Tile {
             tokens,
-            digits: &self.digits[first * blocks * 64..(first + tokens) * blocks * 64],
-            scales: &self.scales[first * blocks..(first + tokens) * blocks],
-            sums: &self.sums[first * blocks..(first + tokens) * blocks],
+            digits: &self.digits[first * chunks * 64..(first + tokens) * chunks * 64],
+            scales: &self.scales[span(1)],
+            sums: self.sums.get(span(1)).unwrap_or_default(),
+            pairs: self.pairs.get(span(K_PAIRS)).unwrap_or_default(),
         }
     }
 }
@@ -267,6 +319,39 @@ mod tests {
                     assert_eq!(tile.scales[b * m + t], row.scales[b]);
                     let sum = row.sums[2 * b] + row.sums[2 * b + 1];
                     assert_eq!(tile.sums[b * m + t], sum);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn k_tiles_hold_each_sub_blocks_sums_in_pairs() {
+        let (tokens, inner) = (3, 512);
+        let x: Vec<f32> = (0..tokens * inner)
+            .map(|i| ((i * 37) % 101) as f32 - 50.0)
+            .collect();
+        let mut rows = Q8Rows::default();
+        rows.quantize(&x, inner, 256);
+        let mut tiles = Q8Tiles::default();
+        tiles.regroup(&rows, tokens, 2);
+        let halves = |word: i32| (word as i16 as i32, word >> 16);
+        for first in [0, 2] {
+            let tile = tiles.tile(first);
+            for t in 0..tile.tokens {
+                let row = rows.row(first + t);
+                for b in 0..2 {
+                    let words = &tile.pairs[(b * tile.tokens + t) * K_PAIRS..][..K_PAIRS];
+                    for (digit, digits) in [row.high, row.low].into_iter().enumerate() {
+                        let sum = |from: usize, len: usize| -> i32 {
+                            let at = 256 * b + from;
+                            digits[at..at + len].iter().map(|&q| i32::from(q)).sum()
+                        };
+                        // Q4_K's (1, 3): sub-blocks of 32.
+                        assert_eq!(halves(words[4 * digit + 1]), (sum(32, 32), sum(96, 32)));
+                        // Q6_K's (14, 15): sub-blocks of 16.
+                        let word = words[8 + 8 * digit + 7];
+                        assert_eq!(halves(word), (sum(224, 16), sum(240, 16)));
+                    }
                 }
             }
         }

@@ -1,32 +1,32 @@
-//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: groups of 16 Q8_0, Q4_0 or Q4_1 rows in two halves of eight, one lane per row, against up to 4 tokens; the K-quants one weight row against a tile of tokens, the lanes of `dots` in two registers.
+//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: groups of 16 interleaved rows of any block-quantized type in two halves of eight, one lane per row, against up to 4 tokens.
 //!
 //! `vpmaddubsw` multiplies unsigned bytes by signed bytes and adds neighbours into i16 with
 //! saturation; no sum here can saturate: nibbles (at most 15) and 6-bit values (at most 63)
 //! times activations in `-127..=127` give at most `2 · 63 · 127`, and a signed weight byte
 //! (Q8_0, in [`group`]) is made unsigned by moving its sign onto the activation
 //! (`vpsignb`), at most `2 · 128 · 127`. `vpmaddwd` then adds pairs into i32, by ones or by
-//! the K-quants' sub-block scales, and the two digits' sums are joined as `dots` joins them.
+//! the K-quants' sub-block scales, and the sums are joined or kept per digit as `dots` says.
 //! Every integer equals the portable one, and the float operations are those of `dots`, lane
 //! by lane, so the result has the same bits.
 //!
-//! A weight block is loaded and unpacked once for all the tokens of a tile: the row streams
-//! from memory once, and each token meets it in registers.
+//! A block of weights is loaded and unpacked once for all the tokens of a tile: the group
+//! streams from memory once, and each token meets it in registers.
 
 use std::arch::x86_64::{
-    __m256, __m256i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
-    _mm_set1_epi16, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256, _mm256_cvtepi32_ps,
-    _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
-    _mm256_or_si256, _mm256_set_m128i, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_storeu_ps, _mm256_sub_epi32, _mm256_xor_si256,
+    __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
+    _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps, _mm256_cvtph_ps,
+    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_or_si256,
+    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32,
+    _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sub_ps, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
 
-use super::activations::{Q8Row, Q8Tile};
-use super::dots::{
-    LANES, Q4_K_BYTES, Q6_K_BYTES, Sums, q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
-};
+use super::activations::{K_PAIRS, Q8Tile};
+use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
+use super::interleaved::{GROUP, Q6_K_HALF, check_group, q6_k_at};
 
 /// 32 bytes at `p`.
 ///
@@ -39,170 +39,307 @@ unsafe fn load32<T>(p: *const T) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// The 32 activations of one digit from value `at`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn digits(digits: &[i8], at: usize) -> __m256i {
-    let digits = &digits[at..at + 32];
-    // SAFETY: the slice holds 32 bytes.
-    unsafe { load32(digits.as_ptr()) }
-}
-
-/// The f16 at `bytes[at..at + 2]`, widened with F16C.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn f16(bytes: &[u8], at: usize) -> f32 {
-    let bits = u16::from_le_bytes([bytes[at], bytes[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
-}
-
-/// `256 · high + low`, lane by lane, as `dots::join`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn join(high: __m256i, low: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_slli_epi32::<8>(high), low)
-}
-
-/// The four-product sums of unsigned `a` and signed `b`, each times `scale` (i16 pairs).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn fours(a: __m256i, b: __m256i, scale: __m256i) -> __m256i {
-    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), scale)
-}
-
-/// `lane += (d · s) · ints`, lane by lane, as `dots::scaled`.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn accumulate(lane: __m256, d: f32, s: f32, ints: __m256i) -> __m256 {
-    let ds = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_set1_ps(s));
-    _mm256_add_ps(lane, _mm256_mul_ps(ds, _mm256_cvtepi32_ps(ints)))
-}
-
-/// The result of each token: its two registers of lanes and its tail, through
-/// [`Sums::finish`].
-#[inline]
-#[target_feature(enable = "avx2")]
-fn finish<const M: usize>(lanes: [[__m256; 2]; M], tails: [f32; M]) -> [f32; M] {
-    let mut out = [0.0; M];
-    for t in 0..M {
-        let mut sums = Sums {
-            lanes: [0.0; LANES],
-            tail: tails[t],
-        };
-        // SAFETY: `lanes` holds 16 f32, two registers' worth.
-        unsafe {
-            _mm256_storeu_ps(sums.lanes.as_mut_ptr(), lanes[t][0]);
-            _mm256_storeu_ps(sums.lanes[8..].as_mut_ptr(), lanes[t][1]);
-        }
-        out[t] = sums.finish();
-    }
-    out
-}
-
-/// `w` (one row of whole `dtype` blocks) against each of `xs` (activations of the same
-/// length): what [`super::dots::dot_row`] gives for each, with the same bits.
+/// The eight f16 at `p`, widened.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C (the `avx2` level).
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    super::dots::check_rows(dtype, w, xs);
-    super::tile_by_type!(self, dtype, w, xs)
-}
-
+/// `p` starts 16 readable bytes.
 #[inline]
 #[target_feature(enable = "avx2,f16c")]
-fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
-    let mut tails = [0.0f32; M];
-    let mask = _mm256_set1_epi8(0x0F);
-    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, mins) = q4_k_scales_mins(block);
-        let mut ints = [[_mm256_setzero_si256(); 2]; M];
-        for c in 0..4 {
-            // SAFETY: a Q4_K block holds 128 bytes of nibbles from byte 16.
-            let bytes = unsafe { load32(block[16 + 32 * c..16 + 32 * c + 32].as_ptr()) };
-            let values = [
-                _mm256_and_si256(bytes, mask),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask),
-            ];
-            for h in 0..2 {
-                let j = 2 * c + h;
-                let scale = _mm256_set1_epi16(i16::from(scales[j]));
-                for t in 0..M {
-                    let at = 256 * b + 32 * j;
-                    let (high, low) = (digits(xs[t].high, at), digits(xs[t].low, at));
-                    let p = join(fours(values[h], high, scale), fours(values[h], low, scale));
-                    ints[t][h] = _mm256_add_epi32(ints[t][h], p);
-                }
-            }
-        }
-        let (d, dmin) = (f16(block, 0), f16(block, 2));
-        for t in 0..M {
-            let s = xs[t].scales[b];
-            for h in 0..2 {
-                lanes[t][h] = accumulate(lanes[t][h], d, s, ints[t][h]);
-            }
-            tails[t] += scaled_tail(dmin, s, q4_k_tail(&mins, &xs[t], b));
+unsafe fn halves8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's contract.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+}
+
+/// `acc + (d · s) · (256 · h + l)` lane by lane, as `dots::scaled_digits`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn add_digits(acc: __m256, ds: __m256, h: __m256i, l: __m256i) -> __m256 {
+    let joined = _mm256_add_ps(
+        _mm256_mul_ps(_mm256_set1_ps(256.0), _mm256_cvtepi32_ps(h)),
+        _mm256_cvtepi32_ps(l),
+    );
+    _mm256_add_ps(acc, _mm256_mul_ps(ds, joined))
+}
+
+/// `Σ_k pairs[k] · the i16 pair words from `at + k`` (`vpmaddwd`) for one digit.
+///
+/// # Safety
+/// `at` starts `N` readable i32.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn pair_sums<const N: usize>(pairs: &[__m256i; N], at: *const i32) -> __m256i {
+    let mut sum = _mm256_setzero_si256();
+    for (k, &p) in pairs.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        let words = _mm256_set1_epi32(unsafe { at.add(k).read() });
+        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, words));
+    }
+    sum
+}
+
+/// Each token's digit sums over one sub-block against the weight operands `weights` (four
+/// values of each of eight rows each): the tile's digits of 32-value chunk `chunk` from quad
+/// `quad`, the `vpmaddubsw` pairs times `scale` (the rows' scale in both i16 of a lane) by
+/// `vpmaddwd`, added to `h[t][half]` and `l[t][half]`.
+///
+/// # Safety
+/// The tile's digits hold chunk `chunk`'s quads `quad..quad + N` for `M` tokens.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn sub_block<const M: usize, const N: usize, const H: usize>(
+    activations: *const i8,
+    (chunk, quad, half): (usize, usize, usize),
+    weights: &[__m256i; N],
+    scale: __m256i,
+    [h, l]: [&mut [[__m256i; H]; M]; 2],
+) {
+    for t in 0..M {
+        for (q, &w) in weights.iter().enumerate() {
+            let at = (chunk * 8 + quad + q) * 8 * M + 4 * t;
+            let digits = |at: usize| {
+                // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
+                unsafe { (activations.add(at) as *const i32).read_unaligned() }
+            };
+            let [high, low] = [at, at + 4 * M].map(digits);
+            let high = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(high)), scale);
+            let low = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(low)), scale);
+            h[t][half] = _mm256_add_epi32(h[t][half], high);
+            l[t][half] = _mm256_add_epi32(l[t][half], low);
         }
     }
-    finish(lanes, tails)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let mut lanes = [[_mm256_setzero_ps(); 2]; M];
-    let mut tails = [0.0f32; M];
-    let mask = _mm256_set1_epi8(0x0F);
-    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
-        let d = f16(block, 208);
-        for half in 0..2 {
-            let mut ints = [[_mm256_setzero_si256(); 2]; M];
-            let qh = 128 + 32 * half;
-            // SAFETY: a Q6_K block holds 64 bytes of high bits from byte 128.
-            let qh = unsafe { load32(block[qh..qh + 32].as_ptr()) };
-            for part in 0..4 {
-                let c = 4 * half + part;
-                let ql = 64 * half + 32 * (part % 2);
-                // SAFETY: a Q6_K block holds 128 bytes of low bits.
-                let ql = unsafe { load32(block[ql..ql + 32].as_ptr()) };
-                let low = if part < 2 {
-                    _mm256_and_si256(ql, mask)
+/// A K-quant's group tile, `$name`, from its halves function `$halves`: both halves of
+/// eight rows in one pass for one or two tokens (the group streams once), one half at a time
+/// for more (the accumulators fill the 16 registers), as [`group`] does.
+macro_rules! k_group {
+    ($name:ident, $dtype:expr, $halves:ident) => {
+        #[doc = concat!("[`super::avx512::", stringify!($name), "`] on AVX2, in halves of eight rows.")]
+        ///
+        /// # Safety
+        /// The CPU has AVX2, FMA and F16C (the `avx2` level).
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub unsafe fn $name<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+            let blocks = check_group($dtype, group, &tile, M);
+            let mut out = [[0.0; 16]; M];
+            // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
+            unsafe {
+                if M <= 2 {
+                    $halves::<M, 2>((group, blocks), tile, 0, &mut out);
                 } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), mask)
-                };
-                let shifted = match part {
-                    0 => qh,
-                    1 => _mm256_srli_epi16::<2>(qh),
-                    2 => _mm256_srli_epi16::<4>(qh),
-                    _ => _mm256_srli_epi16::<6>(qh),
-                };
-                let high = _mm256_and_si256(shifted, _mm256_set1_epi8(3));
-                let values = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
-                // Lanes 0..4 take sub-block 2c's scale, lanes 4..8 sub-block 2c + 1's.
-                let scale = _mm256_set_m128i(
-                    _mm_set1_epi16(i16::from(block[192 + 2 * c + 1] as i8)),
-                    _mm_set1_epi16(i16::from(block[192 + 2 * c] as i8)),
-                );
-                for t in 0..M {
-                    let at = 256 * b + 32 * c;
-                    let (x_high, x_low) = (digits(xs[t].high, at), digits(xs[t].low, at));
-                    let p = join(fours(values, x_high, scale), fours(values, x_low, scale));
-                    ints[t][c % 2] = _mm256_add_epi32(ints[t][c % 2], p);
+                    $halves::<M, 1>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 1>((group, blocks), tile, 1, &mut out);
                 }
             }
-            for t in 0..M {
-                for h in 0..2 {
-                    lanes[t][h] = accumulate(lanes[t][h], d, xs[t].scales[b], ints[t][h]);
-                }
-            }
+            out
         }
-        for t in 0..M {
-            tails[t] += scaled_tail(d, xs[t].scales[b], q6_k_tail(block, &xs[t], b));
+    };
+}
+
+k_group!(q4_k_group, DType::Q4_K, q4_k_halves);
+k_group!(q6_k_group, DType::Q6_K, q6_k_halves);
+
+/// Halves `h0..h0 + H` of [`q4_k_group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
+///
+/// # Safety
+/// As [`q4_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_halves<const M: usize, const H: usize>(
+    (group, blocks): (&[u8], usize),
+    tile: Q8Tile<'_>,
+    h0: usize,
+    out: &mut [[f32; 16]; M],
+) {
+    let activations = tile.digits.as_ptr();
+    let nibbles = _mm256_set1_epi8(0x0F);
+    let [low_6, low_4, low_2, byte, words] =
+        [0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303, 0xff, 0x00ff_00ff].map(|v| _mm256_set1_epi32(v));
+    let mut acc = [[_mm256_setzero_ps(); H]; M];
+    for b in 0..blocks {
+        // SAFETY: the group holds `blocks` whole blocks, so their fields and values lie inside
+        // it, and the tile's digits, scales and pairs cover them.
+        unsafe {
+            let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
+            let (mut h, mut l) = (
+                [[_mm256_setzero_si256(); H]; M],
+                [[_mm256_setzero_si256(); H]; M],
+            );
+            let mut minima = [[_mm256_setzero_si256(); 2]; H];
+            for (half, minima) in minima.iter_mut().enumerate() {
+                let rows = 32 * (h0 + half);
+                let word = |at: usize| load32(base.add(at + rows));
+                let (a, m, c) = (word(64), word(128), word(192));
+                let high_bits = |w: __m256i| {
+                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(w), low_2))
+                };
+                let scales = [
+                    _mm256_and_si256(a, low_6),
+                    _mm256_or_si256(_mm256_and_si256(c, low_4), high_bits(a)),
+                ];
+                *minima = [
+                    _mm256_and_si256(m, low_6),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi32::<4>(c), low_4),
+                        high_bits(m),
+                    ),
+                ];
+                for j in 0..8 {
+                    let shift = _mm256_set1_epi32(8 * (j as i32 % 4));
+                    let scale = _mm256_and_si256(_mm256_srlv_epi32(scales[j / 4], shift), byte);
+                    let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
+                    let quads = base.add(256 + 64 * 8 * (j / 2) + rows);
+                    let weights: [__m256i; 8] = std::array::from_fn(|i| {
+                        let w = load32(quads.add(64 * i));
+                        if j % 2 == 0 {
+                            _mm256_and_si256(w, nibbles)
+                        } else {
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
+                        }
+                    });
+                    sub_block(
+                        activations,
+                        (8 * b + j, 0, half),
+                        &weights,
+                        scale,
+                        [&mut h, &mut l],
+                    );
+                }
+            }
+            for (half, &[low, high]) in minima.iter().enumerate() {
+                // Minima (0, 2), (1, 3), (4, 6), (5, 7) in i16 pairs, the tile's order.
+                let pairs = [
+                    _mm256_and_si256(low, words),
+                    _mm256_and_si256(_mm256_srli_epi32::<8>(low), words),
+                    _mm256_and_si256(high, words),
+                    _mm256_and_si256(_mm256_srli_epi32::<8>(high), words),
+                ];
+                let fields = 16 * (h0 + half);
+                let (d, dmin) = (halves8(base.add(fields)), halves8(base.add(32 + fields)));
+                for t in 0..M {
+                    let at = b * M + t;
+                    let words = tile.pairs.as_ptr().add(at * K_PAIRS);
+                    let minimum = _mm256_add_epi32(
+                        _mm256_slli_epi32::<8>(pair_sums(&pairs, words)),
+                        pair_sums(&pairs, words.add(4)),
+                    );
+                    let s = _mm256_set1_ps(*tile.scales.get_unchecked(at));
+                    let lane =
+                        add_digits(acc[t][half], _mm256_mul_ps(d, s), h[t][half], l[t][half]);
+                    acc[t][half] = _mm256_sub_ps(
+                        lane,
+                        _mm256_mul_ps(_mm256_mul_ps(dmin, s), _mm256_cvtepi32_ps(minimum)),
+                    );
+                }
+            }
         }
     }
-    finish(lanes, tails)
+    store(&acc, h0, out);
+}
+
+/// Halves `h0..h0 + H` of [`q6_k_group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
+///
+/// # Safety
+/// As [`q6_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k_halves<const M: usize, const H: usize>(
+    (group, blocks): (&[u8], usize),
+    tile: Q8Tile<'_>,
+    h0: usize,
+    out: &mut [[f32; 16]; M],
+) {
+    let activations = tile.digits.as_ptr();
+    let (nibbles, two_bits) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let mut acc = [[_mm256_setzero_ps(); H]; M];
+    for b in 0..blocks {
+        // SAFETY: as in `q4_k_halves`.
+        unsafe {
+            let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
+            let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
+            let (mut h, mut l) = (
+                [[_mm256_setzero_si256(); H]; M],
+                [[_mm256_setzero_si256(); H]; M],
+            );
+            for half in 0..H {
+                let rows = 32 * (h0 + half);
+                let pair = |p: usize| {
+                    let at = scales.add(32 * p + 16 * (h0 + half));
+                    _mm256_cvtepi8_epi16(_mm_loadu_si128(at.cast()))
+                };
+                // The row's scale of sub-block `j` in both i16 of its lane.
+                let scale = |j: usize| {
+                    let pair = pair(j / 2);
+                    if j.is_multiple_of(2) {
+                        _mm256_blend_epi16::<0xAA>(pair, _mm256_slli_epi32::<16>(pair))
+                    } else {
+                        _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(pair), pair)
+                    }
+                };
+                // As in `avx512::q6_k_group`, eight rows at a time.
+                for part in 0..2 {
+                    let values = values.add(Q6_K_HALF * part + rows);
+                    for kk in 0..2 {
+                        for sub in 0..2 {
+                            let both: [[__m256i; 2]; 4] = std::array::from_fn(|q| {
+                                let i = 4 * sub + q;
+                                let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
+                                let ql = load32(values.add(low));
+                                let qh = load32(values.add(128 * i + 64));
+                                let (first, second) = if kk == 0 {
+                                    (_mm256_slli_epi16::<4>(qh), qh)
+                                } else {
+                                    (_mm256_slli_epi16::<2>(qh), _mm256_srli_epi16::<2>(qh))
+                                };
+                                let value = |low: __m256i, high: __m256i| {
+                                    _mm256_or_si256(
+                                        _mm256_and_si256(low, nibbles),
+                                        _mm256_and_si256(high, two_bits),
+                                    )
+                                };
+                                [value(ql, first), value(_mm256_srli_epi16::<4>(ql), second)]
+                            });
+                            let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
+                            for (n, operands) in operands.iter().enumerate() {
+                                let k = kk + 2 * n;
+                                let at = (8 * b + 4 * part + k, 4 * sub, half);
+                                let scale = scale(8 * part + 2 * k + sub);
+                                sub_block(activations, at, operands, scale, [&mut h, &mut l]);
+                            }
+                        }
+                    }
+                }
+                let pairs: [__m256i; 8] = std::array::from_fn(pair);
+                let d = halves8(d.add(16 * (h0 + half)));
+                for t in 0..M {
+                    let at = b * M + t;
+                    let words = tile.pairs.as_ptr().add(at * K_PAIRS + 8);
+                    let offset = |words| _mm256_slli_epi32::<5>(pair_sums(&pairs, words));
+                    let high = _mm256_sub_epi32(h[t][half], offset(words));
+                    let low = _mm256_sub_epi32(l[t][half], offset(words.add(8)));
+                    let s = _mm256_set1_ps(*tile.scales.get_unchecked(at));
+                    acc[t][half] = add_digits(acc[t][half], _mm256_mul_ps(d, s), high, low);
+                }
+            }
+        }
+    }
+    store(&acc, h0, out);
+}
+
+/// Halves `h0..h0 + H` of each token's lanes into `out`.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn store<const M: usize, const H: usize>(
+    acc: &[[__m256; H]; M],
+    h0: usize,
+    out: &mut [[f32; 16]; M],
+) {
+    for (out, acc) in out.iter_mut().zip(acc) {
+        for (h, acc) in acc.iter().enumerate() {
+            // SAFETY: eight outputs of a row of `out` hold one register's worth.
+            unsafe { _mm256_storeu_ps(out[8 * (h0 + h)..].as_mut_ptr(), *acc) };
+        }
+    }
 }
 
 /// [`super::avx512::group`] on AVX2: the 16 outputs of each of the `M` tokens of `tile`
@@ -323,10 +460,5 @@ unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize>(
             }
         }
     }
-    for (out, acc) in out.iter_mut().zip(&acc) {
-        for (h, acc) in acc.iter().enumerate() {
-            // SAFETY: eight outputs of a row of `out` hold one register's worth.
-            unsafe { _mm256_storeu_ps(out[8 * (h0 + h)..].as_mut_ptr(), *acc) };
-        }
-    }
+    store(&acc, h0, out);
 }

@@ -1,209 +1,300 @@
-//! The quantized dot products of [`super::dots`] on AVX-512 VNNI, 64 products at a time with `vpdpbusd`: groups of 16 Q8_0, Q4_0 or Q4_1 rows against up to 8 tokens, one lane per row; the K-quants one weight row against a tile of tokens, the 16 lanes of `dots` in one register.
+//! The quantized dot products of [`super::dots`] on AVX-512 VNNI, 64 products at a time with `vpdpbusd`: groups of 16 interleaved rows of any block-quantized type against up to 8 tokens, one i32 lane per row.
 //!
 //! `vpdpbusd` adds the four products of unsigned weight bytes and signed activation bytes into
-//! each i32 lane. The group tile ([`group`]) takes 64 bytes of interleaved weights (four
-//! values of each of 16 rows) against each token's four activation bytes, broadcast. The
-//! K-quant row tiles take the four-product sums of `dots`, two 32-value chunks of a block at
-//! once, in the lane order `dots` defines; the first digit's sums, shifted left by 8, seed the
-//! second digit's `vpdpbusd`, which joins them as `dots` does. The K-quants' sub-block scales multiply the lanes in i32.
-//! Every integer equals the portable one and the float operations are those of `dots`, lane by
-//! lane, so the result has the same bits.
+//! each i32 lane. A group tile takes 64 bytes of interleaved weights (four values of each of
+//! 16 rows) against each token's four activation bytes, broadcast, so no lane ever needs a
+//! horizontal sum. The 32-value blocks join the digits in the lane ([`group`]); the K-quants
+//! ([`q4_k_group`], [`q6_k_group`]) sum each sub-block apart, multiply it by the rows' scales
+//! (unpacked for 16 rows at once) and keep one sum per digit, as `dots` defines. Every integer
+//! equals the portable one and the float operations are those of `dots`, lane by lane, so the
+//! result has the same bits.
 //!
-//! A weight block is loaded and unpacked once for all the tokens of a tile: the row streams
-//! from memory once, and every token meets it in registers.
+//! A block of weights is loaded and unpacked once for all the tokens of a tile: the group
+//! streams from memory once, and every token meets it in registers.
 
 use std::arch::x86_64::{
-    __m256i, __m512, __m512i, _mm_cvtph_ps, _mm_cvtsi32_si128, _mm_cvtss_f32, _mm_loadu_si128,
-    _mm256_and_si256, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_srli_epi16,
-    _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512, _mm512_broadcast_i64x4,
-    _mm512_castsi256_si512, _mm512_cvtepi8_epi32, _mm512_cvtepi32_ps, _mm512_cvtepu8_epi32,
-    _mm512_cvtph_ps, _mm512_dpbusd_epi32, _mm512_inserti64x4, _mm512_loadu_si512, _mm512_mul_ps,
-    _mm512_mullo_epi32, _mm512_or_si512, _mm512_permutexvar_epi32, _mm512_set1_epi8,
-    _mm512_set1_epi32, _mm512_set1_ps, _mm512_setr_epi32, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srli_epi16, _mm512_srlv_epi16, _mm512_storeu_ps,
-    _mm512_sub_epi32,
+    __m512, __m512i, _mm256_loadu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
+    _mm512_cvtepi8_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps, _mm512_dpbusd_epi32,
+    _mm512_dpwssd_epi32, _mm512_loadu_si512, _mm512_mul_ps, _mm512_mullo_epi32, _mm512_or_si512,
+    _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
+    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srai_epi32, _mm512_srli_epi16, _mm512_srli_epi32,
+    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_epi32, _mm512_sub_ps,
+    _mm512_ternarylogic_epi32,
 };
 
 use plughost_device_abi::DType;
 
-use super::activations::{Q8Row, Q8Tile};
-use super::dots::{
-    Q4_K_BYTES, Q6_K_BYTES, Sums, q4_k_scales_mins, q4_k_tail, q6_k_tail, scaled_tail,
-};
+use super::activations::{K_PAIRS, Q8Tile};
+use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
+use super::interleaved::{GROUP, Q6_K_HALF, check_group, q6_k_at};
 
-/// The 64 activations of one digit from value `at`.
+/// The 64 bytes at `p`.
+///
+/// # Safety
+/// `p` starts 64 readable bytes.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn digits(digits: &[i8], at: usize) -> __m512i {
-    let digits = &digits[at..at + 64];
-    // SAFETY: the slice holds 64 bytes; unaligned loads are allowed.
-    unsafe { _mm512_loadu_si512(digits.as_ptr().cast()) }
+unsafe fn load64(p: *const u8) -> __m512i {
+    // SAFETY: the caller's contract; unaligned loads are allowed.
+    unsafe { _mm512_loadu_si512(p.cast()) }
 }
 
-/// 32 bytes of `bytes` from `at`.
+/// The 16 f16 at `p`, widened.
+///
+/// # Safety
+/// `p` starts 32 readable bytes.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn bytes_32(bytes: &[u8], at: usize) -> __m256i {
-    let bytes = &bytes[at..at + 32];
-    // SAFETY: the slice holds 32 bytes; unaligned loads are allowed.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+#[target_feature(enable = "avx512f,avx2,f16c")]
+unsafe fn halves16(p: *const u8) -> __m512 {
+    // SAFETY: the caller's contract.
+    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(p.cast()) })
 }
 
-/// The f16 at `bytes[at..at + 2]`.
-#[inline]
-fn f16_bits(bytes: &[u8], at: usize) -> u32 {
-    u32::from(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
-}
-
-/// An f16 given by its bits, widened with F16C.
-#[inline]
-#[target_feature(enable = "avx512f,f16c")]
-fn half_f32(bits: u32) -> f32 {
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
-/// `256 · high + low` from the weights `w` and both digits, as `dots::join`: the first digit's
-/// four-product sums, shifted, seed the second's.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-fn joined(w: __m512i, high: __m512i, low: __m512i) -> __m512i {
-    let high = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, high);
-    _mm512_dpbusd_epi32(_mm512_slli_epi32::<8>(high), w, low)
-}
-
-/// `lane += (d · s) · ints`, lane by lane, as `dots::scaled`.
+/// The i32 at `p`, broadcast to every lane.
+///
+/// # Safety
+/// `p` starts 4 readable bytes.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn accumulate(lane: __m512, d: __m512, s: __m512, ints: __m512i) -> __m512 {
-    _mm512_add_ps(
-        lane,
-        _mm512_mul_ps(_mm512_mul_ps(d, s), _mm512_cvtepi32_ps(ints)),
-    )
+unsafe fn broadcast(p: *const i8) -> __m512i {
+    // SAFETY: the caller's contract.
+    _mm512_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
 }
 
-/// The result of each token: its lanes and its tail, through [`Sums::finish`].
+/// `acc + (d · s) · (256 · h + l)` lane by lane, as `dots::scaled_digits`.
 #[inline]
 #[target_feature(enable = "avx512f")]
-fn finish<const M: usize>(lanes: [__m512; M], tails: [f32; M]) -> [f32; M] {
-    let mut out = [0.0; M];
+fn add_digits(acc: __m512, ds: __m512, h: __m512i, l: __m512i) -> __m512 {
+    let joined = _mm512_add_ps(
+        _mm512_mul_ps(_mm512_set1_ps(256.0), _mm512_cvtepi32_ps(h)),
+        _mm512_cvtepi32_ps(l),
+    );
+    _mm512_add_ps(acc, _mm512_mul_ps(ds, joined))
+}
+
+/// The sums of `M` tokens' digits over one sub-block against the weight operands `weights`
+/// (four values of each row each): `vpdpbusd` from 0, the tile's digits of 32-value chunk
+/// `chunk` from quad `quad`, each times the rows' scales `scale`, added to `h` and `l`.
+///
+/// # Safety
+/// The tile's digits hold chunk `chunk`'s quads `quad..quad + N` for `M` tokens.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn sub_block<const M: usize, const N: usize>(
+    activations: *const i8,
+    (chunk, quad): (usize, usize),
+    weights: &[__m512i; N],
+    scale: __m512i,
+    h: &mut [__m512i; M],
+    l: &mut [__m512i; M],
+) {
     for t in 0..M {
-        let mut sums = Sums {
-            tail: tails[t],
-            ..Sums::default()
-        };
-        // SAFETY: `lanes` holds 16 f32, one register's worth.
-        unsafe { _mm512_storeu_ps(sums.lanes.as_mut_ptr(), lanes[t]) };
-        out[t] = sums.finish();
+        let (mut sh, mut sl) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        for (q, &w) in weights.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe {
+                let at = activations.add((chunk * 8 + quad + q) * 8 * M + 4 * t);
+                sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
+                sl = _mm512_dpbusd_epi32(sl, w, broadcast(at.add(4 * M)));
+            }
+        }
+        h[t] = _mm512_add_epi32(h[t], _mm512_mullo_epi32(sh, scale));
+        l[t] = _mm512_add_epi32(l[t], _mm512_mullo_epi32(sl, scale));
     }
-    out
 }
 
-/// `w` (one row of whole `dtype` blocks) against each of `xs` (activations of the same
-/// length): what [`super::dots::dot_row`] gives for each, with the same bits.
+/// `Σ_k pairs[k] · tile pairs from `at + k`` in i16 pairs (`vpdpwssd`) for one digit.
+///
+/// # Safety
+/// `at` starts `N` readable i32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn pair_sums<const N: usize>(pairs: &[__m512i; N], at: *const i32) -> __m512i {
+    let mut sum = _mm512_setzero_si512();
+    for (k, &p) in pairs.iter().enumerate() {
+        // SAFETY: the caller's contract.
+        let words = _mm512_set1_epi32(unsafe { at.add(k).read() });
+        sum = _mm512_dpwssd_epi32(sum, p, words);
+    }
+    sum
+}
+
+/// One group of 16 interleaved Q4_K rows against the `M` tokens of `tile`: the 16 outputs of
+/// each token, what [`super::dots::dot_row`] gives, with the same bits.
+///
+/// Per block, the three words of packed scales and minima of the 16 rows unpack as
+/// `dots::q4_k_scales_mins` unpacks one row's, a lane per row; each sub-block's eight
+/// operands of nibbles meet each token's digits, and its sums take the rows' scales. The
+/// minima meet the tokens' sub-block sums in i16 pairs (`vpdpwssd`).
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn tile<const M: usize>(dtype: DType, w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    super::dots::check_rows(dtype, w, xs);
-    super::tile_by_type!(self, dtype, w, xs)
-}
-
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-fn q4_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let mut lanes = [_mm512_setzero_ps(); M];
-    let mut tails = [0.0f32; M];
-    let mask = _mm256_set1_epi8(0x0F);
-    for (b, block) in w.chunks_exact(Q4_K_BYTES).enumerate() {
-        let (scales, mins) = q4_k_scales_mins(block);
-        let mut wide = [0u8; 16];
-        wide[..8].copy_from_slice(&scales);
-        // SAFETY: `wide` holds 16 bytes.
-        let scales = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(wide.as_ptr().cast()) });
-        let mut ints = [_mm512_setzero_si512(); M];
-        for c in 0..4 {
-            let bytes = bytes_32(block, 16 + 32 * c);
-            // Sub-block 2c in lanes 0..8 (the low nibbles), 2c + 1 in lanes 8..16.
-            let values = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(_mm256_and_si256(bytes, mask)),
-                _mm256_and_si256(_mm256_srli_epi16::<4>(bytes), mask),
+pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+    let blocks = check_group(DType::Q4_K, group, &tile, M);
+    let activations = tile.digits.as_ptr();
+    let nibbles = _mm512_set1_epi8(0x0F);
+    let [low_6, low_4, low_2, byte, words] =
+        [0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303, 0xff, 0x00ff_00ff].map(|v| _mm512_set1_epi32(v));
+    let mut acc = [_mm512_setzero_ps(); M];
+    for b in 0..blocks {
+        // SAFETY: `check_group` checked the group holds `blocks` whole blocks, so their
+        // fields and values lie inside it, and the tile's digits, scales and pairs cover them.
+        unsafe {
+            let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
+            let (a, m, c) = (
+                load64(base.add(64)),
+                load64(base.add(128)),
+                load64(base.add(192)),
             );
-            let (j, k) = (2 * c as i32, 2 * c as i32 + 1);
-            let index = _mm512_setr_epi32(j, j, j, j, j, j, j, j, k, k, k, k, k, k, k, k);
-            let scale = _mm512_permutexvar_epi32(index, scales);
+            let high_bits = |w: __m512i| {
+                _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(w), low_2))
+            };
+            let scales = [
+                _mm512_and_si512(a, low_6),
+                _mm512_or_si512(_mm512_and_si512(c, low_4), high_bits(a)),
+            ];
+            let minima = [
+                _mm512_and_si512(m, low_6),
+                _mm512_or_si512(
+                    _mm512_and_si512(_mm512_srli_epi32::<4>(c), low_4),
+                    high_bits(m),
+                ),
+            ];
+            let (mut h, mut l) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
+            for j in 0..8 {
+                let shift = _mm512_set1_epi32(8 * (j as i32 % 4));
+                let scale = _mm512_and_si512(_mm512_srlv_epi32(scales[j / 4], shift), byte);
+                let quads = base.add(256 + 64 * 8 * (j / 2));
+                let weights: [__m512i; 8] = std::array::from_fn(|i| {
+                    let w = load64(quads.add(64 * i));
+                    if j % 2 == 0 {
+                        _mm512_and_si512(w, nibbles)
+                    } else {
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibbles)
+                    }
+                });
+                sub_block(activations, (8 * b + j, 0), &weights, scale, &mut h, &mut l);
+            }
+            // Minima (0, 2), (1, 3), (4, 6), (5, 7) in i16 pairs, the tile's order.
+            let pairs = [
+                _mm512_and_si512(minima[0], words),
+                _mm512_and_si512(_mm512_srli_epi32::<8>(minima[0]), words),
+                _mm512_and_si512(minima[1], words),
+                _mm512_and_si512(_mm512_srli_epi32::<8>(minima[1]), words),
+            ];
+            let (d, dmin) = (halves16(base), halves16(base.add(32)));
             for t in 0..M {
-                let at = 256 * b + 64 * c;
-                let p = joined(values, digits(xs[t].high, at), digits(xs[t].low, at));
-                ints[t] = _mm512_add_epi32(ints[t], _mm512_mullo_epi32(p, scale));
+                let at = b * M + t;
+                let words = tile.pairs.as_ptr().add(at * K_PAIRS);
+                let high = pair_sums(&pairs, words);
+                let low = pair_sums(&pairs, words.add(4));
+                let minimum = _mm512_add_epi32(_mm512_slli_epi32::<8>(high), low);
+                let s = _mm512_set1_ps(*tile.scales.get_unchecked(at));
+                acc[t] = add_digits(acc[t], _mm512_mul_ps(d, s), h[t], l[t]);
+                acc[t] = _mm512_sub_ps(
+                    acc[t],
+                    _mm512_mul_ps(_mm512_mul_ps(dmin, s), _mm512_cvtepi32_ps(minimum)),
+                );
             }
         }
-        let (d, dmin) = (half_f32(f16_bits(block, 0)), half_f32(f16_bits(block, 2)));
-        for t in 0..M {
-            let s = xs[t].scales[b];
-            lanes[t] = accumulate(lanes[t], _mm512_set1_ps(d), _mm512_set1_ps(s), ints[t]);
-            tails[t] += scaled_tail(dmin, s, q4_k_tail(&mins, &xs[t], b));
-        }
     }
-    finish(lanes, tails)
+    store(acc)
 }
 
-#[inline]
+/// One group of 16 interleaved Q6_K rows against the `M` tokens of `tile`, as
+/// [`q4_k_group`]: each operand of 6-bit values is put together from a quad of low bits and
+/// one of high bits, each low quad giving two operands (its nibbles), in the order the group
+/// keeps them; the values' `- 32` is taken off after the scales, as the rows' scale pairs
+/// times the tokens' sub-block sums (`vpdpwssd`), times 32.
+///
+/// # Safety
+/// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-fn q6_k<const M: usize>(w: &[u8], xs: &[Q8Row<'_>; M]) -> [f32; M] {
-    let mut lanes = [_mm512_setzero_ps(); M];
-    let mut tails = [0.0f32; M];
-    let mask = _mm512_set1_epi8(0x0F);
-    let three = _mm512_set1_epi8(3);
-    for (b, block) in w.chunks_exact(Q6_K_BYTES).enumerate() {
-        let scales = &block[192..208];
-        // SAFETY: the slice holds 16 bytes.
-        let scales = _mm512_cvtepi8_epi32(unsafe { _mm_loadu_si128(scales.as_ptr().cast()) });
-        let d = _mm512_set1_ps(half_f32(f16_bits(block, 208)));
-        for half in 0..2 {
-            let low_bits = &block[64 * half..64 * half + 64];
-            // SAFETY: the slice holds 64 bytes.
-            let ql = unsafe { _mm512_loadu_si512(low_bits.as_ptr().cast()) };
-            let qh = _mm512_broadcast_i64x4(bytes_32(block, 128 + 32 * half));
-            let mut ints = [_mm512_setzero_si512(); M];
-            for pair in 0..2 {
-                // Chunks c and c + 1 (values 32c..32c + 64): the low nibbles of `ql` for the
-                // first pair, the high ones for the second; bits 4·pair and 4·pair + 2 of `qh`.
-                let c = 4 * half + 2 * pair;
-                let low = if pair == 0 {
-                    _mm512_and_si512(ql, mask)
+pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+    let blocks = check_group(DType::Q6_K, group, &tile, M);
+    let activations = tile.digits.as_ptr();
+    let nibbles = _mm512_set1_epi8(0x0F);
+    let two_bits = _mm512_set1_epi8(0x30);
+    let mut acc = [_mm512_setzero_ps(); M];
+    for b in 0..blocks {
+        // SAFETY: as in `q4_k_group`.
+        unsafe {
+            let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
+            let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
+            let pairs: [__m512i; 8] = std::array::from_fn(|p| {
+                _mm512_cvtepi8_epi16(_mm256_loadu_si256(scales.add(32 * p).cast()))
+            });
+            let scale = |j: usize| {
+                let pair = pairs[j / 2];
+                if j.is_multiple_of(2) {
+                    _mm512_srai_epi32::<16>(_mm512_slli_epi32::<16>(pair))
                 } else {
-                    _mm512_and_si512(_mm512_srli_epi16::<4>(ql), mask)
-                };
-                let shift = 4 * pair as i16;
-                let shifts = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_set1_epi16(shift)),
-                    _mm256_set1_epi16(shift + 2),
-                );
-                let high = _mm512_and_si512(_mm512_srlv_epi16(qh, shifts), three);
-                let values = _mm512_or_si512(low, _mm512_slli_epi16::<4>(high));
-                // Lanes 4i..4i + 4 take sub-block 2c + i's scale.
-                let s = 2 * c as i32;
-                let (s1, s2, s3) = (s + 1, s + 2, s + 3);
-                let index =
-                    _mm512_setr_epi32(s, s, s, s, s1, s1, s1, s1, s2, s2, s2, s2, s3, s3, s3, s3);
-                let scale = _mm512_permutexvar_epi32(index, scales);
-                for t in 0..M {
-                    let at = 256 * b + 32 * c;
-                    let p = joined(values, digits(xs[t].high, at), digits(xs[t].low, at));
-                    ints[t] = _mm512_add_epi32(ints[t], _mm512_mullo_epi32(p, scale));
+                    _mm512_srai_epi32::<16>(pair)
+                }
+            };
+            let (mut h, mut l) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
+            // Values 128 · half + 32k + 4i..: the low bits' quad `8 (k % 2) + i` of the half
+            // (nibble k / 2), the high bits' quad `i` (bits 2k, 2k + 1).
+            for half in 0..2 {
+                let values = values.add(Q6_K_HALF * half);
+                for kk in 0..2 {
+                    for sub in 0..2 {
+                        let both: [[__m512i; 2]; 4] = std::array::from_fn(|q| {
+                            let i = 4 * sub + q;
+                            let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
+                            let ql = load64(values.add(low));
+                            let qh = load64(values.add(128 * i + 64));
+                            // Bits 2k, 2k + 1 of `qh` to bits 4, 5, for k = kk and kk + 2.
+                            let (first, second) = if kk == 0 {
+                                (_mm512_slli_epi16::<4>(qh), qh)
+                            } else {
+                                (_mm512_slli_epi16::<2>(qh), _mm512_srli_epi16::<2>(qh))
+                            };
+                            // (low & 0x0F) | (high & 0x30)
+                            let value = |low: __m512i, high: __m512i| {
+                                let low = _mm512_and_si512(low, nibbles);
+                                _mm512_ternarylogic_epi32::<0xF8>(low, high, two_bits)
+                            };
+                            [value(ql, first), value(_mm512_srli_epi16::<4>(ql), second)]
+                        });
+                        let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
+                        for (n, operands) in operands.iter().enumerate() {
+                            let k = kk + 2 * n;
+                            let chunk = (8 * b + 4 * half + k, 4 * sub);
+                            let j = 8 * half + 2 * k + sub;
+                            sub_block(activations, chunk, operands, scale(j), &mut h, &mut l);
+                        }
+                    }
                 }
             }
+            let d = halves16(d);
             for t in 0..M {
-                lanes[t] = accumulate(lanes[t], d, _mm512_set1_ps(xs[t].scales[b]), ints[t]);
+                let at = b * M + t;
+                let words = tile.pairs.as_ptr().add(at * K_PAIRS + 8);
+                let h = _mm512_sub_epi32(h[t], _mm512_slli_epi32::<5>(pair_sums(&pairs, words)));
+                let l = _mm512_sub_epi32(
+                    l[t],
+                    _mm512_slli_epi32::<5>(pair_sums(&pairs, words.add(8))),
+                );
+                let s = _mm512_set1_ps(*tile.scales.get_unchecked(at));
+                acc[t] = add_digits(acc[t], _mm512_mul_ps(d, s), h, l);
             }
         }
-        let d = half_f32(f16_bits(block, 208));
-        for t in 0..M {
-            tails[t] += scaled_tail(d, xs[t].scales[b], q6_k_tail(block, &xs[t], b));
-        }
     }
-    finish(lanes, tails)
+    store(acc)
+}
+
+/// Each token's 16 lanes, one per row.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn store<const M: usize>(acc: [__m512; M]) -> [[f32; 16]; M] {
+    let mut out = [[0.0; 16]; M];
+    for t in 0..M {
+        // SAFETY: a row of `out` holds 16 f32, one register's worth.
+        unsafe { _mm512_storeu_ps(out[t].as_mut_ptr(), acc[t]) };
+    }
+    out
 }
 
 /// One group of 16 interleaved rows of `FORMAT`'s type (see `interleaved`: Q8_0 0, Q4_0 1,

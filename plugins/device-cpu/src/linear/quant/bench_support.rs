@@ -12,7 +12,7 @@ use crate::isa::Isa;
 use crate::workers::Workers;
 
 use super::super::sink::SharedOut;
-use super::dots::block_bytes;
+use super::dots::{activation_block, block_bytes};
 use super::interleaved::{arrange_in_tasks, groups};
 use super::{Outputs, QuantMatrix, multiply};
 
@@ -58,7 +58,7 @@ impl QuantizedBench {
                 weights.len()
             ));
         }
-        let inner = row_bytes / block_bytes(dtype) * 32;
+        let inner = row_bytes / block_bytes(dtype) * activation_block(dtype);
         arrange_in_tasks(dtype, weights, inner, &self.context);
         Ok(())
     }

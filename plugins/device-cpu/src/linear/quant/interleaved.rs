@@ -1,4 +1,4 @@
-//! Q8_0, Q4_0 and Q4_1 weights interleaved in groups of [`GROUP`] rows: the CPU device's own arrangement of such a matrix, made in place on the first launch that reads it, the group tiles' operand order.
+//! Block-quantized weights interleaved in groups of [`GROUP`] rows: the CPU device's own arrangement of such a matrix, made in place on the first launch that reads it, the group tiles' operand order.
 //!
 //! A group is 16 consecutive weight rows. For each block `b` of 32 values it holds the 16
 //! rows' f16 scales side by side (32 bytes; Q4_1 then its 16 minima), then the values in
@@ -16,6 +16,20 @@
 //! did, so the arrangement is made in place; the rows past the last whole group stay in the
 //! host's order.
 //!
+//! The K-quants keep each 256-value block of the 16 rows in as many bytes as the rows' blocks
+//! ([`k_place`]). Q4_K: the rows' `d` side by side (32 bytes), their `dmin` (32), then the three
+//! words of packed scales and minima (bytes `4..8`, `8..12`, `12..16` of each row), each word
+//! of the 16 rows in 64 bytes, which the tiles unpack for all rows at once as `dots` does for
+//! one; then the 128 bytes of nibbles in 32 quads (bytes `4q..4q + 4` of each row: values
+//! `64c + 4i..` low and `64c + 32 + 4i..` high for `q = 8c + i`). Q6_K: its sixteen scales
+//! in pairs of sub-blocks, the two scales of each row side by side (`vpmaddwd`'s operand), 32
+//! bytes a pair; then each half of the block (128 values) in 24 quads, in the order the tiles
+//! read them: quad `i` of the low bits (values `32k + 4i..` for `k` 0 and 2, its nibbles) and
+//! quad `i` of the high bits (the same values' top two bits, for every `k`) in turn for `i` in
+//! `0..8`, then the low bits' quads `8..16` (`k` 1 and 3); and the rows' `d`: last in an even
+//! block and first in an odd one, so that the quads of every block start on a 64-byte line. A
+//! block is then read from its start to its end, a stream the hardware prefetchers follow.
+//!
 //! The arrangement changes no value: the group tiles and the row path compute the same
 //! integers and float operations (see `dots`), so a weight gives the same bits in either order.
 
@@ -24,16 +38,13 @@ use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, Launch};
 
 #[cfg(target_arch = "x86_64")]
 use super::activations::Q8Tile;
-use super::dots::block_bytes;
+use super::dots::{activation_block, block_bytes};
 use crate::Context;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::IsaLevel;
 
 /// Weight rows per group: one i32 lane each in a 64-byte register.
 pub const GROUP: usize = 16;
-
-/// Values per block.
-const BLOCK: usize = 32;
 
 /// Bytes of one f16 field (scale or minimum) across a group.
 const FIELD_BYTES: usize = 2 * GROUP;
@@ -42,7 +53,13 @@ const FIELD_BYTES: usize = 2 * GROUP;
 const KIND: u64 = 0x7138 << 48;
 
 /// The types kept in groups, in the order of their codes.
-const TYPES: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const TYPES: [DType; 5] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q4_K,
+    DType::Q6_K,
+];
 
 /// The type of the group tiles' `FORMAT` (0 Q8_0, 1 Q4_0, 2 Q4_1).
 #[cfg(target_arch = "x86_64")]
@@ -54,6 +71,59 @@ pub const fn format_type(format: u8) -> DType {
 pub fn groups(dtype: DType) -> bool {
     TYPES.contains(&dtype)
 }
+
+/// Whether `dtype` is a K-quant, whose blocks [`k_place`] lays out.
+fn k_quant(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q6_K)
+}
+
+/// Where byte `i` of row `r`'s block `b` of a K-quant group lies, from the block's start in
+/// the group (`b · GROUP · block_bytes`).
+#[inline(always)]
+pub fn k_place(dtype: DType, b: usize, r: usize, i: usize) -> usize {
+    // A quad's byte: bytes `4q..4q + 4` of each of the 16 rows, row by row.
+    let quad = |at: usize, i: usize| at + 64 * (i / 4) + 4 * r + i % 4;
+    if dtype == DType::Q4_K {
+        match i {
+            0..4 => 32 * (i / 2) + 2 * r + i % 2,
+            4..16 => quad(64, i - 4),
+            _ => quad(256, i - 16),
+        }
+    } else {
+        let (fields, d) = if b.is_multiple_of(2) {
+            (0, 3328)
+        } else {
+            (32, 0)
+        };
+        match i {
+            // Low bits: quads 0..8 of a half between the high bits' quads, 8..16 after them.
+            0..128 => {
+                let (half, q) = (i / 64, (i % 64) / 4);
+                let at = if q < 8 { 128 * q } else { 1024 + 64 * (q - 8) };
+                fields + 256 + 1536 * half + at + 4 * r + i % 4
+            }
+            128..192 => {
+                let (half, q) = ((i - 128) / 32, ((i - 128) % 32) / 4);
+                fields + 256 + 1536 * half + 128 * q + 64 + 4 * r + i % 4
+            }
+            192..208 => fields + 32 * ((i - 192) / 2) + 2 * r + (i - 192) % 2,
+            _ => d + 2 * r + i - 208,
+        }
+    }
+}
+
+/// Where Q6_K block `b` of a group keeps its scale pairs, its quads of values (the first
+/// half's, then the second's, [`Q6_K_HALF`] bytes each) and `d`, from the block's start: see
+/// [`k_place`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub fn q6_k_at(b: usize) -> [usize; 3] {
+    [192, 0, 208].map(|i| k_place(DType::Q6_K, b, 0, i))
+}
+
+/// Bytes of the quads of one half of a Q6_K block in a group.
+#[cfg(target_arch = "x86_64")]
+pub const Q6_K_HALF: usize = 1536;
 
 /// The f16 fields of a block of `dtype`: its scale, and Q4_1's minimum.
 fn fields(dtype: DType) -> usize {
@@ -77,7 +147,8 @@ fn flip(dtype: DType) -> u8 {
 pub fn arrangement(dtype: DType, inner: usize) -> Option<u64> {
     let tag = TYPES.iter().position(|&t| t == dtype)? as u64;
     let inner = u32::try_from(inner).ok()?;
-    (inner > 0 && inner.is_multiple_of(BLOCK as u32)).then_some(KIND | tag << 32 | u64::from(inner))
+    let values = activation_block(dtype) as u32;
+    (inner > 0 && inner.is_multiple_of(values)).then_some(KIND | tag << 32 | u64::from(inner))
 }
 
 /// The type and `K` of an arrangement code made by [`arrangement`].
@@ -118,11 +189,18 @@ pub fn check_group(dtype: DType, group: &[u8], tile: &Q8Tile<'_>, tokens: usize)
         "a group holds whole blocks"
     );
     let blocks = group.len() / group_block;
+    // The 32-value blocks' tiles keep a block sum per token, the K-quants' their pairs.
+    let (sums, pairs) = if k_quant(dtype) {
+        (0, super::activations::K_PAIRS)
+    } else {
+        (1, 0)
+    };
     assert!(
         tile.tokens == tokens
-            && tile.digits.len() >= 2 * BLOCK * blocks * tokens
+            && tile.digits.len() >= 2 * activation_block(dtype) * blocks * tokens
             && tile.scales.len() >= blocks * tokens
-            && tile.sums.len() >= blocks * tokens,
+            && tile.sums.len() >= sums * blocks * tokens
+            && tile.pairs.len() >= pairs * blocks * tokens,
         "a tile of {tokens} tokens covers the group's blocks"
     );
     blocks
@@ -133,6 +211,17 @@ pub fn check_group(dtype: DType, group: &[u8], tile: &Q8Tile<'_>, tokens: usize)
 pub fn pack(dtype: DType, rows: &[u8], blocks: usize, group: &mut [u8]) {
     let (bytes, header) = (block_bytes(dtype), 2 * fields(dtype));
     group.fill(0);
+    if k_quant(dtype) {
+        for (r, row) in rows.chunks_exact(blocks * bytes).enumerate() {
+            for (b, block) in row.chunks_exact(bytes).enumerate() {
+                let to = &mut group[b * GROUP * bytes..(b + 1) * GROUP * bytes];
+                for (i, &byte) in block.iter().enumerate() {
+                    to[k_place(dtype, b, r, i)] = byte;
+                }
+            }
+        }
+        return;
+    }
     for (r, row) in rows.chunks_exact(blocks * bytes).enumerate() {
         for (b, block) in row.chunks_exact(bytes).enumerate() {
             let (fields, quads) = block_at(dtype, b, blocks);
@@ -151,6 +240,16 @@ pub fn pack(dtype: DType, rows: &[u8], blocks: usize, group: &mut [u8]) {
 
 /// Row `r` of a `dtype` group back in the host's order, into `row` (`blocks` blocks).
 pub fn unpack_row(dtype: DType, group: &[u8], r: usize, blocks: usize, row: &mut [u8]) {
+    if k_quant(dtype) {
+        let bytes = block_bytes(dtype);
+        for (b, block) in row.chunks_exact_mut(bytes).enumerate() {
+            let from = &group[b * GROUP * bytes..(b + 1) * GROUP * bytes];
+            for (i, byte) in block.iter_mut().enumerate() {
+                *byte = from[k_place(dtype, b, r, i)];
+            }
+        }
+        return;
+    }
     let header = 2 * fields(dtype);
     for (b, block) in row.chunks_exact_mut(block_bytes(dtype)).enumerate() {
         let (fields, quads) = block_at(dtype, b, blocks);
@@ -169,7 +268,7 @@ pub fn unpack_row(dtype: DType, group: &[u8], r: usize, blocks: usize, row: &mut
 /// Interleaves the whole groups of a row-major `dtype` matrix of rows of `inner` values, in
 /// place; a partial group at the end stays as it is. `scratch` is reused.
 pub fn arrange(dtype: DType, bytes: &mut [u8], inner: usize, scratch: &mut Vec<u8>) {
-    let blocks = inner / BLOCK;
+    let blocks = inner / activation_block(dtype);
     for group in bytes.chunks_exact_mut(GROUP * blocks * block_bytes(dtype)) {
         scratch.clear();
         scratch.extend_from_slice(group);
@@ -179,7 +278,7 @@ pub fn arrange(dtype: DType, bytes: &mut [u8], inner: usize, scratch: &mut Vec<u
 
 /// Undoes [`arrange`].
 pub fn restore(dtype: DType, bytes: &mut [u8], inner: usize, scratch: &mut Vec<u8>) {
-    let blocks = inner / BLOCK;
+    let blocks = inner / activation_block(dtype);
     let row_bytes = blocks * block_bytes(dtype);
     for group in bytes.chunks_exact_mut(GROUP * row_bytes) {
         scratch.clear();
@@ -193,7 +292,7 @@ pub fn restore(dtype: DType, bytes: &mut [u8], inner: usize, scratch: &mut Vec<u
 /// Row `index` of a `dtype` matrix of rows of `inner` values that [`arrange`] interleaved,
 /// in the host's order, into `row`.
 pub fn row_of(dtype: DType, bytes: &[u8], inner: usize, index: usize, row: &mut [u8]) {
-    let blocks = inner / BLOCK;
+    let blocks = inner / activation_block(dtype);
     let row_bytes = blocks * block_bytes(dtype);
     let group_bytes = GROUP * row_bytes;
     let group = index / GROUP;
@@ -243,7 +342,7 @@ pub fn arrange_weights<const N: usize>(
 
 /// [`arrange`] spread over the workers, some sixteen tasks of whole groups.
 pub fn arrange_in_tasks(dtype: DType, bytes: &mut [u8], inner: usize, context: &Context) {
-    let group_bytes = GROUP * (inner / BLOCK) * block_bytes(dtype);
+    let group_bytes = GROUP * (inner / activation_block(dtype)) * block_bytes(dtype);
     let groups_per_task = (bytes.len() / group_bytes).div_ceil(16).max(1);
     context
         .workers
@@ -263,7 +362,7 @@ mod tests {
         for dtype in TYPES {
             let bytes_per_block = block_bytes(dtype);
             for blocks in [1, 2, 3, 4] {
-                let inner = blocks * BLOCK;
+                let inner = blocks * activation_block(dtype);
                 let rows = 37;
                 let bytes: Vec<u8> = (0..rows * blocks * bytes_per_block)
                     .map(|i| (i * 7 + i / 251) as u8)
@@ -280,17 +379,34 @@ mod tests {
                     row_of(dtype, &arranged, inner, index, &mut row);
                     assert_eq!(row, bytes[index * row_bytes..(index + 1) * row_bytes]);
                 }
-                // Byte 4q + i of row r's values in block b lies at quad q, lane r, byte i.
-                let (fields, quads) = block_at(dtype, blocks - 1, blocks);
                 let r = 5;
                 let block = &bytes[r * row_bytes + (blocks - 1) * bytes_per_block..];
-                assert_eq!(
-                    arranged[fields[0] + 2 * r..fields[0] + 2 * r + 2],
-                    block[..2]
-                );
-                let header = 2 * super::fields(dtype);
-                let value = block[header + 4 * 3 + 2] ^ flip(dtype);
-                assert_eq!(arranged[quads + 64 * 3 + 4 * r + 2], value);
+                if k_quant(dtype) {
+                    // Byte 16 + 4q + i of a Q4_K row's block (values), and byte 4q + i of a
+                    // Q6_K one's, lies at quad q, lane r, byte i of the block's quads.
+                    let last = (blocks - 1) * GROUP * bytes_per_block;
+                    // Q6_K's low bits' quad 3 lies sixth of the half's quads, between the high
+                    // bits' quads 2 and 3.
+                    let (at, first, quad) = if dtype == DType::Q4_K {
+                        (256, 16, 3)
+                    } else if blocks % 2 == 1 {
+                        (256, 0, 6)
+                    } else {
+                        (288, 0, 6)
+                    };
+                    let byte = arranged[last + at + 64 * quad + 4 * r + 2];
+                    assert_eq!(byte, block[first + 4 * 3 + 2], "{dtype}");
+                } else {
+                    // Byte 4q + i of row r's values in block b lies at quad q, lane r, byte i.
+                    let (fields, quads) = block_at(dtype, blocks - 1, blocks);
+                    assert_eq!(
+                        arranged[fields[0] + 2 * r..fields[0] + 2 * r + 2],
+                        block[..2]
+                    );
+                    let header = 2 * super::fields(dtype);
+                    let value = block[header + 4 * 3 + 2] ^ flip(dtype);
+                    assert_eq!(arranged[quads + 64 * 3 + 4 * r + 2], value);
+                }
                 let mut restored = arranged.clone();
                 restore(dtype, &mut restored, inner, &mut scratch);
                 assert_eq!(restored, bytes);
@@ -303,6 +419,26 @@ mod tests {
     }
 
     #[test]
+    fn k_quant_blocks_take_each_byte_once_and_start_their_quads_on_lines() {
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            let bytes = block_bytes(dtype);
+            for b in 0..3 {
+                let mut seen = vec![false; GROUP * bytes];
+                for r in 0..GROUP {
+                    for i in 0..bytes {
+                        let at = k_place(dtype, b, r, i);
+                        assert!(!seen[at], "{dtype} block {b}: byte {i} of row {r} twice");
+                        seen[at] = true;
+                    }
+                }
+                assert!(seen.iter().all(|&s| s), "{dtype} block {b} fills its bytes");
+                let values = k_place(dtype, b, 0, if dtype == DType::Q4_K { 16 } else { 0 });
+                assert_eq!((b * GROUP * bytes + values) % 64, 0, "{dtype} block {b}");
+            }
+        }
+    }
+
+    #[test]
     fn pairs_of_blocks_fill_whole_lines() {
         let blocks = 4;
         assert_eq!(block_at(DType::Q8_0, 0, blocks), ([0, 64], 64));
@@ -310,7 +446,8 @@ mod tests {
         assert_eq!(block_at(DType::Q8_0, 2, blocks).0[0], 1088);
         assert_eq!(block_at(DType::Q4_1, 1, blocks), ([32, 96], 128 + 256));
         assert_eq!(block_at(DType::Q4_0, 2, blocks).1, 576 + 64);
-        for dtype in TYPES {
+        for dtype in &TYPES[..3] {
+            let dtype = *dtype;
             let (_, quads) = block_at(dtype, 2, 3);
             let values = GROUP * value_bytes(dtype);
             assert_eq!(quads + values, 3 * GROUP * block_bytes(dtype), "{dtype}");
@@ -321,7 +458,8 @@ mod tests {
     #[test]
     fn arrangement_codes_carry_the_type_and_k() {
         assert_eq!(arrangement(DType::Q8_0, 40), None);
-        assert_eq!(arrangement(DType::Q4_K, 1024), None);
+        assert_eq!(arrangement(DType::Q4_K, 1024 + 32), None);
+        assert_eq!(arrangement(DType::BF16, 1024), None);
         for dtype in TYPES {
             let code = arrangement(dtype, 1024).unwrap();
             assert_eq!(inner_of(code), Some((dtype, 1024)));

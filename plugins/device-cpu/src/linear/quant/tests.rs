@@ -382,18 +382,19 @@ fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usi
     assert_eq!(bits(&out), bits(&expected), "{what} at {}", isa.level());
 }
 
-/// Q8_0, Q4_0 and Q4_1 on the group tiles: weights interleaved as a launch keeps them and in
-/// the host's
-/// order give the portable path's bits, for row counts that are no multiple of 16 (a partial
-/// last group) and token counts that fill no whole tile, alone and in a batch, on one thread
-/// and two; block counts odd (a last block alone) and even.
+/// Every type on the group tiles: weights interleaved as a launch keeps them and in the
+/// host's order give the portable path's bits, for row counts that are no multiple of 16 (a
+/// partial last group) and token counts that fill no whole tile, alone and in a batch, on
+/// one thread and two; block counts odd (a last block alone) and even.
 #[test]
 fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
     let portable = Isa::at(IsaLevel::Portable).expect("portable");
-    let types = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
     let shapes = [(3, 16), (3, 17), (4, 40), (2, 5), (1, 33)];
-    for (dtype, (blocks, rows)) in types.into_iter().flat_map(|t| shapes.map(|s| (t, s))) {
-        let inner = 32 * blocks;
+    let cases = DType::BLOCK_QUANTIZED
+        .into_iter()
+        .flat_map(|t| shapes.map(|s| (t, s)));
+    for (dtype, (blocks, rows)) in cases {
+        let inner = dots::activation_block(dtype) * blocks;
         let bytes = noise_blocks(dtype, rows, inner, (rows + blocks) as u64);
         let mut arranged = bytes.clone();
         interleaved::arrange(dtype, &mut arranged, inner, &mut Vec::new());
@@ -445,43 +446,39 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
     }
 }
 
-/// The gated form over interleaved gate (Q8_0) and up (Q4_1) matrices matches two plain
-/// launches and `silu_mul`, past a partial group.
+/// The gated form over interleaved gate and up matrices (Q8_0 and Q4_1; Q6_K and Q4_K, a
+/// Q4_K_M layer's) matches two plain launches and `silu_mul`, past a partial group.
 #[test]
 fn groups_serve_the_gated_launch() {
-    let (rows, inner, tokens) = (21, 64, 9);
-    let (gate_type, up_type) = (DType::Q8_0, DType::Q4_1);
-    let gate = noise_blocks(gate_type, rows, inner, 31);
-    let up = noise_blocks(up_type, rows, inner, 37);
-    let x: Vec<f32> = (0..tokens * inner).map(|i| noise(41, i)).collect();
-    let arranged = |dtype: DType, bytes: &[u8]| {
-        let mut bytes = bytes.to_vec();
-        interleaved::arrange(dtype, &mut bytes, inner, &mut Vec::new());
-        bytes
-    };
-    let (gate_arranged, up_arranged) = (arranged(gate_type, &gate), arranged(up_type, &up));
-    for isa in paths() {
-        let grouped = RowKernel { isa }.group_tokens().is_some();
-        fn matrix<'a>(
-            dtype: DType,
-            bytes: &'a [u8],
-            rows: usize,
-            grouped: bool,
-        ) -> QuantMatrix<'a> {
-            QuantMatrix {
+    let (rows, tokens) = (21, 9);
+    for (gate_type, up_type) in [(DType::Q8_0, DType::Q4_1), (DType::Q6_K, DType::Q4_K)] {
+        let inner = 2 * dots::activation_block(gate_type);
+        let gate = noise_blocks(gate_type, rows, inner, 31);
+        let up = noise_blocks(up_type, rows, inner, 37);
+        let x: Vec<f32> = (0..tokens * inner).map(|i| noise(41, i)).collect();
+        let arranged = |dtype: DType, bytes: &[u8]| {
+            let mut bytes = bytes.to_vec();
+            interleaved::arrange(dtype, &mut bytes, inner, &mut Vec::new());
+            bytes
+        };
+        let (gate_arranged, up_arranged) = (arranged(gate_type, &gate), arranged(up_type, &up));
+        for isa in paths() {
+            let grouped = RowKernel { isa }.group_tokens().is_some();
+            let (gate, up) = if grouped {
+                (&gate_arranged, &up_arranged)
+            } else {
+                (&gate, &up)
+            };
+            let matrix = |dtype, bytes| QuantMatrix {
                 dtype,
                 bytes,
                 rows,
                 grouped,
-            }
+            };
+            let gate = matrix(gate_type, &gate[..]);
+            let up = matrix(up_type, &up[..]);
+            let what = format!("{gate_type} gate, {up_type} up");
+            check_gated(isa, [gate, up], &x, inner, &what);
         }
-        let (gate, up) = if grouped {
-            (&gate_arranged, &up_arranged)
-        } else {
-            (&gate, &up)
-        };
-        let gate = matrix(gate_type, gate, rows, grouped);
-        let up = matrix(up_type, up, rows, grouped);
-        check_gated(isa, [gate, up], &x, inner, "Q8_0 gate, Q4_1 up");
     }
 }
