@@ -188,7 +188,7 @@ pub fn ensure_port_free(port: u16, name: &str) -> Result<()> {
         }
         Err(e) => bail!(
             "port {port} for {name} is in use ({e}): stop whatever listens there, or pick \
-             another port with --plughost-port / --llama-port"
+             another port with --plughost-port / --llama-port / --ik-llama-port"
         ),
     }
 }
