@@ -20,6 +20,9 @@ pub(super) struct Measured {
     pub(super) summaries: Vec<(String, Summary)>,
     pub(super) peak_rss: u64,
     pub(super) counters: Vec<(String, f64)>,
+    /// The same counters read once the server answered `/health`, before any request: the
+    /// KV pool is all free then, while after the loads the prefix cache holds blocks.
+    pub(super) idle_counters: Vec<(String, f64)>,
     /// Share of the machine's CPU time other processes took during the loads.
     pub(super) others_cpu: f64,
 }
@@ -43,6 +46,17 @@ impl Bench<'_> {
         for server in &mut running {
             server.wait_healthy(self.health_timeout)?;
         }
+        let idle_counters: Vec<Vec<(String, f64)>> = specs
+            .iter()
+            .zip(read_metrics)
+            .map(|(spec, &read)| {
+                if read {
+                    read_counters(spec.port)
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect();
         // With their device workers, which plughost starts before it answers /health.
         let pids: Vec<u32> = running.iter().flat_map(RunningServer::pids).collect();
         let cpu_before = cpu::Snapshot::take(&pids)?;
@@ -104,8 +118,12 @@ impl Bench<'_> {
             );
         }
         let mut measured = Vec::with_capacity(specs.len());
-        for (((server, spec), per_load), &read_metrics) in
-            running.into_iter().zip(specs).zip(runs).zip(read_metrics)
+        for ((((server, spec), per_load), &read_metrics), idle_counters) in running
+            .into_iter()
+            .zip(specs)
+            .zip(runs)
+            .zip(read_metrics)
+            .zip(idle_counters)
         {
             let summaries = self
                 .loads
@@ -125,6 +143,7 @@ impl Bench<'_> {
                 summaries,
                 peak_rss,
                 counters,
+                idle_counters,
                 others_cpu,
             });
         }

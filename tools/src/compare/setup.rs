@@ -230,7 +230,7 @@ impl Setup {
     ) -> ServerResult {
         let facts = &self.facts;
         // plughost's idle free-block count is its pool size; it confirms the computed KV size.
-        let (blocks, kv_source) = match counter(&measured.counters, "kv_cache_free_blocks") {
+        let (blocks, kv_source) = match counter(&measured.idle_counters, "kv_cache_free_blocks") {
             Some(b) if b as u64 != kv.blocks => (
                 b as u64,
                 format!(
