@@ -160,12 +160,16 @@ impl LocalDevice {
         let Some(times) = self.functions().callable_device_ns else {
             return false;
         };
-        // SAFETY: a live handle; a null buffer only asks for the count.
-        let count = unsafe { times(self.handle.as_ptr(), std::ptr::null_mut(), 0) };
-        out.clear();
-        out.resize(count as usize, 0);
-        // SAFETY: a live handle and `count` writable u64s.
-        unsafe { times(self.handle.as_ptr(), out.as_mut_ptr(), count) };
+        // One call per step once `out` has the device's size; a second only when it grew.
+        let len = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        // SAFETY: a live handle and `len` writable u64s.
+        let count = unsafe { times(self.handle.as_ptr(), out.as_mut_ptr(), len) };
+        if count > len {
+            out.resize(count as usize, 0);
+            // SAFETY: a live handle and `count` writable u64s.
+            unsafe { times(self.handle.as_ptr(), out.as_mut_ptr(), count) };
+        }
+        out.truncate(count as usize);
         count > 0
     }
 

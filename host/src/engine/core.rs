@@ -204,21 +204,23 @@ impl EngineCore {
             .observe(duration.as_secs_f64());
         let timed = self.callable_times.read(self.runtime.device());
         let names = self.runtime.device().callables();
-        let mut by_callable = serde_json::Map::new();
-        if timed {
-            for &(index, ns) in self.callable_times.step() {
-                let name = names.get(index).map_or("unknown", String::as_str);
-                let seconds = ns as f64 * 1e-9;
-                self.metrics
-                    .device_callable_seconds
-                    .with_label_values(&[name])
-                    .inc_by(seconds);
-                by_callable.insert(name.to_string(), (seconds * 1e3).into());
-            }
+        let name_of = |index: usize| names.get(index).map_or("unknown", String::as_str);
+        for &(index, ns) in self.callable_times.step() {
+            self.metrics
+                .device_callable_seconds
+                .with_label_values(&[name_of(index)])
+                .inc_by(ns as f64 * 1e-9);
         }
+        // The per-callable map is built only for the profile, not on every step.
         if let Some(profiler) = self.profiler.as_mut() {
             let mut args = serde_json::Map::new();
             if timed {
+                let by_callable: serde_json::Map<_, _> = self
+                    .callable_times
+                    .step()
+                    .iter()
+                    .map(|&(index, ns)| (name_of(index).to_string(), (ns as f64 * 1e-6).into()))
+                    .collect();
                 args.insert("callables_ms".into(), by_callable.into());
             }
             profiler.span_with(
