@@ -41,6 +41,9 @@ pub use attention::{AttentionBench, BenchHeads, BenchLayout};
 /// The quantized linear for `cargo bench` (`benches/quantized_linear.rs`); not an interface.
 #[doc(hidden)]
 pub use linear::QuantizedBench;
+/// The bf16 linears for `cargo bench` (`benches/bf16_decode.rs`); not an interface.
+#[doc(hidden)]
+pub use linear::{Bf16Bench, Bf16Products};
 
 #[cfg(test)]
 mod abi_tests;

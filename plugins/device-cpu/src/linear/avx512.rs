@@ -19,8 +19,6 @@ use super::{Bf16Bits, F16Bits, NR};
 use crate::vector::avx512::reduce;
 use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 
-const PREFETCH_PANELS: usize = 4;
-
 /// Tokens per tile: `MR × NR` = 24 accumulators, `MR` activation vectors and one weight
 /// vector fill 29 of the 32 zmm registers.
 pub const MR: usize = 4;
@@ -36,9 +34,9 @@ pub struct Tile<X, W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
-    /// Hint the next panel's rows into L1 while this tile runs: set when the launch reads
-    /// each panel once, so its weights come from memory. (The f32-product tiles of one token
-    /// always hint [`PREFETCH_PANELS`] panels ahead.)
+    /// Hint the next panel's rows into L1 while a tile of several tokens runs: set when the
+    /// launch reads each panel once, so its weights come from memory. (A tile of one token
+    /// reads its rows one after the other, one stream the hardware prefetcher follows.)
     pub prefetch_next_panel: bool,
 }
 
@@ -47,6 +45,15 @@ pub struct Tile<X, W> {
 /// the output block is valid and touched by no other thread.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
+    if M == 1 {
+        // One token reads each weight row once: row after row is one stream from memory,
+        // which the hardware prefetcher follows better than `NR` streams side by side.
+        for j in 0..tile.columns {
+            // SAFETY: the contract, for row `j` and its output.
+            unsafe { *tile.out.add(j) = bf16_row(tile.x, tile.w[j], tile.inner) };
+        }
+        return;
+    }
     let Tile {
         x,
         x_stride,
@@ -178,6 +185,14 @@ impl Wide for F16Bits {
 /// As [`bf16`].
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
+    if M == 1 {
+        // As in `bf16`: one stream.
+        for j in 0..tile.columns {
+            // SAFETY: the contract, for row `j` and its output.
+            unsafe { *tile.out.add(j) = wide_row(tile.x, tile.w[j], tile.inner) };
+        }
+        return;
+    }
     let Tile {
         x,
         x_stride,
@@ -195,11 +210,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
             unsafe { _mm512_loadu_ps(x.wrapping_add(m * x_stride + k)) }
         });
         for j in 0..NR {
-            if M == 1 && k % 32 == 0 {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    w[j].wrapping_add(k + PREFETCH_PANELS * NR * inner).cast(),
-                );
-            } else if M > 1 && tile.prefetch_next_panel && k % 32 == 0 {
+            if tile.prefetch_next_panel && k % 32 == 0 {
                 _mm_prefetch::<_MM_HINT_T0>(w[j].wrapping_add(k + NR * inner).cast());
             }
             // SAFETY: row `j` has `inner` elements, and `k + 16 <= inner`; the CPU has AVX-512.
@@ -226,6 +237,74 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
     }
     // SAFETY: the output block of the contract.
     unsafe { store::<M>(&acc, tile.out, tile.out_stride, tile.columns) };
+}
+
+/// One output of a one-token [`bf16`] tile: the instructions of an output of the tile, one
+/// 16-lane accumulator over `k` in order, the tail masked, then [`reduce`].
+///
+/// # Safety
+/// As [`bf16`], for the token row `x` and the weight row `w`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+unsafe fn bf16_row(x: *const u16, w: *const u16, inner: usize) -> f32 {
+    let load = |p: *const u16| -> __m512bh {
+        // SAFETY: `p` starts 32 readable elements (the caller's contract).
+        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+    };
+    let mut acc = _mm512_setzero_ps();
+    let whole = inner / 32 * 32;
+    let mut k = 0;
+    while k < whole {
+        // SAFETY (this loop): `k + 32 <= inner`.
+        acc = _mm512_dpbf16_ps(acc, load(x.wrapping_add(k)), load(w.wrapping_add(k)));
+        k += 32;
+    }
+    if whole < inner {
+        let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
+        let load = |p: *const u16| -> __m512bh {
+            // SAFETY: the masked lanes are the `inner - whole` elements left in the row.
+            unsafe {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(mask, p.cast()))
+            }
+        };
+        acc = _mm512_dpbf16_ps(acc, load(x.wrapping_add(k)), load(w.wrapping_add(k)));
+    }
+    reduce(acc)
+}
+
+/// One output of a one-token [`wide`] tile, by the instructions of an output of the tile.
+///
+/// # Safety
+/// As [`wide`], for the token row `x` and the weight row `w`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+unsafe fn wide_row<W: Wide>(x: *const f32, w: *const W, inner: usize) -> f32 {
+    let mut acc = _mm512_setzero_ps();
+    let whole = inner / 16 * 16;
+    let mut k = 0;
+    while k < whole {
+        // SAFETY: both rows have `inner` elements, and `k + 16 <= inner`.
+        acc = unsafe {
+            _mm512_fmadd_ps(
+                _mm512_loadu_ps(x.wrapping_add(k)),
+                W::load(w.wrapping_add(k)),
+                acc,
+            )
+        };
+        k += 16;
+    }
+    if whole < inner {
+        let mask: __mmask16 = ((1u32 << (inner - whole)) - 1) as __mmask16;
+        // SAFETY: the mask covers the `inner - whole` elements left in each row.
+        acc = unsafe {
+            _mm512_fmadd_ps(
+                _mm512_maskz_loadu_ps(mask, x.wrapping_add(k)),
+                W::load_masked(w.wrapping_add(k), mask),
+                acc,
+            )
+        };
+    }
+    reduce(acc)
 }
 
 /// # Safety
