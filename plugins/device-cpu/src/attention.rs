@@ -41,7 +41,7 @@ use plughost_device_abi::export::{DeviceFailure, FloatSlice, Launch};
 
 use crate::Context;
 use crate::isa::Isa;
-use crate::kv_cache::{CacheElement, CacheLayout};
+use crate::kv_cache::{self, CacheElement, CacheLayout};
 use crate::linear::{Bf16Bits, Bf16Products, F16Bits, as_wide};
 use crate::step_inputs::{SequenceSpan, sequence_span};
 use crate::workers::{Workers, with_scratch};
@@ -374,8 +374,10 @@ fn attend<E: CacheElement>(
 ) -> Result<(), String> {
     // Heads of 64 or 128 run the vector kernels, other sizes portable code; chosen once per
     // launch, so every row of a step computes the same way.
-    let bf16_keys = products == Bf16Products::Bf16 && E::bf16_bits(cache.keys).is_some();
-    let kernel = TileKernel::new(isa, shape.head_dim, bf16_keys);
+    let bf16_cache = E::bf16_bits(cache.keys).is_some();
+    let bf16_keys = products == Bf16Products::Bf16 && bf16_cache;
+    let order = kv_cache::arranged(isa, products, bf16_cache, &shape.cache_layout());
+    let kernel = TileKernel::new(isa, shape.head_dim, bf16_keys, order);
     let q_width = shape.num_heads * shape.head_dim;
     let num_tokens = q.len().checked_div(q_width).unwrap_or(0);
     let cuts = Cuts::new(shape);

@@ -336,7 +336,10 @@ impl Engine {
             &mut self.key_caches[layer][..],
             &mut self.value_caches[layer][..],
         );
-        kv_cache::kv_write(rows, caches, &step.slots, shape.cache_layout()).unwrap();
+        let cache_layout = shape.cache_layout();
+        // f32 caches: kept in rows at every level.
+        let order = kv_cache::arranged(self.isa, Bf16Products::F32, false, &cache_layout);
+        kv_cache::kv_write(rows, caches, &step.slots, (cache_layout, order)).unwrap();
 
         let layout = StepLayout {
             block_table: &step.block_table,

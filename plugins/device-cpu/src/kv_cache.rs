@@ -5,11 +5,75 @@
 //! block as one contiguous run. A negative slot skips its token (padding, or a token whose KV
 //! is already cached). Caches hold f32, or f16 or bf16 rounded to nearest even: half the
 //! bytes for attention to read back at every decode step.
+//!
+//! Where the AVX-512 BF16 attention tile multiplies a bf16 cache as stored ([`arranged`]),
+//! each run of sixteen slots of a head's rows is kept in the order that tile reads
+//! ([`KvOrder::Pairs`]) instead of row by row: the keys as sixteen columns of dimension pairs
+//! (element `d` of slot `j` at `((d / 2) · 16 + j) · 2 + d % 2`), the values as pairs of
+//! slots (at `((j / 2) · D + d) · 2 + j % 2`). A tile then reads a run as it lies, rather
+//! than transposing keys and interleaving values at every step, which cost a decode step at
+//! depth about twice the products themselves. The run takes the place of its sixteen rows,
+//! so a block still spans the same bytes and moves as a whole.
 
+use plughost_device_abi::DType;
 use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
+
+use crate::Context;
 pub use plughost_device_abi::kv_cache::CacheLayout;
 
-use crate::linear::{Bf16Bits, F16Bits, as_wide_mut};
+use crate::isa::{Isa, IsaLevel};
+use crate::linear::{Bf16Bits, Bf16Products, F16Bits, as_wide_mut};
+
+/// Slots per run of a cache kept in [`KvOrder::Pairs`].
+pub const RUN: usize = 16;
+
+/// How a head's rows lie inside a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvOrder {
+    /// One row of `D` elements per slot.
+    Rows,
+    /// Runs of [`RUN`] slots in the AVX-512 BF16 tile's order (see the module docs).
+    Pairs,
+}
+
+/// The order a device at `isa` with `products` keeps a cache of `layout` in: pairs where the
+/// attention kernel multiplies a bf16 cache as stored (`avx512_bf16`, bf16 products, heads of
+/// 64 or 128) and blocks hold whole runs, rows otherwise. One function for the writer and
+/// the readers, so they always agree.
+pub fn arranged(isa: Isa, products: Bf16Products, bf16: bool, layout: &CacheLayout) -> KvOrder {
+    let tile = cfg!(target_arch = "x86_64")
+        && isa.has(IsaLevel::Avx512Bf16)
+        && products == Bf16Products::Bf16
+        && matches!(layout.head_dim, 64 | 128);
+    if bf16 && tile && layout.block_size.is_multiple_of(RUN) && layout.block_size > 0 {
+        KvOrder::Pairs
+    } else {
+        KvOrder::Rows
+    }
+}
+
+/// Where element `d` of slot `slot`'s key (or value) row of KV head `kv_head` lies in a cache
+/// kept in `order`.
+pub fn element_at(
+    layout: &CacheLayout,
+    order: KvOrder,
+    (slot, kv_head, d): (usize, usize, usize),
+    value: bool,
+) -> usize {
+    match order {
+        KvOrder::Rows => layout.row(slot, kv_head) + d,
+        KvOrder::Pairs => {
+            let j = slot % RUN;
+            // The run's first row: blocks hold whole runs, so it is in the same block.
+            let run = layout.row(slot - j, kv_head);
+            if value {
+                run + ((j / 2) * layout.head_dim + d) * 2 + j % 2
+            } else {
+                run + ((d / 2) * RUN + j) * 2 + d % 2
+            }
+        }
+    }
+}
 
 /// What a KV cache may hold; the AVX-512 attention kernel loads sixteen at a time.
 #[cfg(target_arch = "x86_64")]
@@ -82,7 +146,7 @@ pub fn kv_write<E: CacheElement>(
     rows: KvRows<'_>,
     (key_cache, value_cache): (&mut [E], &mut [E]),
     slot_mapping: &[i32],
-    layout: CacheLayout,
+    (layout, order): (CacheLayout, KvOrder),
 ) -> Result<(), String> {
     let width = layout.slot_width();
     let num_slots = key_cache.len().checked_div(width).unwrap_or(0);
@@ -101,10 +165,20 @@ pub fn kv_write<E: CacheElement>(
         for kv_head in 0..layout.num_kv_heads {
             let source = (row * layout.num_kv_heads + kv_head) * head_dim;
             let source = source..source + head_dim;
-            let target = layout.row(slot, kv_head);
-            let target = target..target + head_dim;
-            store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
-            store(&mut value_cache[target], &rows.values[source]);
+            if order == KvOrder::Rows {
+                let target = layout.row(slot, kv_head);
+                let target = target..target + head_dim;
+                store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
+                store(&mut value_cache[target], &rows.values[source]);
+                continue;
+            }
+            let keys = &rows.keys[source.clone()];
+            let values = &rows.values[source];
+            for d in 0..head_dim {
+                let at = |value| element_at(&layout, order, (slot, kv_head, d), value);
+                key_cache[at(false)] = E::from_f32(keys[d]);
+                value_cache[at(true)] = E::from_f32(values[d]);
+            }
         }
     }
     Ok(())
@@ -116,12 +190,36 @@ fn store<E: CacheElement>(target: &mut [E], source: &[f32]) {
     }
 }
 
-pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
+/// A copy of a cache written row by row (`rows`), in `order`: how tests and benchmarks
+/// build the caches `kv_write` would have written.
+#[cfg(test)]
+pub fn in_order<E: CacheElement>(
+    rows: &[E],
+    layout: &CacheLayout,
+    order: KvOrder,
+    value: bool,
+) -> Vec<E> {
+    let mut out = rows.to_vec();
+    let slots = rows.len() / layout.slot_width().max(1);
+    for slot in 0..slots {
+        for kv_head in 0..layout.num_kv_heads {
+            for d in 0..layout.head_dim {
+                let at = element_at(layout, order, (slot, kv_head, d), value);
+                out[at] = rows[layout.row(slot, kv_head) + d];
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn run(launch: &mut Launch<'_>, context: &Context) -> Result<(), DeviceFailure> {
     let layout = CacheLayout {
         block_size: launch.dim("bs"),
         num_kv_heads: launch.dim("Hk"),
         head_dim: launch.dim("D"),
     };
+    let bf16 = launch.dtype("key_cache") == DType::BF16;
+    let order = arranged(context.isa, context.bf16_products, bf16, &layout);
     let mut views = launch.views()?;
     let rows = KvRows {
         keys: views.f32("k"),
@@ -130,19 +228,19 @@ pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
     let slot_mapping = views.i32("slot_mapping");
     let written = match (views.float_mut("key_cache"), views.float_mut("value_cache")) {
         (FloatSliceMut::F32(keys), FloatSliceMut::F32(values)) => {
-            kv_write(rows, (keys, values), slot_mapping, layout)
+            kv_write(rows, (keys, values), slot_mapping, (layout, order))
         }
         (FloatSliceMut::BF16(keys), FloatSliceMut::BF16(values)) => kv_write::<Bf16Bits>(
             rows,
             (as_wide_mut(keys), as_wide_mut(values)),
             slot_mapping,
-            layout,
+            (layout, order),
         ),
         (FloatSliceMut::F16(keys), FloatSliceMut::F16(values)) => kv_write::<F16Bits>(
             rows,
             (as_wide_mut(keys), as_wide_mut(values)),
             slot_mapping,
-            layout,
+            (layout, order),
         ),
         // The ABI checks refuse this before a launch reaches the device.
         _ => Err("the key and value caches have different dtypes".to_string()),
@@ -181,7 +279,13 @@ mod tests {
             keys: &keys,
             values: &values,
         };
-        kv_write(rows, (&mut key_cache, &mut value_cache), &[3], layout).unwrap();
+        kv_write(
+            rows,
+            (&mut key_cache, &mut value_cache),
+            &[3],
+            (layout, KvOrder::Rows),
+        )
+        .unwrap();
         let mut expected = vec![0.0; 16];
         expected[10..12].copy_from_slice(&[1.0, 2.0]);
         expected[14..16].copy_from_slice(&[3.0, 4.0]);
@@ -206,7 +310,7 @@ mod tests {
             rows,
             (&mut key_cache, &mut value_cache),
             &[3, -1, 0],
-            single_head(width),
+            (single_head(width), KvOrder::Rows),
         )
         .unwrap();
         assert_eq!(key_cache, [5.0, 6.0, 9.0, 9.0, 9.0, 9.0, 1.0, 2.0]);
@@ -229,7 +333,7 @@ mod tests {
             rows(),
             (&mut bf16_keys, &mut bf16_values),
             &[1, -1],
-            single_head(2),
+            (single_head(2), KvOrder::Rows),
         )
         .unwrap();
         let widened: Vec<f32> = bf16_keys.iter().map(|b| b.to_f32()).collect();
@@ -241,7 +345,7 @@ mod tests {
             rows(),
             (&mut f16_keys, &mut f16_values),
             &[-1, 0],
-            single_head(2),
+            (single_head(2), KvOrder::Rows),
         )
         .unwrap();
         let widened: Vec<f32> = f16_keys.iter().map(|b| b.to_f32()).collect();
@@ -294,7 +398,13 @@ mod tests {
             as_wide_mut::<E>(&mut key_bits),
             as_wide_mut(&mut value_bits),
         );
-        kv_write(rows, caches, &slot_mapping, single_head(width)).unwrap();
+        kv_write(
+            rows,
+            caches,
+            &slot_mapping,
+            (single_head(width), KvOrder::Rows),
+        )
+        .unwrap();
         for (cache, source, which) in [(&key_bits, &keys, "key"), (&value_bits, &values, "value")] {
             for (slot, row) in cache.chunks_exact(width).enumerate() {
                 let token = slot_mapping.iter().position(|&s| s == slot as i32);
@@ -331,10 +441,52 @@ mod tests {
             rows,
             (&mut key_cache, &mut value_cache),
             &[0, 2],
-            single_head(2),
+            (single_head(2), KvOrder::Rows),
         )
         .unwrap_err();
         assert_eq!(message, "slot_mapping[1] = 2 is outside the 2 cache slots");
         assert_eq!((key_cache, value_cache), (vec![9.0; 4], vec![9.0; 4]));
+    }
+
+    #[test]
+    fn a_cache_in_pairs_holds_the_rows_kv_write_keeps_in_rows_in_run_order() {
+        let layout = CacheLayout {
+            block_size: 32,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
+        let slots = 3 * layout.block_size;
+        let width = layout.slot_width();
+        let written: Vec<i32> = [0, 1, 15, 16, 17, 31, 40, 63, 64, 95].to_vec();
+        let keys: Vec<f32> = (0..written.len() * width).map(|i| noise(3, i)).collect();
+        let values: Vec<f32> = (0..written.len() * width).map(|i| noise(4, i)).collect();
+        let rows = || KvRows {
+            keys: &keys,
+            values: &values,
+        };
+        // f32 elements: where each lands does not depend on the element type.
+        let write = |order| {
+            let (mut k, mut v) = (vec![0.0f32; slots * width], vec![0.0f32; slots * width]);
+            kv_write(rows(), (&mut k, &mut v), &written, (layout, order)).unwrap();
+            (k, v)
+        };
+        let (row_keys, row_values) = write(KvOrder::Rows);
+        let (pair_keys, pair_values) = write(KvOrder::Pairs);
+        assert_eq!(
+            in_order(&row_keys, &layout, KvOrder::Pairs, false),
+            pair_keys
+        );
+        assert_eq!(
+            in_order(&row_values, &layout, KvOrder::Pairs, true),
+            pair_values
+        );
+        // Dimensions 2 and 3 of slot 17's key sit side by side in lane 1 of the run from 16.
+        let run = layout.row(16, 1);
+        let slot_17 = layout.row(17, 1);
+        assert_eq!(pair_keys[run + (16 + 1) * 2], row_keys[slot_17 + 2]);
+        assert_eq!(pair_keys[run + (16 + 1) * 2 + 1], row_keys[slot_17 + 3]);
+        // Element 5 of slots 16 and 17's values share a lane.
+        assert_eq!(pair_values[run + 5 * 2], row_values[layout.row(16, 1) + 5]);
+        assert_eq!(pair_values[run + 5 * 2 + 1], row_values[slot_17 + 5]);
     }
 }

@@ -117,7 +117,7 @@ impl DeviceBackend for CpuDevice {
             CallableId::RmsNormHeads => norm::run_heads(launch, context),
             CallableId::Linear => linear::run(launch, context),
             CallableId::Rotary => rotary::run(launch, context),
-            CallableId::KvWrite => kv_cache::run(launch),
+            CallableId::KvWrite => kv_cache::run(launch, context),
             CallableId::PagedAttention => attention::run(launch, context, false),
             CallableId::PagedAttentionWindow => attention::run(launch, context, true),
             CallableId::SiluMul => elementwise::run_silu_mul(launch, context),

@@ -306,8 +306,15 @@ fn step_in_process<E: CacheElement>(
         num_blocks: NUM_BLOCKS,
         blocks_per_seq: 2,
     };
+    let cache_layout = shape.cache_layout();
+    let order = kv_cache::arranged(
+        isa,
+        products,
+        E::bf16_bits(&key_cache).is_some(),
+        &cache_layout,
+    );
     let caches = (&mut key_cache[..], &mut value_cache[..]);
-    kv_cache::kv_write(rows, caches, &slots, shape.cache_layout()).unwrap();
+    kv_cache::kv_write(rows, caches, &slots, (cache_layout, order)).unwrap();
     let layout = StepLayout {
         block_table: &BLOCK_TABLE,
         seq_lens: &seq_lens,

@@ -11,13 +11,13 @@
 use std::arch::x86_64::{
     __m512, __m512bh, __m512i, __mmask16, _mm512_add_ps, _mm512_and_si512, _mm512_castps_si512,
     _mm512_castsi512_ps, _mm512_cvtne2ps_pbh, _mm512_cvtss_f32, _mm512_dpbf16_ps, _mm512_fmadd_ps,
-    _mm512_loadu_ps, _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps, _mm512_mul_ps,
-    _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
+    _mm512_loadu_ps, _mm512_loadu_si512, _mm512_mask_mov_ps, _mm512_maskz_mov_ps, _mm512_max_ps,
+    _mm512_mul_ps, _mm512_reduce_max_ps, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps,
     _mm512_setzero_si512, _mm512_slli_epi32, _mm512_storeu_ps, _mm512_storeu_si512, _mm512_sub_ps,
 };
 
 use super::online::{KvTile, QueryBlock, RowSpan, TILE, state_len};
-use crate::kv_cache::CacheElement;
+use crate::kv_cache::{CacheElement, KvOrder, RUN};
 use crate::vector::avx512::{exp, reduce};
 use layout::{lay_out_keys, pair_values};
 
@@ -38,10 +38,16 @@ const DIRECT_ROWS: usize = 4;
 #[target_feature(enable = "avx512f,avx512dq")]
 pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     (block, tile, bf16_keys): (&QueryBlock<'_>, &KvTile<'_, E>, Option<&[u16]>),
-    scale: f32,
+    (scale, order): (f32, KvOrder),
     states: &mut [f32],
     buffer: &mut [f32],
 ) {
+    if order == KvOrder::Pairs
+        && let (Some(keys), Some(values)) = (bf16_keys, E::bf16_bits(tile.values))
+    {
+        // SAFETY: bf16 keys come only with isa level `avx512_bf16` (the contract).
+        return unsafe { attend_runs::<E, C>(block, tile, (keys, values), scale, states) };
+    }
     let rows = (block, tile, bf16_keys);
     // Compiled twice, so the tiles that fetch nothing (a range's last) carry no fetch points.
     if tile.ahead.is_empty() {
@@ -78,10 +84,11 @@ unsafe fn attend_tile_with<E: CacheElement, const C: usize>(
         // SAFETY: bf16 keys come only with isa level `avx512_bf16` (the contract).
         unsafe { pair_values::<C>(values, tile.offsets, value_buffer) };
         let values = PairedValues {
-            pairs: value_buffer,
-            rows: KvRows::at(tile.values, tile.offsets, head_dim),
+            runs: PairRuns::laid_out(value_buffer, head_dim),
+            last: Some(KvRows::at(tile.values, tile.offsets, head_dim)),
         };
-        return attend_rows::<_, _, C>(rows, (PairColumns(key_columns), values), updates);
+        let keys = PairColumns(PairRuns::laid_out(key_columns, head_dim));
+        return attend_rows::<_, _, C>(rows, (keys, values), updates);
     }
     if paired {
         let keys = WidenedPairColumns(key_columns);
@@ -89,6 +96,83 @@ unsafe fn attend_tile_with<E: CacheElement, const C: usize>(
     }
     let keys = WideColumns(key_columns);
     attend_wide_values::<E, _, C>((rows, tile), keys, updates, value_buffer)
+}
+
+/// [`attend_tile`] over a bf16 cache kept in runs of sixteen positions in pair order
+/// ([`KvOrder::Pairs`]): the runs are read where they lie, so nothing is laid out. The tile
+/// starts on a run (tiles start at whole ranges of whole blocks, and blocks hold whole runs),
+/// so run `g` of the tile begins at the offset of its position `16g`.
+///
+/// # Safety
+/// The CPU has isa level `avx512_bf16`.
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+unsafe fn attend_runs<E: CacheElement, const C: usize>(
+    block: &QueryBlock<'_>,
+    tile: &KvTile<'_, E>,
+    (keys, values): (&[u16], &[u16]),
+    scale: f32,
+    states: &mut [f32],
+) {
+    let head_dim = 16 * C;
+    assert!(
+        tile.start.is_multiple_of(RUN),
+        "a tile of a cache in runs starts at position {}",
+        tile.start
+    );
+    let fetch = |part, parts| tile.fetch_ahead(part, parts, head_dim);
+    // The key layout's share of fetching the next tile, all at once.
+    let layout_phase = phase(&fetch, 0);
+    for part in 0..SCORE_VECTORS {
+        layout_phase(part, SCORE_VECTORS);
+    }
+    let rows = (block, |token| tile.span(block, token), fetch);
+    let values = PairedValues {
+        runs: PairRuns::in_cache(values, tile.offsets, head_dim),
+        last: None::<KvRows<'_, E>>,
+    };
+    let keys = PairColumns(PairRuns::in_cache(keys, tile.offsets, head_dim));
+    attend_rows::<_, _, C>(rows, (keys, values), (scale, states))
+}
+
+/// The bits of a run past a tile's last position: zeros, never read into an output (their
+/// scores are masked, their values never weighed).
+static NO_RUN: [u16; RUN * 128] = [0; RUN * 128];
+
+/// A tile's keys or values in pair order, one run of sixteen positions per score vector, each
+/// `16 * D` bf16: the runs of a cache kept in [`KvOrder::Pairs`], or a tile's laid out by
+/// [`lay_out_keys`] and [`pair_values`].
+#[derive(Clone, Copy)]
+struct PairRuns<'a>([&'a [u16]; SCORE_VECTORS]);
+
+impl<'a> PairRuns<'a> {
+    /// The runs of a tile laid out in `buffer` one after the other.
+    fn laid_out(buffer: &'a [f32], head_dim: usize) -> PairRuns<'a> {
+        // SAFETY: any f32 is two u16s, and u16 needs no more alignment than f32.
+        let bits =
+            unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u16>(), 2 * buffer.len()) };
+        PairRuns(std::array::from_fn(|g| {
+            bits.get(g * RUN * head_dim..(g + 1) * RUN * head_dim)
+                .unwrap_or(&NO_RUN[..RUN * head_dim])
+        }))
+    }
+
+    /// The runs of the tile whose positions lie at `offsets` (row offsets, the first of each
+    /// run its start) in a cache kept in [`KvOrder::Pairs`].
+    fn in_cache(bits: &'a [u16], offsets: &[usize], head_dim: usize) -> PairRuns<'a> {
+        PairRuns(std::array::from_fn(|g| match offsets.get(RUN * g) {
+            Some(&start) => &bits[start..start + RUN * head_dim],
+            None => &NO_RUN[..RUN * head_dim],
+        }))
+    }
+
+    /// Vector `index` (64 bytes) of run `run`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn vector(self, run: usize, index: usize) -> __m512i {
+        let chunk = &self.0[run][32 * index..32 * index + 32];
+        // SAFETY: `chunk` holds 32 u16s.
+        unsafe { _mm512_loadu_si512(chunk.as_ptr().cast()) }
+    }
 }
 
 /// [`attend_rows`] with the values widened to f32: read in the cache by a few rows, widened
@@ -161,7 +245,7 @@ struct WideColumns<'a>(&'a [f32]);
 /// 1` of keys `16g..16g + 16` in each 32-bit lane; scores are `vdpbf16ps` chains with the
 /// query rounded to bf16 (isa level `avx512_bf16`).
 #[derive(Clone, Copy)]
-struct PairColumns<'a>(&'a [f32]);
+struct PairColumns<'a>(PairRuns<'a>);
 
 /// Keys of a bf16 cache laid out as for [`PairColumns`], widened as they are read: the same
 /// f32 FMA chains as [`WideColumns`] from half the bytes (isa level `avx512`).
@@ -276,8 +360,7 @@ impl Scores for PairColumns<'_> {
         for i in 0..pairs {
             let mut keys = [bits_as_bf16_lanes(_mm512_setzero_si512()); SCORE_VECTORS];
             for (g, k) in keys.iter_mut().enumerate() {
-                let column = _mm512_castps_si512(load(&self.0[(g * pairs + i) * 16..], 0));
-                *k = bits_as_bf16_lanes(column);
+                *k = bits_as_bf16_lanes(self.0.vector(g, i));
             }
             for (acc, rounded) in acc.iter_mut().zip(&rounded) {
                 let q = bits_as_bf16_lanes(_mm512_set1_epi32(rounded[i] as i32));
@@ -483,8 +566,10 @@ struct WideValues<'a, K>(KvRows<'a, K>);
 /// weight multiplied in f32.
 #[derive(Clone, Copy)]
 struct PairedValues<'a, E> {
-    pairs: &'a [f32],
-    rows: KvRows<'a, E>,
+    runs: PairRuns<'a>,
+    /// Where an odd last position's row is read: the cache's rows, or (`None`) the low
+    /// halves of its pair in `runs`.
+    last: Option<KvRows<'a, E>>,
 }
 
 /// The outputs of a pass, rescaled for the tile (cleared for the first).
@@ -532,6 +617,17 @@ fn add_weighted<K: CacheElement, const C: usize, const G: usize>(
     for (c, v) in v.iter_mut().enumerate() {
         *v = load_cached(value, c);
     }
+    add_weighted_vectors(acc, v, weight);
+}
+
+/// [`add_weighted`] of a value row already in registers.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn add_weighted_vectors<const C: usize, const G: usize>(
+    acc: &mut [[__m512; C]; G],
+    v: [__m512; C],
+    weight: impl Fn(usize) -> f32,
+) {
     for (h, acc) in acc.iter_mut().enumerate() {
         let weight = _mm512_set1_ps(weight(h));
         for (acc, &v) in acc.iter_mut().zip(&v) {
@@ -586,8 +682,7 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
         for pair in 0..valid / 2 {
             let mut v = [bits_as_bf16_lanes(_mm512_setzero_si512()); C];
             for (c, v) in v.iter_mut().enumerate() {
-                let lanes = _mm512_castps_si512(load(&self.pairs[(pair * C + c) * 16..], 0));
-                *v = bits_as_bf16_lanes(lanes);
+                *v = bits_as_bf16_lanes(self.runs.vector(pair / 8, (pair % 8) * C + c));
             }
             for (acc, weights) in acc.iter_mut().zip(&weight_pairs) {
                 let weight = _mm512_set1_epi32(weights[pair] as i32);
@@ -600,7 +695,19 @@ impl<E: CacheElement> Values for PairedValues<'_, E> {
         if valid % 2 == 1 {
             // The rounded weight: the low half of the last pair.
             let rounded = |h: usize| f32::from_bits((weight_pairs[h][valid / 2] & 0xffff) << 16);
-            add_weighted(&mut acc, self.rows.row(valid - 1), rounded);
+            match self.last {
+                Some(rows) => add_weighted(&mut acc, rows.row(valid - 1), rounded),
+                None => {
+                    // The even position of pair `valid / 2`: the low halves, widened as a
+                    // row's bf16 would be.
+                    let pair = valid / 2;
+                    let v: [__m512; C] = std::array::from_fn(|c| {
+                        let lanes = self.runs.vector(pair / 8, (pair % 8) * C + c);
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(lanes))
+                    });
+                    add_weighted_vectors(&mut acc, v, rounded);
+                }
+            }
         }
         store_outputs(&acc, states);
     }

@@ -11,7 +11,7 @@ use super::Head;
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use crate::isa::Isa;
-use crate::kv_cache::CacheElement;
+use crate::kv_cache::{CacheElement, KvOrder};
 use crate::vector::{axpy, dot};
 
 /// Key positions per tile: the running maximum and sum are updated once per tile, so a long
@@ -40,8 +40,13 @@ pub enum TileKernel {
     /// `bf16_products=bf16`) the scores are `vdpbf16ps` products of the query rounded to bf16
     /// and the keys as stored, and the outputs `vdpbf16ps` products of the weights rounded to
     /// bf16 and the values as stored.
+    /// `order`: how the cache keeps a head's rows (runs in pair order only with bf16 scores).
     #[cfg(target_arch = "x86_64")]
-    Avx512 { vectors: usize, bf16_scores: bool },
+    Avx512 {
+        vectors: usize,
+        bf16_scores: bool,
+        order: KvOrder,
+    },
     /// AVX2, heads of `8 * C`.
     #[cfg(target_arch = "x86_64")]
     Avx2 { vectors: usize },
@@ -50,15 +55,17 @@ pub enum TileKernel {
 impl TileKernel {
     /// The kernel for heads of `head_dim` at `isa`: a vector kernel for 64 and 128.
     /// `bf16_keys`: the keys are bf16 and bf16 products are asked for.
-    pub fn new(isa: Isa, head_dim: usize, bf16_keys: bool) -> TileKernel {
+    /// `order`: how the cache keeps a head's rows ([`crate::kv_cache::arranged`]).
+    pub fn new(isa: Isa, head_dim: usize, bf16_keys: bool, order: KvOrder) -> TileKernel {
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (head_dim, bf16_keys);
+        let _ = (head_dim, bf16_keys, order);
         #[cfg(target_arch = "x86_64")]
         match (isa.vectors(), head_dim) {
             (crate::isa::Vectors::Avx512, 64 | 128) => {
                 return TileKernel::Avx512 {
                     vectors: head_dim / 16,
                     bf16_scores: bf16_keys && isa.has(crate::isa::IsaLevel::Avx512Bf16),
+                    order,
                 };
             }
             (crate::isa::Vectors::Avx2, 64 | 128) => {
@@ -231,6 +238,7 @@ fn attend_tile<E: CacheElement>(
         TileKernel::Avx512 {
             vectors,
             bf16_scores,
+            order,
         } => {
             let bf16_keys = if bf16_scores {
                 E::bf16_bits(tile.keys)
@@ -244,7 +252,7 @@ fn attend_tile<E: CacheElement>(
                     unsafe {
                         avx512::attend_tile::<E, $c>(
                             (block, tile, bf16_keys),
-                            scale,
+                            (scale, order),
                             states,
                             buffer,
                         )

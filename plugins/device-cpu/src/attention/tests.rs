@@ -3,6 +3,7 @@
 mod invariance;
 
 use super::*;
+use crate::kv_cache;
 use crate::test_support::{assert_close, noise};
 
 /// How far a path's output may be from the f64 reference, relative to `max(1, |expected|)`.
@@ -264,9 +265,14 @@ impl Step {
         let mut out = vec![f32::NAN; self.q.len()];
         let params = (self.shape(), self.heads.scale(), self.heads.window);
         let done = if path.bf16 {
+            // The order `kv_write` keeps these caches in at this level.
+            let cache_layout = self.shape().cache_layout();
+            let order = kv_cache::arranged(path.isa, Bf16Products::Bf16, true, &cache_layout);
+            let keys = kv_cache::in_order(&self.bf16.0, &cache_layout, order, false);
+            let values = kv_cache::in_order(&self.bf16.1, &cache_layout, order, true);
             let cache = KvCache {
-                keys: &self.bf16.0[..],
-                values: &self.bf16.1[..],
+                keys: &keys[..],
+                values: &values[..],
             };
             let device = ((path.isa, Bf16Products::Bf16), workers, scratch);
             attend(device, &self.q, &cache, &layout, &mut out, params)

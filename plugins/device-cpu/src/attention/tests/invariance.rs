@@ -208,3 +208,63 @@ fn lone_tokens_beyond_the_states_room_are_computed_whole_with_the_same_bits() {
         }
     }
 }
+
+/// A bf16 cache kept in runs of sixteen positions (blocks of 16 and 32 at `avx512_bf16` with
+/// bf16 products) gives every row the bits of the same cache kept in rows (blocks of 8, which
+/// hold no whole run), whose keys the tile transposes and whose values it pairs itself: a
+/// prefill in chunks whose ends fall inside runs, and lone tokens at odd and even lengths.
+#[test]
+fn a_cache_in_runs_gives_the_bits_of_a_cache_in_rows() {
+    let path = Path::every().pop().unwrap();
+    if !path.bf16 {
+        return;
+    }
+    let workers = Workers::new(2).unwrap();
+    let mut scratch = AttentionScratch::default();
+    for heads in [SMOLLM2, WIDE] {
+        let rows = Heads {
+            block_size: 8,
+            ..heads
+        };
+        let layout = |heads: Heads| CacheLayout {
+            block_size: heads.block_size,
+            num_kv_heads: heads.num_kv_heads,
+            head_dim: heads.head_dim,
+        };
+        assert_eq!(
+            kv_cache::arranged(path.isa, Bf16Products::Bf16, true, &layout(heads)),
+            kv_cache::KvOrder::Pairs
+        );
+        assert_eq!(
+            kv_cache::arranged(path.isa, Bf16Products::Bf16, true, &layout(rows)),
+            kv_cache::KvOrder::Rows
+        );
+        let steps: [&[Sequence]; 4] = [
+            &[Sequence::new(0, 0, 37)],
+            &[Sequence::new(0, 37, 90), Sequence::new(1, 200, 1)],
+            &[
+                Sequence::new(2, 64, 1),
+                Sequence::new(3, 65, 1),
+                Sequence::new(4, 130, 1),
+            ],
+            &[Sequence::new(5, 17, 1), Sequence::new(6, 0, 1)],
+        ];
+        for sequences in steps {
+            let in_runs = Step::new(heads, sequences);
+            let in_rows = Step::new(rows, sequences);
+            let (runs_out, rows_out) = (
+                in_runs.run(path, &workers, &mut scratch),
+                in_rows.run(path, &workers, &mut scratch),
+            );
+            for (index, sequence) in sequences.iter().enumerate() {
+                for position in sequence.cached..sequence.len() {
+                    assert_eq!(
+                        bits(in_runs.row(&runs_out, index, position)),
+                        bits(in_rows.row(&rows_out, index, position)),
+                        "{heads:?}: sequence {index}, position {position}"
+                    );
+                }
+            }
+        }
+    }
+}
