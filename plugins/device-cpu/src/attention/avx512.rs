@@ -119,12 +119,14 @@ unsafe fn attend_runs<E: CacheElement, const C: usize>(
         "a tile of a cache in runs starts at position {}",
         tile.start
     );
-    let fetch = |part, parts| tile.fetch_ahead(part, parts, head_dim);
-    // The key layout's share of fetching the next tile, all at once.
-    let layout_phase = phase(&fetch, 0);
-    for part in 0..SCORE_VECTORS {
-        layout_phase(part, SCORE_VECTORS);
-    }
+    // With no layout to spread the first phase of fetching the next tile over, the scores
+    // fetch both phases' parts, still a few rows at each step of their loop.
+    let fetch = |part: usize, parts: usize| {
+        if let Some(first_phase) = part.checked_sub(parts / 2) {
+            tile.fetch_ahead(first_phase, parts, head_dim);
+        }
+        tile.fetch_ahead(part, parts, head_dim);
+    };
     let rows = (block, |token| tile.span(block, token), fetch);
     let values = PairedValues {
         runs: PairRuns::in_cache(values, tile.offsets, head_dim),
