@@ -53,4 +53,10 @@ fn without_the_flag_only_plughost_names_are_exported() {
         "{body}"
     );
     assert!(!body.contains("vllm:"), "{body}");
+    // Before any step: the whole pool is free, not an empty one.
+    assert!(
+        body.lines()
+            .any(|l| l == "plughost_kv_cache_free_blocks 300"),
+        "{body}"
+    );
 }

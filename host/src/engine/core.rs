@@ -97,7 +97,7 @@ impl EngineCore {
         metrics: Arc<Metrics>,
         health: Arc<EngineHealth>,
     ) -> EngineCore {
-        EngineCore {
+        let mut core = EngineCore {
             runtime,
             deployment,
             kv,
@@ -117,7 +117,10 @@ impl EngineCore {
             offload: None,
             loading: Vec::new(),
             freed_blocks: Vec::new(),
-        }
+        };
+        // A server that has served nothing yet shows its whole pool free, not an empty one.
+        core.update_gauges();
+        core
     }
 
     /// Restarts a lost device worker with `recovery` instead of failing the step.
