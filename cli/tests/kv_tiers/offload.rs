@@ -10,11 +10,11 @@ use super::serve_support::Server;
 use super::serve_support::kit::TempDir;
 
 /// Far beyond the second or so a tiny request takes in a debug build.
-const DEADLINE: Duration = Duration::from_secs(120);
+pub(super) const DEADLINE: Duration = Duration::from_secs(120);
 const BLOCK_SIZE: u32 = 4;
 
 /// A small device pool: one prompt and its output fit, a second evicts the first's blocks.
-const POOL: &[&str] = &[
+pub(super) const POOL: &[&str] = &[
     "--block-size",
     "4",
     "--num-kv-blocks",
@@ -25,20 +25,20 @@ const POOL: &[&str] = &[
 
 /// Prompt A and prompt B share no block; B and its output take the whole pool, so running
 /// it evicts every block of A from the device.
-fn prompt_a() -> Vec<u32> {
+pub(super) fn prompt_a() -> Vec<u32> {
     (1..=60).collect()
 }
 
-fn prompt_b() -> Vec<u32> {
+pub(super) fn prompt_b() -> Vec<u32> {
     (200..288).collect()
 }
 
-struct Answer {
-    text: String,
-    cached_tokens: u64,
+pub(super) struct Answer {
+    pub(super) text: String,
+    pub(super) cached_tokens: u64,
 }
 
-async fn complete(server: &Server, prompt: &[u32]) -> Answer {
+pub(super) async fn complete(server: &Server, prompt: &[u32]) -> Answer {
     let body = json!({
         "model": "tiny-qwen3",
         "prompt": prompt,
@@ -70,7 +70,7 @@ async fn complete(server: &Server, prompt: &[u32]) -> Answer {
     }
 }
 
-async fn metric(server: &Server, series: &str) -> f64 {
+pub(super) async fn metric(server: &Server, series: &str) -> f64 {
     let text = reqwest::Client::new()
         .get(format!("{}/metrics", server.base()))
         .timeout(DEADLINE)
@@ -85,7 +85,7 @@ async fn metric(server: &Server, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
-fn stop(mut server: Server) {
+pub(super) fn stop(mut server: Server) {
     server.signal("TERM");
     let (status, _) = server.wait_exit(DEADLINE);
     assert!(status.success(), "{status}: {}", server.stderr());

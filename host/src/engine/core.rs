@@ -84,6 +84,8 @@ pub struct EngineCore {
     loading: Vec<(RequestState, u32)>,
     /// Blocks that became cached-free, reused from step to step.
     freed_blocks: Vec<(BlockId, BlockHash)>,
+    /// Blocks on their way down to the tiers by background copies out of the device.
+    stores: offload::StoreQueue,
 }
 
 impl EngineCore {
@@ -117,6 +119,7 @@ impl EngineCore {
             offload: None,
             loading: Vec::new(),
             freed_blocks: Vec::new(),
+            stores: Default::default(),
         }
     }
 
@@ -131,7 +134,7 @@ impl EngineCore {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.requests.is_empty() || self.has_loading()
+        !self.requests.is_empty() || self.has_loading() || self.has_stores()
     }
 
     pub fn health(&self) -> &EngineHealth {
@@ -248,6 +251,8 @@ impl EngineCore {
         if self.requests.is_empty() {
             if self.has_loading() {
                 self.wait_for_loads();
+            } else if self.has_stores() {
+                self.wait_for_stores();
             }
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
@@ -265,7 +270,13 @@ impl EngineCore {
             // A step that only preempted has freed blocks; the next one admits from the queue.
             if self.requests.running().is_empty() && plan.run.is_empty() && plan.preempt.is_empty()
             {
-                self.fail_unschedulable();
+                if self.has_stores() {
+                    // Blocks pinned by a copy out may be what is missing, and no step runs
+                    // meanwhile: let the copy end, then schedule again.
+                    self.advance_stores(true);
+                } else {
+                    self.fail_unschedulable();
+                }
             }
             self.update_gauges();
             return;
@@ -348,6 +359,7 @@ impl EngineCore {
                 // The old runtime's buffers died with its worker; dropping it frees nothing.
                 self.runtime = runtime;
                 self.kv = KvCacheManager::new(self.kv.config());
+                self.forget_stores();
                 if self.offload.is_some() {
                     self.kv.record_cached_free();
                 }

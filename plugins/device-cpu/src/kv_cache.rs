@@ -6,7 +6,10 @@
 //! is already cached). Caches hold f32, or f16 or bf16 rounded to nearest even: half the
 //! bytes for attention to read back at every decode step.
 
-use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
+use std::marker::PhantomData;
+use std::ops::Range;
+
+use plughost_device_abi::export::{DeviceFailure, FloatRowsMut, Launch, RowsMut};
 pub use plughost_device_abi::kv_cache::CacheLayout;
 
 use crate::linear::{Bf16Bits, F16Bits, as_wide_mut};
@@ -69,6 +72,53 @@ impl CacheElement for F16Bits {
     }
 }
 
+/// A cache `kv_write` stores into, borrowed one row at a time: a launch never holds a `&mut`
+/// over the blocks it does not write, which a copy out may be reading meanwhile.
+pub trait CacheRows<E> {
+    /// Elements of the whole cache.
+    fn len(&self) -> usize;
+    fn rows(&mut self, range: Range<usize>) -> &mut [E];
+}
+
+impl<E> CacheRows<E> for &mut [E] {
+    fn len(&self) -> usize {
+        <[E]>::len(self)
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [E] {
+        &mut self[range]
+    }
+}
+
+impl CacheRows<f32> for RowsMut<'_, f32> {
+    fn len(&self) -> usize {
+        RowsMut::len(self)
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [f32] {
+        RowsMut::rows(self, range)
+    }
+}
+
+/// An f16 or bf16 cache passed as its bits, written as `E`.
+struct HalfRows<'l, E>(RowsMut<'l, u16>, PhantomData<E>);
+
+impl CacheRows<Bf16Bits> for HalfRows<'_, Bf16Bits> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [Bf16Bits] {
+        as_wide_mut(self.0.rows(range))
+    }
+}
+
+impl CacheRows<F16Bits> for HalfRows<'_, F16Bits> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [F16Bits] {
+        as_wide_mut(self.0.rows(range))
+    }
+}
+
 /// The rows of one step's keys or values, `Hk*D` wide.
 pub struct KvRows<'a> {
     pub keys: &'a [f32],
@@ -80,7 +130,7 @@ pub struct KvRows<'a> {
 /// the caches as they were.
 pub fn kv_write<E: CacheElement>(
     rows: KvRows<'_>,
-    (key_cache, value_cache): (&mut [E], &mut [E]),
+    (mut key_cache, mut value_cache): (impl CacheRows<E>, impl CacheRows<E>),
     slot_mapping: &[i32],
     layout: CacheLayout,
 ) -> Result<(), String> {
@@ -103,8 +153,8 @@ pub fn kv_write<E: CacheElement>(
             let source = source..source + head_dim;
             let target = layout.row(slot, kv_head);
             let target = target..target + head_dim;
-            store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
-            store(&mut value_cache[target], &rows.values[source]);
+            store(key_cache.rows(target.clone()), &rows.keys[source.clone()]);
+            store(value_cache.rows(target), &rows.values[source]);
         }
     }
     Ok(())
@@ -128,19 +178,23 @@ pub(crate) fn run(launch: &mut Launch<'_>) -> Result<(), DeviceFailure> {
         values: views.f32("v"),
     };
     let slot_mapping = views.i32("slot_mapping");
-    let written = match (views.float_mut("key_cache"), views.float_mut("value_cache")) {
-        (FloatSliceMut::F32(keys), FloatSliceMut::F32(values)) => {
+    let caches = (
+        views.float_rows_mut("key_cache"),
+        views.float_rows_mut("value_cache"),
+    );
+    let written = match caches {
+        (FloatRowsMut::F32(keys), FloatRowsMut::F32(values)) => {
             kv_write(rows, (keys, values), slot_mapping, layout)
         }
-        (FloatSliceMut::BF16(keys), FloatSliceMut::BF16(values)) => kv_write::<Bf16Bits>(
+        (FloatRowsMut::BF16(keys), FloatRowsMut::BF16(values)) => kv_write::<Bf16Bits>(
             rows,
-            (as_wide_mut(keys), as_wide_mut(values)),
+            (HalfRows(keys, PhantomData), HalfRows(values, PhantomData)),
             slot_mapping,
             layout,
         ),
-        (FloatSliceMut::F16(keys), FloatSliceMut::F16(values)) => kv_write::<F16Bits>(
+        (FloatRowsMut::F16(keys), FloatRowsMut::F16(values)) => kv_write::<F16Bits>(
             rows,
-            (as_wide_mut(keys), as_wide_mut(values)),
+            (HalfRows(keys, PhantomData), HalfRows(values, PhantomData)),
             slot_mapping,
             layout,
         ),
@@ -181,7 +235,13 @@ mod tests {
             keys: &keys,
             values: &values,
         };
-        kv_write(rows, (&mut key_cache, &mut value_cache), &[3], layout).unwrap();
+        kv_write(
+            rows,
+            (&mut key_cache[..], &mut value_cache[..]),
+            &[3],
+            layout,
+        )
+        .unwrap();
         let mut expected = vec![0.0; 16];
         expected[10..12].copy_from_slice(&[1.0, 2.0]);
         expected[14..16].copy_from_slice(&[3.0, 4.0]);
@@ -204,7 +264,7 @@ mod tests {
         };
         kv_write(
             rows,
-            (&mut key_cache, &mut value_cache),
+            (&mut key_cache[..], &mut value_cache[..]),
             &[3, -1, 0],
             single_head(width),
         )
@@ -227,7 +287,7 @@ mod tests {
         let mut bf16_values = bf16_keys;
         kv_write(
             rows(),
-            (&mut bf16_keys, &mut bf16_values),
+            (&mut bf16_keys[..], &mut bf16_values[..]),
             &[1, -1],
             single_head(2),
         )
@@ -239,7 +299,7 @@ mod tests {
         let mut f16_values = f16_keys;
         kv_write(
             rows(),
-            (&mut f16_keys, &mut f16_values),
+            (&mut f16_keys[..], &mut f16_values[..]),
             &[-1, 0],
             single_head(2),
         )
@@ -329,7 +389,7 @@ mod tests {
         };
         let message = kv_write(
             rows,
-            (&mut key_cache, &mut value_cache),
+            (&mut key_cache[..], &mut value_cache[..]),
             &[0, 2],
             single_head(2),
         )

@@ -1,0 +1,165 @@
+//! Copies out of the device in the background (device table revision 1.2): blocks being copied go to no other request until their copy ended, a copy that spans decode steps gives the fresh tokens on reload, a worker that crashes during a copy leaves nothing indexed, and a device without the entries keeps the synchronous path.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::offload::{DEADLINE, POOL, complete, metric, prompt_a, prompt_b, stop};
+use super::serve_support::Server;
+
+const MOCK: &str = "libplughost_device_mock.so";
+const MEMORY_TIER: &[&str] = &["--kv-offload-memory", "1MiB"];
+const STORED: &str = "plughost_kv_tier_blocks_moved_total{direction=\"device_to_host\"}";
+const MEMORY_HITS: &str = "plughost_kv_tier_hit_tokens_total{tier=\"memory\"}";
+
+/// A's and B's texts from a server without tiers.
+async fn fresh_texts() -> (String, String) {
+    let fresh = Server::start_on(MOCK, POOL);
+    let texts = (
+        complete(&fresh, &prompt_a()).await.text,
+        complete(&fresh, &prompt_b()).await.text,
+    );
+    stop(fresh);
+    texts
+}
+
+#[tokio::test]
+async fn blocks_being_copied_go_to_no_other_request_until_their_copy_ended() {
+    let (fresh_a, fresh_b) = fresh_texts().await;
+    // Each copy out waits 1.5 s on the device's copy thread. B needs the whole pool, A's
+    // blocks included, so it can only be admitted once A's copy ended and unpinned them.
+    let flags = [POOL, MEMORY_TIER, &["--device-config", "copy_ms=1500"]].concat();
+    let server = Server::start_on(MOCK, &flags);
+    server.wait_for_log("copies out of the device in the background", DEADLINE);
+    assert_eq!(complete(&server, &prompt_a()).await.text, fresh_a);
+    assert_eq!(complete(&server, &prompt_b()).await.text, fresh_b);
+    // Had B taken A's blocks during the copy, its answer would have come before the copy
+    // ended and was counted.
+    let stored = metric(&server, STORED).await;
+    assert!(
+        stored >= 14.0,
+        "A's blocks were stored before B ran: {stored}"
+    );
+    let again = complete(&server, &prompt_a()).await;
+    assert_eq!(again.text, fresh_a, "A from host memory");
+    assert_eq!(again.cached_tokens, 56);
+    assert_eq!(metric(&server, MEMORY_HITS).await, 56.0);
+    stop(server);
+}
+
+async fn complete_long(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
+    let body = json!({
+        "model": "tiny-qwen3",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "temperature": 0,
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base()))
+        .json(&body)
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON");
+    answer["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_copy_that_spans_decode_steps_gives_the_fresh_tokens_on_reload() {
+    // A finishes while D decodes: A's copy out (300 ms, with every launch taking 1 ms) runs
+    // during D's steps. B then evicts A from the device, and A comes back from host memory.
+    let pool = [
+        "--block-size",
+        "4",
+        "--num-kv-blocks",
+        "40",
+        "--max-num-seqs",
+        "2",
+    ];
+    let d: Vec<u32> = (500..504).collect();
+    let slow = ["--device-config", "launch_ms=1"];
+    let fresh = Server::start_on(MOCK, &[&pool[..], &slow].concat());
+    let fresh_a = complete(&fresh, &prompt_a()).await.text;
+    let fresh_d = complete_long(&fresh, &d, 48).await;
+    stop(fresh);
+
+    let flags = [
+        &pool[..],
+        MEMORY_TIER,
+        &["--device-config", "launch_ms=1,copy_ms=300"],
+    ]
+    .concat();
+    let server = Server::start_on(MOCK, &flags);
+    let (a, long) = futures::future::join(
+        complete(&server, &prompt_a()),
+        complete_long(&server, &d, 48),
+    )
+    .await;
+    assert_eq!(a.text, fresh_a);
+    assert_eq!(
+        long, fresh_d,
+        "D decoded unchanged while A's blocks were copied"
+    );
+    complete(&server, &prompt_b()).await;
+    let again = complete(&server, &prompt_a()).await;
+    assert_eq!(again.text, fresh_a, "A from the device and host memory");
+    assert_eq!(again.cached_tokens, 56);
+    assert!(
+        metric(&server, MEMORY_HITS).await > 0.0,
+        "{}",
+        server.stderr()
+    );
+    stop(server);
+}
+
+#[tokio::test]
+async fn a_worker_that_crashes_during_a_copy_leaves_nothing_indexed() {
+    let (fresh_a, fresh_b) = fresh_texts().await;
+    let flags = [
+        POOL,
+        MEMORY_TIER,
+        &[
+            "--device-isolation",
+            "process",
+            "--device-config",
+            "crash_copy=1",
+        ],
+    ]
+    .concat();
+    let server = Server::start_on(MOCK, &flags);
+    // A's blocks go into the first copy out, during which the worker aborts.
+    assert_eq!(complete(&server, &prompt_a()).await.text, fresh_a);
+    server.wait_for_log("KV blocks out of the device", Duration::from_secs(60));
+    // B meets the lost worker, which is restarted (its copies no longer crash).
+    assert_eq!(complete(&server, &prompt_b()).await.text, fresh_b);
+    // Nothing of A reached host memory, and the new worker's pool never held it.
+    let again = complete(&server, &prompt_a()).await;
+    assert_eq!(again.text, fresh_a, "A computed again");
+    assert_eq!(again.cached_tokens, 0, "{}", server.stderr());
+    assert_eq!(metric(&server, MEMORY_HITS).await, 0.0);
+    stop(server);
+}
+
+#[tokio::test]
+async fn a_device_without_background_copies_keeps_the_synchronous_path() {
+    let (fresh_a, fresh_b) = fresh_texts().await;
+    let flags = [POOL, MEMORY_TIER].concat();
+    // The mock device's `TABLE_REVISION_ENV`.
+    let revision = [("PLUGHOST_MOCK_DEVICE_TABLE_REVISION", "1.1")];
+    let server = Server::start_with_env(MOCK, &flags, &revision);
+    server.wait_for_log("synchronously, between steps", DEADLINE);
+    assert_eq!(complete(&server, &prompt_a()).await.text, fresh_a);
+    assert_eq!(complete(&server, &prompt_b()).await.text, fresh_b);
+    let again = complete(&server, &prompt_a()).await;
+    assert_eq!(again.text, fresh_a, "A from host memory");
+    assert_eq!(again.cached_tokens, 56);
+    assert_eq!(metric(&server, MEMORY_HITS).await, 56.0);
+    stop(server);
+}
