@@ -23,30 +23,6 @@ async fn fresh_texts() -> (String, String) {
     texts
 }
 
-#[tokio::test]
-async fn blocks_being_copied_go_to_no_other_request_until_their_copy_ended() {
-    let (fresh_a, fresh_b) = fresh_texts().await;
-    // Each copy out waits 1.5 s on the device's copy thread. B needs the whole pool, A's
-    // blocks included, so it can only be admitted once A's copy ended and unpinned them.
-    let flags = [POOL, MEMORY_TIER, &["--device-config", "copy_ms=1500"]].concat();
-    let server = Server::start_on(MOCK, &flags);
-    server.wait_for_log("copies out of the device in the background", DEADLINE);
-    assert_eq!(complete(&server, &prompt_a()).await.text, fresh_a);
-    assert_eq!(complete(&server, &prompt_b()).await.text, fresh_b);
-    // Had B taken A's blocks during the copy, its answer would have come before the copy
-    // ended and was counted.
-    let stored = metric(&server, STORED).await;
-    assert!(
-        stored >= 14.0,
-        "A's blocks were stored before B ran: {stored}"
-    );
-    let again = complete(&server, &prompt_a()).await;
-    assert_eq!(again.text, fresh_a, "A from host memory");
-    assert_eq!(again.cached_tokens, 56);
-    assert_eq!(metric(&server, MEMORY_HITS).await, 56.0);
-    stop(server);
-}
-
 async fn complete_long(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
     let body = json!({
         "model": "tiny-qwen3",
@@ -72,42 +48,57 @@ async fn complete_long(server: &Server, prompt: &[u32], max_tokens: u32) -> Stri
 }
 
 #[tokio::test]
-async fn a_copy_that_spans_decode_steps_gives_the_fresh_tokens_on_reload() {
-    // A finishes while D decodes: A's copy out (300 ms, with every launch taking 1 ms) runs
-    // during D's steps. B then evicts A from the device, and A comes back from host memory.
+async fn blocks_being_copied_go_to_no_other_request_until_their_copy_ended() {
+    // D (80 prompt tokens, 40 more decoded at a few launches of 1 ms each) runs while A
+    // finishes; A's copy out then waits 1.5 s on the device's copy thread while D's steps go
+    // on. B (28 blocks) does not fit beside D (20 to 30 blocks) and A's 17 pinned blocks, so it
+    // can only be admitted once A's copy ended and unpinned them; it evicts some of them, and A
+    // comes back from the device and host memory.
     let pool = [
         "--block-size",
         "4",
         "--num-kv-blocks",
-        "40",
+        "64",
         "--max-num-seqs",
         "2",
     ];
-    let d: Vec<u32> = (500..504).collect();
+    let d: Vec<u32> = (100..180).collect();
+    let b: Vec<u32> = (200..304).collect();
     let slow = ["--device-config", "launch_ms=1"];
     let fresh = Server::start_on(MOCK, &[&pool[..], &slow].concat());
     let fresh_a = complete(&fresh, &prompt_a()).await.text;
-    let fresh_d = complete_long(&fresh, &d, 48).await;
+    let fresh_b = complete(&fresh, &b).await.text;
+    let fresh_d = complete_long(&fresh, &d, 40).await;
     stop(fresh);
 
     let flags = [
         &pool[..],
         MEMORY_TIER,
-        &["--device-config", "launch_ms=1,copy_ms=300"],
+        &["--device-config", "launch_ms=1,copy_ms=1500"],
     ]
     .concat();
     let server = Server::start_on(MOCK, &flags);
-    let (a, long) = futures::future::join(
-        complete(&server, &prompt_a()),
-        complete_long(&server, &d, 48),
-    )
-    .await;
+    server.wait_for_log("copies out of the device in the background", DEADLINE);
+    let a_then_b = async {
+        let a = complete(&server, &prompt_a()).await;
+        let b = complete(&server, &b).await;
+        // Had B taken A's blocks while they were being copied, it would have answered before
+        // the copy ended and was counted.
+        let stored = metric(&server, STORED).await;
+        (a, b, stored)
+    };
+    let ((a, b, stored), long) =
+        futures::future::join(a_then_b, complete_long(&server, &d, 40)).await;
     assert_eq!(a.text, fresh_a);
+    assert_eq!(b.text, fresh_b);
     assert_eq!(
         long, fresh_d,
         "D decoded unchanged while A's blocks were copied"
     );
-    complete(&server, &prompt_b()).await;
+    assert!(
+        stored >= 14.0,
+        "A's blocks were stored before B ran: {stored}"
+    );
     let again = complete(&server, &prompt_a()).await;
     assert_eq!(again.text, fresh_a, "A from the device and host memory");
     assert_eq!(again.cached_tokens, 56);

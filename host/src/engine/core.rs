@@ -134,7 +134,10 @@ impl EngineCore {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.requests.is_empty() || self.has_loading() || self.has_stores()
+        !self.requests.is_empty()
+            || self.has_loading()
+            || self.has_stores()
+            || self.kv.has_cached_free()
     }
 
     pub fn health(&self) -> &EngineHealth {
@@ -258,6 +261,13 @@ impl EngineCore {
             self.update_gauges();
             return;
         }
+        if self.requests.running().is_empty() {
+            // No decode waits on the copies out: finish them, so that no block they pin looks
+            // missing to the scheduler.
+            self.finish_stores();
+        } else {
+            self.advance_stores(false);
+        }
         self.num_steps += 1;
         let started = Instant::now();
         let mut plan = self.schedule();
@@ -270,13 +280,7 @@ impl EngineCore {
             // A step that only preempted has freed blocks; the next one admits from the queue.
             if self.requests.running().is_empty() && plan.run.is_empty() && plan.preempt.is_empty()
             {
-                if self.has_stores() {
-                    // Blocks pinned by a copy out may be what is missing, and no step runs
-                    // meanwhile: let the copy end, then schedule again.
-                    self.advance_stores(true);
-                } else {
-                    self.fail_unschedulable();
-                }
+                self.fail_unschedulable();
             }
             self.update_gauges();
             return;

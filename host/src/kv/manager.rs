@@ -256,6 +256,13 @@ impl KvCacheManager {
         self.cached_free.get_or_insert_with(Vec::new);
     }
 
+    /// Whether blocks became free and cached since the last [`Self::take_cached_free`].
+    pub fn has_cached_free(&self) -> bool {
+        self.cached_free
+            .as_ref()
+            .is_some_and(|recorded| !recorded.is_empty())
+    }
+
     /// Moves into `out` the blocks that became free and cached since the last call and still
     /// cache the same hash, so their keys and values are intact. Between steps nothing has
     /// evicted them yet: only allocation evicts.

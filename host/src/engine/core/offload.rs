@@ -71,8 +71,8 @@ impl EngineCore {
 
     /// Copies every block that became free and cached since the last call, and that some
     /// tier lacks, down to the tiers. Runs between steps, before any allocation can evict them.
-    /// A device that copies out in the background gets the blocks queued and copied batch by
-    /// batch while steps go on ([`Self::advance_stores`]); any other copies them now.
+    /// A device that copies out in the background gets the blocks queued, to be copied batch
+    /// by batch while steps go on ([`Self::advance_stores`]); any other copies them now.
     pub(super) fn store_freed_blocks(&mut self) {
         let Some(offload) = self.offload.as_mut() else {
             return;
@@ -83,7 +83,6 @@ impl EngineCore {
         if self.runtime.copies_kv_out_in_background() {
             self.stores.waiting.extend(freed.drain(..));
             self.freed_blocks = freed;
-            self.advance_stores(false);
             return;
         }
         if freed.is_empty() {
@@ -173,6 +172,14 @@ impl EngineCore {
     /// Whether copies out are queued or in flight.
     pub(super) fn has_stores(&self) -> bool {
         self.stores.in_flight() || !self.stores.waiting.is_empty()
+    }
+
+    /// Waits for every queued copy out to end, indexing each batch, at shutdown or while no
+    /// request runs.
+    pub(super) fn finish_stores(&mut self) {
+        while self.has_stores() {
+            self.advance_stores(true);
+        }
     }
 
     /// With nothing to step: waits a moment for the copy out in flight, then advances it.
@@ -342,9 +349,7 @@ impl EngineCore {
     /// Finishes every copy out, then waits for the disk writes queued so far, at shutdown.
     pub(super) fn flush_tiers(&mut self) {
         self.store_freed_blocks();
-        while self.has_stores() {
-            self.advance_stores(true);
-        }
+        self.finish_stores();
         if let Some(offload) = self.offload.as_mut() {
             offload.flush();
         }
