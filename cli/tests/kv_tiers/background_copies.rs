@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
-
-use super::offload::{DEADLINE, POOL, complete, metric, prompt_a, prompt_b, stop};
+use super::offload::{DEADLINE, POOL, complete, complete_text, metric, prompt_a, prompt_b, stop};
 use super::serve_support::Server;
 
 const MOCK: &str = "libplughost_device_mock.so";
@@ -21,30 +19,6 @@ async fn fresh_texts() -> (String, String) {
     );
     stop(fresh);
     texts
-}
-
-async fn complete_long(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
-    let body = json!({
-        "model": "tiny-qwen3",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": true,
-        "temperature": 0,
-    });
-    let answer: Value = reqwest::Client::new()
-        .post(format!("{}/v1/completions", server.base()))
-        .json(&body)
-        .timeout(DEADLINE)
-        .send()
-        .await
-        .expect("an answer")
-        .json()
-        .await
-        .expect("JSON");
-    answer["choices"][0]["text"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{answer}"))
-        .to_string()
 }
 
 #[tokio::test]
@@ -68,7 +42,7 @@ async fn blocks_being_copied_go_to_no_other_request_until_their_copy_ended() {
     let fresh = Server::start_on(MOCK, &[&pool[..], &slow].concat());
     let fresh_a = complete(&fresh, &prompt_a()).await.text;
     let fresh_b = complete(&fresh, &b).await.text;
-    let fresh_d = complete_long(&fresh, &d, 40).await;
+    let fresh_d = complete_text(&fresh, &d, 40).await;
     stop(fresh);
 
     let flags = [
@@ -88,7 +62,7 @@ async fn blocks_being_copied_go_to_no_other_request_until_their_copy_ended() {
         (a, b, stored)
     };
     let ((a, b, stored), long) =
-        futures::future::join(a_then_b, complete_long(&server, &d, 40)).await;
+        futures::future::join(a_then_b, complete_text(&server, &d, 40)).await;
     assert_eq!(a.text, fresh_a);
     assert_eq!(b.text, fresh_b);
     assert_eq!(

@@ -41,17 +41,21 @@ fn filled_buffers(device: &mut Device, sizes: &[usize]) -> Vec<BufferId> {
         .collect()
 }
 
-fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
-    let mut device = open(library, in_worker);
-    let buffers = filled_buffers(&mut device, sizes);
-    let ranges: Vec<BufferRange> = spec
-        .iter()
+/// `(buffer index, offset, len)` as ranges of `buffers`.
+fn ranges_of(buffers: &[BufferId], spec: &[(usize, u64, u64)]) -> Vec<BufferRange> {
+    spec.iter()
         .map(|&(buffer, offset, len)| BufferRange {
             buffer: buffers[buffer],
             offset,
             len,
         })
-        .collect();
+        .collect()
+}
+
+fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
+    let mut device = open(library, in_worker);
+    let buffers = filled_buffers(&mut device, sizes);
+    let ranges = ranges_of(&buffers, spec);
     let total = BufferRange::total_len(&ranges) as usize;
     let mut gathered = vec![0u8; total];
     device.read_ranges(&ranges, &mut gathered).unwrap();
@@ -173,14 +177,7 @@ fn a_background_copy_out_gathers_what_read_ranges_gathers() {
             let mut device = open_with(library, in_worker, config);
             assert!(device.copies_out_in_background(), "{what}");
             let buffers = filled_buffers(&mut device, &[8 * block as usize; 3]);
-            let ranges: Vec<BufferRange> = spec
-                .iter()
-                .map(|&(buffer, offset, len)| BufferRange {
-                    buffer: buffers[buffer],
-                    offset,
-                    len,
-                })
-                .collect();
+            let ranges = ranges_of(&buffers, &spec);
             let mut expected = vec![0u8; 4 * block as usize];
             device.read_ranges(&ranges, &mut expected).unwrap();
             device.start_copy_out(&ranges).unwrap();

@@ -85,6 +85,31 @@ pub(super) async fn metric(server: &Server, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
+/// The text of a greedy completion of `max_tokens` tokens past end-of-sequence.
+pub(super) async fn complete_text(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
+    let body = json!({
+        "model": "tiny-qwen3",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "temperature": 0,
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base()))
+        .json(&body)
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON");
+    answer["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string()
+}
+
 pub(super) fn stop(mut server: Server) {
     server.signal("TERM");
     let (status, _) = server.wait_exit(DEADLINE);
@@ -286,39 +311,11 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         "2",
     ];
     let prompts: [Vec<u32>; 2] = [(1..=40).collect(), (300..340).collect()];
-    let body = |prompt: &[u32]| {
-        json!({
-            "model": "tiny-qwen3",
-            "prompt": prompt,
-            "max_tokens": 40,
-            "ignore_eos": true,
-            "temperature": 0,
-        })
-    };
-    let send = |server: &Server, prompt: &[u32]| {
-        let request = reqwest::Client::new()
-            .post(format!("{}/v1/completions", server.base()))
-            .json(&body(prompt))
-            .timeout(DEADLINE)
-            .send();
-        async move {
-            let answer: Value = request
-                .await
-                .expect("an answer")
-                .json()
-                .await
-                .expect("JSON");
-            answer["choices"][0]["text"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{answer}"))
-                .to_string()
-        }
-    };
     let device = "libplughost_device_cpu.so";
     let fresh = Server::start_on(device, &pool);
     let alone = [
-        send(&fresh, &prompts[0]).await,
-        send(&fresh, &prompts[1]).await,
+        complete_text(&fresh, &prompts[0], 40).await,
+        complete_text(&fresh, &prompts[1], 40).await,
     ];
     stop(fresh);
 
@@ -326,8 +323,11 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         device,
         &[&pool[..], &["--kv-offload-memory", "1MiB"]].concat(),
     );
-    let together =
-        futures::future::join(send(&tiered, &prompts[0]), send(&tiered, &prompts[1])).await;
+    let together = futures::future::join(
+        complete_text(&tiered, &prompts[0], 40),
+        complete_text(&tiered, &prompts[1], 40),
+    )
+    .await;
     assert_eq!([together.0, together.1], alone);
     assert!(metric(&tiered, "plughost_num_preemptions_total").await >= 1.0);
     assert!(

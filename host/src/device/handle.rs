@@ -155,9 +155,9 @@ impl DeviceSource {
                 )?;
                 Ok(Device {
                     backend: Backend::Worker(RefCell::new(Box::new(worker))),
-                    callable_names,
+                    callable_names: callable_names.into(),
                     launch_completed: None,
-                    copy_out: CopyOut::default(),
+                    copy_out: Box::default(),
                 })
             }
         }
@@ -173,13 +173,14 @@ enum Backend {
 /// One open device. Closed by [`Device::close`] or on drop, which frees all its buffers.
 pub struct Device {
     backend: Backend,
-    callable_names: Vec<String>,
+    /// A boxed slice: `Device` travels inside failed preparations' errors, so it stays small.
+    callable_names: Box<[String]>,
     /// Called after each launch an in-process device completes. Boxed to keep `Device`, which
     /// failed preparations hand back inside their errors, small.
     launch_completed: Option<Box<LaunchHook>>,
     // Declared after `backend`, so dropped after it: closing an in-process device waits for
-    // a copy out in flight, which writes into this staging memory.
-    copy_out: CopyOut,
+    // a copy out in flight, which writes into this staging memory. Boxed, like the hook.
+    copy_out: Box<CopyOut>,
 }
 
 /// The host side of a background copy out of an in-process device: the staging memory it lands
@@ -203,9 +204,9 @@ impl Device {
         let (local, callable_names) = LocalDevice::open(library, config)?;
         Ok(Device {
             backend: Backend::Local(local),
-            callable_names,
+            callable_names: callable_names.into(),
             launch_completed: None,
-            copy_out: CopyOut::default(),
+            copy_out: Box::default(),
         })
     }
 
