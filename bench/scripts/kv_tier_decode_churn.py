@@ -7,7 +7,8 @@ turn (alternating which goes first), `--decoders` streaming requests decode `--o
 tokens past end-of-sequence while one client after another sends a new `--churn-input-len`
 token prompt for `--churn-output-len` tokens: each of those, when it finishes, leaves its
 blocks cached-free, and with offload on they are copied out of the device during the
-decoders' steps. Reports the decoders' tokens per second (the first token excluded) and the
+decoders' steps. Both servers get the same prompts in a round, and no prompt repeats, so
+nothing is a prefix hit. Reports the decoders' tokens per second (the first token excluded) and the
 gaps between their tokens (p50, p99: a step's length as a client sees it), per round and as
 medians, and the blocks copied down during the round. Standard library only.
 """
@@ -125,6 +126,12 @@ def main():
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--churn-input-len", type=int, default=512)
     parser.add_argument("--churn-output-len", type=int, default=2)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=int(time.time()),
+        help="prompts of round r come from seed*1000+r: the same on both servers, new each round",
+    )
     args = parser.parse_args()
     models = {url: served_model(url) for url in (args.off_url, args.on_url)}
     rows = {"off": [], "on": []}
@@ -133,7 +140,7 @@ def main():
         if round_number % 2:
             order.reverse()
         for name, url in order:
-            row = run_round(url, models[url], args, seed=1000 * round_number + len(name))
+            row = run_round(url, models[url], args, seed=1000 * args.seed + round_number)
             rows[name].append(row)
             print(f"round {round_number} {name}: {json.dumps(row)}", flush=True)
         ratio = rows["on"][-1]["tok_s"] / rows["off"][-1]["tok_s"]

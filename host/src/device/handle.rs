@@ -399,11 +399,19 @@ impl Device {
                 return Err(e);
             }
         }
+        Ok(Some(self.copied_out()))
+    }
+
+    /// The bytes of the last copy out that ended (empty while one runs), until the next starts.
+    pub fn copied_out(&mut self) -> &[u8] {
+        if self.copy_out.in_flight {
+            return &[];
+        }
         let len = self.copy_out.len;
-        Ok(Some(match &mut self.backend {
+        match &mut self.backend {
             Backend::Local(_) => &self.copy_out.staging[..len],
             Backend::Worker(worker) => worker.get_mut().copied_out(len),
-        }))
+        }
     }
 
     /// The names of the device's callables; a name's position is its [`CallableIndex`].

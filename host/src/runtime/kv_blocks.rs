@@ -88,6 +88,11 @@ impl Runtime {
         Ok(self.device.poll_copy_out(wait)?)
     }
 
+    /// The bytes of the last copy out that ended, until the next one starts.
+    pub fn kv_copied_out(&mut self) -> &[u8] {
+        self.device.copied_out()
+    }
+
     /// Copies `src`, blocks one after another as [`Runtime::read_kv_blocks`] wrote them, into
     /// `blocks`, as one device call.
     pub fn write_kv_blocks(&mut self, blocks: &[u32], src: &[u8]) -> Result<(), RuntimeError> {

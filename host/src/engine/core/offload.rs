@@ -32,24 +32,37 @@ pub(in crate::engine) struct StoreQueue {
     batch: StoreBatch,
 }
 
+/// One batch: copied out of the device (its blocks pinned meanwhile), then indexed in the
+/// tiers from the device's staging memory, which no other copy reuses until it is done.
 #[derive(Default)]
 struct StoreBatch {
+    /// The pinned blocks, while the copy runs.
     blocks: Vec<BlockId>,
     hashes: Vec<BlockHash>,
+    copying: bool,
+    /// Blocks of `hashes` indexed so far, once the copy ended.
+    indexed: usize,
 }
 
 impl StoreBatch {
     fn clear(&mut self) {
         self.blocks.clear();
         self.hashes.clear();
+        self.copying = false;
+        self.indexed = 0;
     }
 }
 
 impl StoreQueue {
+    /// Whether a batch is being copied or indexed.
     fn in_flight(&self) -> bool {
-        !self.batch.blocks.is_empty()
+        self.batch.copying || self.batch.indexed < self.batch.hashes.len()
     }
 }
+
+/// Blocks a step indexes in the tiers at most, once their copy ended: each is a copy into
+/// host memory on the engine thread (368,640 bytes for SmolLM2 in bf16).
+const INDEX_BLOCKS_PER_STEP: usize = 8;
 
 impl EngineCore {
     /// Keeps the KV tiers `offload` below the device from now on.
@@ -116,8 +129,9 @@ impl EngineCore {
     }
 
     /// The background copy out, between steps: when the batch in flight has ended (at once
-    /// with `wait`), indexes its blocks in the tiers and unpins them, then starts the next
-    /// batch. A failed copy (a lost worker) indexes nothing.
+    /// with `wait`), unpins its blocks and indexes them in the tiers, a few per step (all
+    /// with `wait`), since filling host memory is the engine thread's work; once all are
+    /// indexed, starts the next batch. A failed copy (a lost worker) indexes nothing.
     pub(super) fn advance_stores(&mut self, wait: bool) {
         let Some(offload) = self.offload.as_mut() else {
             return;
@@ -126,12 +140,12 @@ impl EngineCore {
             return;
         }
         let started = Instant::now();
-        if self.stores.in_flight() {
-            let batch = &mut self.stores.batch;
+        let batch = &mut self.stores.batch;
+        if batch.copying {
             match self.runtime.poll_kv_copy_out(wait) {
                 Ok(None) => return,
-                Ok(Some(bytes)) => {
-                    offload.store_copied(&batch.hashes, bytes);
+                Ok(Some(_)) => {
+                    batch.copying = false;
                     let count = batch.blocks.len() as u64;
                     let block_bytes = offload.block_bytes() as u64;
                     self.metrics
@@ -140,11 +154,34 @@ impl EngineCore {
                 }
                 Err(e) => {
                     tracing::warn!("copying KV blocks out of the device failed: {e}");
+                    batch.hashes.clear();
                 }
             }
+            // The staging memory holds what the blocks held: the device may reuse them.
             self.kv.unpin(&batch.blocks);
-            batch.clear();
+            batch.blocks.clear();
+            // A copy that ended is progress, as a finished load is, for the stall watchdog.
+            self.health.liveness.progressed();
         }
+        if batch.indexed < batch.hashes.len() {
+            let end = if wait {
+                batch.hashes.len()
+            } else {
+                (batch.indexed + INDEX_BLOCKS_PER_STEP).min(batch.hashes.len())
+            };
+            let block_bytes = offload.block_bytes();
+            let copied = self.runtime.kv_copied_out();
+            let bytes = copied
+                .get(batch.indexed * block_bytes..)
+                .unwrap_or_default();
+            offload.store_copied(&batch.hashes[batch.indexed..end], bytes);
+            batch.indexed = end;
+            if end < batch.hashes.len() {
+                self.record("kv_store", Track::Host, started, started.elapsed());
+                return;
+            }
+        }
+        batch.clear();
         // The next batch: blocks still cached under their hash (a block waiting is not pinned,
         // so an allocation may have taken it) that some tier still lacks, each once.
         let batch = &mut self.stores.batch;
@@ -160,10 +197,13 @@ impl EngineCore {
         }
         if !batch.blocks.is_empty() {
             self.kv.pin(&batch.blocks);
-            if let Err(e) = self.runtime.start_kv_copy_out(&batch.blocks) {
-                tracing::warn!("cannot start copying KV blocks out of the device: {e}");
-                self.kv.unpin(&batch.blocks);
-                batch.clear();
+            match self.runtime.start_kv_copy_out(&batch.blocks) {
+                Ok(()) => batch.copying = true,
+                Err(e) => {
+                    tracing::warn!("cannot start copying KV blocks out of the device: {e}");
+                    self.kv.unpin(&batch.blocks);
+                    batch.clear();
+                }
             }
         }
         self.record("kv_store", Track::Host, started, started.elapsed());
@@ -184,7 +224,7 @@ impl EngineCore {
 
     /// With nothing to step: waits a moment for the copy out in flight, then advances it.
     pub(super) fn wait_for_stores(&mut self) {
-        if self.stores.in_flight() {
+        if self.stores.batch.copying {
             std::thread::sleep(LOAD_POLL);
         }
         self.advance_stores(false);
@@ -194,6 +234,7 @@ impl EngineCore {
     /// its KV cache) was replaced: the copy died with the old device, and the new KV manager
     /// holds no pins.
     pub(super) fn forget_stores(&mut self) {
+        // The pins died with the old KV manager; the staging memory with the old device.
         self.stores.batch.clear();
         self.stores.waiting.clear();
     }
