@@ -1,4 +1,4 @@
-//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region.
+//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region; a copy out in the background gathers the same bytes, and while it runs the device refuses to write its ranges or free their buffers.
 
 use std::time::Duration;
 
@@ -11,7 +11,11 @@ const MOCK: &str = "libplughost_device_mock.so";
 const CPU: &str = "libplughost_device_cpu.so";
 
 fn open(library: &str, in_worker: bool) -> Device {
-    let mut source = DeviceSource::in_process(plugins_dir().join(library), "");
+    open_with(library, in_worker, "")
+}
+
+fn open_with(library: &str, in_worker: bool, config: &str) -> Device {
+    let mut source = DeviceSource::in_process(plugins_dir().join(library), config);
     if in_worker {
         let command = WorkerCommand::new(env!("CARGO_BIN_EXE_plughost"), ["device-worker"]);
         source = source.in_worker(Some(command), Duration::from_secs(60));
@@ -37,17 +41,21 @@ fn filled_buffers(device: &mut Device, sizes: &[usize]) -> Vec<BufferId> {
         .collect()
 }
 
-fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
-    let mut device = open(library, in_worker);
-    let buffers = filled_buffers(&mut device, sizes);
-    let ranges: Vec<BufferRange> = spec
-        .iter()
+/// `(buffer index, offset, len)` as ranges of `buffers`.
+fn ranges_of(buffers: &[BufferId], spec: &[(usize, u64, u64)]) -> Vec<BufferRange> {
+    spec.iter()
         .map(|&(buffer, offset, len)| BufferRange {
             buffer: buffers[buffer],
             offset,
             len,
         })
-        .collect();
+        .collect()
+}
+
+fn round_trip(library: &str, in_worker: bool, sizes: &[usize], spec: &[(usize, u64, u64)]) {
+    let mut device = open(library, in_worker);
+    let buffers = filled_buffers(&mut device, sizes);
+    let ranges = ranges_of(&buffers, spec);
     let total = BufferRange::total_len(&ranges) as usize;
     let mut gathered = vec![0u8; total];
     device.read_ranges(&ranges, &mut gathered).unwrap();
@@ -149,5 +157,66 @@ fn a_host_buffer_of_the_wrong_length_is_refused_before_copying() {
         }];
         let error = device.read_ranges(&past, &mut [0u8; 32]).unwrap_err();
         assert!(matches!(error, DeviceError::Call { .. }), "{error}");
+    }
+}
+
+#[test]
+fn a_background_copy_out_gathers_what_read_ranges_gathers() {
+    let block = 4096u64;
+    let spec = [
+        (0, 3 * block, block),
+        (1, 3 * block, block),
+        (0, 0, block),
+        (1, 0, block),
+    ];
+    // The mock's copies wait 3 s on its copy thread, so they are still running when the
+    // refusals below are tried; the CPU device's copy at once.
+    for (library, config) in [(MOCK, "copy_ms=3000"), (CPU, "")] {
+        for in_worker in [false, true] {
+            let what = format!("{library} (in worker: {in_worker})");
+            let mut device = open_with(library, in_worker, config);
+            assert!(device.copies_out_in_background(), "{what}");
+            let buffers = filled_buffers(&mut device, &[8 * block as usize; 3]);
+            let ranges = ranges_of(&buffers, &spec);
+            let mut expected = vec![0u8; 4 * block as usize];
+            device.read_ranges(&ranges, &mut expected).unwrap();
+            device.start_copy_out(&ranges).unwrap();
+            assert!(device.copy_out_in_flight());
+            assert!(device.start_copy_out(&ranges).is_err(), "one at a time");
+            // Bytes outside the ranges, and buffers the copy does not read, stay the host's.
+            device.write(buffers[0], block, &[7u8; 16]).unwrap();
+            device.write(buffers[2], 0, &[7u8; 16]).unwrap();
+            // A worker queues writes, so their refusal comes back with the next call that has
+            // a reply: the first free, which is not run then; the second one is.
+            let attempts = [
+                device.write(buffers[0], 3 * block + 8, &[9u8; 16]),
+                device.free(buffers[1]),
+                device.free(buffers[1]),
+            ];
+            let copied = device.poll_copy_out(true).unwrap().map(<[u8]>::to_vec);
+            assert!(!device.copy_out_in_flight());
+            let refusals = attempts
+                .iter()
+                .filter(|attempt| {
+                    attempt
+                        .as_ref()
+                        .is_err_and(|e| e.to_string().contains("being copied out"))
+                })
+                .count();
+            assert!(
+                library == CPU || refusals == if in_worker { 2 } else { 3 },
+                "{what}: a write into a range being copied, or a free of its buffer, went \
+                 through: {attempts:?}"
+            );
+            assert!(copied.as_deref() == Some(&expected[..]), "{what}");
+            // Once it ended, the ranges are the host's again.
+            device.write(buffers[0], 3 * block + 8, &[9u8; 16]).unwrap();
+            device.free(buffers[1]).unwrap();
+            assert_eq!(
+                device.poll_copy_out(false).unwrap(),
+                None,
+                "nothing in flight"
+            );
+        }
     }
 }

@@ -10,11 +10,11 @@ use super::serve_support::Server;
 use super::serve_support::kit::TempDir;
 
 /// Far beyond the second or so a tiny request takes in a debug build.
-const DEADLINE: Duration = Duration::from_secs(120);
+pub(super) const DEADLINE: Duration = Duration::from_secs(120);
 const BLOCK_SIZE: u32 = 4;
 
 /// A small device pool: one prompt and its output fit, a second evicts the first's blocks.
-const POOL: &[&str] = &[
+pub(super) const POOL: &[&str] = &[
     "--block-size",
     "4",
     "--num-kv-blocks",
@@ -25,20 +25,20 @@ const POOL: &[&str] = &[
 
 /// Prompt A and prompt B share no block; B and its output take the whole pool, so running
 /// it evicts every block of A from the device.
-fn prompt_a() -> Vec<u32> {
+pub(super) fn prompt_a() -> Vec<u32> {
     (1..=60).collect()
 }
 
-fn prompt_b() -> Vec<u32> {
+pub(super) fn prompt_b() -> Vec<u32> {
     (200..288).collect()
 }
 
-struct Answer {
-    text: String,
-    cached_tokens: u64,
+pub(super) struct Answer {
+    pub(super) text: String,
+    pub(super) cached_tokens: u64,
 }
 
-async fn complete(server: &Server, prompt: &[u32]) -> Answer {
+pub(super) async fn complete(server: &Server, prompt: &[u32]) -> Answer {
     let body = json!({
         "model": "tiny-qwen3",
         "prompt": prompt,
@@ -70,7 +70,7 @@ async fn complete(server: &Server, prompt: &[u32]) -> Answer {
     }
 }
 
-async fn metric(server: &Server, series: &str) -> f64 {
+pub(super) async fn metric(server: &Server, series: &str) -> f64 {
     let text = reqwest::Client::new()
         .get(format!("{}/metrics", server.base()))
         .timeout(DEADLINE)
@@ -85,7 +85,32 @@ async fn metric(server: &Server, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series} in\n{text}"))
 }
 
-fn stop(mut server: Server) {
+/// The text of a greedy completion of `max_tokens` tokens past end-of-sequence.
+pub(super) async fn complete_text(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
+    let body = json!({
+        "model": "tiny-qwen3",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "temperature": 0,
+    });
+    let answer: Value = reqwest::Client::new()
+        .post(format!("{}/v1/completions", server.base()))
+        .json(&body)
+        .timeout(DEADLINE)
+        .send()
+        .await
+        .expect("an answer")
+        .json()
+        .await
+        .expect("JSON");
+    answer["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{answer}"))
+        .to_string()
+}
+
+pub(super) fn stop(mut server: Server) {
     server.signal("TERM");
     let (status, _) = server.wait_exit(DEADLINE);
     assert!(status.success(), "{status}: {}", server.stderr());
@@ -286,39 +311,11 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         "2",
     ];
     let prompts: [Vec<u32>; 2] = [(1..=40).collect(), (300..340).collect()];
-    let body = |prompt: &[u32]| {
-        json!({
-            "model": "tiny-qwen3",
-            "prompt": prompt,
-            "max_tokens": 40,
-            "ignore_eos": true,
-            "temperature": 0,
-        })
-    };
-    let send = |server: &Server, prompt: &[u32]| {
-        let request = reqwest::Client::new()
-            .post(format!("{}/v1/completions", server.base()))
-            .json(&body(prompt))
-            .timeout(DEADLINE)
-            .send();
-        async move {
-            let answer: Value = request
-                .await
-                .expect("an answer")
-                .json()
-                .await
-                .expect("JSON");
-            answer["choices"][0]["text"]
-                .as_str()
-                .unwrap_or_else(|| panic!("{answer}"))
-                .to_string()
-        }
-    };
     let device = "libplughost_device_cpu.so";
     let fresh = Server::start_on(device, &pool);
     let alone = [
-        send(&fresh, &prompts[0]).await,
-        send(&fresh, &prompts[1]).await,
+        complete_text(&fresh, &prompts[0], 40).await,
+        complete_text(&fresh, &prompts[1], 40).await,
     ];
     stop(fresh);
 
@@ -326,8 +323,11 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         device,
         &[&pool[..], &["--kv-offload-memory", "1MiB"]].concat(),
     );
-    let together =
-        futures::future::join(send(&tiered, &prompts[0]), send(&tiered, &prompts[1])).await;
+    let together = futures::future::join(
+        complete_text(&tiered, &prompts[0], 40),
+        complete_text(&tiered, &prompts[1], 40),
+    )
+    .await;
     assert_eq!([together.0, together.1], alone);
     assert!(metric(&tiered, "plughost_num_preemptions_total").await >= 1.0);
     assert!(

@@ -52,6 +52,11 @@ impl Server {
 
     /// `plughost serve` on `device`, a device library in the plugins folder.
     pub fn start_on(device: &str, flags: &[&str]) -> Server {
+        Server::start_with_env(device, flags, &[])
+    }
+
+    /// [`Server::start_on`] with `env` added to the server's environment.
+    pub fn start_with_env(device: &str, flags: &[&str], env: &[(&str, &str)]) -> Server {
         let plugins = plugins_dir();
         let port = free_port();
         let mut child = Command::new(env!("CARGO_BIN_EXE_plughost"))
@@ -66,6 +71,7 @@ impl Server {
             .arg(std::env::temp_dir().join("plughost-test-component-cache"))
             .args(["--port", &port.to_string()])
             .args(flags)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

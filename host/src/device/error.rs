@@ -76,6 +76,10 @@ pub enum DeviceError {
         host: usize,
     },
 
+    /// A copy out in the background asked of a device whose table lacks revision 1.2's entries.
+    #[error("the device does not copy out in the background (device table revision 1.2)")]
+    NoBackgroundCopy,
+
     #[error("the device has no callable `{name}`")]
     UnknownCallable { name: String },
 

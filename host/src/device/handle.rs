@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg};
+use plughost_device_abi::{ArgTag, CopyRange, DType, DeviceStats, TensorArg};
 
 use super::error::DeviceError;
 use super::library::DeviceLibrary;
@@ -155,8 +155,9 @@ impl DeviceSource {
                 )?;
                 Ok(Device {
                     backend: Backend::Worker(RefCell::new(Box::new(worker))),
-                    callable_names,
+                    callable_names: callable_names.into(),
                     launch_completed: None,
+                    copy_out: Box::default(),
                 })
             }
         }
@@ -172,10 +173,26 @@ enum Backend {
 /// One open device. Closed by [`Device::close`] or on drop, which frees all its buffers.
 pub struct Device {
     backend: Backend,
-    callable_names: Vec<String>,
+    /// A boxed slice: `Device` travels inside failed preparations' errors, so it stays small.
+    callable_names: Box<[String]>,
     /// Called after each launch an in-process device completes. Boxed to keep `Device`, which
     /// failed preparations hand back inside their errors, small.
     launch_completed: Option<Box<LaunchHook>>,
+    // Declared after `backend`, so dropped after it: closing an in-process device waits for
+    // a copy out in flight, which writes into this staging memory. Boxed, like the hook.
+    copy_out: Box<CopyOut>,
+}
+
+/// The host side of a background copy out of an in-process device: the staging memory it lands
+/// in and the ranges it names, both kept from copy to copy, so that once they have the size of
+/// the largest copy a copy allocates nothing. (A worker's copies land in its shared memory.)
+#[derive(Default)]
+struct CopyOut {
+    staging: Vec<u8>,
+    /// Bytes of `staging` the copy in flight, or the last one, fills.
+    len: usize,
+    ranges: Vec<CopyRange>,
+    in_flight: bool,
 }
 
 /// What [`Device::on_launch_completed`] calls.
@@ -187,8 +204,9 @@ impl Device {
         let (local, callable_names) = LocalDevice::open(library, config)?;
         Ok(Device {
             backend: Backend::Local(local),
-            callable_names,
+            callable_names: callable_names.into(),
             launch_completed: None,
+            copy_out: Box::default(),
         })
     }
 
@@ -285,6 +303,114 @@ impl Device {
                 Ok(())
             }
             Backend::Worker(worker) => worker.get_mut().write_ranges(ranges, src),
+        }
+    }
+
+    /// Whether [`Device::start_copy_out`] is available: the device's table has revision 1.2's
+    /// background copy out. Without it, copies out are synchronous [`Device::read_ranges`].
+    pub fn copies_out_in_background(&self) -> bool {
+        match &self.backend {
+            Backend::Local(device) => device.copies_out_in_background(),
+            Backend::Worker(worker) => worker.borrow().copies_out_in_background(),
+        }
+    }
+
+    /// Starts copying every range, in order, into staging memory the device side keeps, and
+    /// returns at once: the copy runs in the background while launches go on. At most one copy
+    /// is in flight. Until [`Device::poll_copy_out`] reports its end, the caller writes no byte
+    /// of the ranges (no `write`, no launch that writes them; launches may read them) and frees
+    /// none of their buffers.
+    pub fn start_copy_out(&mut self, ranges: &[BufferRange]) -> Result<(), DeviceError> {
+        if self.copy_out.in_flight {
+            return Err(DeviceError::ContractViolation {
+                operation: "start_copy_out",
+                message: "a copy out is already in flight".into(),
+            });
+        }
+        let len =
+            usize::try_from(BufferRange::total_len(ranges)).map_err(|_| DeviceError::TooMany {
+                what: "bytes to copy out",
+                count: usize::MAX,
+            })?;
+        let copy_out = &mut self.copy_out;
+        match &mut self.backend {
+            Backend::Local(device) => {
+                if copy_out.staging.len() < len {
+                    copy_out.staging.resize(len, 0);
+                }
+                copy_out.ranges.clear();
+                copy_out.ranges.extend(ranges.iter().map(|range| CopyRange {
+                    buffer: range.buffer.raw(),
+                    offset: range.offset,
+                    len: range.len,
+                }));
+                // SAFETY: `staging` holds `len` bytes and is neither touched nor moved while
+                // the copy is in flight: `start_copy_out` refuses a second copy, nothing else
+                // reaches it until `poll_copy_out` saw the end, and it is dropped after the
+                // device, whose close waits for the copy. The caller keeps the ranges unwritten.
+                unsafe {
+                    device.copy_out_start(&copy_out.ranges, copy_out.staging.as_mut_ptr(), len)
+                }?;
+            }
+            Backend::Worker(worker) => worker.get_mut().copy_out_start(ranges, len)?,
+        }
+        copy_out.len = len;
+        copy_out.in_flight = true;
+        Ok(())
+    }
+
+    /// Makes the staging memory of background copies out hold `len` bytes now, so that copies
+    /// up to that size allocate nothing; a no-op for a device without them.
+    pub fn reserve_copy_out(&mut self, len: usize) -> Result<(), DeviceError> {
+        if !self.copies_out_in_background() || self.copy_out.in_flight {
+            return Ok(());
+        }
+        match &mut self.backend {
+            Backend::Local(_) => {
+                if self.copy_out.staging.len() < len {
+                    self.copy_out.staging.resize(len, 0);
+                }
+                Ok(())
+            }
+            Backend::Worker(worker) => worker.get_mut().reserve_copy_out(len),
+        }
+    }
+
+    /// Whether a copy out is in flight: started, its end not yet seen by [`Device::poll_copy_out`].
+    pub fn copy_out_in_flight(&self) -> bool {
+        self.copy_out.in_flight
+    }
+
+    /// The copied bytes once the copy out in flight has ended, `None` while it runs; with
+    /// `wait`, waits for its end. An error (a lost worker) ends the copy too, with no bytes.
+    pub fn poll_copy_out(&mut self, wait: bool) -> Result<Option<&[u8]>, DeviceError> {
+        if !self.copy_out.in_flight {
+            return Ok(None);
+        }
+        let polled = match &mut self.backend {
+            Backend::Local(device) => device.copy_out_poll(wait),
+            Backend::Worker(worker) => worker.get_mut().copy_out_poll(wait),
+        };
+        match polled {
+            Ok(false) => return Ok(None),
+            Ok(true) => self.copy_out.in_flight = false,
+            Err(e) => {
+                self.copy_out.in_flight = false;
+                return Err(e);
+            }
+        }
+        Ok(Some(self.copied_out()))
+    }
+
+    /// The bytes of the last copy out that ended (empty while one runs), until the next starts.
+    pub fn copied_out(&mut self) -> &[u8] {
+        if self.copy_out.in_flight {
+            return &[];
+        }
+        let len = self.copy_out.len;
+        match &mut self.backend {
+            Backend::Local(_) => &self.copy_out.staging[..len],
+            Backend::Worker(worker) => worker.get_mut().copied_out(len),
         }
     }
 

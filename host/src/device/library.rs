@@ -6,7 +6,8 @@ use std::sync::Arc;
 use libloading::Library;
 use plughost_device_abi::abi::{
     AllocFn, CallableCountFn, CallableDeviceNsFn, CallableLaunchesFn, CallableNameFn, CloseFn,
-    FreeFn, LastErrorFn, LaunchFn, OpenFn, ReadFn, StatsFn, SynchronizeFn, WriteFn,
+    CopyOutPollFn, CopyOutStartFn, FreeFn, LastErrorFn, LaunchFn, OpenFn, ReadFn, StatsFn,
+    SynchronizeFn, WriteFn,
 };
 use plughost_device_abi::{
     ENTRY_SYMBOL, EntryFn, PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceHeader, PlughostDeviceV1,
@@ -47,6 +48,9 @@ pub(super) struct DeviceFunctions {
     /// Absent from a first-revision table, or left null by a device that does not time its
     /// callables.
     pub(super) callable_device_ns: Option<CallableDeviceNsFn>,
+    /// Revision 1.2's background copy out, when the table has both entries; without it the
+    /// host copies KV blocks out with synchronous reads.
+    pub(super) copy_out: Option<(CopyOutStartFn, CopyOutPollFn)>,
 }
 
 impl DeviceLibrary {
@@ -163,6 +167,7 @@ unsafe fn check_table(
             .ok_or_else(|| require("callable_launches"))?,
         last_error: table.last_error.ok_or_else(|| require("last_error"))?,
         callable_device_ns: table.callable_device_ns,
+        copy_out: table.copy_out_start.zip(table.copy_out_poll),
     })
 }
 
@@ -187,6 +192,8 @@ mod tests {
         callable_launches: None,
         last_error: None,
         callable_device_ns: None,
+        copy_out_start: None,
+        copy_out_poll: None,
     };
 
     fn check(table: &PlughostDeviceV1) -> String {

@@ -5,7 +5,7 @@ use std::ptr::{self, NonNull};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plughost_device_abi::{DeviceHandle, DeviceStats, TensorArg, status};
+use plughost_device_abi::{CopyRange, DeviceHandle, DeviceStats, TensorArg, status};
 
 use super::error::DeviceError;
 use super::handle::{BufferId, CallableIndex};
@@ -146,6 +146,58 @@ impl LocalDevice {
         let code = unsafe { (self.functions().stats)(self.handle.as_ptr(), &mut stats) };
         self.check("stats", code)?;
         Ok(stats)
+    }
+
+    /// Whether the device copies out in the background (table revision 1.2).
+    pub(super) fn copies_out_in_background(&self) -> bool {
+        self.functions().copy_out.is_some()
+    }
+
+    /// Starts copying `ranges` into `dst` (exactly their total length) in the background.
+    ///
+    /// # Safety
+    /// `dst` is writable for `len` bytes and stays valid and untouched until
+    /// [`LocalDevice::copy_out_poll`] reports the copy ended or the device is dropped; until
+    /// then nothing writes the ranges or frees their buffers (the ABI's revision 1.2 contract).
+    pub(super) unsafe fn copy_out_start(
+        &mut self,
+        ranges: &[CopyRange],
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        let (start, _) = self
+            .functions()
+            .copy_out
+            .ok_or(DeviceError::NoBackgroundCopy)?;
+        let count = u32::try_from(ranges.len()).map_err(|_| DeviceError::TooMany {
+            what: "copy ranges",
+            count: ranges.len(),
+        })?;
+        // SAFETY: `ranges` is readable for `count` ranges; `dst`'s contract is the caller's.
+        let code = unsafe {
+            start(
+                self.handle.as_ptr(),
+                ranges.as_ptr(),
+                count,
+                dst,
+                len as u64,
+            )
+        };
+        self.check("copy_out_start", code)
+    }
+
+    /// Whether the copy out in flight (if any) ended; with `wait`, waits for it. A copy that
+    /// failed is over too, and its error comes back here.
+    pub(super) fn copy_out_poll(&mut self, wait: bool) -> Result<bool, DeviceError> {
+        let (_, poll) = self
+            .functions()
+            .copy_out
+            .ok_or(DeviceError::NoBackgroundCopy)?;
+        let mut done = 0u32;
+        // SAFETY: a live handle and a writable out pointer.
+        let code = unsafe { poll(self.handle.as_ptr(), u32::from(wait), &mut done) };
+        self.check("copy_out_poll", code)?;
+        Ok(done != 0)
     }
 
     /// Successful launches of one callable since open.

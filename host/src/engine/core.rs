@@ -84,6 +84,8 @@ pub struct EngineCore {
     loading: Vec<(RequestState, u32)>,
     /// Blocks that became cached-free, reused from step to step.
     freed_blocks: Vec<(BlockId, BlockHash)>,
+    /// Blocks on their way down to the tiers by background copies out of the device.
+    stores: offload::StoreQueue,
 }
 
 impl EngineCore {
@@ -117,6 +119,7 @@ impl EngineCore {
             offload: None,
             loading: Vec::new(),
             freed_blocks: Vec::new(),
+            stores: Default::default(),
         };
         // A server that has served nothing yet shows its whole pool free, not an empty one.
         core.update_gauges();
@@ -134,7 +137,10 @@ impl EngineCore {
     }
 
     pub fn has_work(&self) -> bool {
-        !self.requests.is_empty() || self.has_loading()
+        !self.requests.is_empty()
+            || self.has_loading()
+            || self.has_stores()
+            || self.kv.has_cached_free()
     }
 
     pub fn health(&self) -> &EngineHealth {
@@ -251,10 +257,19 @@ impl EngineCore {
         if self.requests.is_empty() {
             if self.has_loading() {
                 self.wait_for_loads();
+            } else if self.has_stores() {
+                self.wait_for_stores();
             }
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
             return;
+        }
+        if self.requests.running().is_empty() {
+            // No decode waits on the copies out: finish them, so that no block they pin looks
+            // missing to the scheduler.
+            self.finish_stores();
+        } else {
+            self.advance_stores(false);
         }
         self.num_steps += 1;
         let started = Instant::now();
@@ -351,6 +366,7 @@ impl EngineCore {
                 // The old runtime's buffers died with its worker; dropping it frees nothing.
                 self.runtime = runtime;
                 self.kv = KvCacheManager::new(self.kv.config());
+                self.forget_stores();
                 if self.offload.is_some() {
                     self.kv.record_cached_free();
                 }

@@ -231,10 +231,36 @@ impl KvCacheManager {
         }
     }
 
+    /// Keeps cached blocks from going to another request while a copy out of the device reads
+    /// them: each gets a reference no request holds, so no allocation evicts it. A prefix hit
+    /// may still take them, since it only reads. Every block must still cache a hash (see
+    /// [`Self::caches`]).
+    pub fn pin(&mut self, blocks: &[BlockId]) {
+        self.pool.touch(blocks);
+    }
+
+    /// Drops the references [`Self::pin`] took. A block no request holds goes back to the
+    /// eviction LRU, and is not recorded as newly cached-free: its copy is done.
+    pub fn unpin(&mut self, blocks: &[BlockId]) {
+        self.pool.free_recording(blocks.iter().copied(), None);
+    }
+
+    /// Whether `block` still caches `hash`, so its keys and values are those of that hash.
+    pub fn caches(&self, block: BlockId, hash: &BlockHash) -> bool {
+        self.pool.cached_block(hash) == Some(block)
+    }
+
     /// From now on, remembers every block that becomes free and cached (its last user
     /// finished, was aborted or preempted), for [`Self::take_cached_free`].
     pub fn record_cached_free(&mut self) {
         self.cached_free.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether blocks became free and cached since the last [`Self::take_cached_free`].
+    pub fn has_cached_free(&self) -> bool {
+        self.cached_free
+            .as_ref()
+            .is_some_and(|recorded| !recorded.is_empty())
     }
 
     /// Moves into `out` the blocks that became free and cached since the last call and still

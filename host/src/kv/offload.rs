@@ -121,7 +121,9 @@ impl KvOffload {
             format,
             memory,
             disk,
-            staging: vec![0; STAGING_BLOCKS * format.block_bytes as usize],
+            // Sized by the first synchronous copy: a device that copies out in the background
+            // lands its copies in staging memory of its own.
+            staging: Vec::new(),
             loads,
             loaded,
             ready: Vec::new(),
@@ -159,16 +161,29 @@ impl KvOffload {
     /// The staging buffer for `blocks` blocks (at most [`Self::staging_blocks`]).
     pub fn staging_mut(&mut self, blocks: usize) -> &mut [u8] {
         let bytes = blocks.min(STAGING_BLOCKS) * self.block_bytes();
+        if self.staging.len() < bytes {
+            self.staging.resize(STAGING_BLOCKS * self.block_bytes(), 0);
+        }
         &mut self.staging[..bytes]
     }
 
     /// Stores the blocks the last copy put in the staging buffer, `hashes[i]` in its `i`-th
     /// block, into every tier that lacks them. Called only after the copy completed.
     pub fn store_staged(&mut self, hashes: &[BlockHash]) {
+        let staging = std::mem::take(&mut self.staging);
+        self.store_copied(hashes, &staging);
+        self.staging = staging;
+    }
+
+    /// Stores `bytes`, blocks one after another with `hashes[i]` in the `i`-th, into every tier
+    /// that lacks them. Called only after the copy that filled `bytes` completed.
+    pub fn store_copied(&mut self, hashes: &[BlockHash], bytes: &[u8]) {
         let block_bytes = self.block_bytes();
-        for (i, &hash) in hashes.iter().enumerate().take(STAGING_BLOCKS) {
+        for (i, &hash) in hashes.iter().enumerate() {
             let key = self.key(hash);
-            let block = &self.staging[i * block_bytes..(i + 1) * block_bytes];
+            let Some(block) = bytes.get(i * block_bytes..(i + 1) * block_bytes) else {
+                break;
+            };
             let tiers: [Option<&mut dyn KvTier>; 2] = [
                 self.memory.as_mut().map(|m| m as &mut dyn KvTier),
                 self.disk.as_mut().map(|d| d as &mut dyn KvTier),

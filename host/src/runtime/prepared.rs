@@ -556,6 +556,11 @@ impl Runtime {
 
     /// Frees every buffer the runtime allocated and hands the device back.
     pub fn into_device(mut self) -> Result<Device, RuntimeError> {
+        // A copy out in flight reads the KV caches, which the device refuses to free until it
+        // ended; its bytes are no longer wanted.
+        if let Err(e) = self.device.poll_copy_out(true) {
+            tracing::warn!("a copy out of the device ended in an error: {e}");
+        }
         for id in std::mem::take(&mut self.owned) {
             self.device.free(id)?;
         }

@@ -121,10 +121,13 @@ extern "C" {
 #define PLUGHOST_TENSOR_ARG_OFFSET_TAG 56
 #define PLUGHOST_DEVICE_STATS_SIZE 72
 #define PLUGHOST_DEVICE_STATS_OFFSET_LAUNCHES 64
-#define PLUGHOST_DEVICE_TABLE_V1_SIZE_LP64 120
+#define PLUGHOST_DEVICE_TABLE_V1_SIZE_LP64 136
 #define PLUGHOST_DEVICE_TABLE_V1_OFFSET_LAST_ERROR_LP64 104
 /* A table of this size (everything up to callable_device_ns) is accepted too. */
 #define PLUGHOST_DEVICE_TABLE_V1_MIN_SIZE_LP64 112
+/* A revision 1.1 table ends before copy_out_start. */
+#define PLUGHOST_DEVICE_TABLE_V1_SIZE_1_1_LP64 120
+#define PLUGHOST_COPY_RANGE_SIZE 24
 
 /* The opaque device state behind a handle. */
 typedef struct plughost_device plughost_device;
@@ -152,6 +155,13 @@ typedef struct plughost_device_stats {
     uint64_t d2h_calls;
     uint64_t launches; /* successful launches, all callables */
 } plughost_device_stats;
+
+/* Revision 1.2: one byte range of a device buffer, a piece of a copy out. */
+typedef struct plughost_copy_range {
+    uint64_t buffer;
+    uint64_t offset;
+    uint64_t len;
+} plughost_copy_range;
 
 /* The prefix every table version starts with. */
 typedef struct plughost_device_header {
@@ -198,6 +208,19 @@ typedef struct plughost_device_table_v1 {
      * Nanoseconds of device time spent in each callable's successful launches since
      * open, into out[0..min(len, count)); returns the callable count. */
     uint32_t (*callable_device_ns)(plughost_device *handle, uint64_t *out, uint32_t len);
+
+    /* Appended in revision 1.2, both or neither (NULL: the host copies with `read`).
+     * copy_out_start checks every range, starts copying them in order into
+     * consecutive bytes of dst (dst_len = their total) and returns at once; at most
+     * one copy is in flight per handle. Until copy_out_poll reports it done or
+     * failed (or close), the host keeps dst valid and untouched, writes no byte of
+     * the ranges (by write or launch; launches may read them) and frees none of
+     * their buffers. copy_out_poll writes 1 to *out_done when the copy finished (or
+     * none is in flight), 0 while it runs; with wait != 0 it returns when it
+     * finished. A failed copy returns its status (message in last_error). */
+    int32_t (*copy_out_start)(plughost_device *handle, const plughost_copy_range *ranges,
+                              uint32_t num_ranges, uint8_t *dst, uint64_t dst_len);
+    int32_t (*copy_out_poll)(plughost_device *handle, uint32_t wait, uint32_t *out_done);
 } plughost_device_table_v1;
 
 typedef const plughost_device_table_v1 *(*plughost_device_entry_fn)(void);
@@ -223,6 +246,8 @@ PLUGHOST_STATIC_ASSERT(offsetof(plughost_tensor_arg, shape) == PLUGHOST_TENSOR_A
                        "plughost_tensor_arg.shape");
 PLUGHOST_STATIC_ASSERT(offsetof(plughost_tensor_arg, tag) == PLUGHOST_TENSOR_ARG_OFFSET_TAG,
                        "plughost_tensor_arg.tag");
+PLUGHOST_STATIC_ASSERT(sizeof(plughost_copy_range) == PLUGHOST_COPY_RANGE_SIZE,
+                       "plughost_copy_range size");
 PLUGHOST_STATIC_ASSERT(sizeof(plughost_device_stats) == PLUGHOST_DEVICE_STATS_SIZE,
                        "plughost_device_stats size");
 PLUGHOST_STATIC_ASSERT(offsetof(plughost_device_stats, launches) ==

@@ -7,7 +7,9 @@
 //!   `last_error` on the same handle returns the message (with a null handle: the last failure
 //!   on the calling thread of a call that had no handle, such as `open`);
 //! * nothing unwinds across the boundary;
-//! * a handle may move between threads, but calls on one handle must not overlap.
+//! * a handle may move between threads, but calls on one handle must not overlap; work a
+//!   device does in the background (a revision 1.2 copy out) is no call, and goes on between
+//!   and during calls.
 
 use std::ffi::c_char;
 use std::fmt;
@@ -372,6 +374,38 @@ pub type LastErrorFn =
 pub type CallableDeviceNsFn =
     unsafe extern "C" fn(handle: *mut DeviceHandle, out: *mut u64, len: u32) -> u32;
 
+/// One byte range of a device buffer: a piece of a batched copy out (revision 1.2).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyRange {
+    pub buffer: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Revision 1.2: starts copying `ranges`, in order, into consecutive bytes of `dst` (exactly
+/// `dst_len`, the ranges' total) and returns at once; the copy runs in the background while
+/// launches go on. At most one copy is in flight per handle. Until `copy_out_poll` reports it
+/// finished (or failed), or the handle is closed, the host promises:
+/// * `dst` stays valid, and the host neither reads nor writes it;
+/// * no launch or `write` writes a byte inside the ranges (launches may read them), and no
+///   `free` names their buffers: the device refuses such a `free` and `write`.
+///
+/// The device resolves and checks every range before it returns, so a bad range fails here.
+pub type CopyOutStartFn = unsafe extern "C" fn(
+    handle: *mut DeviceHandle,
+    ranges: *const CopyRange,
+    num_ranges: u32,
+    dst: *mut u8,
+    dst_len: u64,
+) -> i32;
+/// Revision 1.2: writes 1 to `*out_done` once the copy `copy_out_start` began has finished,
+/// which ends the host's promises, and 0 while it runs; with `wait` nonzero it returns only
+/// when it finished. With no copy in flight it writes 1. A copy that failed returns its status
+/// (the message in `last_error`); it is over too, and `dst` holds no defined bytes.
+pub type CopyOutPollFn =
+    unsafe extern "C" fn(handle: *mut DeviceHandle, wait: u32, out_done: *mut u32) -> i32;
+
 /// The exported entry point: returns a pointer to a table that lives as long as the library.
 pub type EntryFn = unsafe extern "C" fn() -> *const PlughostDeviceV1;
 
@@ -408,6 +442,12 @@ pub struct PlughostDeviceV1 {
     /// Appended in revision 1.1: a host reads it only from a table whose `struct_size` covers
     /// it (see [`PlughostDeviceV1::MIN_SIZE`]); `None` means the device does not report it.
     pub callable_device_ns: Option<CallableDeviceNsFn>,
+    /// Appended in revision 1.2, read only from a table whose `struct_size` covers them (see
+    /// [`PlughostDeviceV1::SIZE_1_1`]): a batched copy out of device buffers that runs in the
+    /// background. Both or neither: a device with neither keeps the host on synchronous
+    /// `read`s.
+    pub copy_out_start: Option<CopyOutStartFn>,
+    pub copy_out_poll: Option<CopyOutPollFn>,
 }
 
 impl PlughostDeviceV1 {
@@ -416,6 +456,8 @@ impl PlughostDeviceV1 {
     /// The smallest `struct_size` a host accepts: the first revision's table, which ends
     /// before `callable_device_ns`.
     pub const MIN_SIZE: u32 = std::mem::offset_of!(PlughostDeviceV1, callable_device_ns) as u32;
+    /// The `struct_size` of a revision 1.1 table, which ends before `copy_out_start`.
+    pub const SIZE_1_1: u32 = std::mem::offset_of!(PlughostDeviceV1, copy_out_start) as u32;
 }
 
 #[cfg(test)]
@@ -490,6 +532,14 @@ mod tests {
             (
                 "PLUGHOST_DEVICE_TABLE_V1_MIN_SIZE_LP64".into(),
                 PlughostDeviceV1::MIN_SIZE.into(),
+            ),
+            (
+                "PLUGHOST_DEVICE_TABLE_V1_SIZE_1_1_LP64".into(),
+                PlughostDeviceV1::SIZE_1_1.into(),
+            ),
+            (
+                "PLUGHOST_COPY_RANGE_SIZE".into(),
+                size_of::<CopyRange>() as u64,
             ),
         ];
         for code in 0..=status::INTERNAL {

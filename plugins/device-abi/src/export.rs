@@ -5,22 +5,25 @@
 //! so every Rust device counts, checks and reports errors the same way.
 //!
 //! One concept per module: `failure` (the status and message of a failure),
-//! `buffers` (device memory and the order its bytes are in), `launch` (one launch's
+//! `buffers` (device memory and the order its bytes are in), `copy_out` (the thread that
+//! copies ranges out in the background, ABI revision 1.2), `launch` (one launch's
 //! resolved arguments), `views` (those arguments borrowed in place), `state` (everything
 //! behind a handle) and `entry_points` (the C functions of the table, with panic
 //! containment).
 
 mod buffers;
+mod copy_out;
 mod entry_points;
 mod failure;
 mod launch;
 mod state;
 mod views;
 
+pub use copy_out::CopyOutFault;
 pub use entry_points::device_table;
 pub use failure::DeviceFailure;
 pub use launch::Launch;
-pub use views::{ArgViews, FloatSlice, FloatSliceMut};
+pub use views::{ArgViews, FloatRowsMut, FloatSlice, FloatSliceMut, RowsMut};
 
 /// What a device implements; the export layer calls it only with checked arguments.
 pub trait DeviceBackend: Send + Sized + 'static {
@@ -30,6 +33,12 @@ pub trait DeviceBackend: Send + Sized + 'static {
     /// Bytes the device can hold at once; an `alloc` past it fails with OUT_OF_MEMORY.
     fn memory_capacity(&self) -> u64 {
         u64::MAX
+    }
+
+    /// What the background copy thread injects into the next copy out (a delay, a crash);
+    /// nothing by default. Called on the thread that starts the copy.
+    fn copy_out_fault(&mut self) -> CopyOutFault {
+        CopyOutFault::default()
     }
 
     /// Runs one launch. Every argument already matches the callable's spec and fits its buffer.

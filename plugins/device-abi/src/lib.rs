@@ -21,7 +21,7 @@ pub mod step_inputs;
 pub mod validate;
 
 pub use abi::{
-    ArgTag, DType, DeviceHandle, DeviceStats, ENTRY_SYMBOL, EntryFn, MAX_RANK,
+    ArgTag, CopyRange, DType, DeviceHandle, DeviceStats, ENTRY_SYMBOL, EntryFn, MAX_RANK,
     PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceHeader, PlughostDeviceV1, RankError, TensorArg,
     WORKER_RESTARTS_ENV, status,
 };

@@ -15,8 +15,11 @@
 //! depth about twice the products themselves. The run takes the place of its sixteen rows,
 //! so a block still spans the same bytes and moves as a whole.
 
+use std::marker::PhantomData;
+use std::ops::Range;
+
 use plughost_device_abi::DType;
-use plughost_device_abi::export::{DeviceFailure, FloatSliceMut, Launch};
+use plughost_device_abi::export::{DeviceFailure, FloatRowsMut, Launch, RowsMut};
 
 use crate::Context;
 pub use plughost_device_abi::kv_cache::CacheLayout;
@@ -133,6 +136,53 @@ impl CacheElement for F16Bits {
     }
 }
 
+/// A cache `kv_write` stores into, borrowed one row at a time: a launch never holds a `&mut`
+/// over the blocks it does not write, which a copy out may be reading meanwhile.
+pub trait CacheRows<E> {
+    /// Elements of the whole cache.
+    fn len(&self) -> usize;
+    fn rows(&mut self, range: Range<usize>) -> &mut [E];
+}
+
+impl<E> CacheRows<E> for &mut [E] {
+    fn len(&self) -> usize {
+        <[E]>::len(self)
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [E] {
+        &mut self[range]
+    }
+}
+
+impl CacheRows<f32> for RowsMut<'_, f32> {
+    fn len(&self) -> usize {
+        RowsMut::len(self)
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [f32] {
+        RowsMut::rows(self, range)
+    }
+}
+
+/// An f16 or bf16 cache passed as its bits, written as `E`.
+struct HalfRows<'l, E>(RowsMut<'l, u16>, PhantomData<E>);
+
+impl CacheRows<Bf16Bits> for HalfRows<'_, Bf16Bits> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [Bf16Bits] {
+        as_wide_mut(self.0.rows(range))
+    }
+}
+
+impl CacheRows<F16Bits> for HalfRows<'_, F16Bits> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn rows(&mut self, range: Range<usize>) -> &mut [F16Bits] {
+        as_wide_mut(self.0.rows(range))
+    }
+}
+
 /// The rows of one step's keys or values, `Hk*D` wide.
 pub struct KvRows<'a> {
     pub keys: &'a [f32],
@@ -144,7 +194,7 @@ pub struct KvRows<'a> {
 /// the caches as they were.
 pub fn kv_write<E: CacheElement>(
     rows: KvRows<'_>,
-    (key_cache, value_cache): (&mut [E], &mut [E]),
+    (mut key_cache, mut value_cache): (impl CacheRows<E>, impl CacheRows<E>),
     slot_mapping: &[i32],
     (layout, order): (CacheLayout, KvOrder),
 ) -> Result<(), String> {
@@ -168,16 +218,23 @@ pub fn kv_write<E: CacheElement>(
             if order == KvOrder::Rows {
                 let target = layout.row(slot, kv_head);
                 let target = target..target + head_dim;
-                store(&mut key_cache[target.clone()], &rows.keys[source.clone()]);
-                store(&mut value_cache[target], &rows.values[source]);
+                store(key_cache.rows(target.clone()), &rows.keys[source.clone()]);
+                store(value_cache.rows(target), &rows.values[source]);
                 continue;
             }
-            let keys = &rows.keys[source.clone()];
-            let values = &rows.values[source];
-            for d in 0..head_dim {
-                let at = |value| element_at(&layout, order, (slot, kv_head, d), value);
-                key_cache[at(false)] = E::from_f32(keys[d]);
-                value_cache[at(true)] = E::from_f32(values[d]);
+            // The slot's run, borrowed whole: its elements are spread over the run.
+            let run = layout.row(slot - slot % RUN, kv_head);
+            let run = run..run + RUN * head_dim;
+            let (keys, values) = (&rows.keys[source.clone()], &rows.values[source]);
+            let key_run = key_cache.rows(run.clone());
+            for (d, &key) in keys.iter().enumerate() {
+                key_run[element_at(&layout, order, (slot, kv_head, d), false) - run.start] =
+                    E::from_f32(key);
+            }
+            let value_run = value_cache.rows(run.clone());
+            for (d, &value) in values.iter().enumerate() {
+                value_run[element_at(&layout, order, (slot, kv_head, d), true) - run.start] =
+                    E::from_f32(value);
             }
         }
     }
@@ -226,19 +283,23 @@ pub(crate) fn run(launch: &mut Launch<'_>, context: &Context) -> Result<(), Devi
         values: views.f32("v"),
     };
     let slot_mapping = views.i32("slot_mapping");
-    let written = match (views.float_mut("key_cache"), views.float_mut("value_cache")) {
-        (FloatSliceMut::F32(keys), FloatSliceMut::F32(values)) => {
+    let caches = (
+        views.float_rows_mut("key_cache"),
+        views.float_rows_mut("value_cache"),
+    );
+    let written = match caches {
+        (FloatRowsMut::F32(keys), FloatRowsMut::F32(values)) => {
             kv_write(rows, (keys, values), slot_mapping, (layout, order))
         }
-        (FloatSliceMut::BF16(keys), FloatSliceMut::BF16(values)) => kv_write::<Bf16Bits>(
+        (FloatRowsMut::BF16(keys), FloatRowsMut::BF16(values)) => kv_write::<Bf16Bits>(
             rows,
-            (as_wide_mut(keys), as_wide_mut(values)),
+            (HalfRows(keys, PhantomData), HalfRows(values, PhantomData)),
             slot_mapping,
             (layout, order),
         ),
-        (FloatSliceMut::F16(keys), FloatSliceMut::F16(values)) => kv_write::<F16Bits>(
+        (FloatRowsMut::F16(keys), FloatRowsMut::F16(values)) => kv_write::<F16Bits>(
             rows,
-            (as_wide_mut(keys), as_wide_mut(values)),
+            (HalfRows(keys, PhantomData), HalfRows(values, PhantomData)),
             slot_mapping,
             (layout, order),
         ),
@@ -281,7 +342,7 @@ mod tests {
         };
         kv_write(
             rows,
-            (&mut key_cache, &mut value_cache),
+            (&mut key_cache[..], &mut value_cache[..]),
             &[3],
             (layout, KvOrder::Rows),
         )
@@ -308,7 +369,7 @@ mod tests {
         };
         kv_write(
             rows,
-            (&mut key_cache, &mut value_cache),
+            (&mut key_cache[..], &mut value_cache[..]),
             &[3, -1, 0],
             (single_head(width), KvOrder::Rows),
         )
@@ -331,7 +392,7 @@ mod tests {
         let mut bf16_values = bf16_keys;
         kv_write(
             rows(),
-            (&mut bf16_keys, &mut bf16_values),
+            (&mut bf16_keys[..], &mut bf16_values[..]),
             &[1, -1],
             (single_head(2), KvOrder::Rows),
         )
@@ -343,7 +404,7 @@ mod tests {
         let mut f16_values = f16_keys;
         kv_write(
             rows(),
-            (&mut f16_keys, &mut f16_values),
+            (&mut f16_keys[..], &mut f16_values[..]),
             &[-1, 0],
             (single_head(2), KvOrder::Rows),
         )
@@ -439,7 +500,7 @@ mod tests {
         };
         let message = kv_write(
             rows,
-            (&mut key_cache, &mut value_cache),
+            (&mut key_cache[..], &mut value_cache[..]),
             &[0, 2],
             (single_head(2), KvOrder::Rows),
         )
@@ -467,7 +528,7 @@ mod tests {
         // f32 elements: where each lands does not depend on the element type.
         let write = |order| {
             let (mut k, mut v) = (vec![0.0f32; slots * width], vec![0.0f32; slots * width]);
-            kv_write(rows(), (&mut k, &mut v), &written, (layout, order)).unwrap();
+            kv_write(rows(), (&mut k[..], &mut v[..]), &written, (layout, order)).unwrap();
             (k, v)
         };
         let (row_keys, row_values) = write(KvOrder::Rows);

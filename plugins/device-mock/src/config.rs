@@ -28,6 +28,11 @@ pub struct MockConfig {
     /// How long every launch takes at least: a slow device, whose steps can outlast the
     /// host's device timeout while each launch stays well within it.
     pub launch_time: Duration,
+    /// How long the background copy thread waits before each copy out (ABI revision 1.2): a
+    /// copy that spans several engine steps.
+    pub copy_time: Duration,
+    /// The copy out (1-based) during which the copy thread aborts the process.
+    pub crash_copy: Option<u64>,
 }
 
 impl Default for MockConfig {
@@ -41,6 +46,8 @@ impl Default for MockConfig {
             faults_every_worker: false,
             memory_bytes: None,
             launch_time: Duration::ZERO,
+            copy_time: Duration::ZERO,
+            crash_copy: None,
         }
     }
 }
@@ -57,6 +64,8 @@ const SPEC: ConfigSpec = ConfigSpec {
         "faults_every_worker",
         "memory_bytes",
         "launch_ms",
+        "copy_ms",
+        "crash_copy",
     ],
 };
 
@@ -78,6 +87,8 @@ impl MockConfig {
                 "faults_every_worker" => config.faults_every_worker = number != 0,
                 "memory_bytes" => config.memory_bytes = Some(number),
                 "launch_ms" => config.launch_time = Duration::from_millis(number),
+                "copy_ms" => config.copy_time = Duration::from_millis(number),
+                "crash_copy" => config.crash_copy = Some(launch_number(&option, number)?),
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
@@ -87,7 +98,12 @@ impl MockConfig {
 
 fn launch_number(option: &ConfigOption<'_>, number: u64) -> Result<u64, ConfigError> {
     if number == 0 {
-        return Err(option.invalid("counts launches from 1, got 0"));
+        let counted = if option.key == "crash_copy" {
+            "copies"
+        } else {
+            "launches"
+        };
+        return Err(option.invalid(format!("counts {counted} from 1, got 0")));
     }
     Ok(number)
 }
@@ -162,7 +178,7 @@ mod tests {
                 "fail_lunch=2",
                 "unknown mock device option `fail_lunch` \
                  (known: fail_launch, fail_launch_count, hang_launch, hang_ms, crash_launch, \
-                 faults_every_worker, memory_bytes, launch_ms)",
+                 faults_every_worker, memory_bytes, launch_ms, copy_ms, crash_copy)",
             ),
             (
                 "hang_ms=soon",

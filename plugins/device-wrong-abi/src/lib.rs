@@ -20,6 +20,8 @@ static TABLE: PlughostDeviceV1 = PlughostDeviceV1 {
     callable_launches: None,
     last_error: None,
     callable_device_ns: None,
+    copy_out_start: None,
+    copy_out_poll: None,
 };
 
 #[unsafe(no_mangle)]

@@ -96,6 +96,10 @@ pub struct WorkerDevice {
     reply_body: Vec<u8>,
     /// A batched copy's ranges on the wire, reused from call to call.
     range_payload: Vec<u8>,
+    /// Whether the worker's device copies out in the background (table revision 1.2).
+    copies_out: bool,
+    /// Where background copies out land, shared with the worker; made by the first one.
+    copy_region: Option<SharedRegion>,
 }
 
 impl WorkerDevice {
@@ -172,6 +176,8 @@ impl WorkerDevice {
             callable_times_fresh: None,
             reply_body: Vec::new(),
             range_payload: Vec::new(),
+            copies_out: false,
+            copy_region: None,
         };
         worker
             .set_timeouts()
@@ -181,7 +187,7 @@ impl WorkerDevice {
         payload.extend_from_slice(config.as_bytes());
         let mut header = RequestHeader::new(Op::Open);
         header.payload_len = payload.len() as u64;
-        worker.request(header, &payload)?;
+        worker.copies_out = worker.request(header, &payload)? == 1;
         let names = std::mem::take(&mut worker.reply_body);
         worker.timeout = timeout;
         worker
@@ -289,6 +295,77 @@ impl WorkerDevice {
         });
         self.range_payload = payload;
         result
+    }
+
+    pub fn copies_out_in_background(&self) -> bool {
+        self.copies_out
+    }
+
+    /// Starts a background copy of `ranges` (`len` bytes together) into the copy-out region,
+    /// mapping a larger region in the worker first when it needs one. The caller has seen the
+    /// end of any earlier copy, so the worker writes no region the host replaces.
+    pub fn copy_out_start(
+        &mut self,
+        ranges: &[BufferRange],
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        self.check_lost()?;
+        self.reserve_copy_out(len)?;
+        let mut payload = std::mem::take(&mut self.range_payload);
+        payload.clear();
+        for range in ranges {
+            encode_range(range.buffer.raw(), range.offset, range.len, &mut payload);
+        }
+        let mut header = RequestHeader::new(Op::CopyOutStart);
+        header.count = u32::try_from(ranges.len()).map_err(|_| DeviceError::TooMany {
+            what: "copy ranges",
+            count: ranges.len(),
+        })?;
+        header.payload_len = payload.len() as u64;
+        let started = self.request(header, &payload);
+        self.range_payload = payload;
+        started.map(drop)
+    }
+
+    /// Makes the copy-out region hold at least `len` bytes, mapped in the worker too. Called
+    /// only while no copy out is in flight.
+    pub fn reserve_copy_out(&mut self, len: usize) -> Result<(), DeviceError> {
+        if self
+            .copy_region
+            .as_ref()
+            .is_some_and(|r| r.bytes().len() >= len)
+        {
+            return Ok(());
+        }
+        // Whole MiBs, so blocks a little larger than before rarely need another region.
+        let size = len.max(1).next_multiple_of(1 << 20);
+        let region = SharedRegion::create_sized(size).map_err(|e| DeviceError::Call {
+            operation: "map_copy_region",
+            status: status::OUT_OF_MEMORY,
+            message: format!("cannot create the copy-out region of {size} bytes: {e}"),
+        })?;
+        let path = region.path_for_worker();
+        let mut header = RequestHeader::new(Op::MapCopyRegion);
+        header.a = size as u64;
+        let path = path.as_os_str().as_encoded_bytes();
+        header.payload_len = path.len() as u64;
+        self.request(header, path)?;
+        self.copy_region = Some(region);
+        Ok(())
+    }
+
+    /// Whether the copy out in flight ended; with `wait`, the worker answers at its end.
+    pub fn copy_out_poll(&mut self, wait: bool) -> Result<bool, DeviceError> {
+        let mut header = RequestHeader::new(Op::CopyOutPoll);
+        header.a = u64::from(wait);
+        Ok(self.request(header, &[])? == 1)
+    }
+
+    /// The first `len` bytes of the copy-out region: a copy's bytes once a poll saw its end.
+    pub fn copied_out(&self, len: usize) -> &[u8] {
+        self.copy_region
+            .as_ref()
+            .map_or(&[][..], |region| &region.bytes()[..len])
     }
 
     /// Queues the launch; its failure is reported by the next call that waits for an answer.

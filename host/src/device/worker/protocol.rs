@@ -6,6 +6,12 @@
 //! step's hundreds of launches cost one socket write. Every other request gets a
 //! [`ReplyHeader`] followed by `payload_len` bytes (callable names, stats, an error message).
 //! All integers are little-endian.
+//!
+//! A copy out in the background (device table revision 1.2) lands in a second shared region,
+//! the copy-out region, which the host maps once with [`Op::MapCopyRegion`] and the launch
+//! traffic never touches: [`Op::CopyOutStart`] returns at once, launches go on, and the host
+//! reads the region only after an [`Op::CopyOutPoll`] reply said the copy ended. The open reply's
+//! `value` is 1 when the device has the copy-out entries.
 
 use std::io::{self, Read, Write};
 
@@ -51,13 +57,21 @@ pub enum Op {
     /// a launch, not a whole step, so a long step that keeps launching is not taken for a hang.
     /// `value`: launches completed since the worker started. No payload.
     Progress,
+    /// Map the host's copy-out region: payload its path, `a` its length in bytes. Reply.
+    MapCopyRegion,
+    /// Start copying the `count` byte ranges of the payload, in order, into the copy-out region
+    /// from 0 on, in the background (device table revision 1.2). Reply at once.
+    CopyOutStart,
+    /// Reply `value`: 1 once the copy out in flight has ended (its bytes are in the copy-out
+    /// region), 0 while it runs; with `a` nonzero, the reply waits for its end.
+    CopyOutPoll,
 }
 
 /// The least time between two [`Op::Progress`] replies.
 pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Op {
-    const ALL: [Op; 15] = [
+    const ALL: [Op; 18] = [
         Op::Open,
         Op::Alloc,
         Op::Free,
@@ -73,6 +87,9 @@ impl Op {
         Op::WriteRanges,
         Op::CallableDeviceNs,
         Op::Progress,
+        Op::MapCopyRegion,
+        Op::CopyOutStart,
+        Op::CopyOutPoll,
     ];
 
     fn code(self) -> u32 {
@@ -101,6 +118,9 @@ impl Op {
             Op::WriteRanges => "write_ranges",
             Op::CallableDeviceNs => "callable_device_ns",
             Op::Progress => "progress",
+            Op::MapCopyRegion => "map_copy_region",
+            Op::CopyOutStart => "copy_out_start",
+            Op::CopyOutPoll => "copy_out_poll",
         }
     }
 }

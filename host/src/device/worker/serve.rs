@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Instant;
 
-use plughost_device_abi::{TensorArg, status};
+use plughost_device_abi::{CopyRange, TensorArg, status};
 
 use super::protocol::{
     Op, PROGRESS_EVERY, RANGE_BYTES, ReplyCounters, ReplyHeader, RequestHeader, TENSOR_ARG_BYTES,
@@ -54,6 +54,8 @@ pub fn run_worker(socket: &Path, region: &Path) -> Result<(), WorkerError> {
         writer: BufWriter::new(stream),
         region,
         device: None,
+        copy_region: None,
+        copy_ranges: Vec::new(),
         pending: None,
         payload: Vec::new(),
         args: Vec::new(),
@@ -77,6 +79,11 @@ struct Session {
     writer: BufWriter<UnixStream>,
     region: SharedRegion,
     device: Option<LocalDevice>,
+    // After `device`, so dropped after it: closing the device waits for a copy out in flight,
+    // which writes into this region.
+    copy_region: Option<SharedRegion>,
+    /// A copy out's ranges, decoded; reused.
+    copy_ranges: Vec<CopyRange>,
     pending: Option<Pending>,
     /// Reused from request to request, so a launch allocates nothing once warm.
     payload: Vec<u8>,
@@ -133,8 +140,9 @@ impl Session {
         match opened {
             Ok((device, names)) => {
                 let names = names.join("\0");
+                let copies_out = u64::from(device.copies_out_in_background());
                 self.device = Some(device);
-                self.reply(status::OK, Op::Open, 0, names.as_bytes())
+                self.reply(status::OK, Op::Open, copies_out, names.as_bytes())
             }
             // The host shows the message as the in-process open would have.
             Err(e) => {
@@ -250,6 +258,52 @@ impl Session {
             Op::CallableLaunches => {
                 Ok(device.callable_launches(CallableIndex::from_raw(header.a as u32)))
             }
+            Op::MapCopyRegion => map_copy_region(header, &self.payload, device).map(|region| {
+                self.copy_region = Some(region);
+                0
+            }),
+            Op::CopyOutStart => {
+                self.copy_ranges.clear();
+                self.copy_ranges.extend(
+                    self.payload
+                        .chunks_exact(RANGE_BYTES)
+                        .take(header.count as usize)
+                        .map(|bytes| {
+                            let (buffer, offset, len) = decode_range(bytes);
+                            CopyRange {
+                                buffer,
+                                offset,
+                                len,
+                            }
+                        }),
+                );
+                let total: u64 = self
+                    .copy_ranges
+                    .iter()
+                    .map(|r| r.len)
+                    .fold(0, u64::saturating_add);
+                match self.copy_region.as_mut() {
+                    Some(region) if total <= region.bytes().len() as u64 => {
+                        // SAFETY: the region holds `total` bytes and stays mapped until the
+                        // device is dropped (it is dropped after it); the host reads it only
+                        // after a poll reply reports the copy's end, and maps no new region
+                        // while a copy is in flight (`map_copy_region` refuses then).
+                        unsafe {
+                            device.copy_out_start(
+                                &self.copy_ranges,
+                                region.as_mut_ptr(),
+                                total as usize,
+                            )
+                        }
+                        .map(|()| 0)
+                    }
+                    _ => Err(DeviceError::ContractViolation {
+                        operation: "copy_out_start",
+                        message: format!("{total} bytes do not fit the copy-out region"),
+                    }),
+                }
+            }
+            Op::CopyOutPoll => device.copy_out_poll(header.a != 0).map(u64::from),
             _ => Ok(0),
         };
         match result {
@@ -326,6 +380,26 @@ fn copy_ranges(
         at += len;
     }
     Ok(())
+}
+
+/// The copy-out region the host names, mapped; refused while a copy out is in flight, whose
+/// bytes go to the region mapped now.
+fn map_copy_region(
+    header: &RequestHeader,
+    payload: &[u8],
+    device: &mut LocalDevice,
+) -> Result<SharedRegion, DeviceError> {
+    if device.copies_out_in_background() && !device.copy_out_poll(false)? {
+        return Err(DeviceError::ContractViolation {
+            operation: "map_copy_region",
+            message: "a copy out is in flight".into(),
+        });
+    }
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(payload).into_owned());
+    SharedRegion::open_sized(&path, header.a as usize).map_err(|e| DeviceError::ContractViolation {
+        operation: "map_copy_region",
+        message: format!("cannot map {}: {e}", path.display()),
+    })
 }
 
 fn region_range(start: u64, len: u64) -> Option<std::ops::Range<usize>> {

@@ -1,13 +1,17 @@
 //! The engine's side of the KV tiers below the device: blocks copied down when they become cached-free, prefixes looked up through every tier, requests waiting while their blocks load from disk, and loaded blocks written into fresh device blocks.
 //!
-//! Copies happen between steps, as one batched device call per staging buffer's worth of
-//! blocks, never inside the device's part of a step. A block enters a tier only after its
-//! copy completed; a copy that fails (a lost worker) stores nothing.
+//! Copies are started between steps, as one batched device call per staging buffer's worth of
+//! blocks. On a device that copies out in the background (device table revision 1.2) a batch
+//! runs while later steps go on: its blocks stay pinned (no allocation takes them; a prefix
+//! hit may read them) until a poll between steps sees it end, and only then are they indexed
+//! in the tiers. Other devices copy synchronously between steps. A block enters a tier only
+//! after its copy completed; a copy that fails (a lost worker) stores nothing.
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::kv::offload::{KvOffload, TierName};
-use crate::kv::{BlockHash, ComputedPrefix, KvCacheManager};
+use crate::kv::{BlockHash, BlockId, ComputedPrefix, KvCacheManager};
 use crate::kv_tier_metrics::Direction;
 use crate::metrics::Metrics;
 use crate::profile::Track;
@@ -16,20 +20,72 @@ use super::super::request::FinishReason;
 use super::super::state::{LoadedPrefix, RequestState};
 use super::EngineCore;
 
-/// How long an engine with nothing but loading requests waits for a load before it looks at
-/// its commands again.
+/// How long an engine with nothing but loading requests (or copies out) waits for a load (or
+/// copy) before it looks at its commands again.
 const LOAD_POLL: Duration = Duration::from_millis(20);
+
+/// The blocks that became cached-free and wait for their copy out of the device in the
+/// background, and the batch being copied, whose blocks are pinned until it ends.
+#[derive(Default)]
+pub(in crate::engine) struct StoreQueue {
+    waiting: VecDeque<(BlockId, BlockHash)>,
+    batch: StoreBatch,
+}
+
+/// One batch: copied out of the device (its blocks pinned meanwhile), then indexed in the
+/// tiers from the device's staging memory, which no other copy reuses until it is done.
+#[derive(Default)]
+struct StoreBatch {
+    /// The pinned blocks, while the copy runs.
+    blocks: Vec<BlockId>,
+    hashes: Vec<BlockHash>,
+    copying: bool,
+    /// Blocks of `hashes` indexed so far, once the copy ended.
+    indexed: usize,
+}
+
+impl StoreBatch {
+    fn clear(&mut self) {
+        self.blocks.clear();
+        self.hashes.clear();
+        self.copying = false;
+        self.indexed = 0;
+    }
+}
+
+impl StoreQueue {
+    /// Whether a batch is being copied or indexed.
+    fn in_flight(&self) -> bool {
+        self.batch.copying || self.batch.indexed < self.batch.hashes.len()
+    }
+}
+
+/// Blocks a step indexes in the tiers at most, once their copy ended: each is a copy into
+/// host memory on the engine thread (368,640 bytes for SmolLM2 in bf16).
+const INDEX_BLOCKS_PER_STEP: usize = 8;
 
 impl EngineCore {
     /// Keeps the KV tiers `offload` below the device from now on.
     pub fn offload_to(&mut self, offload: KvOffload) {
         self.kv.record_cached_free();
+        // The staging memory of background copies, pooled now rather than at the first copy.
+        if let Err(e) = self.runtime.reserve_kv_copy_out(offload.staging_blocks()) {
+            tracing::warn!("cannot reserve staging memory for KV copies out: {e}");
+        }
+        let copies = if self.runtime.copies_kv_out_in_background() {
+            "in the background"
+        } else {
+            "synchronously, between steps"
+        };
+        tracing::info!("KV blocks go down to the tiers by copies out of the device {copies}");
         self.offload = Some(offload);
         self.publish_tier_gauges();
     }
 
     /// Copies every block that became free and cached since the last call, and that some
     /// tier lacks, down to the tiers. Runs between steps, before any allocation can evict them.
+    /// A device that copies out in the background gets the blocks queued, to be copied batch
+    /// by batch while steps go on ([`Self::advance_stores`]); any other copies them now.
     pub(super) fn store_freed_blocks(&mut self) {
         let Some(offload) = self.offload.as_mut() else {
             return;
@@ -37,6 +93,11 @@ impl EngineCore {
         let mut freed = std::mem::take(&mut self.freed_blocks);
         self.kv.take_cached_free(&mut freed);
         freed.retain(|&(_, hash)| offload.wants(hash));
+        if self.runtime.copies_kv_out_in_background() {
+            self.stores.waiting.extend(freed.drain(..));
+            self.freed_blocks = freed;
+            return;
+        }
         if freed.is_empty() {
             self.freed_blocks = freed;
             return;
@@ -65,6 +126,117 @@ impl EngineCore {
         }
         self.freed_blocks = freed;
         self.record("kv_store", Track::Host, started, started.elapsed());
+    }
+
+    /// The background copy out, between steps: when the batch in flight has ended (at once
+    /// with `wait`), unpins its blocks and indexes them in the tiers, a few per step (all
+    /// with `wait`), since filling host memory is the engine thread's work; once all are
+    /// indexed, starts the next batch. A failed copy (a lost worker) indexes nothing.
+    pub(super) fn advance_stores(&mut self, wait: bool) {
+        let Some(offload) = self.offload.as_mut() else {
+            return;
+        };
+        if !self.stores.in_flight() && self.stores.waiting.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let batch = &mut self.stores.batch;
+        if batch.copying {
+            match self.runtime.poll_kv_copy_out(wait) {
+                Ok(None) => return,
+                Ok(Some(_)) => {
+                    batch.copying = false;
+                    let count = batch.blocks.len() as u64;
+                    let block_bytes = offload.block_bytes() as u64;
+                    self.metrics
+                        .kv_tiers
+                        .moved(Direction::Store, count, count * block_bytes);
+                }
+                Err(e) => {
+                    tracing::warn!("copying KV blocks out of the device failed: {e}");
+                    batch.hashes.clear();
+                }
+            }
+            // The staging memory holds what the blocks held: the device may reuse them.
+            self.kv.unpin(&batch.blocks);
+            batch.blocks.clear();
+            // A copy that ended is progress, as a finished load is, for the stall watchdog.
+            self.health.liveness.progressed();
+        }
+        if batch.indexed < batch.hashes.len() {
+            let end = if wait {
+                batch.hashes.len()
+            } else {
+                (batch.indexed + INDEX_BLOCKS_PER_STEP).min(batch.hashes.len())
+            };
+            let block_bytes = offload.block_bytes();
+            let copied = self.runtime.kv_copied_out();
+            let bytes = copied
+                .get(batch.indexed * block_bytes..)
+                .unwrap_or_default();
+            offload.store_copied(&batch.hashes[batch.indexed..end], bytes);
+            batch.indexed = end;
+            if end < batch.hashes.len() {
+                self.record("kv_store", Track::Host, started, started.elapsed());
+                return;
+            }
+        }
+        batch.clear();
+        // The next batch: blocks still cached under their hash (a block waiting is not pinned,
+        // so an allocation may have taken it) that some tier still lacks, each once.
+        let batch = &mut self.stores.batch;
+        while batch.blocks.len() < offload.staging_blocks() {
+            let Some((block, hash)) = self.stores.waiting.pop_front() else {
+                break;
+            };
+            if self.kv.caches(block, &hash) && offload.wants(hash) && !batch.hashes.contains(&hash)
+            {
+                batch.blocks.push(block);
+                batch.hashes.push(hash);
+            }
+        }
+        if !batch.blocks.is_empty() {
+            self.kv.pin(&batch.blocks);
+            match self.runtime.start_kv_copy_out(&batch.blocks) {
+                Ok(()) => batch.copying = true,
+                Err(e) => {
+                    tracing::warn!("cannot start copying KV blocks out of the device: {e}");
+                    self.kv.unpin(&batch.blocks);
+                    batch.clear();
+                }
+            }
+        }
+        self.record("kv_store", Track::Host, started, started.elapsed());
+    }
+
+    /// Whether copies out are queued or in flight.
+    pub(super) fn has_stores(&self) -> bool {
+        self.stores.in_flight() || !self.stores.waiting.is_empty()
+    }
+
+    /// Waits for every queued copy out to end, indexing each batch, at shutdown or while no
+    /// request runs.
+    pub(super) fn finish_stores(&mut self) {
+        while self.has_stores() {
+            self.advance_stores(true);
+        }
+    }
+
+    /// With nothing to step: waits a moment for the copy out in flight, then advances it.
+    pub(super) fn wait_for_stores(&mut self) {
+        if self.stores.batch.copying {
+            std::thread::sleep(LOAD_POLL);
+        }
+        self.advance_stores(false);
+    }
+
+    /// Forgets the copy out in flight and the blocks waiting for one, after the device (and
+    /// its KV cache) was replaced: the copy died with the old device, and the new KV manager
+    /// holds no pins.
+    pub(super) fn forget_stores(&mut self) {
+        // The pins died with the old KV manager; the staging memory with the old device.
+        self.stores.batch.clear();
+        self.stores.waiting.clear();
     }
 
     /// Looks a new request's prefix up through every tier. Returns it when it can queue now;
@@ -215,9 +387,10 @@ impl EngineCore {
         }
     }
 
-    /// Waits for the disk writes queued so far, at shutdown.
+    /// Finishes every copy out, then waits for the disk writes queued so far, at shutdown.
     pub(super) fn flush_tiers(&mut self) {
         self.store_freed_blocks();
+        self.finish_stores();
         if let Some(offload) = self.offload.as_mut() {
             offload.flush();
         }

@@ -99,6 +99,10 @@ pub(super) struct BufferTable {
     arrangements: HashMap<u64, u64>,
     /// The buffers whose bytes are in no known order.
     poisoned: HashSet<u64>,
+    /// The byte ranges a copy out reads in the background, by buffer (inner vectors kept, so
+    /// a copy allocates nothing once warm): until it ends nothing writes them or frees their
+    /// buffers.
+    copying: HashMap<u64, Vec<Range<usize>>>,
 }
 
 impl BufferTable {
@@ -109,6 +113,8 @@ impl BufferTable {
     }
 
     pub(super) fn remove(&mut self, id: u64) -> Result<AlignedBytes, DeviceFailure> {
+        self.check_not_copied(id, None)?;
+        self.copying.remove(&id);
         self.arrangements.remove(&id);
         self.poisoned.remove(&id);
         self.buffers.remove(&id).ok_or_else(|| unknown_buffer(id))
@@ -135,6 +141,7 @@ impl BufferTable {
         arrangement: u64,
         change: impl FnOnce(&mut [u8]) -> Result<(), DeviceFailure>,
     ) -> Result<(), DeviceFailure> {
+        self.check_not_copied(id, None)?;
         self.poisoned.insert(id);
         change(self.storage_mut(id))?;
         self.poisoned.remove(&id);
@@ -158,6 +165,60 @@ impl BufferTable {
     pub(super) fn forget_order(&mut self, id: u64) {
         self.poisoned.remove(&id);
         self.arrangements.remove(&id);
+    }
+
+    /// Records that a copy out reads `range` of buffer `id` from now on.
+    pub(super) fn begin_copy(&mut self, id: u64, range: Range<usize>) {
+        self.copying.entry(id).or_default().push(range);
+    }
+
+    /// The copy out ended: its ranges may be written again.
+    pub(super) fn end_copy(&mut self) {
+        self.copying.values_mut().for_each(Vec::clear);
+    }
+
+    /// Fails with INVALID_ARGUMENT if a copy out in flight reads `range` of buffer `id`
+    /// (`None`: any of its bytes).
+    pub(super) fn check_not_copied(
+        &self,
+        id: u64,
+        range: Option<&Range<usize>>,
+    ) -> Result<(), DeviceFailure> {
+        let Some(copied) = self.copying.get(&id) else {
+            return Ok(());
+        };
+        let clash = copied.iter().find(|c| match range {
+            Some(r) => c.start < r.end && r.start < c.end,
+            None => true,
+        });
+        match clash {
+            Some(c) => Err(DeviceFailure::invalid_argument(format!(
+                "bytes {}..{} of buffer {id} are being copied out; they stay unwritten, and the \
+                 buffer allocated, until copy_out_poll reports the copy done",
+                c.start, c.end
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Copies `bytes` into buffer `id` at byte `start` through a raw pointer, without a
+    /// reference to the rest of the buffer, which a copy out may be reading.
+    pub(super) fn write_at(
+        &mut self,
+        id: u64,
+        start: usize,
+        bytes: &[u8],
+    ) -> Result<(), DeviceFailure> {
+        let storage = self.get_mut(id)?;
+        let range = checked_range(id, storage.len(), start as u64, bytes.len() as u64)?;
+        let base = storage.as_mut_ptr();
+        // SAFETY: `range` lies inside the buffer's allocation (checked above), `bytes` is a
+        // separate borrow so cannot overlap it, and no reference to these bytes is live: the
+        // buffer's bytes are reached only through raw pointers or borrows of other ranges.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(range.start), bytes.len())
+        };
+        Ok(())
     }
 
     /// Whether the table keeps an arrangement or a poisoning for any buffer.

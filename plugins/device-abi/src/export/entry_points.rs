@@ -7,8 +7,9 @@ use std::ptr;
 
 use crate::abi::{
     AllocFn, CallableCountFn, CallableDeviceNsFn, CallableLaunchesFn, CallableNameFn, CloseFn,
-    DeviceHandle, DeviceStats, FreeFn, LastErrorFn, LaunchFn, OpenFn, PLUGHOST_DEVICE_ABI_VERSION,
-    PlughostDeviceV1, ReadFn, StatsFn, SynchronizeFn, TensorArg, WriteFn, status,
+    CopyOutPollFn, CopyOutStartFn, CopyRange, DeviceHandle, DeviceStats, FreeFn, LastErrorFn,
+    LaunchFn, OpenFn, PLUGHOST_DEVICE_ABI_VERSION, PlughostDeviceV1, ReadFn, StatsFn,
+    SynchronizeFn, TensorArg, WriteFn, status,
 };
 use crate::callables;
 
@@ -249,6 +250,53 @@ unsafe extern "C" fn read<B: DeviceBackend>(
     }
 }
 
+/// `plughost_device_v1.copy_out_start` (revision 1.2).
+///
+/// # Safety
+/// As [`with_state`]; a non-null `ranges` holds `num_ranges` readable ranges; a non-null
+/// `dst` holds `dst_len` writable bytes that stay valid and untouched by the host until
+/// `copy_out_poll` reports the copy done or the handle is closed.
+unsafe extern "C" fn copy_out_start<B: DeviceBackend>(
+    handle: *mut DeviceHandle,
+    ranges: *const CopyRange,
+    num_ranges: u32,
+    dst: *mut u8,
+    dst_len: u64,
+) -> i32 {
+    // SAFETY: forwarded ABI contract.
+    unsafe {
+        with_state::<B>(handle, "copy_out_start", |state| {
+            let ranges = foreign_slice(ranges, num_ranges.into(), "copy_out_start: `ranges`")?;
+            if dst.is_null() && dst_len > 0 {
+                return Err(null_out_pointer("copy_out_start", "dst"));
+            }
+            state.copy_out_start(ranges, dst, dst_len)
+        })
+    }
+}
+
+/// `plughost_device_v1.copy_out_poll` (revision 1.2).
+///
+/// # Safety
+/// As [`with_state`]; a non-null `out_done` points to writable storage for one `u32`.
+unsafe extern "C" fn copy_out_poll<B: DeviceBackend>(
+    handle: *mut DeviceHandle,
+    wait: u32,
+    out_done: *mut u32,
+) -> i32 {
+    // SAFETY: forwarded ABI contract.
+    unsafe {
+        with_state::<B>(handle, "copy_out_poll", |state| {
+            if out_done.is_null() {
+                return Err(null_out_pointer("copy_out_poll", "out_done"));
+            }
+            let done = state.copy_out_poll(wait != 0)?;
+            *out_done = u32::from(done);
+            Ok(())
+        })
+    }
+}
+
 /// Every Rust device provides the shared callable table, so the count needs no state.
 ///
 /// # Safety
@@ -442,6 +490,8 @@ pub const fn device_table<B: DeviceBackend>() -> PlughostDeviceV1 {
         callable_launches: Some(callable_launches::<B> as CallableLaunchesFn),
         callable_device_ns: Some(callable_device_ns::<B> as CallableDeviceNsFn),
         last_error: Some(last_error::<B> as LastErrorFn),
+        copy_out_start: Some(copy_out_start::<B> as CopyOutStartFn),
+        copy_out_poll: Some(copy_out_poll::<B> as CopyOutPollFn),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::validate::ShapeBindings;
 
 use super::DeviceFailure;
 use super::buffers::{AlignedBytes, BufferTable, checked_range};
-use super::views::{ArgView, ArgViews};
+use super::views::{ArgView, ArgViews, raw_rows};
 
 /// One launch as a device sees it: resolved shape symbols, params, and typed access to the
 /// bytes of each argument.
@@ -211,7 +211,10 @@ impl Launch<'_> {
             "`{}` wrote past the end of `{arg}`",
             self.spec.name
         );
-        self.buffers.storage_mut(buffer)[start..end].copy_from_slice(&bytes);
+        // Only the bytes written are reached: a copy out may be reading the rest.
+        if let Err(failure) = self.buffers.write_at(buffer, start, &bytes) {
+            panic!("`{}` wrote into `{arg}`: {failure}", self.spec.name);
+        }
     }
 
     /// The arrangement of the whole buffer under `arg`: [`AS_WRITTEN`], or what a launch set
@@ -262,7 +265,9 @@ impl Launch<'_> {
             "`{}` wrote the wrong number of bytes to `{arg}`",
             self.spec.name
         );
-        self.buffers.storage_mut(buffer)[range].copy_from_slice(bytes);
+        if let Err(failure) = self.buffers.write_at(buffer, range.start, bytes) {
+            panic!("`{}` wrote into `{arg}`: {failure}", self.spec.name);
+        }
     }
 
     /// Borrows every argument in place, without copying: arguments the callable only reads as
@@ -296,7 +301,7 @@ impl Launch<'_> {
                         if self.spec.args[index].access == Access::Read {
                             ArgView::Shared(slice::from_raw_parts(start, len))
                         } else {
-                            ArgView::Exclusive(Some(slice::from_raw_parts_mut(start, len)))
+                            ArgView::Exclusive(Some(raw_rows(start, len)))
                         }
                     }
                 }

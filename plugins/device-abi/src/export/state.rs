@@ -3,16 +3,19 @@
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
-use crate::abi::{DeviceStats, TensorArg, status};
+use crate::abi::{CopyRange, DeviceStats, TensorArg, status};
 use crate::callables::{self, CallableSpec};
 use crate::validate;
 
 use super::buffers::{AlignedBytes, BufferTable, checked_range};
+use super::copy_out::{Copier, Piece};
 use super::launch::{Launch, ResolvedArg};
 use super::{AS_WRITTEN, DeviceBackend, DeviceFailure};
 
 /// Everything behind one handle.
 pub(super) struct DeviceState<B> {
+    // Dropped first: dropping it waits for a copy out in flight, which reads `buffers`.
+    copier: Copier,
     backend: B,
     buffers: BufferTable,
     stats: DeviceStats,
@@ -32,6 +35,7 @@ impl<B: DeviceBackend> DeviceState<B> {
             .map(|spec| CString::new(spec.name).expect("callable names have no NUL"))
             .collect();
         DeviceState {
+            copier: Copier::default(),
             backend,
             buffers: BufferTable::default(),
             stats: DeviceStats::default(),
@@ -105,13 +109,15 @@ impl<B: DeviceBackend> DeviceState<B> {
             self.buffers.forget_order(buffer);
         }
         self.restore(buffer).map_err(|f| f.context("write"))?;
-        let storage = self
-            .buffers
-            .get_mut(buffer)
-            .map_err(|f| f.context("write"))?;
+        let storage = self.buffers.get(buffer).map_err(|f| f.context("write"))?;
         let range = checked_range(buffer, storage.len(), offset, src.len() as u64)
             .map_err(|f| f.context("write"))?;
-        storage[range].copy_from_slice(src);
+        self.buffers
+            .check_not_copied(buffer, Some(&range))
+            .map_err(|f| f.context("write"))?;
+        self.buffers
+            .write_at(buffer, range.start, src)
+            .map_err(|f| f.context("write"))?;
         self.stats.h2d_bytes += src.len() as u64;
         self.stats.h2d_calls += 1;
         Ok(())
@@ -131,6 +137,80 @@ impl<B: DeviceBackend> DeviceState<B> {
         self.stats.d2h_bytes += dst.len() as u64;
         self.stats.d2h_calls += 1;
         Ok(())
+    }
+
+    /// Checks every range (a known, unpoisoned buffer, in bounds, in the host's order) and
+    /// starts copying them into `dst` on the copy thread.
+    ///
+    /// # Safety
+    /// `dst` is writable for `dst_len` bytes, overlaps no device buffer, and stays valid and
+    /// untouched by anyone else until [`DeviceState::copy_out_poll`] reports the copy done or
+    /// the state is dropped.
+    pub(super) unsafe fn copy_out_start(
+        &mut self,
+        ranges: &[CopyRange],
+        dst: *mut u8,
+        dst_len: u64,
+    ) -> Result<(), DeviceFailure> {
+        if self.copier.in_flight() {
+            // Refused before anything changes: the ranges of the copy in flight stay marked.
+            return Err(DeviceFailure::invalid_argument(
+                "a copy out is already in flight; poll it to its end first",
+            ));
+        }
+        let total: u64 = ranges.iter().map(|r| r.len).fold(0, u64::saturating_add);
+        if total != dst_len {
+            return Err(DeviceFailure::invalid_argument(format!(
+                "the ranges hold {total} bytes, the destination {dst_len}"
+            )));
+        }
+        for (i, range) in ranges.iter().enumerate() {
+            self.restore(range.buffer)
+                .and_then(|()| {
+                    let storage = self.buffers.get(range.buffer)?;
+                    checked_range(range.buffer, storage.len(), range.offset, range.len).map(drop)
+                })
+                .map_err(|f| f.context(format_args!("range {i}")))?;
+        }
+        let pieces = self.copier.pieces();
+        let mut at = 0usize;
+        for range in ranges {
+            let bytes = self.buffers.get(range.buffer)?;
+            let bytes = checked_range(range.buffer, bytes.len(), range.offset, range.len)?;
+            let src = self.buffers.base_ptr(range.buffer);
+            self.buffers.begin_copy(range.buffer, bytes.clone());
+            pieces.push(Piece {
+                // SAFETY: `bytes` lies inside the buffer's allocation (checked above).
+                src: unsafe { src.add(bytes.start) },
+                // SAFETY: `at + len <= dst_len`, the ranges' total, checked above.
+                dst: unsafe { dst.add(at) },
+                len: bytes.len(),
+            });
+            at += bytes.len();
+        }
+        let fault = self.backend.copy_out_fault();
+        // SAFETY: every `src` lies in a live buffer that `free`, `write` and rearranging now
+        // refuse until `copy_out_poll` ends the copy (and dropping the state joins the copy
+        // before the buffers go); launches never hold a `&mut` to bytes they do not write, and
+        // the ABI forbids the host to launch writes into the ranges. `dst` is the caller's.
+        let started = unsafe { self.copier.start(dst_len, fault) };
+        if started.is_err() {
+            self.buffers.end_copy();
+        }
+        started
+    }
+
+    /// Whether the copy out in flight (if any) has ended; with `wait`, waits for it.
+    pub(super) fn copy_out_poll(&mut self, wait: bool) -> Result<bool, DeviceFailure> {
+        let Some(bytes) = self.copier.poll(wait) else {
+            return Ok(false);
+        };
+        if bytes > 0 {
+            self.stats.d2h_bytes += bytes;
+            self.stats.d2h_calls += 1;
+        }
+        self.buffers.end_copy();
+        Ok(true)
     }
 
     pub(super) fn launch(

@@ -1,5 +1,7 @@
 //! The arguments of one launch borrowed in place ([`ArgViews`]), and float tensors in the dtype they were passed in ([`FloatSlice`], [`FloatSliceMut`]).
 
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::slice;
 
 use crate::abi::DType;
@@ -34,6 +36,55 @@ pub enum FloatSliceMut<'l> {
     BF16(&'l mut [u16]),
 }
 
+/// A written float argument of which a kernel writes a few rows (a KV cache at this step's
+/// slots), in the dtype it was passed in. See [`ArgViews::float_rows_mut`].
+#[derive(Debug)]
+pub enum FloatRowsMut<'l> {
+    F32(RowsMut<'l, f32>),
+    F16(RowsMut<'l, u16>),
+    BF16(RowsMut<'l, u16>),
+}
+
+/// Exclusive access to the elements of an argument, one range at a time: no `&mut` covers
+/// the elements a kernel does not ask for, so a copy out may read them meanwhile.
+#[derive(Debug)]
+pub struct RowsMut<'l, T> {
+    start: *mut T,
+    len: usize,
+    _borrow: PhantomData<&'l mut [T]>,
+}
+
+impl<'l, T> RowsMut<'l, T> {
+    /// Rows over a slice the caller already borrows exclusively (tests, host memory).
+    pub fn from_slice(elements: &'l mut [T]) -> RowsMut<'l, T> {
+        RowsMut {
+            start: elements.as_mut_ptr(),
+            len: elements.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Elements `range`, borrowed exclusively while the slice lives. Panics past the end.
+    pub fn rows(&mut self, range: Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "rows {range:?} of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above) of elements this value borrows exclusively for
+        // `'l`; the slice borrows `self` mutably, so two of them never coexist.
+        unsafe { slice::from_raw_parts_mut(self.start.add(range.start), range.len()) }
+    }
+}
+
 /// Every argument of one launch, borrowed in place by [`Launch::views`](super::Launch::views).
 ///
 /// Arguments the callable only reads come out shared (`f32`, `i32`, `float`), as often as
@@ -49,8 +100,9 @@ pub struct ArgViews<'l> {
 /// One argument's bytes, borrowed as the callable's access to it allows.
 pub(super) enum ArgView<'l> {
     Shared(&'l [u8]),
-    /// `None` once taken.
-    Exclusive(Option<&'l mut [u8]>),
+    /// Kept raw until a kernel takes it, so an argument taken row by row never has a `&mut`
+    /// over all of it; `None` once taken.
+    Exclusive(Option<RowsMut<'l, u8>>),
 }
 
 impl<'l> ArgViews<'l> {
@@ -116,6 +168,19 @@ impl<'l> ArgViews<'l> {
         cast_slice_mut(self.take_exclusive(arg, DType::I32))
     }
 
+    /// A written float argument of which the kernel writes only some rows: unlike
+    /// [`ArgViews::float_mut`], no `&mut` over the whole argument is made.
+    pub fn float_rows_mut(&mut self, arg: &str) -> FloatRowsMut<'l> {
+        let dtype = self.dtype(arg);
+        let bytes = self.take_raw(arg, dtype);
+        match dtype {
+            DType::F32 => FloatRowsMut::F32(cast_rows(bytes)),
+            DType::F16 => FloatRowsMut::F16(cast_rows(bytes)),
+            DType::BF16 => FloatRowsMut::BF16(cast_rows(bytes)),
+            other => panic!("argument `{arg}` is {other}, not a float tensor"),
+        }
+    }
+
     fn index(&self, arg: &str) -> usize {
         self.spec
             .arg_index(arg)
@@ -133,6 +198,13 @@ impl<'l> ArgViews<'l> {
     }
 
     fn take_exclusive(&mut self, arg: &str, dtype: DType) -> &'l mut [u8] {
+        let bytes = self.take_raw(arg, dtype);
+        // SAFETY: the raw view's whole range, which it borrows exclusively for `'l`; the view
+        // is consumed here, so this slice is the only access to these bytes.
+        unsafe { slice::from_raw_parts_mut(bytes.start, bytes.len) }
+    }
+
+    fn take_raw(&mut self, arg: &str, dtype: DType) -> RowsMut<'l, u8> {
         let index = self.index(arg);
         match &mut self.views[index] {
             (ArgView::Exclusive(slot), actual) if *actual == dtype => slot
@@ -160,6 +232,24 @@ fn cast_slice<T: PlainElement>(bytes: &[u8]) -> &[T] {
     // SAFETY: aligned (buffers are 64-byte aligned and offsets a multiple of the element size,
     // checked again above), in bounds, and any bit pattern is a valid `T`.
     unsafe { slice::from_raw_parts(start, bytes.len() / size_of::<T>()) }
+}
+
+fn cast_rows<T: PlainElement>(bytes: RowsMut<'_, u8>) -> RowsMut<'_, T> {
+    let start = bytes.start.cast::<T>();
+    assert!(start.is_aligned() && bytes.len.is_multiple_of(size_of::<T>()));
+    RowsMut {
+        start,
+        len: bytes.len / size_of::<T>(),
+        _borrow: PhantomData,
+    }
+}
+
+pub(super) fn raw_rows<'l>(start: *mut u8, len: usize) -> RowsMut<'l, u8> {
+    RowsMut {
+        start,
+        len,
+        _borrow: PhantomData,
+    }
 }
 
 fn cast_slice_mut<T: PlainElement>(bytes: &mut [u8]) -> &mut [T] {
