@@ -61,10 +61,8 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
         inner,
         ..
     } = *tile;
-    let load = |p: *const u16| -> __m512bh {
-        // SAFETY: `p` starts 32 readable elements (the caller's contract).
-        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
-    };
+    // SAFETY (every call): `p` starts 32 readable elements (the caller's contract).
+    let load = |p: *const u16| unsafe { bf16_lanes(p) };
     let mut acc = [[_mm512_setzero_ps(); NR]; M];
     let whole = inner / 32 * 32;
     let mut k = 0;
@@ -87,12 +85,8 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
     }
     if whole < inner {
         let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
-        let load = |p: *const u16| -> __m512bh {
-            // SAFETY: the masked lanes are the `inner - whole` elements left in the row.
-            unsafe {
-                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(mask, p.cast()))
-            }
-        };
+        // SAFETY (every call): the masked lanes are the `inner - whole` elements left in the row.
+        let load = |p: *const u16| unsafe { bf16_lanes_masked(p, mask) };
         let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
         for j in 0..NR {
             let wv = load(w[j].wrapping_add(k));
@@ -103,6 +97,28 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
     }
     // SAFETY: the output block of the contract.
     unsafe { store::<M>(&acc, tile.out, tile.out_stride, tile.columns) };
+}
+
+/// The 32 bf16 at `p`.
+///
+/// # Safety
+/// `p` starts 32 readable elements; the CPU has isa level `avx512_bf16`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn bf16_lanes(p: *const u16) -> __m512bh {
+    // SAFETY: the caller's contract.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
+}
+
+/// The 32 bf16 at `p` whose bits `mask` sets, zeros elsewhere.
+///
+/// # Safety
+/// The elements `mask` selects are readable; the CPU has isa level `avx512_bf16`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn bf16_lanes_masked(p: *const u16, mask: __mmask32) -> __m512bh {
+    // SAFETY: the caller's contract; masked-off lanes are not read.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(mask, p.cast())) }
 }
 
 /// Weights that widen to f32 sixteen at a time.
@@ -247,10 +263,8 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 unsafe fn bf16_row(x: *const u16, w: *const u16, inner: usize) -> f32 {
-    let load = |p: *const u16| -> __m512bh {
-        // SAFETY: `p` starts 32 readable elements (the caller's contract).
-        unsafe { std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(p.cast())) }
-    };
+    // SAFETY (every call): `p` starts 32 readable elements (the caller's contract).
+    let load = |p: *const u16| unsafe { bf16_lanes(p) };
     let mut acc = _mm512_setzero_ps();
     let whole = inner / 32 * 32;
     let mut k = 0;
@@ -261,12 +275,8 @@ unsafe fn bf16_row(x: *const u16, w: *const u16, inner: usize) -> f32 {
     }
     if whole < inner {
         let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
-        let load = |p: *const u16| -> __m512bh {
-            // SAFETY: the masked lanes are the `inner - whole` elements left in the row.
-            unsafe {
-                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(mask, p.cast()))
-            }
-        };
+        // SAFETY (every call): the masked lanes are the `inner - whole` elements left in the row.
+        let load = |p: *const u16| unsafe { bf16_lanes_masked(p, mask) };
         acc = _mm512_dpbf16_ps(acc, load(x.wrapping_add(k)), load(w.wrapping_add(k)));
     }
     reduce(acc)
