@@ -149,9 +149,9 @@ struct PairRuns<'a>([&'a [u16]; SCORE_VECTORS]);
 impl<'a> PairRuns<'a> {
     /// The runs of a tile laid out in `buffer` one after the other.
     fn laid_out(buffer: &'a [f32], head_dim: usize) -> PairRuns<'a> {
+        let (start, len) = (buffer.as_ptr().cast::<u16>(), 2 * buffer.len());
         // SAFETY: any f32 is two u16s, and u16 needs no more alignment than f32.
-        let bits =
-            unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast::<u16>(), 2 * buffer.len()) };
+        let bits = unsafe { std::slice::from_raw_parts(start, len) };
         PairRuns(std::array::from_fn(|g| {
             bits.get(g * RUN * head_dim..(g + 1) * RUN * head_dim)
                 .unwrap_or(&NO_RUN[..RUN * head_dim])

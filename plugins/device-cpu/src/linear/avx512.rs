@@ -61,7 +61,7 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
         inner,
         ..
     } = *tile;
-    // SAFETY (every call): `p` starts 32 readable elements (the caller's contract).
+    // SAFETY: at every call `p` starts 32 readable elements (the caller's contract).
     let load = |p: *const u16| unsafe { bf16_lanes(p) };
     let mut acc = [[_mm512_setzero_ps(); NR]; M];
     let whole = inner / 32 * 32;
@@ -85,7 +85,7 @@ pub unsafe fn bf16<const M: usize>(tile: &Tile<u16, u16>) {
     }
     if whole < inner {
         let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
-        // SAFETY (every call): the masked lanes are the `inner - whole` elements left in the row.
+        // SAFETY: at every call the masked lanes are the `inner - whole` elements left in the row.
         let load = |p: *const u16| unsafe { bf16_lanes_masked(p, mask) };
         let xv: [__m512bh; M] = std::array::from_fn(|m| load(x.wrapping_add(m * x_stride + k)));
         for j in 0..NR {
@@ -263,7 +263,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
 unsafe fn bf16_row(x: *const u16, w: *const u16, inner: usize) -> f32 {
-    // SAFETY (every call): `p` starts 32 readable elements (the caller's contract).
+    // SAFETY: at every call `p` starts 32 readable elements (the caller's contract).
     let load = |p: *const u16| unsafe { bf16_lanes(p) };
     let mut acc = _mm512_setzero_ps();
     let whole = inner / 32 * 32;
@@ -275,7 +275,7 @@ unsafe fn bf16_row(x: *const u16, w: *const u16, inner: usize) -> f32 {
     }
     if whole < inner {
         let mask: __mmask32 = (1u32 << (inner - whole)) - 1;
-        // SAFETY (every call): the masked lanes are the `inner - whole` elements left in the row.
+        // SAFETY: at every call the masked lanes are the `inner - whole` elements left in the row.
         let load = |p: *const u16| unsafe { bf16_lanes_masked(p, mask) };
         acc = _mm512_dpbf16_ps(acc, load(x.wrapping_add(k)), load(w.wrapping_add(k)));
     }
