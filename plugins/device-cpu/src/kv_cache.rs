@@ -56,7 +56,8 @@ pub fn arranged(isa: Isa, products: Bf16Products, bf16: bool, layout: &CacheLayo
 }
 
 /// Where element `d` of slot `slot`'s key (or value) row of KV head `kv_head` lies in a cache
-/// kept in `order`.
+/// kept in `order`: what the tests check `kv_write` against.
+#[cfg(test)]
 pub fn element_at(
     layout: &CacheLayout,
     order: KvOrder,
@@ -68,13 +69,17 @@ pub fn element_at(
         KvOrder::Pairs => {
             let j = slot % RUN;
             // The run's first row: blocks hold whole runs, so it is in the same block.
-            let run = layout.row(slot - j, kv_head);
-            if value {
-                run + ((j / 2) * layout.head_dim + d) * 2 + j % 2
-            } else {
-                run + ((d / 2) * RUN + j) * 2 + d % 2
-            }
+            layout.row(slot - j, kv_head) + in_run((j, d), layout.head_dim, value)
         }
+    }
+}
+
+/// Where element `d` of the run's `j`-th slot lies within a run of [`KvOrder::Pairs`].
+fn in_run((j, d): (usize, usize), head_dim: usize, value: bool) -> usize {
+    if value {
+        ((j / 2) * head_dim + d) * 2 + j % 2
+    } else {
+        ((d / 2) * RUN + j) * 2 + d % 2
     }
 }
 
@@ -223,18 +228,15 @@ pub fn kv_write<E: CacheElement>(
                 continue;
             }
             // The slot's run, borrowed whole: its elements are spread over the run.
-            let run = layout.row(slot - slot % RUN, kv_head);
+            let (j, run) = (slot % RUN, layout.row(slot - slot % RUN, kv_head));
             let run = run..run + RUN * head_dim;
-            let (keys, values) = (&rows.keys[source.clone()], &rows.values[source]);
             let key_run = key_cache.rows(run.clone());
-            for (d, &key) in keys.iter().enumerate() {
-                key_run[element_at(&layout, order, (slot, kv_head, d), false) - run.start] =
-                    E::from_f32(key);
+            for (d, &key) in rows.keys[source.clone()].iter().enumerate() {
+                key_run[in_run((j, d), head_dim, false)] = E::from_f32(key);
             }
-            let value_run = value_cache.rows(run.clone());
-            for (d, &value) in values.iter().enumerate() {
-                value_run[element_at(&layout, order, (slot, kv_head, d), true) - run.start] =
-                    E::from_f32(value);
+            let value_run = value_cache.rows(run);
+            for (d, &value) in rows.values[source].iter().enumerate() {
+                value_run[in_run((j, d), head_dim, true)] = E::from_f32(value);
             }
         }
     }
