@@ -296,6 +296,9 @@ fn offload_flags_without_prefix_caching_or_half_a_disk_tier_are_refused() {
     assert!(stderr.contains("--kv-offload-disk"), "{stderr}");
     let stderr = refused_start(&["--kv-offload-disk", "1MiB"]);
     assert!(stderr.contains("--kv-offload-dir"), "{stderr}");
+    // Host memory is mapped at start: more than the host has is refused, not an abort later.
+    let stderr = refused_start(&["--kv-offload-memory", "4000000GiB"]);
+    assert!(stderr.contains("--kv-offload-memory asks for"), "{stderr}");
 }
 
 #[tokio::test]

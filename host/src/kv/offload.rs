@@ -97,9 +97,10 @@ impl KvOffload {
         if !options.is_enabled() {
             return Ok(None);
         }
-        let memory = options
-            .memory_bytes
-            .map(|bytes| MemoryTier::new(bytes, format.block_bytes));
+        let memory = match options.memory_bytes {
+            Some(bytes) => Some(MemoryTier::new(bytes, format.block_bytes)?),
+            None => None,
+        };
         let disk = match &options.disk {
             Some((dir, bytes)) => Some(DiskTier::open(dir, *bytes, format)?),
             None => None,

@@ -77,6 +77,11 @@ pub enum TierError {
         dir: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "--kv-offload-memory asks for {bytes} bytes of host memory{}",
+        available.map(|a| format!(", more than the {a} bytes available")).unwrap_or_else(|| ", which cannot be allocated".into())
+    )]
+    HostMemory { bytes: u64, available: Option<u64> },
     #[error("--kv-offload-disk is {capacity} bytes, less than one KV block of {block_bytes}")]
     TooSmall { capacity: u64, block_bytes: u64 },
 }

@@ -30,6 +30,10 @@ const LOAD_POLL: Duration = Duration::from_millis(20);
 pub(in crate::engine) struct StoreQueue {
     waiting: VecDeque<(BlockId, BlockHash)>,
     batch: StoreBatch,
+    /// The last full step's length, which bounds the indexing done before the next.
+    last_step: Duration,
+    /// What indexing one block in the tiers took lately, once any was indexed.
+    index_cost: Option<Duration>,
 }
 
 /// One batch: copied out of the device (its blocks pinned meanwhile), then indexed in the
@@ -58,11 +62,45 @@ impl StoreQueue {
     fn in_flight(&self) -> bool {
         self.batch.copying || self.batch.indexed < self.batch.hashes.len()
     }
+
+    /// Notes how long a full engine step took.
+    pub(in crate::engine) fn step_took(&mut self, step: Duration) {
+        self.last_step = step;
+    }
+
+    /// Blocks to index before the next step: as many as fit in [`INDEX_SHARE`] of the last
+    /// step at the recent cost per block, at least one (so the batch always advances), at
+    /// most `left`.
+    fn blocks_to_index(&self, left: usize) -> usize {
+        let Some(cost) = self.index_cost else {
+            return left.min(1);
+        };
+        let budget = self.last_step.as_nanos() / INDEX_SHARE;
+        let fit = budget / cost.as_nanos().max(1);
+        usize::try_from(fit).unwrap_or(usize::MAX).max(1).min(left)
+    }
+
+    /// Folds what indexing `blocks` blocks took into the recent cost per block.
+    fn indexed(&mut self, blocks: usize, took: Duration) {
+        let Ok(blocks) = u32::try_from(blocks) else {
+            return;
+        };
+        if blocks == 0 {
+            return;
+        }
+        let cost = took / blocks;
+        self.index_cost = Some(match self.index_cost {
+            Some(old) => (old * 3 + cost) / 4,
+            None => cost,
+        });
+    }
 }
 
-/// Blocks a step indexes in the tiers at most, once their copy ended: each is a copy into
-/// host memory on the engine thread (368,640 bytes for SmolLM2 in bf16).
-const INDEX_BLOCKS_PER_STEP: usize = 8;
+/// Indexing copied blocks in the tiers (a copy into host memory, 368,640 bytes a block for
+/// SmolLM2 in bf16, and a queued disk write) runs on the engine thread between steps; it takes
+/// at most about 1/`INDEX_SHARE` of the step before it, so decode hardly slows while a long
+/// prompt's blocks go down.
+const INDEX_SHARE: u128 = 50;
 
 impl EngineCore {
     /// Keeps the KV tiers `offload` below the device from now on.
@@ -129,8 +167,9 @@ impl EngineCore {
     }
 
     /// The background copy out, between steps: when the batch in flight has ended (at once
-    /// with `wait`), unpins its blocks and indexes them in the tiers, a few per step (all
-    /// with `wait`), since filling host memory is the engine thread's work; once all are
+    /// with `wait`), unpins its blocks and indexes them in the tiers, as many per step as fit
+    /// in a small share of the last step (all with `wait`), since filling host memory is the
+    /// engine thread's work; once all are
     /// indexed, starts the next batch. A failed copy (a lost worker) indexes nothing.
     pub(super) fn advance_stores(&mut self, wait: bool) {
         let Some(offload) = self.offload.as_mut() else {
@@ -163,24 +202,29 @@ impl EngineCore {
             // A copy that ended is progress, as a finished load is, for the stall watchdog.
             self.health.liveness.progressed();
         }
-        if batch.indexed < batch.hashes.len() {
-            let end = if wait {
-                batch.hashes.len()
+        let left = batch.hashes.len() - batch.indexed;
+        if left > 0 {
+            let count = if wait {
+                left
             } else {
-                (batch.indexed + INDEX_BLOCKS_PER_STEP).min(batch.hashes.len())
+                self.stores.blocks_to_index(left)
             };
+            let batch = &mut self.stores.batch;
+            let (first, end) = (batch.indexed, batch.indexed + count);
             let block_bytes = offload.block_bytes();
             let copied = self.runtime.kv_copied_out();
-            let bytes = copied
-                .get(batch.indexed * block_bytes..)
-                .unwrap_or_default();
-            offload.store_copied(&batch.hashes[batch.indexed..end], bytes);
+            let bytes = copied.get(first * block_bytes..).unwrap_or_default();
+            let indexing = Instant::now();
+            offload.store_copied(&batch.hashes[first..end], bytes);
             batch.indexed = end;
-            if end < batch.hashes.len() {
+            let more = end < batch.hashes.len();
+            self.stores.indexed(count, indexing.elapsed());
+            if more {
                 self.record("kv_store", Track::Host, started, started.elapsed());
                 return;
             }
         }
+        let batch = &mut self.stores.batch;
         batch.clear();
         // The next batch: blocks still cached under their hash (a block waiting is not pinned,
         // so an allocation may have taken it) that some tier still lacks, each once.
@@ -437,4 +481,31 @@ pub(super) fn relookup_prefix(
         },
         block_size,
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexing_takes_a_share_of_the_last_step_and_always_advances() {
+        let mut queue = StoreQueue::default();
+        assert_eq!(queue.blocks_to_index(64), 1, "no cost known yet: one block");
+        assert_eq!(queue.blocks_to_index(0), 0, "nothing left");
+        queue.step_took(Duration::from_millis(10));
+        queue.indexed(4, Duration::from_micros(400));
+        // 10 ms / 50 = 200 µs, at 100 µs a block.
+        assert_eq!(queue.blocks_to_index(64), 2);
+        queue.step_took(Duration::from_micros(100));
+        assert_eq!(queue.blocks_to_index(64), 1, "a short step still moves one");
+        queue.step_took(Duration::from_secs(1));
+        assert_eq!(
+            queue.blocks_to_index(64),
+            64,
+            "a long step moves every block left"
+        );
+        // The recent cost follows new measurements without jumping to them.
+        queue.indexed(1, Duration::from_micros(500));
+        assert_eq!(queue.index_cost, Some(Duration::from_micros(200)));
+    }
 }
