@@ -87,7 +87,8 @@ pub struct ModelArgs {
     pub quantize: Option<WeightQuantization>,
     /// Host memory for KV blocks below the device, e.g. `4GiB`: a full prefix block is copied
     /// there when its last user finishes, and comes back on a prefix hit instead of being
-    /// recomputed. Off by default.
+    /// recomputed. Allocated and mapped at start; more than the host has available is refused.
+    /// Off by default.
     #[arg(long, value_parser = parse_bytes)]
     pub kv_offload_memory: Option<u64>,
     /// A directory for KV blocks on disk, one file per block; they survive restarts of the
