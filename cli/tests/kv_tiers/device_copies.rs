@@ -1,4 +1,4 @@
-//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region; a copy out in the background gathers the same bytes, and while it runs the device refuses to write its ranges or free their buffers.
+//! Batched range copies: the bytes `read_ranges` gathers are the bytes each range holds, and `write_ranges` scatters them back, on the mock and CPU devices in this process and in a worker process, including batches larger than the worker's shared region; a copy out in the background gathers the same bytes, and while it runs the device refuses to write its ranges or free their buffers; its bytes, shared with a reader, get no later copy until the reader lets go, and outlive the device.
 
 use std::time::Duration;
 
@@ -216,6 +216,36 @@ fn a_background_copy_out_gathers_what_read_ranges_gathers() {
                 device.poll_copy_out(false).unwrap(),
                 None,
                 "nothing in flight"
+            );
+            // The bytes shared with a reader on another thread: no copy lands on them until
+            // the reader lets go, and they outlive the device.
+            let shared = device.copied_out_shared().expect("the copy ended");
+            assert!(shared[..] == expected[..], "{what}");
+            let ranges = ranges_of(&buffers, &[(0, 0, block), (2, 0, block)]);
+            let refused = device
+                .start_copy_out(&ranges)
+                .expect_err("memory still read");
+            assert!(
+                refused.to_string().contains("still being read"),
+                "{refused}"
+            );
+            let reader = std::thread::spawn(move || shared.to_vec());
+            let read = reader.join().unwrap();
+            assert!(
+                read == expected,
+                "{what}: the reader saw the first copy's bytes"
+            );
+            device.start_copy_out(&ranges).unwrap();
+            assert!(device.poll_copy_out(true).unwrap().is_some(), "{what}");
+            let kept = device.copied_out_shared().expect("the copy ended");
+            drop(device);
+            let second: Vec<u8> = (0..block as usize)
+                .map(|at| pattern(0, at))
+                .chain((0..block as usize).map(|at| if at < 16 { 7 } else { pattern(2, at) }))
+                .collect();
+            assert!(
+                kept.to_vec() == second,
+                "{what}: the bytes outlive the device"
             );
         }
     }

@@ -10,7 +10,7 @@ use plughost_device_abi::{ArgTag, CopyRange, DType, DeviceStats, TensorArg};
 use super::error::DeviceError;
 use super::library::DeviceLibrary;
 use super::local::LocalDevice;
-use super::worker::{WorkerCommand, WorkerDevice};
+use super::worker::{SharedRegion, WorkerCommand, WorkerDevice};
 
 /// A device buffer; valid only on the device that allocated it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -188,11 +188,69 @@ pub struct Device {
 /// the largest copy a copy allocates nothing. (A worker's copies land in its shared memory.)
 #[derive(Default)]
 struct CopyOut {
-    staging: Vec<u8>,
+    /// Shared with the [`CopiedOut`]s of the last copy; a copy starts only when none is left.
+    staging: Arc<Vec<u8>>,
     /// Bytes of `staging` the copy in flight, or the last one, fills.
     len: usize,
     ranges: Vec<CopyRange>,
     in_flight: bool,
+}
+
+/// The refusal of a copy out into memory a [`CopiedOut`] still shares.
+fn still_read() -> DeviceError {
+    DeviceError::ContractViolation {
+        operation: "start_copy_out",
+        message: "the bytes of the last copy out are still being read".into(),
+    }
+}
+
+/// The bytes of a copy out that ended ([`Device::copied_out_shared`]): shared memory, not a
+/// copy, readable on any thread even after the device is gone.
+#[derive(Clone)]
+pub struct CopiedOut {
+    memory: CopyMemory,
+    len: usize,
+}
+
+#[derive(Clone)]
+enum CopyMemory {
+    /// An in-process device's staging memory.
+    Host(Arc<Vec<u8>>),
+    /// A worker's copy-out region.
+    Region(Arc<SharedRegion>),
+}
+
+impl CopiedOut {
+    /// How many clones share the memory, this one included.
+    #[cfg(test)]
+    pub(crate) fn holders(&self) -> usize {
+        match &self.memory {
+            CopyMemory::Host(staging) => Arc::strong_count(staging),
+            CopyMemory::Region(region) => Arc::strong_count(region),
+        }
+    }
+}
+
+/// Bytes in host memory, as an in-process device's copy leaves them.
+impl From<Vec<u8>> for CopiedOut {
+    fn from(bytes: Vec<u8>) -> CopiedOut {
+        CopiedOut {
+            len: bytes.len(),
+            memory: CopyMemory::Host(Arc::new(bytes)),
+        }
+    }
+}
+
+impl std::ops::Deref for CopiedOut {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        let bytes = match &self.memory {
+            CopyMemory::Host(staging) => staging.as_slice(),
+            CopyMemory::Region(region) => region.bytes(),
+        };
+        &bytes[..self.len.min(bytes.len())]
+    }
 }
 
 /// What [`Device::on_launch_completed`] calls.
@@ -335,8 +393,9 @@ impl Device {
         let copy_out = &mut self.copy_out;
         match &mut self.backend {
             Backend::Local(device) => {
-                if copy_out.staging.len() < len {
-                    copy_out.staging.resize(len, 0);
+                let staging = Arc::get_mut(&mut copy_out.staging).ok_or_else(still_read)?;
+                if staging.len() < len {
+                    staging.resize(len, 0);
                 }
                 copy_out.ranges.clear();
                 copy_out.ranges.extend(ranges.iter().map(|range| CopyRange {
@@ -345,12 +404,11 @@ impl Device {
                     len: range.len,
                 }));
                 // SAFETY: `staging` holds `len` bytes and is neither touched nor moved while
-                // the copy is in flight: `start_copy_out` refuses a second copy, nothing else
-                // reaches it until `poll_copy_out` saw the end, and it is dropped after the
-                // device, whose close waits for the copy. The caller keeps the ranges unwritten.
-                unsafe {
-                    device.copy_out_start(&copy_out.ranges, copy_out.staging.as_mut_ptr(), len)
-                }?;
+                // the copy is in flight: `start_copy_out` refuses a second copy, no
+                // `CopiedOut` shares it (checked above, and none is made until
+                // `poll_copy_out` saw the end), and it is dropped after the device, whose close
+                // waits for the copy. The caller keeps the ranges unwritten.
+                unsafe { device.copy_out_start(&copy_out.ranges, staging.as_mut_ptr(), len) }?;
             }
             Backend::Worker(worker) => worker.get_mut().copy_out_start(ranges, len)?,
         }
@@ -367,8 +425,9 @@ impl Device {
         }
         match &mut self.backend {
             Backend::Local(_) => {
-                if self.copy_out.staging.len() < len {
-                    self.copy_out.staging.resize(len, 0);
+                let staging = Arc::get_mut(&mut self.copy_out.staging).ok_or_else(still_read)?;
+                if staging.len() < len {
+                    staging.resize(len, 0);
                 }
                 Ok(())
             }
@@ -412,6 +471,21 @@ impl Device {
             Backend::Local(_) => &self.copy_out.staging[..len],
             Backend::Worker(worker) => worker.get_mut().copied_out(len),
         }
+    }
+
+    /// The bytes of the last copy out that ended, as a value another thread can read while
+    /// this device goes on; `None` while a copy runs. The memory stays alive as long as any
+    /// clone does, and no copy out starts into it until the last is dropped.
+    pub fn copied_out_shared(&self) -> Option<CopiedOut> {
+        if self.copy_out.in_flight {
+            return None;
+        }
+        let len = self.copy_out.len;
+        let memory = match &self.backend {
+            Backend::Local(_) => CopyMemory::Host(Arc::clone(&self.copy_out.staging)),
+            Backend::Worker(worker) => CopyMemory::Region(worker.borrow().copy_region()?),
+        };
+        Some(CopiedOut { memory, len })
     }
 
     /// The names of the device's callables; a name's position is its [`CallableIndex`].

@@ -14,7 +14,8 @@ pub mod worker;
 
 pub use error::DeviceError;
 pub use handle::{
-    BufferId, BufferRange, CallableIndex, Device, DeviceIsolation, DeviceSource, tensor_arg,
+    BufferId, BufferRange, CallableIndex, CopiedOut, Device, DeviceIsolation, DeviceSource,
+    tensor_arg,
 };
 pub use library::DeviceLibrary;
 pub use plughost_device_abi::{ArgTag, DType, DeviceStats, TensorArg, status};

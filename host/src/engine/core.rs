@@ -327,7 +327,6 @@ impl EngineCore {
             self.emit(id, sampled);
         }
         self.record("emit", Track::Host, emit_started, emit_started.elapsed());
-        self.stores.step_took(started.elapsed());
         self.update_gauges();
     }
 

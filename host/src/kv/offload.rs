@@ -1,18 +1,27 @@
 //! The KV offload: the tiers below the device pool (host memory, then disk), what the engine copies into them when blocks become cached-free, and the runs of blocks it loads back, the disk's on a loader thread.
 //!
+//! The blocks of a background copy out go into the tiers on a store thread ([`store`]), read
+//! from the copy's own memory, which no later copy reuses until the store is done.
+//!
 //! The disk tier is written through: every block stored in host memory is also queued for
 //! disk, in the background, so a block evicted from host memory is already on disk and a
 //! restart finds every block written before it.
 
+mod store;
+
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use store::{StoreJob, StoreThread};
 
 use super::RequestId;
 use super::hash::BlockHash;
 use super::tier::disk::{BlockFormat, DiskReader, DiskTier};
 use super::tier::memory::MemoryTier;
 use super::tier::{KvTier, TierError, TierKey, TierUsage};
+use crate::device::CopiedOut;
 
 /// Blocks one batched copy out of the device moves at most; the staging buffer holds as many.
 const STAGING_BLOCKS: usize = 64;
@@ -77,8 +86,10 @@ struct LoadJob {
 
 pub struct KvOffload {
     format: BlockFormat,
-    memory: Option<MemoryTier>,
-    disk: Option<DiskTier>,
+    tiers: SharedTiers,
+    /// Stores the blocks of background copies; `None` when it could not start (they are then
+    /// stored on the engine thread).
+    store: Option<StoreThread>,
     /// Blocks copied out of the device land here, pooled once.
     staging: Vec<u8>,
     loads: Option<Sender<LoadJob>>,
@@ -108,6 +119,16 @@ impl KvOffload {
         let (loads, jobs) = channel::<LoadJob>();
         let (done, loaded) = channel();
         let reader = disk.as_ref().map(DiskTier::reader);
+        let tiers = Arc::new(Mutex::new(Tiers { memory, disk }));
+        let store = match StoreThread::start(Arc::clone(&tiers)) {
+            Ok(store) => Some(store),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot start the KV store thread; blocks are stored between steps: {e}"
+                );
+                None
+            }
+        };
         let loader = std::thread::Builder::new()
             .name("kv-loader".into())
             .spawn(move || load_from_disk(reader, jobs, done));
@@ -120,8 +141,8 @@ impl KvOffload {
         };
         Ok(Some(KvOffload {
             format,
-            memory,
-            disk,
+            tiers,
+            store,
             // Sized by the first synchronous copy: a device that copies out in the background
             // lands its copies in staging memory of its own.
             staging: Vec::new(),
@@ -151,8 +172,9 @@ impl KvOffload {
     /// once per tier.
     pub fn wants(&mut self, hash: BlockHash) -> bool {
         let key = self.key(hash);
-        let memory_lacks = self.memory.as_mut().is_some_and(|m| !m.lookup(&key));
-        let disk_lacks = self
+        let mut tiers = lock(&self.tiers);
+        let memory_lacks = tiers.memory.as_mut().is_some_and(|m| !m.lookup(&key));
+        let disk_lacks = tiers
             .disk
             .as_ref()
             .is_some_and(|d| !d.holds_or_pending(&key));
@@ -177,7 +199,7 @@ impl KvOffload {
     }
 
     /// Stores `bytes`, blocks one after another with `hashes[i]` in the `i`-th, into every tier
-    /// that lacks them. Called only after the copy that filled `bytes` completed.
+    /// that lacks them, on this thread. Called only after the copy that filled `bytes` completed.
     pub fn store_copied(&mut self, hashes: &[BlockHash], bytes: &[u8]) {
         let block_bytes = self.block_bytes();
         for (i, &hash) in hashes.iter().enumerate() {
@@ -185,27 +207,44 @@ impl KvOffload {
             let Some(block) = bytes.get(i * block_bytes..(i + 1) * block_bytes) else {
                 break;
             };
-            let tiers: [Option<&mut dyn KvTier>; 2] = [
-                self.memory.as_mut().map(|m| m as &mut dyn KvTier),
-                self.disk.as_mut().map(|d| d as &mut dyn KvTier),
-            ];
-            for tier in tiers.into_iter().flatten() {
-                if let Err(e) = tier.store(key, block) {
-                    tracing::warn!(tier = tier.name(), "cannot store a KV block: {e}");
-                }
-            }
+            lock(&self.tiers).store(key, block);
         }
+    }
+
+    /// Stores the blocks of a background copy that ended, as [`Self::store_copied`] does, on
+    /// the store thread: they enter the tiers once [`Self::storing`] says the job ended. Until
+    /// then `bytes` (the copy's own memory) is read there, and no copy out can reuse it.
+    pub fn store_in_background(&mut self, hashes: &[BlockHash], bytes: CopiedOut) {
+        let job = StoreJob {
+            keys: hashes.iter().map(|&hash| self.key(hash)).collect(),
+            bytes,
+            block_bytes: self.block_bytes(),
+        };
+        let refused = match self.store.as_mut() {
+            Some(store) => store.submit(job).err(),
+            None => Some(job),
+        };
+        if let Some(job) = refused {
+            self.store_copied(hashes, &job.bytes);
+        }
+    }
+
+    /// Whether the store thread is still storing a copy's blocks; with `wait`, waits for it to
+    /// finish first.
+    pub fn storing(&mut self, wait: bool) -> bool {
+        self.store.as_mut().is_some_and(|store| store.busy(wait))
     }
 
     /// The tiers holding each of the leading blocks of `hashes`, up to the first block none
     /// holds. With `memory_only`, the disk is not looked at.
     pub fn find_run(&mut self, hashes: &[BlockHash], memory_only: bool) -> Vec<TierName> {
         let mut run = Vec::new();
+        let mut tiers = lock(&self.tiers);
         for &hash in hashes {
             let key = self.key(hash);
-            if self.memory.as_mut().is_some_and(|m| m.lookup(&key)) {
+            if tiers.memory.as_mut().is_some_and(|m| m.lookup(&key)) {
                 run.push(TierName::Memory);
-            } else if !memory_only && self.disk.as_mut().is_some_and(|d| d.lookup(&key)) {
+            } else if !memory_only && tiers.disk.as_mut().is_some_and(|d| d.lookup(&key)) {
                 run.push(TierName::Disk);
             } else {
                 break;
@@ -265,10 +304,11 @@ impl KvOffload {
             started: Instant::now(),
         };
         let mut disk = Vec::new();
+        let mut tiers = lock(&self.tiers);
         for (i, (&hash, &tier)) in hashes.iter().zip(run).enumerate() {
             let key = self.key(hash);
             let out = &mut loaded.bytes[i * block_bytes..(i + 1) * block_bytes];
-            let usable = match (tier, self.memory.as_mut()) {
+            let usable = match (tier, tiers.memory.as_mut()) {
                 (TierName::Memory, Some(memory)) => memory.load(&key, out).is_ok(),
                 (TierName::Memory, None) => false,
                 (TierName::Disk, _) => {
@@ -304,16 +344,17 @@ impl KvOffload {
     }
 
     pub fn usage(&self, tier: TierName) -> Option<TierUsage> {
+        let tiers = lock(&self.tiers);
         match tier {
-            TierName::Memory => self.memory.as_ref().map(KvTier::usage),
-            TierName::Disk => self.disk.as_ref().map(KvTier::usage),
+            TierName::Memory => tiers.memory.as_ref().map(KvTier::usage),
+            TierName::Disk => tiers.disk.as_ref().map(KvTier::usage),
         }
     }
 
     /// Files the disk tier skipped because they failed a check, and blocks it did not write.
     pub fn disk_faults(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        self.disk.as_ref().map_or((0, 0), |d| {
+        lock(&self.tiers).disk.as_ref().map_or((0, 0), |d| {
             let counters = d.counters();
             (
                 counters.corrupt.load(Relaxed),
@@ -324,8 +365,38 @@ impl KvOffload {
 
     /// Waits for the disk writes queued so far; at shutdown, so a restart finds them.
     pub fn flush(&mut self) {
-        if let Some(disk) = self.disk.as_mut() {
+        if let Some(disk) = lock(&self.tiers).disk.as_mut() {
             disk.flush();
+        }
+    }
+}
+
+/// The tiers, shared by the engine thread (lookups, loads, usage) and the store thread
+/// (stores); each takes the lock for one block, or one lookup, at a time.
+struct Tiers {
+    memory: Option<MemoryTier>,
+    disk: Option<DiskTier>,
+}
+
+type SharedTiers = Arc<Mutex<Tiers>>;
+
+/// The tiers, whatever a thread that panicked while holding them left: every tier's state is
+/// consistent between two of its calls.
+fn lock(tiers: &SharedTiers) -> MutexGuard<'_, Tiers> {
+    tiers.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Tiers {
+    /// Stores one block in every tier that lacks it.
+    fn store(&mut self, key: TierKey, block: &[u8]) {
+        let each: [Option<&mut dyn KvTier>; 2] = [
+            self.memory.as_mut().map(|m| m as &mut dyn KvTier),
+            self.disk.as_mut().map(|d| d as &mut dyn KvTier),
+        ];
+        for tier in each.into_iter().flatten() {
+            if let Err(e) = tier.store(key, block) {
+                tracing::warn!(tier = tier.name(), "cannot store a KV block: {e}");
+            }
         }
     }
 }
@@ -360,5 +431,49 @@ fn load_from_disk(reader: Option<DiskReader>, jobs: Receiver<LoadJob>, done: Sen
         if done.send(job.run).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tier::tests::key;
+    use super::*;
+
+    fn offload(block_bytes: u64) -> KvOffload {
+        let options = KvOffloadOptions {
+            memory_bytes: Some(8 * block_bytes),
+            disk: None,
+        };
+        let format = BlockFormat {
+            model: key(1, 0).model,
+            dtype: 0,
+            block_size: 4,
+            block_bytes,
+        };
+        KvOffload::open(&options, format)
+            .unwrap()
+            .expect("a memory tier")
+    }
+
+    #[test]
+    fn a_background_store_enters_the_tiers_when_its_job_ends_and_lets_go_of_the_bytes() {
+        let mut offload = offload(64);
+        let hashes: Vec<BlockHash> = (0..3).map(|b| key(1, b).block).collect();
+        let bytes: Vec<u8> = (0..3 * 64).map(|i| (i % 251) as u8).collect();
+        let copied = CopiedOut::from(bytes.clone());
+        let reader = copied.clone();
+        offload.store_in_background(&hashes, copied);
+        assert!(!offload.storing(true), "waited for the job");
+        let run = offload.find_run(&hashes, true);
+        assert_eq!(run, [TierName::Memory; 3]);
+        let loaded = offload.load_from_memory(7, &hashes, &run);
+        assert_eq!((loaded.blocks, &loaded.bytes[..]), (3, &bytes[..]));
+        // Only this test's clone is left: the device could copy into that memory again.
+        assert_eq!(reader.holders(), 1);
+        // Stored once: the same blocks again change nothing.
+        offload.store_in_background(&hashes, CopiedOut::from(vec![0; 3 * 64]));
+        assert!(!offload.storing(true));
+        let again = offload.load_from_memory(8, &hashes, &run);
+        assert_eq!(&again.bytes[..], &bytes[..]);
     }
 }

@@ -4,7 +4,7 @@
 //! cache and value cache, so a list of blocks is a list of byte ranges and one batched device
 //! call moves them all.
 
-use crate::device::{BufferId, BufferRange};
+use crate::device::{BufferId, BufferRange, CopiedOut};
 
 use super::{Runtime, RuntimeError};
 
@@ -88,9 +88,10 @@ impl Runtime {
         Ok(self.device.poll_copy_out(wait)?)
     }
 
-    /// The bytes of the last copy out that ended, until the next one starts.
-    pub fn kv_copied_out(&mut self) -> &[u8] {
-        self.device.copied_out()
+    /// The bytes of the last copy out that ended, shared for reading on another thread; no
+    /// copy out starts while any clone of them is alive. `None` while one runs.
+    pub fn kv_copied_out(&self) -> Option<CopiedOut> {
+        self.device.copied_out_shared()
     }
 
     /// Copies `src`, blocks one after another as [`Runtime::read_kv_blocks`] wrote them, into

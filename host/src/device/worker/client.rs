@@ -6,6 +6,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plughost_device_abi::{DeviceStats, TensorArg, status};
@@ -99,7 +100,8 @@ pub struct WorkerDevice {
     /// Whether the worker's device copies out in the background (table revision 1.2).
     copies_out: bool,
     /// Where background copies out land, shared with the worker; made by the first one.
-    copy_region: Option<SharedRegion>,
+    /// Shared too with the host's readers of the last copy ([`WorkerDevice::copy_region`]).
+    copy_region: Option<Arc<SharedRegion>>,
 }
 
 impl WorkerDevice {
@@ -311,6 +313,17 @@ impl WorkerDevice {
     ) -> Result<(), DeviceError> {
         self.check_lost()?;
         self.reserve_copy_out(len)?;
+        // The worker would write under a reader of the last copy's bytes.
+        if self
+            .copy_region
+            .as_ref()
+            .is_some_and(|r| Arc::strong_count(r) > 1)
+        {
+            return Err(DeviceError::ContractViolation {
+                operation: "start_copy_out",
+                message: "the bytes of the last copy out are still being read".into(),
+            });
+        }
         let mut payload = std::mem::take(&mut self.range_payload);
         payload.clear();
         for range in ranges {
@@ -350,7 +363,8 @@ impl WorkerDevice {
         let path = path.as_os_str().as_encoded_bytes();
         header.payload_len = path.len() as u64;
         self.request(header, path)?;
-        self.copy_region = Some(region);
+        // A reader of the old region keeps it mapped here; the worker writes only the new one.
+        self.copy_region = Some(Arc::new(region));
         Ok(())
     }
 
@@ -359,6 +373,11 @@ impl WorkerDevice {
         let mut header = RequestHeader::new(Op::CopyOutPoll);
         header.a = u64::from(wait);
         Ok(self.request(header, &[])? == 1)
+    }
+
+    /// The copy-out region, shared: its first bytes are the last copy's once a poll saw its end.
+    pub(crate) fn copy_region(&self) -> Option<Arc<SharedRegion>> {
+        self.copy_region.clone()
     }
 
     /// The first `len` bytes of the copy-out region: a copy's bytes once a poll saw its end.

@@ -10,4 +10,5 @@ mod region;
 mod serve;
 
 pub use client::{WORKER_RESTARTS_ENV, WorkerCommand, WorkerDevice};
+pub(crate) use region::SharedRegion;
 pub use serve::{WorkerError, run_worker};

@@ -30,22 +30,19 @@ const LOAD_POLL: Duration = Duration::from_millis(20);
 pub(in crate::engine) struct StoreQueue {
     waiting: VecDeque<(BlockId, BlockHash)>,
     batch: StoreBatch,
-    /// The last full step's length, which bounds the indexing done before the next.
-    last_step: Duration,
-    /// What indexing one block in the tiers took lately, once any was indexed.
-    index_cost: Option<Duration>,
 }
 
-/// One batch: copied out of the device (its blocks pinned meanwhile), then indexed in the
-/// tiers from the device's staging memory, which no other copy reuses until it is done.
+/// One batch: copied out of the device (its blocks pinned meanwhile), then stored in the tiers
+/// by the store thread from the device's staging memory, which no other copy reuses until it
+/// is done.
 #[derive(Default)]
 struct StoreBatch {
     /// The pinned blocks, while the copy runs.
     blocks: Vec<BlockId>,
     hashes: Vec<BlockHash>,
     copying: bool,
-    /// Blocks of `hashes` indexed so far, once the copy ended.
-    indexed: usize,
+    /// The copy ended and the store thread has its blocks.
+    storing: bool,
 }
 
 impl StoreBatch {
@@ -53,54 +50,16 @@ impl StoreBatch {
         self.blocks.clear();
         self.hashes.clear();
         self.copying = false;
-        self.indexed = 0;
+        self.storing = false;
     }
 }
 
 impl StoreQueue {
-    /// Whether a batch is being copied or indexed.
+    /// Whether a batch is being copied or stored.
     fn in_flight(&self) -> bool {
-        self.batch.copying || self.batch.indexed < self.batch.hashes.len()
-    }
-
-    /// Notes how long a full engine step took.
-    pub(in crate::engine) fn step_took(&mut self, step: Duration) {
-        self.last_step = step;
-    }
-
-    /// Blocks to index before the next step: as many as fit in [`INDEX_SHARE`] of the last
-    /// step at the recent cost per block, at least one (so the batch always advances), at
-    /// most `left`.
-    fn blocks_to_index(&self, left: usize) -> usize {
-        let Some(cost) = self.index_cost else {
-            return left.min(1);
-        };
-        let budget = self.last_step.as_nanos() / INDEX_SHARE;
-        let fit = budget / cost.as_nanos().max(1);
-        usize::try_from(fit).unwrap_or(usize::MAX).max(1).min(left)
-    }
-
-    /// Folds what indexing `blocks` blocks took into the recent cost per block.
-    fn indexed(&mut self, blocks: usize, took: Duration) {
-        let Ok(blocks) = u32::try_from(blocks) else {
-            return;
-        };
-        if blocks == 0 {
-            return;
-        }
-        let cost = took / blocks;
-        self.index_cost = Some(match self.index_cost {
-            Some(old) => (old * 3 + cost) / 4,
-            None => cost,
-        });
+        self.batch.copying || self.batch.storing
     }
 }
-
-/// Indexing copied blocks in the tiers (a copy into host memory, 368,640 bytes a block for
-/// SmolLM2 in bf16, and a queued disk write) runs on the engine thread between steps; it takes
-/// at most about 1/`INDEX_SHARE` of the step before it, so decode hardly slows while a long
-/// prompt's blocks go down.
-const INDEX_SHARE: u128 = 50;
 
 impl EngineCore {
     /// Keeps the KV tiers `offload` below the device from now on.
@@ -167,10 +126,10 @@ impl EngineCore {
     }
 
     /// The background copy out, between steps: when the batch in flight has ended (at once
-    /// with `wait`), unpins its blocks and indexes them in the tiers, as many per step as fit
-    /// in a small share of the last step (all with `wait`), since filling host memory is the
-    /// engine thread's work; once all are
-    /// indexed, starts the next batch. A failed copy (a lost worker) indexes nothing.
+    /// with `wait`), unpins its blocks and hands them to the store thread; once it has stored
+    /// them (at once with `wait`), starts the next batch. The engine thread only polls and
+    /// hands over: filling host memory and queueing disk writes happen on the store thread. A
+    /// failed copy (a lost worker) stores nothing.
     pub(super) fn advance_stores(&mut self, wait: bool) {
         let Some(offload) = self.offload.as_mut() else {
             return;
@@ -184,51 +143,37 @@ impl EngineCore {
             match self.runtime.poll_kv_copy_out(wait) {
                 Ok(None) => return,
                 Ok(Some(_)) => {
-                    batch.copying = false;
                     let count = batch.blocks.len() as u64;
                     let block_bytes = offload.block_bytes() as u64;
                     self.metrics
                         .kv_tiers
                         .moved(Direction::Store, count, count * block_bytes);
+                    if let Some(bytes) = self.runtime.kv_copied_out() {
+                        offload.store_in_background(&batch.hashes, bytes);
+                        batch.storing = true;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!("copying KV blocks out of the device failed: {e}");
-                    batch.hashes.clear();
                 }
             }
+            batch.copying = false;
             // The staging memory holds what the blocks held: the device may reuse them.
             self.kv.unpin(&batch.blocks);
             batch.blocks.clear();
             // A copy that ended is progress, as a finished load is, for the stall watchdog.
             self.health.liveness.progressed();
         }
-        let left = batch.hashes.len() - batch.indexed;
-        if left > 0 {
-            let count = if wait {
-                left
-            } else {
-                self.stores.blocks_to_index(left)
-            };
-            let batch = &mut self.stores.batch;
-            let (first, end) = (batch.indexed, batch.indexed + count);
-            let block_bytes = offload.block_bytes();
-            let copied = self.runtime.kv_copied_out();
-            let bytes = copied.get(first * block_bytes..).unwrap_or_default();
-            let indexing = Instant::now();
-            offload.store_copied(&batch.hashes[first..end], bytes);
-            batch.indexed = end;
-            let more = end < batch.hashes.len();
-            self.stores.indexed(count, indexing.elapsed());
-            if more {
+        if batch.storing {
+            if offload.storing(wait) {
                 self.record("kv_store", Track::Host, started, started.elapsed());
                 return;
             }
+            batch.storing = false;
         }
-        let batch = &mut self.stores.batch;
         batch.clear();
         // The next batch: blocks still cached under their hash (a block waiting is not pinned,
         // so an allocation may have taken it) that some tier still lacks, each once.
-        let batch = &mut self.stores.batch;
         while batch.blocks.len() < offload.staging_blocks() {
             let Some((block, hash)) = self.stores.waiting.pop_front() else {
                 break;
@@ -278,7 +223,11 @@ impl EngineCore {
     /// its KV cache) was replaced: the copy died with the old device, and the new KV manager
     /// holds no pins.
     pub(super) fn forget_stores(&mut self) {
-        // The pins died with the old KV manager; the staging memory with the old device.
+        // The pins died with the old KV manager. A store of the old device's last copy ends
+        // first (its memory stays alive while read), so the next copy has the thread.
+        if let Some(offload) = self.offload.as_mut() {
+            offload.storing(true);
+        }
         self.stores.batch.clear();
         self.stores.waiting.clear();
     }
@@ -481,31 +430,4 @@ pub(super) fn relookup_prefix(
         },
         block_size,
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn indexing_takes_a_share_of_the_last_step_and_always_advances() {
-        let mut queue = StoreQueue::default();
-        assert_eq!(queue.blocks_to_index(64), 1, "no cost known yet: one block");
-        assert_eq!(queue.blocks_to_index(0), 0, "nothing left");
-        queue.step_took(Duration::from_millis(10));
-        queue.indexed(4, Duration::from_micros(400));
-        // 10 ms / 50 = 200 µs, at 100 µs a block.
-        assert_eq!(queue.blocks_to_index(64), 2);
-        queue.step_took(Duration::from_micros(100));
-        assert_eq!(queue.blocks_to_index(64), 1, "a short step still moves one");
-        queue.step_took(Duration::from_secs(1));
-        assert_eq!(
-            queue.blocks_to_index(64),
-            64,
-            "a long step moves every block left"
-        );
-        // The recent cost follows new measurements without jumping to them.
-        queue.indexed(1, Duration::from_micros(500));
-        assert_eq!(queue.index_cost, Some(Duration::from_micros(200)));
-    }
 }
