@@ -11,7 +11,7 @@ mod store;
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use store::{StoreJob, StoreThread};
@@ -169,10 +169,15 @@ impl KvOffload {
     }
 
     /// Whether some tier lacks the block, so copying it out is worth it: a block is stored
-    /// once per tier.
+    /// once per tier. While the store thread holds the tiers the answer is yes without
+    /// waiting: the engine asks again before it copies, and a store of a block held is a no-op.
     pub fn wants(&mut self, hash: BlockHash) -> bool {
         let key = self.key(hash);
-        let mut tiers = lock(&self.tiers);
+        let mut tiers = match self.tiers.try_lock() {
+            Ok(tiers) => tiers,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return true,
+        };
         let memory_lacks = tiers.memory.as_mut().is_some_and(|m| !m.lookup(&key));
         let disk_lacks = tiers
             .disk
@@ -475,5 +480,18 @@ mod tests {
         assert!(!offload.storing(true));
         let again = offload.load_from_memory(8, &hashes, &run);
         assert_eq!(&again.bytes[..], &bytes[..]);
+    }
+
+    #[test]
+    fn asking_whether_a_block_is_wanted_never_waits_for_the_store_thread() {
+        let mut offload = offload(64);
+        let hash = key(1, 0).block;
+        offload.store_copied(&[hash], &[5; 64]);
+        assert!(!offload.wants(hash), "held by the memory tier");
+        let tiers = Arc::clone(&offload.tiers);
+        let held = lock(&tiers);
+        assert!(offload.wants(hash), "the tiers are busy: asked again later");
+        drop(held);
+        assert!(!offload.wants(hash));
     }
 }

@@ -173,7 +173,8 @@ impl EngineCore {
         }
         batch.clear();
         // The next batch: blocks still cached under their hash (a block waiting is not pinned,
-        // so an allocation may have taken it) that some tier still lacks, each once.
+        // so an allocation may have taken it) that some tier still lacks, each once. The store
+        // thread is idle now, so `wants` answers from the tiers, not from a busy lock.
         while batch.blocks.len() < offload.staging_blocks() {
             let Some((block, hash)) = self.stores.waiting.pop_front() else {
                 break;
