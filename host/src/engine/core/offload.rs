@@ -3,8 +3,8 @@
 //! Copies are started between steps, as one batched device call per staging buffer's worth of
 //! blocks. On a device that copies out in the background (device table revision 1.2) a batch
 //! runs while later steps go on: its blocks stay pinned (no allocation takes them; a prefix
-//! hit may read them) until a poll between steps sees it end, and only then are they indexed
-//! in the tiers. Other devices copy synchronously between steps. A block enters a tier only
+//! hit may read them) until a poll between steps sees it end; only then does the store thread
+//! put them into the tiers. Other devices copy synchronously between steps. A block enters a tier only
 //! after its copy completed; a copy that fails (a lost worker) stores nothing.
 
 use std::collections::VecDeque;
@@ -204,8 +204,8 @@ impl EngineCore {
         self.stores.in_flight() || !self.stores.waiting.is_empty()
     }
 
-    /// Waits for every queued copy out to end, indexing each batch, at shutdown or while no
-    /// request runs.
+    /// Waits for every queued copy out to end and its blocks to be stored, at shutdown or while
+    /// no request runs.
     pub(super) fn finish_stores(&mut self) {
         while self.has_stores() {
             self.advance_stores(true);
