@@ -100,6 +100,14 @@ pub enum DeviceError {
 }
 
 impl DeviceError {
+    /// The refusal of a copy out into memory a reader of the last copy's bytes still holds.
+    pub(crate) fn copy_out_still_read() -> DeviceError {
+        DeviceError::ContractViolation {
+            operation: "start_copy_out",
+            message: "the bytes of the last copy out are still being read".into(),
+        }
+    }
+
     /// Whether the device is gone with its worker process, rather than one call having failed.
     pub fn is_worker_lost(&self) -> bool {
         matches!(self, DeviceError::WorkerLost { .. })

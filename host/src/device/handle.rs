@@ -196,14 +196,6 @@ struct CopyOut {
     in_flight: bool,
 }
 
-/// The refusal of a copy out into memory a [`CopiedOut`] still shares.
-fn still_read() -> DeviceError {
-    DeviceError::ContractViolation {
-        operation: "start_copy_out",
-        message: "the bytes of the last copy out are still being read".into(),
-    }
-}
-
 /// The bytes of a copy out that ended ([`Device::copied_out_shared`]): shared memory, not a
 /// copy, readable on any thread even after the device is gone.
 #[derive(Clone)]
@@ -393,7 +385,8 @@ impl Device {
         let copy_out = &mut self.copy_out;
         match &mut self.backend {
             Backend::Local(device) => {
-                let staging = Arc::get_mut(&mut copy_out.staging).ok_or_else(still_read)?;
+                let staging = Arc::get_mut(&mut copy_out.staging)
+                    .ok_or_else(DeviceError::copy_out_still_read)?;
                 if staging.len() < len {
                     staging.resize(len, 0);
                 }
@@ -425,7 +418,8 @@ impl Device {
         }
         match &mut self.backend {
             Backend::Local(_) => {
-                let staging = Arc::get_mut(&mut self.copy_out.staging).ok_or_else(still_read)?;
+                let staging = Arc::get_mut(&mut self.copy_out.staging)
+                    .ok_or_else(DeviceError::copy_out_still_read)?;
                 if staging.len() < len {
                     staging.resize(len, 0);
                 }

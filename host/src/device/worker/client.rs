@@ -319,10 +319,7 @@ impl WorkerDevice {
             .as_ref()
             .is_some_and(|r| Arc::strong_count(r) > 1)
         {
-            return Err(DeviceError::ContractViolation {
-                operation: "start_copy_out",
-                message: "the bytes of the last copy out are still being read".into(),
-            });
+            return Err(DeviceError::copy_out_still_read());
         }
         let mut payload = std::mem::take(&mut self.range_payload);
         payload.clear();

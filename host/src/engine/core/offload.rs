@@ -3,9 +3,10 @@
 //! Copies are started between steps, as one batched device call per staging buffer's worth of
 //! blocks. On a device that copies out in the background (device table revision 1.2) a batch
 //! runs while later steps go on: its blocks stay pinned (no allocation takes them; a prefix
-//! hit may read them) until a poll between steps sees it end; only then does the store thread
-//! put them into the tiers. Other devices copy synchronously between steps. A block enters a tier only
-//! after its copy completed; a copy that fails (a lost worker) stores nothing.
+//! hit may read them) until a poll between steps sees it end; only then does the store
+//! thread put them into the tiers. Other devices copy synchronously between steps. A block
+//! enters a tier only after its copy completed; a copy that fails (a lost worker) stores
+//! nothing.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
