@@ -19,6 +19,7 @@ mod launch;
 mod state;
 mod views;
 
+pub use buffers::AlignedBytes;
 pub use copy_out::CopyOutFault;
 pub use entry_points::device_table;
 pub use failure::DeviceFailure;

@@ -19,7 +19,8 @@
 //! of the step's cache ("layers") at distinct addresses, at least 96 MiB in all, three times
 //! the last-level cache of the machines this runs on. `--warm` uses one copy (the cache stays
 //! in L2 or L3 where it fits). A sequence's blocks are consecutive in the cache, as on a
-//! fresh server.
+//! fresh server, and the caches are device buffers as the server's are (huge pages where the
+//! kernel offers them).
 //!
 //! Figures: keys and values read (each position's row once per launch) over the time, the
 //! GB/s, against the read bandwidth measured before and after with the probe `cargo xtask
@@ -38,6 +39,7 @@ mod support;
 use std::hint::black_box;
 use std::time::Duration;
 
+use plughost_device_abi::export::AlignedBytes;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{AttentionBench, BenchHeads, BenchLayout};
 
@@ -122,14 +124,33 @@ impl Noise {
         let bits = self.next().to_bits();
         ((bits + 0x7fff + ((bits >> 16) & 1)) >> 16) as u16
     }
+
+    /// A cache of `elements` bf16 values in memory the device would give it (large buffers in
+    /// huge pages where the kernel offers them), so its page walks are the server's.
+    fn bf16_cache(&mut self, elements: usize) -> AlignedBytes {
+        let mut cache = AlignedBytes::zeroed(2 * elements).expect("memory for the cache");
+        for pair in cache.chunks_exact_mut(2) {
+            pair.copy_from_slice(&self.bf16().to_le_bytes());
+        }
+        cache
+    }
+}
+
+/// The bf16 bits of a cache made by [`Noise::bf16_cache`].
+fn bits(cache: &AlignedBytes) -> &[u16] {
+    // SAFETY: any two bytes are a u16; the buffer is 64-byte aligned, so nothing is left over
+    // at its start.
+    let (start, bits, _) = unsafe { cache.align_to::<u16>() };
+    assert!(start.is_empty(), "a device buffer is aligned");
+    bits
 }
 
 /// A case laid out for launches: queries, caches of `copies` layers and each layer's block
 /// table.
 struct Step {
     q: Vec<f32>,
-    keys: Vec<u16>,
-    values: Vec<u16>,
+    keys: AlignedBytes,
+    values: AlignedBytes,
     block_tables: Vec<Vec<i32>>,
     seq_lens: Vec<i32>,
     query_start: Vec<i32>,
@@ -171,8 +192,8 @@ impl Step {
             .collect();
         let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
         let elements = copies * layer_blocks * bs * row;
-        let keys = (0..elements).map(|_| noise.bf16()).collect();
-        let values = (0..elements).map(|_| noise.bf16()).collect();
+        let keys = noise.bf16_cache(elements);
+        let values = noise.bf16_cache(elements);
         let tokens: usize = case.sequences.iter().map(|&(_, computed)| computed).sum();
         let q_width = heads.num_heads * heads.head_dim;
         let q = (0..tokens * q_width).map(|_| noise.next()).collect();
@@ -278,7 +299,7 @@ fn main() {
                     continue;
                 }
                 let (time, cpu) = time_launch(options.common.seconds(), |i| {
-                    let caches = (&step.keys[..], &step.values[..]);
+                    let caches = (bits(&step.keys), bits(&step.values));
                     let kernel = (heads, bf16_products);
                     bench
                         .attend(

@@ -12,10 +12,19 @@ use super::{AS_WRITTEN, DeviceFailure};
 
 /// The bytes of one device buffer: zeroed when allocated and 64-byte aligned, so a device can
 /// view them in place as f32, i32 or 16-bit elements, with rows starting on a cache line.
-pub(super) struct AlignedBytes {
+///
+/// Buffers of at least [`AlignedBytes::MAPPED`] bytes (weights, the KV cache, scratch) are
+/// anonymous mappings: the kernel zeroes their pages when first touched, so memory is
+/// committed only as it is used, and on Linux they ask for transparent huge pages. Attention
+/// reads a sequence's keys and values in runs of a few KiB scattered over the cache, and with
+/// 4 KiB pages nearly every run costs a page walk; 2 MiB pages take those walks away.
+pub struct AlignedBytes {
     /// The start of the allocation, or an aligned dangling pointer when `len` is 0.
     start: NonNull<u8>,
     len: usize,
+    /// The mapping that owns the bytes of a large buffer; a small one's come from the
+    /// allocator.
+    mapping: Option<memmap2::MmapMut>,
 }
 
 // SAFETY: `AlignedBytes` owns its allocation exclusively, as a `Vec<u8>` does.
@@ -24,24 +33,45 @@ unsafe impl Send for AlignedBytes {}
 unsafe impl Sync for AlignedBytes {}
 
 impl AlignedBytes {
-    pub(super) const ALIGN: usize = 64;
+    pub const ALIGN: usize = 64;
 
-    /// `len` zero bytes. Large allocations come from the allocator's zeroed pages, so memory
-    /// is touched only when used.
-    pub(super) fn zeroed(len: usize) -> Result<AlignedBytes, String> {
+    /// The size from which a buffer is a mapping of its own: one huge page.
+    const MAPPED: usize = 2 << 20;
+
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> Result<AlignedBytes, String> {
         if len == 0 {
             #[repr(align(64))]
             struct CacheLine;
             return Ok(AlignedBytes {
                 start: NonNull::<CacheLine>::dangling().cast(),
                 len,
+                mapping: None,
+            });
+        }
+        if len >= Self::MAPPED {
+            let mut mapping = memmap2::MmapMut::map_anon(len)
+                .map_err(|e| format!("mapping {len} bytes failed: {e}"))?;
+            // Only a hint: without huge pages the buffer works the same, with more page walks.
+            #[cfg(target_os = "linux")]
+            let _ = mapping.advise(memmap2::Advice::HugePage);
+            // Mappings start on a page, which is 64-byte aligned.
+            let start = NonNull::new(mapping.as_mut_ptr()).ok_or("a mapping at address 0")?;
+            return Ok(AlignedBytes {
+                start,
+                len,
+                mapping: Some(mapping),
             });
         }
         let layout = Layout::from_size_align(len, Self::ALIGN).map_err(|e| e.to_string())?;
         // SAFETY: the layout's size is not zero.
         let start = unsafe { alloc::alloc_zeroed(layout) };
         let start = NonNull::new(start).ok_or("the system allocator has no memory left")?;
-        Ok(AlignedBytes { start, len })
+        Ok(AlignedBytes {
+            start,
+            len,
+            mapping: None,
+        })
     }
 
     pub(super) fn copy_of(bytes: &[u8]) -> Result<AlignedBytes, String> {
@@ -58,7 +88,8 @@ impl AlignedBytes {
 
 impl Drop for AlignedBytes {
     fn drop(&mut self) {
-        if self.len != 0 {
+        // A mapping unmaps itself when dropped.
+        if self.len != 0 && self.mapping.is_none() {
             // SAFETY: allocated in `zeroed` with this layout, which was valid then.
             unsafe {
                 let layout = Layout::from_size_align_unchecked(self.len, Self::ALIGN);
@@ -288,11 +319,17 @@ mod tests {
 
     #[test]
     fn aligned_bytes_are_zeroed_and_aligned() {
-        for len in [0, 1, 63, 64, 4097] {
-            let bytes = AlignedBytes::zeroed(len).unwrap();
+        // Both sides of the size from which a buffer is a mapping of its own.
+        let mapped = AlignedBytes::MAPPED;
+        for len in [0, 1, 63, 64, 4097, mapped - 1, mapped, 3 * mapped + 5] {
+            let mut bytes = AlignedBytes::zeroed(len).unwrap();
+            assert_eq!(bytes.mapping.is_some(), len >= mapped, "{len}");
             assert_eq!(bytes.len(), len);
             assert_eq!(bytes.as_ptr() as usize % AlignedBytes::ALIGN, 0, "{len}");
             assert!(bytes.iter().all(|&byte| byte == 0));
+            for (i, byte) in bytes.iter_mut().enumerate() {
+                *byte = i as u8;
+            }
             let copy = AlignedBytes::copy_of(&bytes).unwrap();
             assert_eq!(&copy[..], &bytes[..]);
         }
