@@ -8,7 +8,8 @@
 //! * [`kv_cache`]: where a paged KV cache keeps each head's row for a slot;
 //! * [`export`]: the ABI plumbing for devices written in Rust ([`export_device!`]);
 //! * [`step_inputs`]: the device-maintained step inputs every device computes the same way;
-//! * [`config`]: parsing a device's `key=value,...` open-config string.
+//! * [`config`]: parsing a device's `key=value,...` open-config string;
+//! * [`pages`]: anonymous memory mapped up front, in huge pages where the kernel allows.
 
 pub mod abi;
 pub mod blocks;
@@ -17,6 +18,7 @@ pub mod config;
 pub mod elements;
 pub mod export;
 pub mod kv_cache;
+pub mod pages;
 pub mod step_inputs;
 pub mod validate;
 

@@ -1,11 +1,9 @@
 //! The host-memory KV tier (`--kv-offload-memory`): whole blocks in slots of one allocation mapped at start, least recently used evicted first.
 
 use memmap2::MmapMut;
+use plughost_device_abi::pages;
 
 use super::{KvTier, LruIndex, TierError, TierKey, TierUsage};
-
-/// A page of host memory, where the kernel cannot map the slab up front in one call.
-const PAGE_BYTES: usize = 4096;
 
 pub struct MemoryTier {
     block_bytes: usize,
@@ -44,8 +42,7 @@ impl MemoryTier {
         {
             return Err(refused(Some(available)));
         }
-        let mut slab = MmapMut::map_anon(slab_bytes).map_err(|_| refused(None))?;
-        map_now(&mut slab);
+        let slab = pages::mapped_now(slab_bytes).map_err(|_| refused(None))?;
         Ok(MemoryTier {
             block_bytes,
             capacity_blocks,
@@ -71,24 +68,6 @@ fn available_host_memory() -> Option<u64> {
     let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
-}
-
-/// Maps every page of `slab` now, once, rather than on the first store into it in the middle
-/// of serving: in huge pages where the kernel allows, in one call where it can
-/// (`MADV_POPULATE_WRITE`, Linux 5.14), else by writing one byte of every page.
-fn map_now(slab: &mut MmapMut) {
-    #[cfg(target_os = "linux")]
-    {
-        // Advice only: a kernel without transparent huge pages maps 4 KiB pages.
-        let _ = slab.advise(memmap2::Advice::HugePage);
-        if slab.advise(memmap2::Advice::PopulateWrite).is_ok() {
-            return;
-        }
-    }
-    for page in slab.chunks_mut(PAGE_BYTES) {
-        // SAFETY: `page` is a valid, exclusively borrowed, non-empty slice of the mapping.
-        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
-    }
 }
 
 impl KvTier for MemoryTier {

@@ -14,10 +14,8 @@ use super::{AS_WRITTEN, DeviceFailure};
 /// view them in place as f32, i32 or 16-bit elements, with rows starting on a cache line.
 ///
 /// Buffers of at least [`AlignedBytes::MAPPED`] bytes (weights, the KV cache, scratch) are
-/// anonymous mappings: the kernel zeroes their pages when first touched, so memory is
-/// committed only as it is used, and on Linux they ask for transparent huge pages. Attention
-/// reads a sequence's keys and values in runs of a few KiB scattered over the cache, and with
-/// 4 KiB pages nearly every run costs a page walk; 2 MiB pages take those walks away.
+/// anonymous mappings with every page mapped at once, in huge pages where the kernel allows
+/// (see [`crate::pages`]); smaller ones come from the allocator, zeroed.
 pub struct AlignedBytes {
     /// The start of the allocation, or an aligned dangling pointer when `len` is 0.
     start: NonNull<u8>,
@@ -50,11 +48,8 @@ impl AlignedBytes {
             });
         }
         if len >= Self::MAPPED {
-            let mut mapping = memmap2::MmapMut::map_anon(len)
+            let mut mapping = crate::pages::mapped_now(len)
                 .map_err(|e| format!("mapping {len} bytes failed: {e}"))?;
-            // Only a hint: without huge pages the buffer works the same, with more page walks.
-            #[cfg(target_os = "linux")]
-            let _ = mapping.advise(memmap2::Advice::HugePage);
             // Mappings start on a page, which is 64-byte aligned.
             let start = NonNull::new(mapping.as_mut_ptr()).ok_or("a mapping at address 0")?;
             return Ok(AlignedBytes {
