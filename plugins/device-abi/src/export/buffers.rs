@@ -17,11 +17,13 @@ use super::{AS_WRITTEN, DeviceFailure};
 /// anonymous mappings with every page mapped at once, in huge pages where the kernel allows
 /// (see [`crate::pages`]); smaller ones come from the allocator, zeroed.
 pub struct AlignedBytes {
-    /// The start of the allocation, or an aligned dangling pointer when `len` is 0.
+    /// The start of the allocation, or an aligned dangling pointer when `len` is 0. For a
+    /// mapping, its first byte: kept here rather than asked of the mapping, so every access to
+    /// the bytes (the background copy's included) goes through this one pointer.
     start: NonNull<u8>,
     len: usize,
-    /// The mapping that owns the bytes of a large buffer; a small one's come from the
-    /// allocator.
+    /// The mapping that owns the bytes of a large buffer, held only to unmap them when
+    /// dropped; a small buffer's bytes come from the allocator.
     mapping: Option<memmap2::MmapMut>,
 }
 
