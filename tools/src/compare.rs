@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, anyhow, ensure};
+use plughost_device_cpu::ActivationDigits;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use serde_json::json;
 
@@ -92,6 +93,11 @@ pub struct CompareArgs {
     /// highest this CPU has).
     #[arg(long)]
     pub isa: Option<IsaLevel>,
+    /// The int8 digits plughost's CPU device quantizes activations to for block-quantized
+    /// weights, its `activation_digits=` option: 1 is the peers' arithmetic, 2 (the device's
+    /// default) keeps the residual too. Unset, the device's default.
+    #[arg(long)]
+    pub activation_digits: Option<ActivationDigits>,
     /// Concurrent streams of the batched loads; also llama-server's -np and plughost's
     /// --max-num-seqs.
     #[arg(long, default_value_t = 16)]
@@ -445,7 +451,8 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     let specs: Vec<&ServerSpec> = std::iter::once(&plughost_spec).chain(&peer_specs).collect();
     let read_metrics: Vec<bool> = specs.iter().map(|s| s.name == "plughost").collect();
     let (mut measured, bandwidths) = bench.all(&specs, &read_metrics)?;
-    let machine = Machine::new(cpu_model(), isa, bandwidths)?;
+    let mut machine = Machine::new(cpu_model(), isa, bandwidths)?;
+    machine.activation_digits = args.activation_digits.unwrap_or_default();
 
     let peers_measured = measured.split_off(1);
     let p = measured.pop().context("plughost was not measured")?;

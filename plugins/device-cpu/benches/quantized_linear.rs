@@ -1,7 +1,9 @@
 //! Throughput of the quantized linear at the Qwen3-0.6B shapes: GB/s of weights streamed, next to the machine's read bandwidth.
 //!
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
-//! by `-- [--portable] [--all-types] [--threads N] [--seconds S] [FILTER]`. For each weight type
+//! by `-- [--portable] [--all-types] [--one-digit] [--threads N] [--seconds S] [FILTER]`.
+//! `--one-digit` quantizes the activations to one int8 digit (the device's
+//! `activation_digits=1`) instead of the default two. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
 //! up projection, its down projection and the output head), 1 token (decode), 16 (a batch
 //! of 16 streams, or a prefill chunk) and 256 (a prompt; not for the head, which meets only
@@ -23,8 +25,8 @@ mod support;
 use std::hint::black_box;
 
 use plughost_device_abi::DType;
-use plughost_device_cpu::QuantizedBench;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
+use plughost_device_cpu::{ActivationDigits, QuantizedBench};
 use support::{CommonOptions, cpu_name, print_bandwidth, time_launch};
 
 /// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
@@ -42,19 +44,31 @@ fn timed(rows: usize, tokens: usize) -> bool {
     rows != SHAPES[2].1 || tokens <= 16
 }
 
-/// The benchmark's options: the common ones, and `--all-types`.
+/// The benchmark's options: the common ones, `--all-types` and `--one-digit`.
 struct Options {
     common: CommonOptions,
     all_types: bool,
+    digits: ActivationDigits,
 }
 
 fn options() -> Options {
-    let mut all_types = false;
-    let common = CommonOptions::parse(|flag| {
-        all_types |= flag == "--all-types";
-        flag == "--all-types"
+    let (mut all_types, mut digits) = (false, ActivationDigits::Two);
+    let common = CommonOptions::parse(|flag| match flag {
+        "--all-types" => {
+            all_types = true;
+            true
+        }
+        "--one-digit" => {
+            digits = ActivationDigits::One;
+            true
+        }
+        _ => false,
     });
-    Options { common, all_types }
+    Options {
+        common,
+        all_types,
+        digits,
+    }
 }
 
 /// A deterministic pseudo-random byte stream (splitmix64).
@@ -125,8 +139,9 @@ fn main() {
         .collect();
     let cpu = cpu_name();
     println!(
-        "{cpu}, {} threads, levels {}",
+        "{cpu}, {} threads, activations in {:?} int8 digits, levels {}",
         options.common.threads(),
+        options.digits,
         levels
             .iter()
             .map(|isa| isa.level().name())
@@ -135,7 +150,9 @@ fn main() {
     );
     let benches: Vec<QuantizedBench> = levels
         .iter()
-        .map(|&isa| QuantizedBench::new(isa, options.common.threads()).expect("workers"))
+        .map(|&isa| {
+            QuantizedBench::new(isa, options.digits, options.common.threads()).expect("workers")
+        })
         .collect();
     let mut rows_out = Vec::new();
     for &dtype in types {

@@ -1,4 +1,4 @@
-//! The CPU device's `open` config: comma-separated `key=value` options (`threads`, `bf16_products`).
+//! The CPU device's `open` config: comma-separated `key=value` options (`threads`, `isa`, `bf16_products`, `activation_digits`).
 
 use std::num::NonZeroUsize;
 use std::thread;
@@ -6,7 +6,7 @@ use std::thread;
 use plughost_device_abi::config::{ConfigError, ConfigSpec};
 
 use crate::isa::{Isa, IsaLevel};
-use crate::linear::Bf16Products;
+use crate::linear::{ActivationDigits, Bf16Products};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuConfig {
@@ -18,6 +18,9 @@ pub struct CpuConfig {
     /// `bf16_products=f32|bf16`: what bf16 weights are multiplied with (see [`Bf16Products`]);
     /// by default bf16 where `isa` has AVX-512 BF16, f32 elsewhere.
     pub bf16_products: Bf16Products,
+    /// `activation_digits=1|2`: the int8 digits each activation keeps when it meets
+    /// block-quantized weights (see [`ActivationDigits`]); by default two.
+    pub activation_digits: ActivationDigits,
 }
 
 impl Default for CpuConfig {
@@ -27,6 +30,7 @@ impl Default for CpuConfig {
             threads: thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
             isa,
             bf16_products: default_products(isa),
+            activation_digits: ActivationDigits::default(),
         }
     }
 }
@@ -42,7 +46,7 @@ fn default_products(isa: Isa) -> Bf16Products {
 /// The options `CpuConfig::parse` understands.
 const SPEC: ConfigSpec = ConfigSpec {
     device: "cpu",
-    known_keys: &["threads", "isa", "bf16_products"],
+    known_keys: &["threads", "isa", "bf16_products", "activation_digits"],
 };
 
 impl CpuConfig {
@@ -62,6 +66,7 @@ impl CpuConfig {
                     })?;
                 }
                 "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
+                "activation_digits" => config.activation_digits = option.parse("`1` or `2`")?,
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
@@ -108,7 +113,10 @@ mod tests {
             ),
             (
                 "thread=2",
-                Err("unknown cpu device option `thread` (known: threads, isa, bf16_products)"),
+                Err(
+                    "unknown cpu device option `thread` (known: threads, isa, bf16_products, \
+                     activation_digits)",
+                ),
             ),
             (
                 "threads=1,threads=2",
@@ -119,6 +127,24 @@ mod tests {
             let parsed = CpuConfig::parse(text).map_err(|error| error.to_string());
             assert_eq!(parsed, expected.map_err(str::to_string), "{text}");
         }
+    }
+
+    #[test]
+    fn activation_digits_are_one_or_two_and_two_by_default() {
+        assert_eq!(
+            CpuConfig::default().activation_digits,
+            ActivationDigits::Two
+        );
+        for (text, digits) in [("1", ActivationDigits::One), ("2", ActivationDigits::Two)] {
+            let config = CpuConfig::parse(&format!("activation_digits={text}")).unwrap();
+            assert_eq!(config.activation_digits, digits);
+        }
+        assert_eq!(
+            CpuConfig::parse("activation_digits=8")
+                .unwrap_err()
+                .to_string(),
+            "cpu device option `activation_digits` must be `1` or `2`, got `8`"
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
 //! available parallelism), `isa=` the instruction-set level (default: the highest the CPU
-//! has, see [`isa`]) and `bf16_products=`, see `config`. Launches run synchronously on those threads, so the
+//! has, see [`isa`]), `bf16_products=` and `activation_digits=`, see `config`. Launches run synchronously on those threads, so the
 //! device time `synchronize` reports is the time spent inside launches.
 //!
 //! Layout, one kernel family per module: `gather` (embedding and row gathers), `norm`
@@ -40,7 +40,7 @@ pub(crate) mod workers;
 pub use attention::{AttentionBench, BenchHeads, BenchLayout};
 /// The quantized linear for `cargo bench` (`benches/quantized_linear.rs`); not an interface.
 #[doc(hidden)]
-pub use linear::QuantizedBench;
+pub use linear::{ActivationDigits, QuantizedBench};
 /// The bf16 linears for `cargo bench` (`benches/bf16_decode.rs`); not an interface.
 #[doc(hidden)]
 pub use linear::{Bf16Bench, Bf16Products};
@@ -73,6 +73,8 @@ pub(crate) struct Context {
     /// The instruction-set level every kernel runs at.
     pub isa: isa::Isa,
     pub bf16_products: linear::Bf16Products,
+    /// The int8 digits activations keep for block-quantized weights.
+    pub activation_digits: linear::ActivationDigits,
     /// Attention's task list and partial states, reused from launch to launch.
     pub attention: attention::AttentionScratch,
 }
@@ -89,6 +91,7 @@ impl DeviceBackend for CpuDevice {
                 scratch: Vec::new(),
                 isa: config.isa,
                 bf16_products: config.bf16_products,
+                activation_digits: config.activation_digits,
                 attention: attention::AttentionScratch::default(),
             },
         })

@@ -69,8 +69,8 @@ pub(crate) use elements::HalfBits;
 pub(crate) use elements::as_bits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
 use plan::Plan;
-pub use quant::QuantizedBench;
 pub(crate) use quant::gather_rows as gather_quantized_rows;
+pub use quant::{ActivationDigits, QuantizedBench};
 use sink::{SharedOut, Sink};
 
 use crate::Context;

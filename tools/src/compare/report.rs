@@ -6,6 +6,7 @@ use std::fmt::Write;
 
 use super::loads::{Load, Shape, Summary};
 use super::model::ModelFacts;
+use plughost_device_cpu::ActivationDigits;
 use plughost_device_cpu::isa::IsaLevel;
 
 use crate::bandwidth::Bandwidth;
@@ -21,6 +22,8 @@ pub struct Machine {
     pub cpu: String,
     /// The level plughost's CPU device ran at.
     pub isa: IsaLevel,
+    /// The int8 digits of its quantized activations (block-quantized weights only).
+    pub activation_digits: ActivationDigits,
     /// The median of `rounds`: the bandwidth the bound is computed from.
     pub bandwidth: Bandwidth,
     /// One measurement before each round's single-stream load.
@@ -35,6 +38,7 @@ impl Machine {
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
             isa,
+            activation_digits: ActivationDigits::default(),
             bandwidth,
             rounds,
         })
@@ -345,7 +349,17 @@ pub fn markdown(r: &Report) -> String {
         m.cpu,
         m.isa,
         if r.quantized() {
-            "block-quantized weights times activations quantized to int8, integer dot products"
+            match m.activation_digits {
+                ActivationDigits::One => {
+                    "block-quantized weights times activations quantized to one int8 digit \
+                     (`activation_digits=1`, the peers' arithmetic), integer dot products"
+                }
+                ActivationDigits::Two => {
+                    "block-quantized weights times activations quantized to two int8 digits \
+                     (`activation_digits=2`, the default: the value and its residual), integer \
+                     dot products"
+                }
+            }
         } else if m.isa >= IsaLevel::Avx512Bf16 {
             "bf16 weights times activations rounded to bf16"
         } else {

@@ -170,7 +170,14 @@ impl Setup {
                 "--kv-cache-dtype".into(),
                 PLUGHOST_KV_DTYPE.into(),
                 "--device-config".into(),
-                format!("threads={threads},isa={isa}").into(),
+                match args.activation_digits {
+                    Some(digits) => format!(
+                        "threads={threads},isa={isa},activation_digits={}",
+                        digits.count()
+                    ),
+                    None => format!("threads={threads},isa={isa}"),
+                }
+                .into(),
             ],
             port: args.plughost_port,
             log: raw_dir.join("plughost.log"),

@@ -77,6 +77,60 @@ fn quantized_weights_serve_linears_and_gathers() {
     }
 }
 
+/// `activation_digits=1` reaches the kernels: each output is within the rounding of int8
+/// activations of the f32 product (half a step, `max|x| / 254` per block, times the row's
+/// magnitudes), and differs from the default two digits', which are closer.
+#[test]
+fn one_activation_digit_rounds_as_int8() {
+    let (rows, width, tokens) = (5usize, 256usize, 2usize);
+    let x_values = random(7, tokens * width, 1.0);
+    for dtype in [DType::Q8_0, DType::Q4_1, DType::Q4_K, DType::Q6_K] {
+        let bytes = blocks(dtype, rows, width, 13);
+        let values = dequantize(dtype, &bytes).unwrap();
+        let block = if dtype.block_elements() == 256 {
+            256
+        } else {
+            32
+        };
+        let outputs = |config: &str| {
+            let device = Device::open(config).unwrap();
+            let w = device.upload(dtype, &[rows as u64, width as u64], &bytes);
+            let x = device.f32s(&[tokens as u64, width as u64], &x_values);
+            let out = device.zeros(&[tokens as u64, rows as u64]);
+            device
+                .launch("linear", &[x.arg(IN), w.arg(IN), out.arg(OUT)], &[])
+                .unwrap();
+            device.read_f32(&out)
+        };
+        let (one, two) = (outputs("activation_digits=1"), outputs(""));
+        let mut differ = false;
+        for t in 0..tokens {
+            let x = &x_values[t * width..(t + 1) * width];
+            for n in 0..rows {
+                let row = &values[n * width..(n + 1) * width];
+                let exact: f64 = row.iter().zip(x).map(|(w, x)| f64::from(w * x)).sum();
+                // Half a step of each block's quantization, times the block's |w|.
+                let bound: f64 = row
+                    .chunks_exact(block)
+                    .zip(x.chunks_exact(block))
+                    .map(|(w, x)| {
+                        let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                        let w_sum: f32 = w.iter().map(|w| w.abs()).sum();
+                        f64::from(amax / 254.0 * w_sum)
+                    })
+                    .sum();
+                let got = f64::from(one[t * rows + n]);
+                assert!(
+                    (got - exact).abs() <= bound * 1.01 + 1e-6,
+                    "{dtype} [{t}, {n}]: {got} vs {exact}, bound {bound}"
+                );
+                differ |= one[t * rows + n].to_bits() != two[t * rows + n].to_bits();
+            }
+        }
+        assert!(differ, "{dtype}: one digit gave the bits of two");
+    }
+}
+
 /// Weights the linears interleave (from `avx2` up; 19 rows: a whole group of 16 and three
 /// rows after it): gathers from them, the host's read, and a projection after that read see
 /// them as written, at every level, for the 32-value blocks and the K-quants (rows of two

@@ -22,6 +22,7 @@ impl Bf16Bench {
                 scratch: Vec::new(),
                 isa,
                 bf16_products: products,
+                activation_digits: Default::default(),
                 attention: Default::default(),
             },
         })

@@ -1,7 +1,7 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once, in two int8 digits (the values and their
-//! residual, see [`activations`]), then every output is the dot product of one weight row and
+//! A launch quantizes its activation rows to int8 once, in one or two int8 digits (the values
+//! and, by default, their residual, see [`activations`]), then every output is the dot product of one weight row and
 //! one activation row, defined once in [`dots`]: exact integer sums, then the scales in one
 //! fixed float order. The tiles of each instruction set follow that definition:
 //! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
@@ -42,6 +42,7 @@ use crate::isa::IsaLevel;
 use crate::workers::Workers;
 
 use super::sink::SharedOut;
+pub use activations::ActivationDigits;
 use activations::{Q8Row, Q8Rows, Q8Tiles};
 pub use bench_support::QuantizedBench;
 use interleaved::GROUP;
@@ -188,7 +189,7 @@ fn multiply(
         for w in weights {
             let (slot, block) = (slot(w.dtype), dots::activation_block(w.dtype));
             if !quantized[slot] {
-                rows[slot].quantize(x, inner, block);
+                rows[slot].quantize(x, inner, block, context.activation_digits);
                 if let Some(width) = kernel.group_tokens() {
                     tiles[slot].regroup(&rows[slot], tokens, width);
                 }
@@ -269,17 +270,24 @@ const GROUP_TOKENS_AVX512: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const GROUP_TOKENS_AVX2: usize = 4;
 
-/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens, called with
-/// `($group, $tile)`.
+/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens and both
+/// digits or the first (`$two`), called with `($group, $tile)`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! group_by_type {
-    ($isa:ident, $dtype:expr, $group:expr, $tile:expr) => {
+    ($isa:ident, $dtype:expr, $two:expr, $group:expr, $tile:expr) => {
+        if $two {
+            group_by_type!(@ $isa, $dtype, true, $group, $tile)
+        } else {
+            group_by_type!(@ $isa, $dtype, false, $group, $tile)
+        }
+    };
+    (@ $isa:ident, $dtype:expr, $two:literal, $group:expr, $tile:expr) => {
         match $dtype {
-            DType::Q8_0 => $isa::group::<M, 0>($group, $tile),
-            DType::Q4_0 => $isa::group::<M, 1>($group, $tile),
-            DType::Q4_1 => $isa::group::<M, 2>($group, $tile),
-            DType::Q4_K => $isa::q4_k_group::<M>($group, $tile),
-            DType::Q6_K => $isa::q6_k_group::<M>($group, $tile),
+            DType::Q8_0 => $isa::group::<M, 0, $two>($group, $tile),
+            DType::Q4_0 => $isa::group::<M, 1, $two>($group, $tile),
+            DType::Q4_1 => $isa::group::<M, 2, $two>($group, $tile),
+            DType::Q4_K => $isa::q4_k_group::<M, $two>($group, $tile),
+            DType::Q6_K => $isa::q6_k_group::<M, $two>($group, $tile),
             _ => unreachable!("only the types kept in groups reach the group tiles"),
         }
     };
@@ -360,20 +368,22 @@ impl RowKernel {
             }
         };
         let vnni = self.isa.has(IsaLevel::Avx512Vnni);
+        // With one digit the second is zero, and the tiles skip its products.
+        let two = tiles.digits() == ActivationDigits::Two;
         for first in tokens.clone().step_by(tiles.width()) {
             let tile = tiles.tile(first);
             if vnni {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
                     // tile's features (checked when the `Isa` was made).
-                    let values = unsafe { group_by_type!(avx512, dtype, group, tile) };
+                    let values = unsafe { group_by_type!(avx512, dtype, two, group, tile) };
                     store(first, &values);
                 });
             } else {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4], |M| {
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
                     // made).
-                    let values = unsafe { group_by_type!(avx2, dtype, group, tile) };
+                    let values = unsafe { group_by_type!(avx2, dtype, two, group, tile) };
                     store(first, &values);
                 });
             }

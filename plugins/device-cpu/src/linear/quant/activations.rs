@@ -1,4 +1,4 @@
-//! Activation rows quantized to int8 for the integer dot products with block-quantized weights ([`Q8Rows`]): in llama.cpp's `q8_0` and `q8_K` blocks, plus a second int8 digit for the residual.
+//! Activation rows quantized to int8 for the integer dot products with block-quantized weights ([`Q8Rows`]): in llama.cpp's `q8_0` and `q8_K` blocks, optionally with a second int8 digit for the residual.
 //!
 //! A row of `K` f32 values is cut into blocks of 32 (for Q8_0, Q4_0 and Q4_1 weights) or 256
 //! (for the K-quants): each block gets the step `d = max|x| / 127` and values
@@ -9,7 +9,9 @@
 //! two sums in integers (`256 · high + low`), so one scale, `d / 256`, applies to both. One
 //! digit alone moves the logits enough to flip near-ties of a small model (SmolLM2-135M's answer
 //! to "What is the capital of France?" among them); two keep them where f32 activations put
-//! them.
+//! them. The second digit doubles the integer products, so it is a choice
+//! ([`ActivationDigits`]): with one digit the second is zero everywhere, the definition of the
+//! dot product stays the same, and the tiles skip the zero digit's products.
 //!
 //! Each run of 16 values also keeps the joined sum of its digits, `Σ 256 q + q'`, which the
 //! weight formats with an offset (Q4_0's `- 8`, Q4_1's and Q4_K's minimum, Q6_K's `- 32`)
@@ -23,9 +25,45 @@ const MAX_BLOCK: usize = 256;
 /// The second digit's step is the first's divided by this.
 pub const DIGIT: f32 = 256.0;
 
-/// `T` rows of `K` activations quantized in blocks of `block` values, in two int8 digits.
+/// How many int8 digits each quantized activation keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationDigits {
+    /// `round(x / d)` alone, llama.cpp's arithmetic: half the integer products of two digits,
+    /// so prefill and batched decode multiply at twice the rate.
+    One,
+    /// The value and its residual, some 15 bits: the products of f32 activations to within
+    /// f32 rounding, near-ties included.
+    #[default]
+    Two,
+}
+
+impl ActivationDigits {
+    /// 1 or 2, as the option spells it.
+    pub fn count(self) -> u8 {
+        match self {
+            ActivationDigits::One => 1,
+            ActivationDigits::Two => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for ActivationDigits {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ActivationDigits, String> {
+        match text {
+            "1" => Ok(ActivationDigits::One),
+            "2" => Ok(ActivationDigits::Two),
+            other => Err(format!("`{other}` is neither `1` nor `2`")),
+        }
+    }
+}
+
+/// `T` rows of `K` activations quantized in blocks of `block` values, in one or two int8
+/// digits (the second zero with one).
 #[derive(Debug, Default)]
 pub struct Q8Rows {
+    digits: ActivationDigits,
     block: usize,
     inner: usize,
     high: Vec<i8>,
@@ -59,12 +97,13 @@ fn digit(value: f32, inverse: f32) -> i8 {
 
 impl Q8Rows {
     /// Quantizes the `x.len() / inner` rows of `x` in blocks of `block` (which divides
-    /// `inner`), reusing this value's storage.
-    pub fn quantize(&mut self, x: &[f32], inner: usize, block: usize) {
+    /// `inner`) to `digits` digits, reusing this value's storage.
+    pub fn quantize(&mut self, x: &[f32], inner: usize, block: usize, digits: ActivationDigits) {
         assert!(
             block.is_multiple_of(SUM_SPAN) && block <= MAX_BLOCK && inner.is_multiple_of(block),
             "rows of {inner} cannot be cut into blocks of {block}"
         );
+        self.digits = digits;
         self.block = block;
         self.inner = inner;
         self.high.clear();
@@ -80,9 +119,13 @@ impl Q8Rows {
             self.scales.push(d / DIGIT);
             let span = b * block..(b + 1) * block;
             let (high, low) = (&mut self.high[span.clone()], &mut self.low[span]);
-            for ((&v, high), low) in values.iter().zip(high.iter_mut()).zip(low.iter_mut()) {
+            for (&v, high) in values.iter().zip(high.iter_mut()) {
                 *high = digit(v, inverse);
-                *low = digit(v - d * f32::from(*high), inverse * DIGIT);
+            }
+            if digits == ActivationDigits::Two {
+                for ((&v, &high), low) in values.iter().zip(high.iter()).zip(low.iter_mut()) {
+                    *low = digit(v - d * f32::from(high), inverse * DIGIT);
+                }
             }
             let (high, low) = (&*high, &*low);
             self.sums.extend(
@@ -95,16 +138,6 @@ impl Q8Rows {
                             .sum::<i32>()
                     }),
             );
-        }
-    }
-
-    /// The same rows with the second digit zeroed: the first alone, llama.cpp's arithmetic,
-    /// which the references check separately.
-    #[cfg(test)]
-    pub fn without_residual(&mut self) {
-        self.low.fill(0);
-        for (sum, span) in self.sums.iter_mut().zip(self.high.chunks_exact(SUM_SPAN)) {
-            *sum = 256 * span.iter().map(|&q| i32::from(q)).sum::<i32>();
         }
     }
 
@@ -129,6 +162,7 @@ impl Q8Rows {
 /// activations as one stream.
 #[derive(Debug, Default)]
 pub struct Q8Tiles {
+    kept: ActivationDigits,
     width: usize,
     tokens: usize,
     blocks: usize,
@@ -193,6 +227,7 @@ impl Q8Tiles {
         let (chunks, blocks) = (rows.inner / 32, rows.inner / rows.block);
         let k_quants = rows.block == MAX_BLOCK;
         (self.width, self.tokens, self.blocks) = (width, tokens, blocks);
+        self.kept = rows.digits;
         self.digits.clear();
         self.digits.resize(tokens * chunks * 64, 0);
         self.scales.clear();
@@ -234,6 +269,13 @@ impl Q8Tiles {
 
     // Only the x86-64 group tiles read tiles.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    /// The digits the rows were quantized to: with one, the tiles may skip the second.
+    pub fn digits(&self) -> ActivationDigits {
+        self.kept
+    }
+
+    // Only the x86-64 group tiles read tiles.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     /// Tokens per tile (the last tile may have fewer).
     pub fn width(&self) -> usize {
         self.width
@@ -270,7 +312,7 @@ mod tests {
         x[40] = f32::NAN;
         x[3] = -16.9;
         let mut rows = Q8Rows::default();
-        rows.quantize(&x, 64, 32);
+        rows.quantize(&x, 64, 32, ActivationDigits::Two);
         let row = rows.row(0);
         let d = 20.0f32 / 127.0;
         assert_eq!(row.scales, &[d / 256.0, 43.0 / 127.0 / 256.0]);
@@ -288,7 +330,7 @@ mod tests {
             .sum();
         assert_eq!(row.sums[0], sum);
         // A zero block has scale 0 and values 0, never a division by zero.
-        rows.quantize(&[0.0; 32], 32, 32);
+        rows.quantize(&[0.0; 32], 32, 32, ActivationDigits::Two);
         let row = rows.row(0);
         assert_eq!((row.scales[0], row.high[5], row.low[5]), (0.0, 0, 0));
     }
@@ -300,7 +342,7 @@ mod tests {
             .map(|i| (i % 97) as f32 - 48.0)
             .collect();
         let mut rows = Q8Rows::default();
-        rows.quantize(&x, inner, 32);
+        rows.quantize(&x, inner, 32, ActivationDigits::Two);
         let mut tiles = Q8Tiles::default();
         tiles.regroup(&rows, tokens, width);
         for first in (0..tokens).step_by(width) {
@@ -331,7 +373,7 @@ mod tests {
             .map(|i| ((i * 37) % 101) as f32 - 50.0)
             .collect();
         let mut rows = Q8Rows::default();
-        rows.quantize(&x, inner, 256);
+        rows.quantize(&x, inner, 256, ActivationDigits::Two);
         let mut tiles = Q8Tiles::default();
         tiles.regroup(&rows, tokens, 2);
         let halves = |word: i32| (word as i16 as i32, word >> 16);

@@ -6,6 +6,7 @@
 //! (Q8_0, in [`group`]) is made unsigned by moving its sign onto the activation
 //! (`vpsignb`), at most `2 · 128 · 127`. `vpmaddwd` then adds pairs into i32, by ones or by
 //! the K-quants' sub-block scales, and the sums are joined or kept per digit as `dots` says.
+//! With one activation digit (`TWO` false) the second is zero and its products are skipped.
 //! Every integer equals the portable one, and the float operations are those of `dots`, lane
 //! by lane, so the result has the same bits.
 //!
@@ -80,13 +81,13 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m256i; N], at: *const i32) -> __m
 /// Each token's digit sums over one sub-block against the weight operands `weights` (four
 /// values of each of eight rows each): the tile's digits of 32-value chunk `chunk` from quad
 /// `quad`, the `vpmaddubsw` pairs times `scale` (the rows' scale in both i16 of a lane) by
-/// `vpmaddwd`, added to `h[t][half]` and `l[t][half]`.
+/// `vpmaddwd`, added to `h[t][half]` and `l[t][half]` (`l` left as it is without `TWO`).
 ///
 /// # Safety
 /// The tile's digits hold chunk `chunk`'s quads `quad..quad + N` for `M` tokens.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn sub_block<const M: usize, const N: usize, const H: usize>(
+unsafe fn sub_block<const M: usize, const N: usize, const H: usize, const TWO: bool>(
     activations: *const i8,
     (chunk, quad, half): (usize, usize, usize),
     weights: &[__m256i; N],
@@ -100,11 +101,12 @@ unsafe fn sub_block<const M: usize, const N: usize, const H: usize>(
                 // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
                 unsafe { (activations.add(at) as *const i32).read_unaligned() }
             };
-            let [high, low] = [at, at + 4 * M].map(digits);
-            let high = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(high)), scale);
-            let low = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(low)), scale);
-            h[t][half] = _mm256_add_epi32(h[t][half], high);
-            l[t][half] = _mm256_add_epi32(l[t][half], low);
+            let high = _mm256_maddubs_epi16(w, _mm256_set1_epi32(digits(at)));
+            h[t][half] = _mm256_add_epi32(h[t][half], _mm256_madd_epi16(high, scale));
+            if TWO {
+                let low = _mm256_maddubs_epi16(w, _mm256_set1_epi32(digits(at + 4 * M)));
+                l[t][half] = _mm256_add_epi32(l[t][half], _mm256_madd_epi16(low, scale));
+            }
         }
     }
 }
@@ -119,16 +121,19 @@ macro_rules! k_group {
         /// # Safety
         /// The CPU has AVX2, FMA and F16C (the `avx2` level).
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+        pub unsafe fn $name<const M: usize, const TWO: bool>(
+            group: &[u8],
+            tile: Q8Tile<'_>,
+        ) -> [[f32; 16]; M] {
             let blocks = check_group($dtype, group, &tile, M);
             let mut out = [[0.0; 16]; M];
             // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
             unsafe {
                 if M <= 2 {
-                    $halves::<M, 2>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 2, TWO>((group, blocks), tile, 0, &mut out);
                 } else {
-                    $halves::<M, 1>((group, blocks), tile, 0, &mut out);
-                    $halves::<M, 1>((group, blocks), tile, 1, &mut out);
+                    $halves::<M, 1, TWO>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 1, TWO>((group, blocks), tile, 1, &mut out);
                 }
             }
             out
@@ -145,7 +150,7 @@ k_group!(q6_k_group, DType::Q6_K, q6_k_halves);
 /// As [`q4_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_halves<const M: usize, const H: usize>(
+unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -197,7 +202,7 @@ unsafe fn q4_k_halves<const M: usize, const H: usize>(
                             _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
                         }
                     });
-                    sub_block(
+                    sub_block::<M, 8, H, TWO>(
                         activations,
                         (8 * b + j, 0, half),
                         &weights,
@@ -219,10 +224,10 @@ unsafe fn q4_k_halves<const M: usize, const H: usize>(
                 for t in 0..M {
                     let at = b * M + t;
                     let words = tile.pairs.as_ptr().add(at * K_PAIRS);
-                    let minimum = _mm256_add_epi32(
-                        _mm256_slli_epi32::<8>(pair_sums(&pairs, words)),
-                        pair_sums(&pairs, words.add(4)),
-                    );
+                    let mut minimum = _mm256_slli_epi32::<8>(pair_sums(&pairs, words));
+                    if TWO {
+                        minimum = _mm256_add_epi32(minimum, pair_sums(&pairs, words.add(4)));
+                    }
                     let s = _mm256_set1_ps(*tile.scales.get_unchecked(at));
                     let lane =
                         add_digits(acc[t][half], _mm256_mul_ps(d, s), h[t][half], l[t][half]);
@@ -243,7 +248,7 @@ unsafe fn q4_k_halves<const M: usize, const H: usize>(
 /// As [`q6_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_halves<const M: usize, const H: usize>(
+unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -304,7 +309,8 @@ unsafe fn q6_k_halves<const M: usize, const H: usize>(
                                 let k = kk + 2 * n;
                                 let at = (8 * b + 4 * part + k, 4 * sub, half);
                                 let scale = scale(8 * part + 2 * k + sub);
-                                sub_block(activations, at, operands, scale, [&mut h, &mut l]);
+                                let sums = [&mut h, &mut l];
+                                sub_block::<M, 4, H, TWO>(activations, at, operands, scale, sums);
                             }
                         }
                     }
@@ -316,7 +322,11 @@ unsafe fn q6_k_halves<const M: usize, const H: usize>(
                     let words = tile.pairs.as_ptr().add(at * K_PAIRS + 8);
                     let offset = |words| _mm256_slli_epi32::<5>(pair_sums(&pairs, words));
                     let high = _mm256_sub_epi32(h[t][half], offset(words));
-                    let low = _mm256_sub_epi32(l[t][half], offset(words.add(8)));
+                    let low = if TWO {
+                        _mm256_sub_epi32(l[t][half], offset(words.add(8)))
+                    } else {
+                        l[t][half]
+                    };
                     let s = _mm256_set1_ps(*tile.scales.get_unchecked(at));
                     acc[t][half] = add_digits(acc[t][half], _mm256_mul_ps(d, s), high, low);
                 }
@@ -357,7 +367,7 @@ fn store<const M: usize, const H: usize>(
 /// # Safety
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn group<const M: usize, const FORMAT: u8>(
+pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -367,10 +377,10 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
     // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
     unsafe {
         if M <= 2 {
-            halves::<M, FORMAT, 2>((group, blocks), tile, 0, &mut out);
+            halves::<M, FORMAT, 2, TWO>((group, blocks), tile, 0, &mut out);
         } else {
-            halves::<M, FORMAT, 1>((group, blocks), tile, 0, &mut out);
-            halves::<M, FORMAT, 1>((group, blocks), tile, 1, &mut out);
+            halves::<M, FORMAT, 1, TWO>((group, blocks), tile, 0, &mut out);
+            halves::<M, FORMAT, 1, TWO>((group, blocks), tile, 1, &mut out);
         }
     }
     out
@@ -382,7 +392,7 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
 /// As [`group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize>(
+unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize, const TWO: bool>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -406,15 +416,20 @@ unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize>(
             let mut dot = |q: usize, h: usize, magnitude: __m256i, signs: __m256i| {
                 for (t, ints) in ints.iter_mut().enumerate() {
                     let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
-                    let mut high = _mm256_set1_epi32((at as *const i32).read_unaligned());
-                    let mut low = _mm256_set1_epi32((at.add(4 * M) as *const i32).read_unaligned());
-                    if FORMAT == 0 {
-                        high = _mm256_sign_epi8(high, signs);
-                        low = _mm256_sign_epi8(low, signs);
+                    let digit = |at: *const i8| {
+                        let digits = _mm256_set1_epi32((at as *const i32).read_unaligned());
+                        if FORMAT == 0 {
+                            _mm256_sign_epi8(digits, signs)
+                        } else {
+                            digits
+                        }
+                    };
+                    let high = _mm256_maddubs_epi16(magnitude, digit(at));
+                    ints[h] = _mm256_add_epi32(ints[h], _mm256_madd_epi16(high, first));
+                    if TWO {
+                        let low = _mm256_maddubs_epi16(magnitude, digit(at.add(4 * M)));
+                        ints[h] = _mm256_add_epi32(ints[h], _mm256_madd_epi16(low, ones));
                     }
-                    let high = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, high), first);
-                    let low = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, low), ones);
-                    ints[h] = _mm256_add_epi32(ints[h], _mm256_add_epi32(high, low));
                 }
             };
             for h in 0..H {

@@ -5,7 +5,9 @@
 //! 16 rows) against each token's four activation bytes, broadcast, so no lane ever needs a
 //! horizontal sum. The 32-value blocks join the digits in the lane ([`group`]); the K-quants
 //! ([`q4_k_group`], [`q6_k_group`]) sum each sub-block apart, multiply it by the rows' scales
-//! (unpacked for 16 rows at once) and keep one sum per digit, as `dots` defines. Every integer
+//! (unpacked for 16 rows at once) and keep one sum per digit, as `dots` defines. With one
+//! activation digit (`TWO` false) the second digit is zero and its products are skipped: the
+//! sums they would add are zero. Every integer
 //! equals the portable one and the float operations are those of `dots`, lane by lane, so the
 //! result has the same bits.
 //!
@@ -74,13 +76,14 @@ fn add_digits(acc: __m512, ds: __m512, h: __m512i, l: __m512i) -> __m512 {
 
 /// The sums of `M` tokens' digits over one sub-block against the weight operands `weights`
 /// (four values of each row each): `vpdpbusd` from 0, the tile's digits of 32-value chunk
-/// `chunk` from quad `quad`, each times the rows' scales `scale`, added to `h` and `l`.
+/// `chunk` from quad `quad`, each times the rows' scales `scale`, added to `h` and `l` (`l`
+/// left as it is without `TWO`).
 ///
 /// # Safety
 /// The tile's digits hold chunk `chunk`'s quads `quad..quad + N` for `M` tokens.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn sub_block<const M: usize, const N: usize>(
+unsafe fn sub_block<const M: usize, const N: usize, const TWO: bool>(
     activations: *const i8,
     (chunk, quad): (usize, usize),
     weights: &[__m512i; N],
@@ -95,11 +98,15 @@ unsafe fn sub_block<const M: usize, const N: usize>(
             unsafe {
                 let at = activations.add((chunk * 8 + quad + q) * 8 * M + 4 * t);
                 sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
-                sl = _mm512_dpbusd_epi32(sl, w, broadcast(at.add(4 * M)));
+                if TWO {
+                    sl = _mm512_dpbusd_epi32(sl, w, broadcast(at.add(4 * M)));
+                }
             }
         }
         h[t] = _mm512_add_epi32(h[t], _mm512_mullo_epi32(sh, scale));
-        l[t] = _mm512_add_epi32(l[t], _mm512_mullo_epi32(sl, scale));
+        if TWO {
+            l[t] = _mm512_add_epi32(l[t], _mm512_mullo_epi32(sl, scale));
+        }
     }
 }
 
@@ -130,7 +137,10 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m512i; N], at: *const i32) -> __m
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
+    group: &[u8],
+    tile: Q8Tile<'_>,
+) -> [[f32; 16]; M] {
     let blocks = check_group(DType::Q4_K, group, &tile, M);
     let activations = tile.digits.as_ptr();
     let nibbles = _mm512_set1_epi8(0x0F);
@@ -174,7 +184,8 @@ pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
                         _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibbles)
                     }
                 });
-                sub_block(activations, (8 * b + j, 0), &weights, scale, &mut h, &mut l);
+                let at = (8 * b + j, 0);
+                sub_block::<M, 8, TWO>(activations, at, &weights, scale, &mut h, &mut l);
             }
             // Minima (0, 2), (1, 3), (4, 6), (5, 7) in i16 pairs, the tile's order.
             let pairs = [
@@ -187,9 +198,10 @@ pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
             for t in 0..M {
                 let at = b * M + t;
                 let words = tile.pairs.as_ptr().add(at * K_PAIRS);
-                let high = pair_sums(&pairs, words);
-                let low = pair_sums(&pairs, words.add(4));
-                let minimum = _mm512_add_epi32(_mm512_slli_epi32::<8>(high), low);
+                let mut minimum = _mm512_slli_epi32::<8>(pair_sums(&pairs, words));
+                if TWO {
+                    minimum = _mm512_add_epi32(minimum, pair_sums(&pairs, words.add(4)));
+                }
                 let s = _mm512_set1_ps(*tile.scales.get_unchecked(at));
                 acc[t] = add_digits(acc[t], _mm512_mul_ps(d, s), h[t], l[t]);
                 acc[t] = _mm512_sub_ps(
@@ -211,7 +223,10 @@ pub unsafe fn q4_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f32; 16]; M] {
+pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
+    group: &[u8],
+    tile: Q8Tile<'_>,
+) -> [[f32; 16]; M] {
     let blocks = check_group(DType::Q6_K, group, &tile, M);
     let activations = tile.digits.as_ptr();
     let nibbles = _mm512_set1_epi8(0x0F);
@@ -263,7 +278,8 @@ pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
                             let k = kk + 2 * n;
                             let chunk = (8 * b + 4 * half + k, 4 * sub);
                             let j = 8 * half + 2 * k + sub;
-                            sub_block(activations, chunk, operands, scale(j), &mut h, &mut l);
+                            let (h, l) = (&mut h, &mut l);
+                            sub_block::<M, 4, TWO>(activations, chunk, operands, scale(j), h, l);
                         }
                     }
                 }
@@ -273,10 +289,14 @@ pub unsafe fn q6_k_group<const M: usize>(group: &[u8], tile: Q8Tile<'_>) -> [[f3
                 let at = b * M + t;
                 let words = tile.pairs.as_ptr().add(at * K_PAIRS + 8);
                 let h = _mm512_sub_epi32(h[t], _mm512_slli_epi32::<5>(pair_sums(&pairs, words)));
-                let l = _mm512_sub_epi32(
-                    l[t],
-                    _mm512_slli_epi32::<5>(pair_sums(&pairs, words.add(8))),
-                );
+                let l = if TWO {
+                    _mm512_sub_epi32(
+                        l[t],
+                        _mm512_slli_epi32::<5>(pair_sums(&pairs, words.add(8))),
+                    )
+                } else {
+                    l[t]
+                };
                 let s = _mm512_set1_ps(*tile.scales.get_unchecked(at));
                 acc[t] = add_digits(acc[t], _mm512_mul_ps(d, s), h, l);
             }
@@ -311,7 +331,7 @@ fn store<const M: usize>(acc: [__m512; M]) -> [[f32; 16]; M] {
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn group<const M: usize, const FORMAT: u8>(
+pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -333,9 +353,11 @@ pub unsafe fn group<const M: usize, const FORMAT: u8>(
                 for t in 0..M {
                     let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
                     let h = (at as *const i32).read_unaligned();
-                    let l = (at.add(4 * M) as *const i32).read_unaligned();
                     high[t] = _mm512_dpbusd_epi32(high[t], w, _mm512_set1_epi32(h));
-                    low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
+                    if TWO {
+                        let l = (at.add(4 * M) as *const i32).read_unaligned();
+                        low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
+                    }
                 }
             };
             if FORMAT == 0 {

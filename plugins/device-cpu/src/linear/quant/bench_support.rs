@@ -14,7 +14,7 @@ use crate::workers::Workers;
 use super::super::sink::SharedOut;
 use super::dots::{activation_block, block_bytes};
 use super::interleaved::{arrange_in_tasks, groups};
-use super::{Outputs, QuantMatrix, multiply};
+use super::{ActivationDigits, Outputs, QuantMatrix, multiply};
 
 /// A device's worker threads and instruction-set level, for timing quantized linears.
 pub struct QuantizedBench {
@@ -22,13 +22,18 @@ pub struct QuantizedBench {
 }
 
 impl QuantizedBench {
-    pub fn new(isa: Isa, threads: usize) -> Result<QuantizedBench, String> {
+    pub fn new(
+        isa: Isa,
+        digits: ActivationDigits,
+        threads: usize,
+    ) -> Result<QuantizedBench, String> {
         Ok(QuantizedBench {
             context: Context {
                 workers: Workers::new(threads)?,
                 scratch: Vec::new(),
                 isa,
                 bf16_products: Default::default(),
+                activation_digits: digits,
                 attention: Default::default(),
             },
         })

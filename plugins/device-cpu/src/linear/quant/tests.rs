@@ -89,10 +89,9 @@ fn dot_products_match_the_reference_on_every_path() {
     for case in cases() {
         let block = dots::activation_block(case.dtype);
         let mut rows = Q8Rows::default();
-        rows.quantize(&case.x, INNER, block);
+        rows.quantize(&case.x, INNER, block, ActivationDigits::Two);
         let mut first_level = Q8Rows::default();
-        first_level.quantize(&case.x, INNER, block);
-        first_level.without_residual();
+        first_level.quantize(&case.x, INNER, block, ActivationDigits::One);
         let row_bytes = case.rows.len() / 2;
         for (r, w) in case.rows.chunks_exact(row_bytes).enumerate() {
             // Scale of the sum: the error of f32 arithmetic is relative to it.
@@ -123,8 +122,8 @@ fn dot_products_match_the_reference_on_every_path() {
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
                 let name = format!("{} row {r} at {}", case.dtype, isa.level());
-                // The first level alone against the same int8 activations (llama.cpp's
-                // arithmetic): only f32 rounding differs.
+                // One digit against the same int8 activations (llama.cpp's arithmetic): only
+                // f32 rounding differs.
                 assert!(
                     (one_level - case.quantized[r]).abs() <= 1e-5 * magnitude,
                     "{name}: {one_level} vs {} (scale {magnitude})",
@@ -136,7 +135,7 @@ fn dot_products_match_the_reference_on_every_path() {
                     "{name}: {ours} vs exact {} (scale {magnitude})",
                     case.exact[r]
                 );
-                bits.push(ours.to_bits());
+                bits.push((ours.to_bits(), one_level.to_bits()));
             }
             assert!(
                 bits.windows(2).all(|p| p[0] == p[1]),
@@ -147,20 +146,34 @@ fn dot_products_match_the_reference_on_every_path() {
     }
 }
 
+/// Both activation digit counts: every property below holds for each.
+const DIGITS: [ActivationDigits; 2] = [ActivationDigits::One, ActivationDigits::Two];
+
 /// A device context of `threads` threads at `isa`.
 fn context(isa: Isa, threads: usize) -> Context {
+    context_with(isa, ActivationDigits::Two, threads)
+}
+
+/// A device context of `threads` threads at `isa`, quantizing activations to `digits`.
+fn context_with(isa: Isa, digits: ActivationDigits, threads: usize) -> Context {
     Context {
         workers: Workers::new(threads).expect("workers"),
         scratch: Vec::new(),
         isa,
         bf16_products: Default::default(),
+        activation_digits: digits,
         attention: Default::default(),
     }
 }
 
 /// `tokens` rows of activations times `w` (`rows` rows) through a whole launch's code.
-fn launch_rows(isa: Isa, w: QuantMatrix<'_>, x: &[f32], threads: usize) -> Vec<f32> {
-    let context = context(isa, threads);
+fn launch_rows(
+    (isa, digits): (Isa, ActivationDigits),
+    w: QuantMatrix<'_>,
+    x: &[f32],
+    threads: usize,
+) -> Vec<f32> {
+    let context = context_with(isa, digits, threads);
     let tokens = x.len() / INNER;
     let mut out = vec![f32::NAN; tokens * w.rows];
     let outs = [SharedOut::new(&mut out, w.rows)];
@@ -179,17 +192,18 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             rows: 2,
             grouped: false,
         };
-        for isa in paths() {
-            let batch = launch_rows(isa, w, &x, 2);
+        for (isa, digits) in paths().into_iter().flat_map(|isa| DIGITS.map(|d| (isa, d))) {
+            let at = (isa, digits);
+            let batch = launch_rows(at, w, &x, 2);
             for t in 0..tokens {
-                let alone = launch_rows(isa, w, &x[t * INNER..(t + 1) * INNER], 1);
+                let alone = launch_rows(at, w, &x[t * INNER..(t + 1) * INNER], 1);
                 assert_eq!(
                     alone.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                     batch[t * 2..t * 2 + 2]
                         .iter()
                         .map(|v| v.to_bits())
                         .collect::<Vec<_>>(),
-                    "{} token {t} at {}",
+                    "{} token {t} at {}, {digits:?} digits",
                     case.dtype,
                     isa.level()
                 );
@@ -198,7 +212,7 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             let mut chunked = Vec::new();
             for range in [0..5, 5..10, 10..16] {
                 chunked.extend(launch_rows(
-                    isa,
+                    at,
                     w,
                     &x[range.start * INNER..range.end * INNER],
                     2,
@@ -207,7 +221,7 @@ fn a_row_gives_the_same_bits_alone_in_a_batch_and_chunked() {
             assert_eq!(
                 chunked.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                 batch.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{} chunked at {}",
+                "{} chunked at {}, {digits:?} digits",
                 case.dtype,
                 isa.level()
             );
@@ -232,7 +246,10 @@ fn the_fused_launches_match_the_plain_ones() {
     for isa in paths() {
         let context = context(isa, 2);
         let weights = [matrix(gate), matrix(up)];
-        check_gated(isa, weights, &x, INNER, "silu gate (Q6_K gate, Q4_K up)");
+        for digits in DIGITS {
+            let what = "silu gate (Q6_K gate, Q4_K up)";
+            check_gated((isa, digits), weights, &x, INNER, what);
+        }
         // Three matrices of three types in one launch, as a Q4_K_M layer's q, k and v.
         let (q, k, v) = (matrix(&all[3]), matrix(&all[4]), matrix(&all[0]));
         let mut outs = [
@@ -259,7 +276,7 @@ fn the_fused_launches_match_the_plain_ones() {
         for (out, w) in outs.iter().zip([q, k, v]) {
             assert_eq!(
                 out,
-                &launch_rows(isa, w, &x, 1),
+                &launch_rows((isa, ActivationDigits::Two), w, &x, 1),
                 "{} at {}",
                 w.dtype,
                 isa.level()
@@ -331,22 +348,24 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
             // A zero token and a huge value: scales of 0, and saturating activations.
             x[..inner].fill(0.0);
             x[inner] = 1e30;
-            let launch = |isa: Isa| {
-                let context = context(isa, 2);
+            let launch = |isa: Isa, digits| {
+                let context = context_with(isa, digits, 2);
                 let mut out = vec![f32::NAN; tokens * rows];
                 let outs = [SharedOut::new(&mut out, rows)];
                 multiply(&context, &x, (tokens, inner), &[w], &Outputs::Each(&outs))
                     .expect("launch");
                 out.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
             };
-            let expected = launch(portable);
-            for isa in paths() {
-                assert_eq!(
-                    launch(isa),
-                    expected,
-                    "{dtype}, {blocks} blocks, at {}",
-                    isa.level()
-                );
+            for digits in DIGITS {
+                let expected = launch(portable, digits);
+                for isa in paths() {
+                    assert_eq!(
+                        launch(isa, digits),
+                        expected,
+                        "{dtype}, {blocks} blocks, at {}, {digits:?} digits",
+                        isa.level()
+                    );
+                }
             }
         }
     }
@@ -354,8 +373,14 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
 
 /// `x` (`tokens` rows of `inner`) times `w` through a whole launch's code at `isa` on
 /// `threads` threads: the outputs' bits.
-fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: usize) -> Vec<u32> {
-    let context = context(isa, threads);
+fn launch_bits(
+    (isa, digits): (Isa, ActivationDigits),
+    w: QuantMatrix<'_>,
+    x: &[f32],
+    inner: usize,
+    threads: usize,
+) -> Vec<u32> {
+    let context = context_with(isa, digits, threads);
     let tokens = x.len() / inner;
     let mut out = vec![f32::NAN; tokens * w.rows];
     let outs = [SharedOut::new(&mut out, w.rows)];
@@ -365,10 +390,16 @@ fn launch_bits(isa: Isa, w: QuantMatrix<'_>, x: &[f32], inner: usize, threads: u
 
 /// Checks that the gated launch of `gate` and `up` at `isa` gives the bits of two plain
 /// launches and `silu_mul`.
-fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usize, what: &str) {
+fn check_gated(
+    (isa, digits): (Isa, ActivationDigits),
+    [gate, up]: [QuantMatrix<'_>; 2],
+    x: &[f32],
+    inner: usize,
+    what: &str,
+) {
     let tokens = x.len() / inner;
     let float = |w| -> Vec<f32> {
-        let bits = launch_bits(isa, w, x, inner, 1);
+        let bits = launch_bits((isa, digits), w, x, inner, 1);
         bits.into_iter().map(f32::from_bits).collect()
     };
     let (g, u) = (float(gate), float(up));
@@ -377,9 +408,15 @@ fn check_gated(isa: Isa, [gate, up]: [QuantMatrix<'_>; 2], x: &[f32], inner: usi
     let mut out = vec![f32::NAN; g.len()];
     let shared = SharedOut::new(&mut out, gate.rows);
     let outputs = Outputs::SiluGate(shared);
-    multiply(&context(isa, 2), x, (tokens, inner), &[gate, up], &outputs).expect("launch");
+    let context = context_with(isa, digits, 2);
+    multiply(&context, x, (tokens, inner), &[gate, up], &outputs).expect("launch");
     let bits = |values: &[f32]| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&out), bits(&expected), "{what} at {}", isa.level());
+    let at = isa.level();
+    assert_eq!(
+        bits(&out),
+        bits(&expected),
+        "{what} at {at}, {digits:?} digits"
+    );
 }
 
 /// Every type on the group tiles: weights interleaved as a launch keeps them and in the
@@ -409,24 +446,33 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
             grouped: true,
             ..plain
         };
-        for tokens in [1, 2, 3, 5, 16, 17, 70] {
+        let runs = [1, 2, 3, 5, 16, 17, 70]
+            .into_iter()
+            .flat_map(|tokens| DIGITS.map(|digits| (tokens, digits)));
+        for (tokens, digits) in runs {
             let x: Vec<f32> = (0..tokens * inner).map(|i| noise(13, i) * 2.0).collect();
-            let expected = launch_bits(portable, plain, &x, inner, 1);
+            let expected = launch_bits((portable, digits), plain, &x, inner, 1);
             for isa in paths() {
                 let name = format!(
-                    "{dtype}: {rows} rows of {blocks} blocks, {tokens} tokens at {}",
+                    "{dtype}: {rows} rows of {blocks} blocks, {tokens} tokens at {}, {digits:?} \
+                     digits",
                     isa.level()
                 );
+                let isa_digits = (isa, digits);
                 let groups = RowKernel { isa }.group_tokens().is_some();
-                assert_eq!(launch_bits(isa, plain, &x, inner, 2), expected, "{name}");
+                assert_eq!(
+                    launch_bits(isa_digits, plain, &x, inner, 2),
+                    expected,
+                    "{name}"
+                );
                 if groups {
                     assert_eq!(
-                        launch_bits(isa, grouped, &x, inner, 2),
+                        launch_bits(isa_digits, grouped, &x, inner, 2),
                         expected,
                         "{name}, grouped"
                     );
                     assert_eq!(
-                        launch_bits(isa, grouped, &x, inner, 1),
+                        launch_bits(isa_digits, grouped, &x, inner, 1),
                         expected,
                         "{name}, grouped"
                     );
@@ -434,7 +480,8 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
                 // Each token alone, as decode runs it.
                 let w = if groups { grouped } else { plain };
                 for t in [0, tokens - 1] {
-                    let alone = launch_bits(isa, w, &x[t * inner..(t + 1) * inner], inner, 2);
+                    let x = &x[t * inner..(t + 1) * inner];
+                    let alone = launch_bits(isa_digits, w, x, inner, 2);
                     assert_eq!(
                         alone,
                         expected[t * rows..(t + 1) * rows],
@@ -478,7 +525,9 @@ fn groups_serve_the_gated_launch() {
             let gate = matrix(gate_type, &gate[..]);
             let up = matrix(up_type, &up[..]);
             let what = format!("{gate_type} gate, {up_type} up");
-            check_gated(isa, [gate, up], &x, inner, &what);
+            for digits in DIGITS {
+                check_gated((isa, digits), [gate, up], &x, inner, &what);
+            }
         }
     }
 }
