@@ -97,15 +97,23 @@ unsafe fn sub_block<const M: usize, const N: usize, const TWO: bool>(
             // SAFETY: the caller's contract.
             unsafe {
                 let at = activations.add((chunk * 8 + quad + q) * 8 * M + 4 * t);
-                sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
                 if TWO {
+                    sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
                     sl = _mm512_dpbusd_epi32(sl, w, broadcast(at.add(4 * M)));
+                } else if q % 2 == 0 {
+                    sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
+                } else {
+                    // Two chains, so that one token's products do not wait on each other.
+                    sl = _mm512_dpbusd_epi32(sl, w, broadcast(at));
                 }
             }
         }
-        h[t] = _mm512_add_epi32(h[t], _mm512_mullo_epi32(sh, scale));
         if TWO {
+            h[t] = _mm512_add_epi32(h[t], _mm512_mullo_epi32(sh, scale));
             l[t] = _mm512_add_epi32(l[t], _mm512_mullo_epi32(sl, scale));
+        } else {
+            let sum = _mm512_add_epi32(sh, sl);
+            h[t] = _mm512_add_epi32(h[t], _mm512_mullo_epi32(sum, scale));
         }
     }
 }
@@ -352,11 +360,17 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
             let mut dot = |q: usize, w: __m512i| {
                 for t in 0..M {
                     let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
-                    let h = (at as *const i32).read_unaligned();
-                    high[t] = _mm512_dpbusd_epi32(high[t], w, _mm512_set1_epi32(h));
+                    let h = _mm512_set1_epi32((at as *const i32).read_unaligned());
                     if TWO {
                         let l = (at.add(4 * M) as *const i32).read_unaligned();
+                        high[t] = _mm512_dpbusd_epi32(high[t], w, h);
                         low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
+                    } else if q % 2 == 0 {
+                        high[t] = _mm512_dpbusd_epi32(high[t], w, h);
+                    } else {
+                        // The first digit's odd quads in `low`: two chains, so that one
+                        // token's products do not wait on each other.
+                        low[t] = _mm512_dpbusd_epi32(low[t], w, h);
                     }
                 }
             };
@@ -380,10 +394,12 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
             for t in 0..M {
                 let sum = *tile.sums.get_unchecked(b * M + t);
                 let offset = [128, 8, 0][usize::from(FORMAT)] * sum;
-                let ints = _mm512_sub_epi32(
-                    _mm512_add_epi32(_mm512_slli_epi32::<8>(high[t]), low[t]),
-                    _mm512_set1_epi32(offset),
-                );
+                let joined = if TWO {
+                    _mm512_add_epi32(_mm512_slli_epi32::<8>(high[t]), low[t])
+                } else {
+                    _mm512_slli_epi32::<8>(_mm512_add_epi32(high[t], low[t]))
+                };
+                let ints = _mm512_sub_epi32(joined, _mm512_set1_epi32(offset));
                 let s = _mm512_set1_ps(*tile.scales.get_unchecked(b * M + t));
                 acc[t] = _mm512_add_ps(
                     acc[t],
