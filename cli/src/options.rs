@@ -46,7 +46,9 @@ pub struct ModelArgs {
     /// The device library (default: the CPU device in the plugins folder).
     #[arg(long)]
     pub device: Option<PathBuf>,
-    /// The device's open config string (for the CPU device: `threads=N`).
+    /// The device's open config string, comma-separated `key=value` (for the CPU device:
+    /// `threads=N`, `isa=LEVEL`, `bf16_products=bf16|f32`, `activation_digits=2|1`; see the
+    /// README).
     #[arg(long, default_value = "")]
     pub device_config: String,
     /// The name clients use for the model (default: the model folder's name).
