@@ -79,7 +79,7 @@ fn quantized_weights_serve_linears_and_gathers() {
 
 /// `activation_digits=1` reaches the kernels: each output is within the rounding of int8
 /// activations of the f32 product (half a step, `max|x| / 254` per block, times the row's
-/// magnitudes), and differs from the default two digits', which are closer.
+/// magnitudes), and is not what the default two digits give.
 #[test]
 fn one_activation_digit_rounds_as_int8() {
     let (rows, width, tokens) = (5usize, 256usize, 2usize);

@@ -202,6 +202,26 @@ fn targets_are_judged_against_the_faster_peer() {
     assert!(page.contains("ik_llama.cpp:\n\n```sh"));
 }
 
+/// A quantized page names the activation digits plughost ran with; a bf16 page does not.
+#[test]
+fn the_machine_line_names_the_activation_digits() {
+    let (model, shape, plughost) = (facts(), shape(), plughost_at_40());
+    let mut machine = machine(&[50_000.0]);
+    let line = |machine: &Machine, format| {
+        let report = Report {
+            format,
+            ..page_of(machine, &model, &shape, &plughost, &[])
+        };
+        let page = markdown(&report);
+        let start = page.find("**Machine:**").expect("a machine line");
+        page[start..].lines().next().unwrap_or_default().to_string()
+    };
+    assert!(line(&machine, "Q8_0").contains("two int8 digits (`activation_digits=2`"));
+    assert!(!line(&machine, "bf16").contains("activation_digits"));
+    machine.activation_digits = ActivationDigits::One;
+    assert!(line(&machine, "Q4_K_M").contains("one int8 digit (`activation_digits=1`"));
+}
+
 #[test]
 fn failed_requests_fail_their_target() {
     let mut s = summary(1.0, 1.0, 1.0);

@@ -100,7 +100,7 @@ unsafe fn sub_block<const M: usize, const N: usize, const TWO: bool>(
                 if TWO {
                     sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
                     sl = _mm512_dpbusd_epi32(sl, w, broadcast(at.add(4 * M)));
-                } else if q % 2 == 0 {
+                } else if q.is_multiple_of(2) {
                     sh = _mm512_dpbusd_epi32(sh, w, broadcast(at));
                 } else {
                     // Two chains, so that one token's products do not wait on each other.
@@ -365,7 +365,7 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
                         let l = (at.add(4 * M) as *const i32).read_unaligned();
                         high[t] = _mm512_dpbusd_epi32(high[t], w, h);
                         low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
-                    } else if q % 2 == 0 {
+                    } else if q.is_multiple_of(2) {
                         high[t] = _mm512_dpbusd_epi32(high[t], w, h);
                     } else {
                         // The first digit's odd quads in `low`: two chains, so that one
