@@ -170,14 +170,7 @@ impl Setup {
                 "--kv-cache-dtype".into(),
                 PLUGHOST_KV_DTYPE.into(),
                 "--device-config".into(),
-                match args.activation_digits {
-                    Some(digits) => format!(
-                        "threads={threads},isa={isa},activation_digits={}",
-                        digits.count()
-                    ),
-                    None => format!("threads={threads},isa={isa}"),
-                }
-                .into(),
+                device_config(threads, isa, args.activation_digits).into(),
             ],
             port: args.plughost_port,
             log: raw_dir.join("plughost.log"),
@@ -349,4 +342,13 @@ impl PlughostKv {
     pub(super) fn bytes(&self) -> u64 {
         self.blocks * self.block_bytes
     }
+}
+
+/// plughost's `--device-config`: the threads and level, and the activation digits when asked.
+fn device_config(threads: usize, isa: IsaLevel, digits: Option<ActivationDigits>) -> String {
+    let mut config = format!("threads={threads},isa={isa}");
+    if let Some(digits) = digits {
+        config += &format!(",activation_digits={}", digits.count());
+    }
+    config
 }

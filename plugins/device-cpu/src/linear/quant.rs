@@ -1,9 +1,9 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
 //! A launch quantizes its activation rows to int8 once, in one or two int8 digits (the values
-//! and, by default, their residual, see [`activations`]), then every output is the dot product of one weight row and
-//! one activation row, defined once in [`dots`]: exact integer sums, then the scales in one
-//! fixed float order. The tiles of each instruction set follow that definition:
+//! and, by default, their residual, see [`activations`]), then every output is the dot
+//! product of one weight row and one activation row, defined once in [`dots`]: exact integer
+//! sums, then the scales in one fixed float order. The tiles of each instruction set follow that definition:
 //! `vpdpbusd` at `avx512_vnni` ([`avx512`]), `vpmaddubsw` at `avx2` and `avx512` ([`avx2`]),
 //! plain Rust otherwise. The result of an output depends only on its weight row and its
 //! token's row, so a prompt gives the same bits alone, in a batch and in chunks, and every
