@@ -77,6 +77,11 @@ pub struct CompareArgs {
     pub ik_llama_server: Option<PathBuf>,
     #[arg(long, default_value_t = 8125)]
     pub ik_llama_port: u16,
+    /// Leave llama.cpp out and measure plughost against ik_llama.cpp alone (needs
+    /// --ik-llama-server). For sweeps where llama.cpp's long prompts take most of a round and
+    /// ik_llama.cpp is the faster peer.
+    #[arg(long, requires = "ik_llama_server", conflicts_with = "llama_server")]
+    pub without_llama_cpp: bool,
     /// The model every server serves: SmolLM2-135M-Instruct, or the Qwen3-0.6B shape with
     /// random weights (one GGUF per format, written by tests/reference/random_qwen3_0_6b_gguf.py
     /// and llama-quantize, served by all three; the script needs Python's gguf and numpy).
@@ -409,7 +414,9 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
     .level();
     // Checked again when each server starts; checking now fails before minutes of building.
     server::ensure_port_free(args.plughost_port, "plughost")?;
-    server::ensure_port_free(args.llama_port, "llama-server")?;
+    if !args.without_llama_cpp {
+        server::ensure_port_free(args.llama_port, "llama-server")?;
+    }
     if args.ik_llama_server.is_some() {
         server::ensure_port_free(args.ik_llama_port, "ik_llama.cpp's llama-server")?;
     }
@@ -513,8 +520,14 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
 const KEPT_SECTIONS: &str =
     "<!-- The sections below are not written by `cargo xtask compare`, which keeps them. -->";
 
-/// The chart's colour of each server: plughost, llama.cpp, ik_llama.cpp.
-const COLOURS: [&str; 3] = ["#1f77b4", "#d62728", "#2ca02c"];
+/// The chart's colour of a server, the same whichever peers ran.
+fn colour_of(server: &str) -> &'static str {
+    match server {
+        "plughost" => "#1f77b4",
+        "llama.cpp" => "#d62728",
+        _ => "#2ca02c",
+    }
+}
 
 /// Writes the page, the chart beside it and the summary JSON; prints the tables.
 fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -> Result<()> {
@@ -538,10 +551,9 @@ fn write_outputs(report: &Report, out: &Path, svg_path: &Path, raw_dir: &Path) -
         &levels,
         &report
             .servers()
-            .zip(COLOURS)
-            .map(|(server, colour)| plot::Series {
+            .map(|server| plot::Series {
                 label: server.name,
-                colour,
+                colour: colour_of(server.name),
                 values: series_of(server),
             })
             .collect::<Vec<_>>(),
@@ -713,6 +725,27 @@ mod tests {
         args(&["--depths", "4096", "--context", "66048"])
             .validate()
             .unwrap();
+    }
+
+    #[test]
+    fn llama_cpp_is_left_out_only_beside_ik_llama_cpp() {
+        let parse = |extra: &[&str]| {
+            Cli::try_parse_from(std::iter::once("compare").chain(extra.iter().copied()))
+                .map(|cli| cli.args.without_llama_cpp)
+        };
+        assert!(parse(&["--without-llama-cpp"]).is_err());
+        assert!(
+            parse(&[
+                "--without-llama-cpp",
+                "--ik-llama-server",
+                "ik",
+                "--llama-server",
+                "llama"
+            ])
+            .is_err()
+        );
+        assert!(parse(&["--without-llama-cpp", "--ik-llama-server", "ik"]).unwrap());
+        assert!(!parse(&[]).unwrap());
     }
 
     #[test]

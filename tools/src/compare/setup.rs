@@ -9,7 +9,8 @@ pub(super) struct Setup {
     /// SmolLM2's bf16 model folder, which plughost serves in bf16.
     model: PathBuf,
     facts: ModelFacts,
-    llama_server: PathBuf,
+    /// None when `--without-llama-cpp` leaves llama.cpp out.
+    llama_server: Option<PathBuf>,
     ik_llama_server: Option<PathBuf>,
     /// The weights as a GGUF of the compared format: the peers' model, and plughost's too
     /// unless the format is bf16.
@@ -27,7 +28,11 @@ impl Setup {
     ) -> Result<Self> {
         let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
         let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python.clone());
-        let llama_server = llama_dir.server(args.llama_server.as_deref())?;
+        let llama_server = if args.without_llama_cpp {
+            None
+        } else {
+            Some(llama_dir.server(args.llama_server.as_deref())?)
+        };
         if let Some(ik) = &args.ik_llama_server {
             ensure!(
                 ik.is_file(),
@@ -35,7 +40,12 @@ impl Setup {
                 ik.display()
             );
         }
-        let quantize = || llama_dir.quantize(args.llama_quantize.as_deref(), &llama_server);
+        // Without llama.cpp, ik_llama.cpp's build has a `llama-quantize` beside its server.
+        let quantize_beside = llama_server
+            .clone()
+            .or_else(|| args.ik_llama_server.clone())
+            .context("no llama-server to find llama-quantize beside")?;
+        let quantize = || llama_dir.quantize(args.llama_quantize.as_deref(), &quantize_beside);
         let (gguf, mut facts) = match args.model {
             ComparedModel::Smollm2 => {
                 let gguf = llama::PeerGguf {
@@ -177,8 +187,8 @@ impl Setup {
         }
     }
 
-    /// llama.cpp's server, then ik_llama.cpp's when given: the same flags, and `-rtr` for
-    /// ik_llama.cpp.
+    /// llama.cpp's server unless left out, then ik_llama.cpp's when given: the same flags, and
+    /// `-rtr` for ik_llama.cpp.
     pub(super) fn peer_specs(
         &self,
         args: &CompareArgs,
@@ -214,7 +224,11 @@ impl Setup {
                 log: raw_dir.join(format!("{name}.log")),
             }
         };
-        let mut specs = vec![spec("llama.cpp", &self.llama_server, args.llama_port, &[])];
+        let mut specs: Vec<ServerSpec> = self
+            .llama_server
+            .iter()
+            .map(|server| spec("llama.cpp", server, args.llama_port, &[]))
+            .collect();
         if let Some(ik) = &self.ik_llama_server {
             specs.push(spec("ik_llama.cpp", ik, args.ik_llama_port, &["-rtr"]));
         }
