@@ -296,6 +296,7 @@ impl CompareArgs {
                 sampling: None,
                 seed: 0,
                 lengths: None,
+                warm_up: true,
             },
             Load {
                 key: GREEDY.into(),
@@ -305,6 +306,7 @@ impl CompareArgs {
                 sampling: None,
                 seed: 0,
                 lengths: None,
+                warm_up: true,
             },
             Load {
                 key: SAMPLED.into(),
@@ -319,6 +321,7 @@ impl CompareArgs {
                 sampling: Some(SAMPLING),
                 seed: 0,
                 lengths: None,
+                warm_up: true,
             },
         ];
         let per_stream = self.batched_prompts.div_ceil(self.streams).max(1);
@@ -334,6 +337,7 @@ impl CompareArgs {
                 sampling: None,
                 seed: 0,
                 lengths: None,
+                warm_up: true,
             });
         }
         for &depth in &self.depths {
@@ -345,6 +349,7 @@ impl CompareArgs {
                 sampling: None,
                 seed: 0,
                 lengths: Some((depth, self.depth_output_len)),
+                warm_up: true,
             });
         }
         for (i, load) in loads.iter_mut().enumerate() {
@@ -441,6 +446,7 @@ pub fn run(inputs: &CompareInputs, args: &CompareArgs) -> Result<()> {
         // Past every round's seeds.
         seed: args.seed.wrapping_add((loads.len() * args.rounds) as u64),
         lengths: None,
+        warm_up: true,
     };
     let bench = Bench {
         plughost: setup.plughost(),
@@ -712,6 +718,25 @@ mod tests {
             .expect("a depth load");
         assert_eq!((depth.concurrency, depth.lengths), (1, Some((2048, 32))));
         assert_eq!(deep.depth_levels()[0], (1024, "depth-1024".to_string()));
+        // A long prompt warms up in the first round only; the short loads in every round.
+        let warm_ups = |load: &loads::Load| {
+            (0..3)
+                .map(|round| load.in_round(round, loads.len()).warm_up)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(warm_ups(depth), [true, false, false]);
+        assert_eq!(warm_ups(&loads[0]), [true, true, true]);
+        let shape = loads::Shape {
+            input_len: 256,
+            output_len: 128,
+            max_token_id: 1000,
+        };
+        let words = loads::bench_args(&depth.in_round(1, loads.len()), &shape, "$URL");
+        let at = words
+            .iter()
+            .position(|w| w == "--warmup")
+            .expect("--warmup");
+        assert_eq!(words[at + 1], "0");
     }
 
     #[test]

@@ -34,6 +34,8 @@
 mod bandwidth;
 #[path = "attention/peak.rs"]
 mod peak;
+// The decode-step helpers of the linear benchmarks are not used here.
+#[allow(dead_code)]
 mod support;
 
 use std::hint::black_box;

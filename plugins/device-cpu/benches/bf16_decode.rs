@@ -21,42 +21,7 @@ use std::time::{Duration, Instant};
 
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{Bf16Bench, Bf16Products};
-use support::{CommonOptions, cpu_name, print_bandwidth};
-
-/// The dimensions of a decoder's linears.
-struct Shape {
-    name: &'static str,
-    hidden: usize,
-    query: usize,
-    key_value: usize,
-    intermediate: usize,
-    layers: usize,
-    vocab: usize,
-}
-
-const SHAPES: [Shape; 2] = [
-    Shape {
-        name: "SmolLM2-135M",
-        hidden: 576,
-        query: 576,
-        key_value: 192,
-        intermediate: 1536,
-        layers: 30,
-        vocab: 49_152,
-    },
-    Shape {
-        name: "Qwen3-0.6B",
-        hidden: 1024,
-        query: 2048,
-        key_value: 1024,
-        intermediate: 3072,
-        layers: 28,
-        vocab: 151_936,
-    },
-];
-
-/// The projections of a step, in the order the times are reported.
-const PARTS: [&str; 5] = ["qkv", "o", "gate/up", "down", "head"];
+use support::{CommonOptions, SHAPES, cpu_name, print_bandwidth, time_steps};
 
 /// One layer's weights, row-major bf16.
 struct Layer {
@@ -172,7 +137,7 @@ fn main() {
                 continue;
             }
             let bench = Bf16Bench::new(*isa, *products, threads).expect("workers");
-            let mut step = |parts: &mut [Duration; 5]| {
+            let step = |parts: &mut [Duration; 5]| {
                 let mut timed = |part: usize, run: &mut dyn FnMut()| {
                     let start = Instant::now();
                     run();
@@ -218,35 +183,12 @@ fn main() {
                         .expect("head")
                 });
             };
-            step(&mut [Duration::ZERO; 5]);
-            let mut times = Vec::new();
-            let mut parts = [Duration::ZERO; 5];
-            let start = Instant::now();
-            while times.len() < 5 || start.elapsed().as_secs_f64() < options.seconds() {
-                let run = Instant::now();
-                step(&mut parts);
-                times.push(run.elapsed());
-            }
-            let steps = times.len() as u32;
-            times.sort();
-            let median = times[times.len() / 2];
+            let (median, shares) = time_steps(options.seconds(), step);
             let gb_s = bytes / median.as_secs_f64() / 1e9;
-            let total: Duration = parts.iter().sum();
-            let shares: Vec<String> = PARTS
-                .iter()
-                .zip(parts)
-                .map(|(part, time)| {
-                    format!(
-                        "{part} {:.2} ms ({:.0}%)",
-                        (time / steps).as_secs_f64() * 1e3,
-                        100.0 * time.as_secs_f64() / total.as_secs_f64()
-                    )
-                })
-                .collect();
             println!(
                 "{name:<44} {:>8.3} ms/step {gb_s:>6.1} GB/s; {}",
                 median.as_secs_f64() * 1e3,
-                shares.join(", ")
+                shares
             );
             table.push((name, median, gb_s));
         }

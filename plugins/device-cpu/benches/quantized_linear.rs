@@ -1,7 +1,8 @@
 //! Throughput of the quantized linear at the Qwen3-0.6B shapes: GB/s of weights streamed, next to the machine's read bandwidth.
 //!
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
-//! by `-- [--portable] [--all-types] [--one-digit] [--threads N] [--seconds S] [FILTER]`.
+//! by `-- [--portable] [--all-types] [--one-digit] [--decode-step] [--threads N] [--seconds S]
+//! [FILTER]`.
 //! `--one-digit` quantizes the activations to one int8 digit (the device's
 //! `activation_digits=1`) instead of the default two. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
@@ -16,6 +17,12 @@
 //! The portable level is slow and left out unless `--portable` asks for it. On a shared
 //! machine, `--threads 1` adds a figure other processes do not move: GB/s per second the
 //! launching thread spent on a CPU, what one core's kernels reach.
+//!
+//! `--decode-step` times whole decode steps instead: the linears of one token in serving order
+//! (per layer the fused q/k/v launch, the output projection, the gated MLP launch and the down
+//! projection, then the output head) over a copy of every layer's weights of SmolLM2-135M and
+//! the Qwen3-0.6B shape in each type whose blocks divide the shape, so every launch streams
+//! its weights from memory as in serving, as `bf16_decode` does for bf16.
 
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tools/src/bandwidth.rs"]
@@ -23,11 +30,12 @@ mod bandwidth;
 mod support;
 
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
 use plughost_device_abi::DType;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{ActivationDigits, QuantizedBench};
-use support::{CommonOptions, cpu_name, print_bandwidth, time_launch};
+use support::{CommonOptions, Shape, cpu_name, print_bandwidth, time_launch, time_steps};
 
 /// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
 const SHAPES: [(&str, usize, usize); 3] = [
@@ -44,15 +52,17 @@ fn timed(rows: usize, tokens: usize) -> bool {
     rows != SHAPES[2].1 || tokens <= 16
 }
 
-/// The benchmark's options: the common ones, `--all-types` and `--one-digit`.
+/// The benchmark's options: the common ones, `--all-types`, `--one-digit` and
+/// `--decode-step`.
 struct Options {
     common: CommonOptions,
     all_types: bool,
     digits: ActivationDigits,
+    decode_step: bool,
 }
 
 fn options() -> Options {
-    let (mut all_types, mut digits) = (false, ActivationDigits::Two);
+    let (mut all_types, mut digits, mut decode_step) = (false, ActivationDigits::Two, false);
     let common = CommonOptions::parse(|flag| match flag {
         "--all-types" => {
             all_types = true;
@@ -62,12 +72,17 @@ fn options() -> Options {
             digits = ActivationDigits::One;
             true
         }
+        "--decode-step" => {
+            decode_step = true;
+            true
+        }
         _ => false,
     });
     Options {
         common,
         all_types,
         digits,
+        decode_step,
     }
 }
 
@@ -154,6 +169,26 @@ fn main() {
             QuantizedBench::new(isa, options.digits, options.common.threads()).expect("workers")
         })
         .collect();
+    if options.decode_step {
+        let table = decode_steps(&options, &levels, &benches, types);
+        bandwidths.push(probe.measure().expect("bandwidth"));
+        let bound = bandwidth::median(&bandwidths)
+            .expect("two measurements")
+            .gb_per_second();
+        let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
+        print_bandwidth(bound, &probed);
+        println!(
+            "\n| model, type, level | ms per step | weights GB/s | of bandwidth |\n|---|---:|---:|---:|"
+        );
+        for (name, median, gb_s) in table {
+            println!(
+                "| {name} | {:.2} | {gb_s:.1} | {:.0}% |",
+                median.as_secs_f64() * 1e3,
+                100.0 * gb_s / bound
+            );
+        }
+        return;
+    }
     let mut rows_out = Vec::new();
     for &dtype in types {
         for (shape, rows, inner) in SHAPES {
@@ -225,4 +260,124 @@ fn main() {
             gb_s * tokens as f64
         );
     }
+}
+
+/// One layer's weights of one type, each matrix in groups as the launches keep them.
+struct Layer {
+    qkv: [Vec<u8>; 3],
+    o: Vec<u8>,
+    gate_up: [Vec<u8>; 2],
+    down: Vec<u8>,
+}
+
+/// Whether `dtype`'s blocks divide every reduced dimension of `shape`.
+fn fits(dtype: DType, shape: &Shape) -> bool {
+    let block = if matches!(dtype, DType::Q4_K | DType::Q6_K) {
+        256
+    } else {
+        32
+    };
+    [shape.hidden, shape.query, shape.intermediate]
+        .iter()
+        .all(|d| d % block == 0)
+}
+
+/// The median decode step of every shape, type and level (name, time, weights' GB/s).
+fn decode_steps(
+    options: &Options,
+    levels: &[Isa],
+    benches: &[QuantizedBench],
+    types: &[DType],
+) -> Vec<(String, Duration, f64)> {
+    let mut table = Vec::new();
+    for shape in &support::SHAPES {
+        for &dtype in types.iter().filter(|&&dtype| fits(dtype, shape)) {
+            // Only the levels that keep weights in groups: the portable one reads them as
+            // stored and is far from the bandwidth bound.
+            let Some(arranger) = benches.iter().find(|bench| bench.reads_groups(dtype)) else {
+                continue;
+            };
+            let h = shape.hidden;
+            let matrix = |rows: usize, inner: usize| {
+                let mut w = weights(dtype, rows, inner);
+                arranger.arrange(dtype, &mut w, rows).expect("whole rows");
+                w
+            };
+            let layers: Vec<Layer> = (0..shape.layers)
+                .map(|_| Layer {
+                    qkv: [
+                        matrix(shape.query, h),
+                        matrix(shape.key_value, h),
+                        matrix(shape.key_value, h),
+                    ],
+                    o: matrix(h, shape.query),
+                    gate_up: [matrix(shape.intermediate, h), matrix(shape.intermediate, h)],
+                    down: matrix(h, shape.intermediate),
+                })
+                .collect();
+            let head = matrix(shape.vocab, h);
+            let layer_bytes = |l: &Layer| {
+                l.qkv.iter().chain(&l.gate_up).map(Vec::len).sum::<usize>()
+                    + l.o.len()
+                    + l.down.len()
+            };
+            let bytes = (layers.iter().map(layer_bytes).sum::<usize>() + head.len()) as f64;
+            let x = activations(shape.intermediate.max(shape.query));
+            let (mut q, mut k, mut v) = (
+                vec![0.0f32; shape.query],
+                vec![0.0f32; shape.key_value],
+                vec![0.0f32; shape.key_value],
+            );
+            let (mut hidden, mut mlp) = (vec![0.0f32; h], vec![0.0f32; shape.intermediate]);
+            let mut logits = vec![0.0f32; shape.vocab];
+            for (isa, bench) in levels.iter().zip(benches) {
+                let name = format!("{} {dtype} {}", shape.name, isa.level().name());
+                if !bench.reads_groups(dtype) || !options.common.wants(&name) {
+                    continue;
+                }
+                let step = |parts: &mut [Duration; 5]| {
+                    let mut timed = |part: usize, run: &mut dyn FnMut() -> Result<(), String>| {
+                        let start = Instant::now();
+                        run().expect("launch");
+                        parts[part] += start.elapsed();
+                    };
+                    for l in &layers {
+                        let (kv, inter) = (shape.key_value, shape.intermediate);
+                        timed(0, &mut || {
+                            let w = [
+                                (&l.qkv[0][..], shape.query),
+                                (&l.qkv[1], kv),
+                                (&l.qkv[2], kv),
+                            ];
+                            bench.fused(dtype, &w, &x[..h], &mut [&mut q, &mut k, &mut v], false)
+                        });
+                        timed(1, &mut || {
+                            let w = [(&l.o[..], h)];
+                            bench.fused(dtype, &w, &x[..shape.query], &mut [&mut hidden], false)
+                        });
+                        timed(2, &mut || {
+                            let w = [(&l.gate_up[0][..], inter), (&l.gate_up[1], inter)];
+                            bench.fused(dtype, &w, &x[..h], &mut [&mut mlp], true)
+                        });
+                        timed(3, &mut || {
+                            let w = [(&l.down[..], h)];
+                            bench.fused(dtype, &w, &x[..inter], &mut [&mut hidden], false)
+                        });
+                    }
+                    timed(4, &mut || {
+                        let w = [(&head[..], shape.vocab)];
+                        bench.fused(dtype, &w, &x[..h], &mut [&mut logits], false)
+                    });
+                };
+                let (median, shares) = time_steps(options.common.seconds(), step);
+                let gb_s = bytes / median.as_secs_f64() / 1e9;
+                println!(
+                    "{name:<36} {:>8.3} ms/step {gb_s:>6.1} GB/s; {shares}",
+                    median.as_secs_f64() * 1e3
+                );
+                table.push((name, median, gb_s));
+            }
+        }
+    }
+    table
 }

@@ -27,14 +27,20 @@ pub struct Load {
     /// Prompt and output tokens when this load has its own (the depth sweep's); otherwise the
     /// shape's.
     pub lengths: Option<(u32, u32)>,
+    /// Whether `plughost bench` sends one request of the load's shape before measuring.
+    pub warm_up: bool,
 }
 
 impl Load {
     /// The load as round `round` sends it: its own seed, past every earlier round's, so no
-    /// prompt repeats on a server across rounds either.
+    /// prompt repeats on a server across rounds either. A load with its own lengths (a long
+    /// prompt of the depth sweep) warms up in the first round only: the servers run through
+    /// every round, so later rounds find them warm, and a warm-up there would double the
+    /// longest prompts' time for nothing.
     pub fn in_round(&self, round: usize, loads_per_round: usize) -> Load {
         Load {
             seed: self.seed.wrapping_add((round * loads_per_round) as u64),
+            warm_up: self.warm_up && (round == 0 || self.lengths.is_none()),
             ..self.clone()
         }
     }
@@ -73,6 +79,8 @@ pub fn bench_args(load: &Load, shape: &Shape, base_url: &str) -> Vec<String> {
         load.seed.to_string(),
         "--max-token-id".into(),
         shape.max_token_id.to_string(),
+        "--warmup".into(),
+        usize::from(load.warm_up).to_string(),
     ]
 }
 
@@ -268,6 +276,7 @@ mod tests {
             sampling: None,
             seed: 7,
             lengths: None,
+            warm_up: true,
         };
         let greedy = bench_args(&load, &shape, "http://h:1").join(" ");
         assert!(

@@ -109,3 +109,68 @@ pub fn print_bandwidth(bound: f64, measured: &[f64]) {
         each.join(", ")
     );
 }
+
+/// The projections of a decode step, in the order [`time_steps`] reports their times.
+pub const PARTS: [&str; 5] = ["qkv", "o", "gate/up", "down", "head"];
+
+/// What one decode step takes: the median wall time over at least five steps and `seconds`
+/// in all, after one that lets buffers grow, and each projection's mean time and share
+/// (`step` adds the time of each of [`PARTS`] to its argument).
+pub fn time_steps(seconds: f64, mut step: impl FnMut(&mut [Duration; 5])) -> (Duration, String) {
+    step(&mut [Duration::ZERO; 5]);
+    let mut times = Vec::new();
+    let mut parts = [Duration::ZERO; 5];
+    let start = Instant::now();
+    while times.len() < 5 || start.elapsed().as_secs_f64() < seconds {
+        let run = Instant::now();
+        step(&mut parts);
+        times.push(run.elapsed());
+    }
+    let steps = times.len() as u32;
+    times.sort();
+    let total: Duration = parts.iter().sum();
+    let shares: Vec<String> = PARTS
+        .iter()
+        .zip(parts)
+        .map(|(part, time)| {
+            format!(
+                "{part} {:.2} ms ({:.0}%)",
+                (time / steps).as_secs_f64() * 1e3,
+                100.0 * time.as_secs_f64() / total.as_secs_f64()
+            )
+        })
+        .collect();
+    (times[times.len() / 2], shares.join(", "))
+}
+
+/// The dimensions of a decoder's linears, for the benchmarks of a whole decode step.
+pub struct Shape {
+    pub name: &'static str,
+    pub hidden: usize,
+    pub query: usize,
+    pub key_value: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub vocab: usize,
+}
+
+pub const SHAPES: [Shape; 2] = [
+    Shape {
+        name: "SmolLM2-135M",
+        hidden: 576,
+        query: 576,
+        key_value: 192,
+        intermediate: 1536,
+        layers: 30,
+        vocab: 49_152,
+    },
+    Shape {
+        name: "Qwen3-0.6B",
+        hidden: 1024,
+        query: 2048,
+        key_value: 1024,
+        intermediate: 3072,
+        layers: 28,
+        vocab: 151_936,
+    },
+];

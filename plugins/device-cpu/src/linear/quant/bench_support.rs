@@ -103,4 +103,58 @@ impl QuantizedBench {
         )
         .map_err(|failure| failure.message().to_string())
     }
+
+    /// One launch of several matrices, as `qkv_linear` and `silu_gate_linear` run them:
+    /// `weights` (each its interleaved bytes, see [`QuantizedBench::arrange`], and its rows)
+    /// times `x` into `outs`, one output per matrix; with `gated`, two matrices (gate, up)
+    /// into `silu(gate) * up` in `outs[0]`.
+    pub fn fused(
+        &self,
+        dtype: DType,
+        weights: &[(&[u8], usize)],
+        x: &[f32],
+        outs: &mut [&mut [f32]],
+        gated: bool,
+    ) -> Result<(), String> {
+        let tokens = outs
+            .first()
+            .zip(weights.first())
+            .map_or(0, |(out, &(_, rows))| out.len() / rows.max(1));
+        let inner = x.len() / tokens.max(1);
+        let shapes_fit = if gated {
+            weights.len() == 2 && outs.len() == 1
+        } else {
+            weights.len() == outs.len()
+        } && weights
+            .iter()
+            .zip(outs.iter().cycle())
+            .all(|(&(_, rows), out)| out.len() == tokens * rows);
+        if !dtype.is_block_quantized() || !shapes_fit || tokens * inner != x.len() {
+            return Err(format!(
+                "{dtype}: {} activations do not meet the outputs of {} matrices",
+                x.len(),
+                weights.len()
+            ));
+        }
+        let matrices: Vec<QuantMatrix<'_>> = weights
+            .iter()
+            .map(|&(bytes, rows)| QuantMatrix {
+                dtype,
+                bytes,
+                rows,
+                grouped: self.reads_groups(dtype),
+            })
+            .collect();
+        let shared: Vec<SharedOut<'_>> = outs
+            .iter_mut()
+            .zip(weights)
+            .map(|(out, &(_, rows))| SharedOut::new(out, rows))
+            .collect();
+        let outputs = match (gated, shared.as_slice()) {
+            (true, [out]) => Outputs::SiluGate(*out),
+            _ => Outputs::Each(&shared),
+        };
+        multiply(&self.context, x, (tokens, inner), &matrices, &outputs)
+            .map_err(|failure| failure.message().to_string())
+    }
 }
