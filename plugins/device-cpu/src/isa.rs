@@ -161,6 +161,11 @@ impl Isa {
         Isa(highest)
     }
 
+    /// The portable level, which every CPU has.
+    pub fn portable() -> Isa {
+        Isa(IsaLevel::Portable)
+    }
+
     /// `level`, if this CPU has it.
     pub fn at(level: IsaLevel) -> Result<Isa, MissingIsa> {
         let available = Isa::detect().level();

@@ -189,7 +189,7 @@ fn multiply(
         for w in weights {
             let (slot, block) = (slot(w.dtype), dots::activation_block(w.dtype));
             if !quantized[slot] {
-                rows[slot].quantize(x, inner, block, context.activation_digits);
+                rows[slot].quantize_on(context.isa, x, inner, block, context.activation_digits);
                 if let Some(width) = kernel.group_tokens() {
                     tiles[slot].regroup(&rows[slot], tokens, width);
                 }

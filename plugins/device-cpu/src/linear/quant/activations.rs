@@ -18,6 +18,10 @@
 //! multiply once instead of per element. A row's values depend on that row alone, which is what
 //! keeps a token's outputs the same in any batch.
 
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::IsaLevel;
+
 /// Values per running sum.
 pub const SUM_SPAN: usize = 16;
 /// The largest block: the K-quants' 256.
@@ -88,17 +92,63 @@ pub struct Q8Row<'a> {
 /// integer, ties to even, in two plain additions (no libm call, and vectorizable).
 const ROUNDING: f32 = 12_582_912.0;
 
+/// The largest `|v|` of `values`, NaN ignored (0 for none): in 16 lanes, so that the
+/// compiler keeps the maxima in vector registers instead of one chain of scalar maxima. A
+/// maximum does not depend on the order it is taken in, so the lanes give the same value.
+#[inline(always)]
+fn max_magnitude(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = values.chunks_exact(16);
+    for chunk in &mut chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.max(v.abs());
+        }
+    }
+    let rest = chunks
+        .remainder()
+        .iter()
+        .fold(0.0f32, |m, v| m.max(v.abs()));
+    lanes.iter().fold(rest, |m, &v| m.max(v))
+}
+
 /// `value` scaled by `inverse`, rounded to the nearest int8 in `-127..=127`. `as` maps NaN
 /// to 0: a non-finite activation cannot panic here.
+///
+/// The integer is read from the bits of `y + ROUNDING`, whose low mantissa bits hold it, so
+/// no float-to-integer conversion runs (a saturating `as` keeps the compiler from vectorizing
+/// the loop); NaN is replaced by 0 first.
 #[inline(always)]
 fn digit(value: f32, inverse: f32) -> i8 {
-    ((value * inverse).clamp(-127.0, 127.0) + ROUNDING - ROUNDING) as i8
+    let y = value * inverse;
+    let y = if y.is_nan() {
+        0.0
+    } else {
+        y.clamp(-127.0, 127.0)
+    };
+    (y + ROUNDING).to_bits().wrapping_sub(ROUNDING.to_bits()) as i8
 }
 
 impl Q8Rows {
-    /// Quantizes the `x.len() / inner` rows of `x` in blocks of `block` (which divides
-    /// `inner`) to `digits` digits, reusing this value's storage.
+    /// [`Q8Rows::quantize_on`] the portable level.
+    #[cfg(test)]
     pub fn quantize(&mut self, x: &[f32], inner: usize, block: usize, digits: ActivationDigits) {
+        self.quantize_on(Isa::portable(), x, inner, block, digits);
+    }
+
+    /// Quantizes the `x.len() / inner` rows of `x` in blocks of `block` (which divides
+    /// `inner`) to `digits` digits, reusing this value's storage, in code compiled for
+    /// `isa`'s vector registers. Every step is exact per element (a maximum, a product, a
+    /// clamp, the rounding additions, integer sums), so the digits are those of the portable
+    /// code on every level; only the rate differs. A decode launch quantizes its one row
+    /// before the threads start on the weights, so this is time every launch waits.
+    pub fn quantize_on(
+        &mut self,
+        isa: Isa,
+        x: &[f32],
+        inner: usize,
+        block: usize,
+        digits: ActivationDigits,
+    ) {
         assert!(
             block.is_multiple_of(SUM_SPAN) && block <= MAX_BLOCK && inner.is_multiple_of(block),
             "rows of {inner} cannot be cut into blocks of {block}"
@@ -112,8 +162,35 @@ impl Q8Rows {
         self.sums.clear();
         self.high.resize(x.len(), 0);
         self.low.resize(x.len(), 0);
+        #[cfg(target_arch = "x86_64")]
+        if isa.has(IsaLevel::Avx512) {
+            // SAFETY: the level has AVX-512 F, BW, DQ and VL (checked when the `Isa` was made).
+            return unsafe { self.fill_avx512(x, block, digits) };
+        } else if isa.has(IsaLevel::Avx2) {
+            // SAFETY: the level has AVX2 (checked when the `Isa` was made).
+            return unsafe { self.fill_avx2(x, block, digits) };
+        }
+        let _ = isa;
+        self.fill(x, block, digits);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+    fn fill_avx512(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
+        self.fill(x, block, digits);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn fill_avx2(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
+        self.fill(x, block, digits);
+    }
+
+    /// The digits, scales and sums of `x`, into storage sized for it.
+    #[inline(always)]
+    fn fill(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
         for (b, values) in x.chunks_exact(block).enumerate() {
-            let amax = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = max_magnitude(values);
             let d = amax / 127.0;
             let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
             self.scales.push(d / DIGIT);
@@ -333,6 +410,44 @@ mod tests {
         rows.quantize(&[0.0; 32], 32, 32, ActivationDigits::Two);
         let row = rows.row(0);
         assert_eq!((row.scales[0], row.high[5], row.low[5]), (0.0, 0, 0));
+    }
+
+    #[test]
+    fn every_level_quantizes_to_the_portable_digits() {
+        // Ordinary values, exact ties of the rounding, NaN and infinities, zeros of both
+        // signs, subnormals and a zero block, in rows of both block sizes.
+        let mut x: Vec<f32> = (0..1536)
+            .map(|i| ((i * 7919) % 2001) as f32 / 997.0 - 1.0)
+            .collect();
+        x[5] = f32::NAN;
+        x[70] = f32::INFINITY;
+        x[300] = f32::NEG_INFINITY;
+        x[301] = -0.0;
+        x[400] = f32::MIN_POSITIVE / 8.0;
+        x[512..544].fill(0.0);
+        // 127 · k / 254 for odd k: halfway between two digits of the block's step.
+        for (k, v) in x[600..632].iter_mut().enumerate() {
+            *v = (2 * k + 1) as f32 / 254.0 * if k == 31 { 2.0 } else { 1.0 };
+        }
+        for block in [32, 256] {
+            for digits in [ActivationDigits::One, ActivationDigits::Two] {
+                let mut portable = Q8Rows::default();
+                portable.quantize(&x, 768, block, digits);
+                for isa in Isa::every() {
+                    let mut rows = Q8Rows::default();
+                    rows.quantize_on(isa, &x, 768, block, digits);
+                    for t in 0..2 {
+                        let (ours, theirs) = (rows.row(t), portable.row(t));
+                        let level = isa.level();
+                        assert_eq!(ours.high, theirs.high, "{level} {block} {digits:?}");
+                        assert_eq!(ours.low, theirs.low, "{level} {block} {digits:?}");
+                        assert_eq!(ours.sums, theirs.sums, "{level} {block} {digits:?}");
+                        let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(ours.scales), bits(theirs.scales), "{level}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
