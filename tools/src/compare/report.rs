@@ -513,10 +513,15 @@ pub fn markdown(r: &Report) -> String {
          asks). Each server gets one warm-up request (16 output tokens, its own seed) after \
          `/health` answers, before the loads.\n"
     );
+    let later_warm_up = if r.depths.is_empty() {
+        ""
+    } else {
+        ", and the long prompts go without their warm-up request (`--warmup 0`)"
+    };
     let _ = writeln!(
         out,
         "The loads of the first round, in this order against each server (`$URL` is its \
-         address); every later round adds {} to each seed, so no prompt repeats:\n\n```sh",
+         address); every later round adds {} to each seed, so no prompt repeats{later_warm_up}:\n\n```sh",
         r.loads.len()
     );
     for c in &r.bench_commands {
