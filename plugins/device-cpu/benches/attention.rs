@@ -355,11 +355,7 @@ fn report(
     rates: &[(Products, Option<f64>); 2],
     measured: &[Measured],
 ) {
-    let bound = bandwidth::median(bandwidths)
-        .expect("two measurements")
-        .gb_per_second();
-    let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
-    print_bandwidth(bound, &probed);
+    let bound = print_bandwidth(bandwidths);
     let gflops = |products: Products| {
         rates
             .iter()

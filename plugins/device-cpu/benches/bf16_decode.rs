@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{Bf16Bench, Bf16Products};
-use support::{CommonOptions, SHAPES, cpu_name, print_bandwidth, time_steps};
+use support::{CommonOptions, SHAPES, cpu_name, print_bandwidth, print_step_table, time_steps};
 
 /// One layer's weights, row-major bf16.
 struct Layer {
@@ -194,17 +194,6 @@ fn main() {
         }
     }
     bandwidths.push(probe.measure().expect("bandwidth"));
-    let measured: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
-    let bound = bandwidth::median(&bandwidths).expect("two").gb_per_second();
-    print_bandwidth(bound, &measured);
-    println!(
-        "\n| model, level, products | ms per step | weights GB/s | of bandwidth |\n|---|---:|---:|---:|"
-    );
-    for (name, median, gb_s) in table {
-        println!(
-            "| {name} | {:.2} | {gb_s:.1} | {:.0}% |",
-            median.as_secs_f64() * 1e3,
-            100.0 * gb_s / bound
-        );
-    }
+    let bound = print_bandwidth(&bandwidths);
+    print_step_table("model, level, products", &table, bound);
 }

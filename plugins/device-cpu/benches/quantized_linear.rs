@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 use plughost_device_abi::DType;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{ActivationDigits, QuantizedBench};
-use support::{CommonOptions, Shape, cpu_name, print_bandwidth, time_launch, time_steps};
+use support::{
+    CommonOptions, Shape, cpu_name, print_bandwidth, print_step_table, time_launch, time_steps,
+};
 
 /// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
 const SHAPES: [(&str, usize, usize); 3] = [
@@ -172,21 +174,8 @@ fn main() {
     if options.decode_step {
         let table = decode_steps(&options, &levels, &benches, types);
         bandwidths.push(probe.measure().expect("bandwidth"));
-        let bound = bandwidth::median(&bandwidths)
-            .expect("two measurements")
-            .gb_per_second();
-        let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
-        print_bandwidth(bound, &probed);
-        println!(
-            "\n| model, type, level | ms per step | weights GB/s | of bandwidth |\n|---|---:|---:|---:|"
-        );
-        for (name, median, gb_s) in table {
-            println!(
-                "| {name} | {:.2} | {gb_s:.1} | {:.0}% |",
-                median.as_secs_f64() * 1e3,
-                100.0 * gb_s / bound
-            );
-        }
+        let bound = print_bandwidth(&bandwidths);
+        print_step_table("model, type, level", &table, bound);
         return;
     }
     let mut rows_out = Vec::new();
@@ -240,11 +229,7 @@ fn main() {
         }
     }
     bandwidths.push(probe.measure().expect("bandwidth"));
-    let bound = bandwidth::median(&bandwidths)
-        .expect("two measurements")
-        .gb_per_second();
-    let probed: Vec<f64> = bandwidths.iter().map(|b| b.gb_per_second()).collect();
-    print_bandwidth(bound, &probed);
+    let bound = print_bandwidth(&bandwidths);
     println!();
     println!(
         "| case | ms | weights GB/s | of bandwidth | weights × tokens GB/s | GMAC/s | \

@@ -99,15 +99,35 @@ pub fn time_launch(seconds: f64, mut launch: impl FnMut(usize)) -> (Duration, Op
     (times[times.len() / 2], cpu)
 }
 
-/// Prints the read bandwidth the figures are measured against (`bound`, GB/s) and the
-/// measurements (GB/s) it is the median of.
-pub fn print_bandwidth(bound: f64, measured: &[f64]) {
-    let each: Vec<String> = measured.iter().map(|gb_s| format!("{gb_s:.1}")).collect();
+/// Prints the read bandwidth the figures are measured against, the median of `measured`,
+/// and the measurements it is the median of; returns the median in GB/s.
+pub fn print_bandwidth(measured: &[super::bandwidth::Bandwidth]) -> f64 {
+    let bound = super::bandwidth::median(measured)
+        .expect("two measurements")
+        .gb_per_second();
+    let each: Vec<String> = measured
+        .iter()
+        .map(|b| format!("{:.1}", b.gb_per_second()))
+        .collect();
     println!(
         "\nread bandwidth {bound:.1} GB/s (median of {}: {})",
         measured.len(),
         each.join(", ")
     );
+    bound
+}
+
+/// Prints the steps of `table` (name, median step, weights' GB/s) as a markdown table, each
+/// step's GB/s also as a share of `bound`; `what` heads the names' column.
+pub fn print_step_table(what: &str, table: &[(String, Duration, f64)], bound: f64) {
+    println!("\n| {what} | ms per step | weights GB/s | of bandwidth |\n|---|---:|---:|---:|");
+    for (name, median, gb_s) in table {
+        println!(
+            "| {name} | {:.2} | {gb_s:.1} | {:.0}% |",
+            median.as_secs_f64() * 1e3,
+            100.0 * gb_s / bound
+        );
+    }
 }
 
 /// The projections of a decode step, in the order [`time_steps`] reports their times.
