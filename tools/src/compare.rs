@@ -80,7 +80,11 @@ pub struct CompareArgs {
     /// Leave llama.cpp out and measure plughost against ik_llama.cpp alone (needs
     /// --ik-llama-server). For sweeps where llama.cpp's long prompts take most of a round and
     /// ik_llama.cpp is the faster peer.
-    #[arg(long, requires = "ik_llama_server", conflicts_with = "llama_server")]
+    #[arg(
+        long,
+        requires = "ik_llama_server",
+        conflicts_with_all = ["llama_server", "llama_port"]
+    )]
     pub without_llama_cpp: bool,
     /// The model every server serves: SmolLM2-135M-Instruct, or the Qwen3-0.6B shape with
     /// random weights (one GGUF per format, written by tests/reference/random_qwen3_0_6b_gguf.py
@@ -769,6 +773,12 @@ mod tests {
             ])
             .is_err()
         );
+        // llama.cpp's own flags would be ignored without it: refused instead.
+        for flag in [["--llama-port", "9000"], ["--llama-server", "llama"]] {
+            let mut words = vec!["--without-llama-cpp", "--ik-llama-server", "ik"];
+            words.extend(flag);
+            assert!(parse(&words).is_err(), "{flag:?}");
+        }
         assert!(parse(&["--without-llama-cpp", "--ik-llama-server", "ik"]).unwrap());
         assert!(!parse(&[]).unwrap());
     }
