@@ -763,16 +763,6 @@ mod tests {
                 .map(|cli| cli.args.without_llama_cpp)
         };
         assert!(parse(&["--without-llama-cpp"]).is_err());
-        assert!(
-            parse(&[
-                "--without-llama-cpp",
-                "--ik-llama-server",
-                "ik",
-                "--llama-server",
-                "llama"
-            ])
-            .is_err()
-        );
         // llama.cpp's own flags would be ignored without it: refused instead.
         for flag in [["--llama-port", "9000"], ["--llama-server", "llama"]] {
             let mut words = vec!["--without-llama-cpp", "--ik-llama-server", "ik"];
