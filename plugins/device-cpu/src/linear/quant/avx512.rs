@@ -28,7 +28,7 @@ use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, Q6_K_HALF, check_group, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_HALF, check_group, prefetch_ahead, q6_k_at};
 
 /// The 64 bytes at `p`.
 ///
@@ -160,6 +160,8 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
         // fields and values lie inside it, and the tile's digits, scales and pairs cover them.
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
+            // The scales and minima; each line of nibbles below as it is first read.
+            prefetch_ahead(base, 256);
             let (a, m, c) = (
                 load64(base.add(64)),
                 load64(base.add(128)),
@@ -185,6 +187,9 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
                 let scale = _mm512_and_si512(_mm512_srlv_epi32(scales[j / 4], shift), byte);
                 let quads = base.add(256 + 64 * 8 * (j / 2));
                 let weights: [__m512i; 8] = std::array::from_fn(|i| {
+                    if j % 2 == 0 {
+                        prefetch_ahead(quads.add(64 * i), 64);
+                    }
                     let w = load64(quads.add(64 * i));
                     if j % 2 == 0 {
                         _mm512_and_si512(w, nibbles)
@@ -245,6 +250,8 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
             let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
+            // The scales and `d` (at either end); each line of values below as first read.
+            prefetch_ahead(base, 5 * 64);
             let pairs: [__m512i; 8] = std::array::from_fn(|p| {
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(scales.add(32 * p).cast()))
             });
@@ -266,6 +273,10 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
                         let both: [[__m512i; 2]; 4] = std::array::from_fn(|q| {
                             let i = 4 * sub + q;
                             let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
+                            prefetch_ahead(values.add(low), 64);
+                            if kk == 0 {
+                                prefetch_ahead(values.add(128 * i + 64), 64);
+                            }
                             let ql = load64(values.add(low));
                             let qh = load64(values.add(128 * i + 64));
                             // Bits 2k, 2k + 1 of `qh` to bits 4, 5, for k = kk and kk + 2.
