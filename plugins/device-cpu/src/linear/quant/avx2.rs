@@ -443,6 +443,14 @@ unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize, const TWO: bo
                     }
                 }
             };
+            // The first half's pass asks for the block's lines (its scales, then its values),
+            // before it reads them.
+            if h0 == 0 {
+                prefetch_ahead(base.add(scales), 64);
+                for q in 0..[8, 4, 4][usize::from(FORMAT)] {
+                    prefetch_ahead(base.add(quads + 64 * q), 64);
+                }
+            }
             for h in 0..H {
                 let half = 32 * (h0 + h);
                 if FORMAT == 0 {
