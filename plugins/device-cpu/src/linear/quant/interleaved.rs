@@ -28,7 +28,8 @@
 //! quad `i` of the high bits (the same values' top two bits, for every `k`) in turn for `i` in
 //! `0..8`, then the low bits' quads `8..16` (`k` 1 and 3); and the rows' `d`: last in an even
 //! block and first in an odd one, so that the quads of every block start on a 64-byte line. A
-//! block is then read from its start to its end, a stream the hardware prefetchers follow.
+//! block is then read from its start to its end, one stream; the tiles also ask for its lines
+//! ahead ([`prefetch_ahead`]), which the hardware prefetchers alone do not keep far enough.
 //!
 //! The arrangement changes no value: the group tiles and the row path compute the same
 //! integers and float operations (see `dots`), so a weight gives the same bits in either order.
@@ -140,9 +141,10 @@ const STREAM_AHEAD: usize = 2 * GROUP * super::dots::Q6_K_BYTES;
 ///
 /// A lone token reads a group at memory speed and does little work per line, so the hardware
 /// prefetchers alone keep too few lines in flight (on Zen 5 the K-quant tiles streamed at a
-/// third of the bandwidth). The tiles ask once per line as they first read it, spread over the
-/// block, not in bursts, which would take the miss buffers their own loads need. The requests
-/// run past the group into the next one, which lies right after it.
+/// third of the bandwidth). The K-quant tiles ask once per line as they first read it, spread
+/// over the block: asked for all at once, a block's 36 to 53 lines take the miss buffers the
+/// tile's own loads need. A 32-value block is a few lines, which AVX2's tile asks for together.
+/// The requests run past the group into the next one, which lies right after it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub fn prefetch_ahead(at: *const u8, bytes: usize) {
