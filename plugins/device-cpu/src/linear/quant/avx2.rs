@@ -14,13 +14,13 @@
 //! streams from memory once, and each token meets it in registers.
 
 use std::arch::x86_64::{
-    __m256, __m256i, _mm_loadu_si128, _mm256_add_epi32, _mm256_add_ps, _mm256_and_si256,
-    _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps, _mm256_cvtph_ps,
-    _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps, _mm256_or_si256,
-    _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps, _mm256_setzero_ps,
-    _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16, _mm256_slli_epi32,
-    _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
-    _mm256_sub_ps, _mm256_xor_si256,
+    __m256, __m256i, _mm_loadu_si128, _mm256_add_epi16, _mm256_add_epi32, _mm256_add_ps,
+    _mm256_and_si256, _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
+    _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
+    _mm256_or_si256, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps,
+    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
+    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
+    _mm256_sub_epi32, _mm256_sub_ps, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
@@ -80,14 +80,25 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m256i; N], at: *const i32) -> __m
 
 /// Each token's digit sums over one sub-block against the weight operands `weights` (four
 /// values of each of eight rows each): the tile's digits of 32-value chunk `chunk` from quad
-/// `quad`, the `vpmaddubsw` pairs times `scale` (the rows' scale in both i16 of a lane) by
-/// `vpmaddwd`, added to `h[t][half]` and `l[t][half]` (`l` left as it is without `TWO`).
+/// `quad`, the `vpmaddubsw` pairs of `RUN` quads at a time added in i16, then times `scale`
+/// (the rows' scale in both i16 of a lane) by `vpmaddwd`, added to `h[t][half]` and
+/// `l[t][half]` (`l` left as it is without `TWO`).
+///
+/// Adding in i16 first spares a `vpmaddwd` per quad, and these are what bounds the tile on a
+/// core with one vector multiplier; the integers are the same, as long as `RUN` pairs cannot
+/// leave i16, which the callers assert for their weights' largest value.
 ///
 /// # Safety
 /// The tile's digits hold chunk `chunk`'s quads `quad..quad + N` for `M` tokens.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn sub_block<const M: usize, const N: usize, const H: usize, const TWO: bool>(
+unsafe fn sub_block<
+    const M: usize,
+    const N: usize,
+    const RUN: usize,
+    const H: usize,
+    const TWO: bool,
+>(
     activations: *const i8,
     (chunk, quad, half): (usize, usize, usize),
     weights: &[__m256i; N],
@@ -95,21 +106,46 @@ unsafe fn sub_block<const M: usize, const N: usize, const H: usize, const TWO: b
     [h, l]: [&mut [[__m256i; H]; M]; 2],
 ) {
     for t in 0..M {
+        let (mut high, mut low) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for (q, &w) in weights.iter().enumerate() {
             let at = (chunk * 8 + quad + q) * 8 * M + 4 * t;
             let digits = |at: usize| {
                 // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
-                unsafe { (activations.add(at) as *const i32).read_unaligned() }
+                _mm256_set1_epi32(unsafe { (activations.add(at) as *const i32).read_unaligned() })
             };
-            let high = _mm256_maddubs_epi16(w, _mm256_set1_epi32(digits(at)));
-            h[t][half] = _mm256_add_epi32(h[t][half], _mm256_madd_epi16(high, scale));
+            let first = q % RUN == 0;
+            let run = |sum: __m256i, pairs: __m256i| {
+                if first {
+                    pairs
+                } else {
+                    _mm256_add_epi16(sum, pairs)
+                }
+            };
+            high = run(high, _mm256_maddubs_epi16(w, digits(at)));
             if TWO {
-                let low = _mm256_maddubs_epi16(w, _mm256_set1_epi32(digits(at + 4 * M)));
-                l[t][half] = _mm256_add_epi32(l[t][half], _mm256_madd_epi16(low, scale));
+                low = run(low, _mm256_maddubs_epi16(w, digits(at + 4 * M)));
+            }
+            if q % RUN == RUN - 1 || q == N - 1 {
+                h[t][half] = _mm256_add_epi32(h[t][half], _mm256_madd_epi16(high, scale));
+                if TWO {
+                    l[t][half] = _mm256_add_epi32(l[t][half], _mm256_madd_epi16(low, scale));
+                }
             }
         }
     }
 }
+
+/// The `vpmaddubsw` pairs that [`sub_block`] may add in i16 for weights up to `largest`:
+/// each pair is at most `2 · largest · 127`.
+const fn run_fits(run: usize, largest: usize) -> bool {
+    run * 2 * largest * 127 <= i16::MAX as usize
+}
+
+/// Q4_K's nibbles: a sub-block's eight quads in one run.
+const Q4_K_RUN: usize = 8;
+/// Q6_K's 6-bit values: two quads per run.
+const Q6_K_RUN: usize = 2;
+const _: () = assert!(run_fits(Q4_K_RUN, 15) && run_fits(Q6_K_RUN, 63));
 
 /// A K-quant's group tile, `$name`, from its halves function `$halves`: both halves of
 /// eight rows in one pass for one or two tokens (the group streams once), one half at a time
@@ -211,7 +247,7 @@ unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
                             _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
                         }
                     });
-                    sub_block::<M, 8, H, TWO>(
+                    sub_block::<M, 8, Q4_K_RUN, H, TWO>(
                         activations,
                         (8 * b + j, 0, half),
                         &weights,
@@ -321,7 +357,13 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
                                 let at = (8 * b + 4 * part + k, 4 * sub, half);
                                 let scale = scale(8 * part + 2 * k + sub);
                                 let sums = [&mut h, &mut l];
-                                sub_block::<M, 4, H, TWO>(activations, at, operands, scale, sums);
+                                sub_block::<M, 4, Q6_K_RUN, H, TWO>(
+                                    activations,
+                                    at,
+                                    operands,
+                                    scale,
+                                    sums,
+                                );
                             }
                         }
                     }
