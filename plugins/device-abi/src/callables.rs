@@ -231,6 +231,21 @@ use Dim::{PlusOne, Product, Sym};
 /// head's rows of a block as one contiguous run.
 const KV_CACHE: &[Dim] = &[Sym("B"), Sym("Hk"), Sym("bs"), Sym("D")];
 
+/// The most tensor arguments a callable takes. A launch keeps its per-argument tables inline up
+/// to this many, so a launch reaches no allocator: a decode step is hundreds of them.
+pub const MAX_ARGS: usize = 12;
+
+const _: () = {
+    let mut i = 0;
+    while i < ALL.len() {
+        assert!(
+            ALL[i].args.len() <= MAX_ARGS,
+            "a callable takes more than MAX_ARGS arguments"
+        );
+        i += 1;
+    }
+};
+
 /// Every callable, in index order.
 pub const ALL: &[CallableSpec] = &[
     CallableSpec {

@@ -4,14 +4,20 @@
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use crate::abi::{ArgTag, DType, TensorArg};
 use crate::callables::{CallableSpec, Constraint, Dim, ParamKind};
 
 /// The value of every shape symbol of one launch.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ShapeBindings {
-    bindings: Vec<Binding>,
+    /// Inline: every launch binds a handful of symbols, and a launch allocates nothing.
+    bindings: SmallVec<[Binding; BINDINGS_INLINE]>,
 }
+
+/// Shape symbols a launch binds without reaching the allocator; more spill to the heap.
+const BINDINGS_INLINE: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Binding {
@@ -337,13 +343,16 @@ fn bind_simple_dims(
     Ok(())
 }
 
+/// A product dimension not yet checked: argument, dimension, its two factors and its value.
+type PendingProduct = (usize, usize, &'static str, &'static str, u64);
+
 /// Checks `Product` dimensions; a product with one unknown factor binds it by division.
 fn resolve_products(
     spec: &CallableSpec,
     args: &[TensorArg],
     bindings: &mut ShapeBindings,
 ) -> Result<(), String> {
-    let mut pending: Vec<(usize, usize, &'static str, &'static str, u64)> = Vec::new();
+    let mut pending: SmallVec<[PendingProduct; 4]> = SmallVec::new();
     for (arg_index, (arg, arg_spec)) in args.iter().zip(spec.args).enumerate() {
         for (dim_index, (&value, dim)) in arg.dims().iter().zip(arg_spec.dims).enumerate() {
             if let Dim::Product(left, right) = *dim {
@@ -354,7 +363,7 @@ fn resolve_products(
     // A factor bound by one product can resolve another, so sweep until nothing changes.
     while !pending.is_empty() {
         let before = pending.len();
-        let mut still_pending = Vec::new();
+        let mut still_pending = SmallVec::new();
         for item in pending {
             if !resolve_product(spec, item, bindings)? {
                 still_pending.push(item);

@@ -17,6 +17,8 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 /// The fewest elements a task of [`Workers::rows_per_task`] gets, so launches smaller than
 /// two tasks run on the calling thread.
 const MIN_ELEMENTS_PER_TASK: usize = 16 * 1024;
@@ -312,7 +314,8 @@ impl Workers {
             return task(0..num_items);
         }
         let threads = self.threads;
-        let shares: Vec<Share> = (0..threads)
+        // Inline for the usual thread counts: this runs for every parallel launch.
+        let shares: SmallVec<[Share; 8]> = (0..threads)
             .map(|index| Share {
                 next: AtomicUsize::new(index * num_items / threads),
                 end: (index + 1) * num_items / threads,

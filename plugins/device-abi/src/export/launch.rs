@@ -4,7 +4,9 @@ use std::ops::Range;
 use std::slice;
 
 use crate::abi::{DType, TensorArg, status};
-use crate::callables::{Access, CallableSpec, ParamKind};
+use smallvec::SmallVec;
+
+use crate::callables::{Access, CallableSpec, MAX_ARGS, ParamKind};
 use crate::elements;
 use crate::validate::ShapeBindings;
 
@@ -22,13 +24,16 @@ use super::views::{ArgView, ArgViews, raw_rows};
 /// into an INTERNAL error.
 pub struct Launch<'a> {
     spec: &'static CallableSpec,
-    args: Vec<ResolvedArg>,
+    args: ResolvedArgs,
     params: &'a [i64],
     shapes: ShapeBindings,
     buffers: &'a mut BufferTable,
     /// Copies of read-only arguments that overlap a written one, made by [`Launch::views`].
     snapshots: Vec<AlignedBytes>,
 }
+
+/// A launch's arguments, resolved; inline, so launching allocates nothing.
+pub(super) type ResolvedArgs = SmallVec<[ResolvedArg; MAX_ARGS]>;
 
 /// One argument of a launch: its buffer, the byte range it covers and its dtype.
 pub(super) struct ResolvedArg {
@@ -85,7 +90,7 @@ impl<'a> Launch<'a> {
     /// the spec check.
     pub(super) fn new(
         spec: &'static CallableSpec,
-        args: Vec<ResolvedArg>,
+        args: ResolvedArgs,
         params: &'a [i64],
         shapes: ShapeBindings,
         buffers: &'a mut BufferTable,
@@ -134,8 +139,9 @@ impl Launch<'_> {
         f32::from_bits(self.params[index] as u32)
     }
 
-    /// A trailing table of f32 params (one entry per pair along its symbol).
-    pub fn param_f32_table(&self, name: &str) -> Vec<f32> {
+    /// A trailing table of f32 params (one entry per pair along its symbol); inline up to 128
+    /// entries (head dims up to 256), so the rotary's table never reaches the allocator.
+    pub fn param_f32_table(&self, name: &str) -> SmallVec<[f32; 128]> {
         let index = self
             .spec
             .param_index(name)
@@ -282,7 +288,7 @@ impl Launch<'_> {
         let snapshot_of = self.snapshot_overlapping_reads()?;
         let buffers = &mut *self.buffers;
         let snapshots = &self.snapshots;
-        let mut views = Vec::with_capacity(self.args.len());
+        let mut views = SmallVec::new();
         for (index, resolved) in self.args.iter().enumerate() {
             let view = match snapshot_of[index] {
                 Some(snapshot) => ArgView::Shared(&snapshots[snapshot]),
@@ -313,9 +319,12 @@ impl Launch<'_> {
 
     /// Copies each read-only argument that overlaps a written argument into `snapshots`, and
     /// returns for each argument the index of its snapshot.
-    fn snapshot_overlapping_reads(&mut self) -> Result<Vec<Option<usize>>, DeviceFailure> {
+    fn snapshot_overlapping_reads(
+        &mut self,
+    ) -> Result<SmallVec<[Option<usize>; MAX_ARGS]>, DeviceFailure> {
         self.snapshots.clear();
-        let mut snapshot_of = vec![None; self.args.len()];
+        let mut snapshot_of: SmallVec<[Option<usize>; MAX_ARGS]> =
+            SmallVec::from_elem(None, self.args.len());
         let written = |index: usize| self.spec.args[index].access != Access::Read;
         for first in 0..self.args.len() {
             for second in first + 1..self.args.len() {

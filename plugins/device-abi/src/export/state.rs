@@ -9,7 +9,7 @@ use crate::validate;
 
 use super::buffers::{AlignedBytes, BufferTable, checked_range};
 use super::copy_out::{Copier, Piece};
-use super::launch::{Launch, ResolvedArg};
+use super::launch::{Launch, ResolvedArg, ResolvedArgs};
 use super::{AS_WRITTEN, DeviceBackend, DeviceFailure};
 
 /// Everything behind one handle.
@@ -248,7 +248,7 @@ impl<B: DeviceBackend> DeviceState<B> {
                     failure.context(format_args!("argument `{name}` (#{arg_index})"))
                 })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<ResolvedArgs, _>>()?;
         let mut launch = Launch::new(spec, resolved, params, shapes, &mut self.buffers);
         let started = Instant::now();
         let outcome = self.backend.launch(&mut launch);

@@ -5,7 +5,9 @@ use std::ops::Range;
 use std::slice;
 
 use crate::abi::DType;
-use crate::callables::CallableSpec;
+use smallvec::SmallVec;
+
+use crate::callables::{CallableSpec, MAX_ARGS};
 
 /// The elements of a float argument in the dtype it was passed in; f16 and bf16 as raw bits.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,7 +96,7 @@ impl<'l, T> RowsMut<'l, T> {
 /// panics.
 pub struct ArgViews<'l> {
     spec: &'static CallableSpec,
-    views: Vec<(ArgView<'l>, DType)>,
+    views: SmallVec<[(ArgView<'l>, DType); MAX_ARGS]>,
 }
 
 /// One argument's bytes, borrowed as the callable's access to it allows.
@@ -106,7 +108,10 @@ pub(super) enum ArgView<'l> {
 }
 
 impl<'l> ArgViews<'l> {
-    pub(super) fn new(spec: &'static CallableSpec, views: Vec<(ArgView<'l>, DType)>) -> Self {
+    pub(super) fn new(
+        spec: &'static CallableSpec,
+        views: SmallVec<[(ArgView<'l>, DType); MAX_ARGS]>,
+    ) -> Self {
         ArgViews { spec, views }
     }
 

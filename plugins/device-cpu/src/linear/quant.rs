@@ -39,11 +39,11 @@ use crate::elementwise::silu_mul_span;
 use crate::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::IsaLevel;
-use crate::workers::Workers;
+use crate::workers::{Workers, with_scratch};
 
 use super::sink::SharedOut;
 pub use activations::ActivationDigits;
-use activations::{Q8Row, Q8Rows, Q8Tiles};
+use activations::{Q8Rows, Q8Tiles};
 pub use bench_support::QuantizedBench;
 use interleaved::GROUP;
 pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
@@ -294,13 +294,6 @@ macro_rules! group_by_type {
 }
 
 impl RowKernel {
-    /// The weight row `w` times each of the token rows `x`, into `out`: the portable path.
-    fn dots(dtype: DType, w: &[u8], x: &[Q8Row<'_>], out: &mut [f32]) {
-        for (value, &x) in out.iter_mut().zip(x) {
-            *value = dots::dot_row(dtype, w, x);
-        }
-    }
-
     /// Tokens per group tile at this level, if it runs the group tiles.
     fn group_tokens(self) -> Option<usize> {
         #[cfg(target_arch = "x86_64")]
@@ -320,7 +313,7 @@ impl RowKernel {
     fn group_into(
         self,
         w: QuantMatrix<'_>,
-        (x, tiles): (&[Q8Row<'_>], &Q8Tiles),
+        (x, tiles): (&Q8Rows, &Q8Tiles),
         (tokens, rows): (std::ops::Range<usize>, std::ops::Range<usize>),
         out: &mut [f32],
     ) {
@@ -342,12 +335,10 @@ impl RowKernel {
             return self.group_tiles((w.dtype, group), tiles, tokens, (out, width));
         }
         let _ = tiles;
-        let mut column = vec![0.0f32; tokens.len()];
         for (i, n) in rows.enumerate() {
             let row = &w.bytes[n * row_bytes..(n + 1) * row_bytes];
-            Self::dots(w.dtype, row, &x[tokens.clone()], &mut column);
-            for (t, &value) in column.iter().enumerate() {
-                out[t * width + i] = value;
+            for (j, t) in tokens.clone().enumerate() {
+                out[j * width + i] = dots::dot_row(w.dtype, row, x.row(t));
             }
         }
     }
@@ -400,25 +391,29 @@ impl RowKernel {
         tokens: usize,
         out: &SharedOut<'_>,
     ) {
-        let rows: Vec<_> = (0..tokens).map(|t| x.rows.row(t)).collect();
-        let mut values = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
-        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
-            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
-            for start in range.clone().step_by(GROUP) {
-                let group = start..(start + GROUP).min(range.end);
-                let width = group.len();
-                let values = &mut values[..chunk.len() * width];
-                let at = (chunk.clone(), group.clone());
-                self.group_into(w, (&rows, x.tiles), at, values);
-                for (i, t) in chunk.clone().enumerate() {
-                    let start = out.columns(t, group.clone());
-                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
-                    // columns `range` of every row (the ranges of a launch are disjoint).
-                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-                    columns.copy_from_slice(&values[i * width..(i + 1) * width]);
+        // A range is a few groups in decode and there are hundreds of ranges per step: the
+        // outputs of a chunk wait in this thread's scratch, never in a fresh allocation.
+        with_scratch(tokens.min(CHUNK_TOKENS) * GROUP, |values| {
+            for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+                let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+                for start in range.clone().step_by(GROUP) {
+                    let group = start..(start + GROUP).min(range.end);
+                    let width = group.len();
+                    // `group_into` writes every value of the span before it is read.
+                    let values = &mut values[..chunk.len() * width];
+                    let at = (chunk.clone(), group.clone());
+                    self.group_into(w, (x.rows, x.tiles), at, values);
+                    for (i, t) in chunk.clone().enumerate() {
+                        let start = out.columns(t, group.clone());
+                        // SAFETY: `columns` checked the span lies inside `out`, and the task
+                        // owns columns `range` of every row (the ranges of a launch are
+                        // disjoint).
+                        let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                        columns.copy_from_slice(&values[i * width..(i + 1) * width]);
+                    }
                 }
             }
-        }
+        });
     }
 
     /// `silu(gate) * up` for outputs `range` (from a group's start) and every token, a chunk
@@ -433,30 +428,33 @@ impl RowKernel {
         out: &SharedOut<'_>,
     ) {
         let (x_gate, x_up) = (rows_for(gate.dtype), rows_for(up.dtype));
-        let rows = |x: Activations<'r>| -> Vec<_> { (0..tokens).map(|t| x.rows.row(t)).collect() };
-        let (rows_gate, rows_up) = (rows(x_gate), rows(x_up));
-        // Token-major, so each token's outputs are one span for the SiLU.
-        let mut g = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
-        let mut u = vec![0.0f32; tokens.min(CHUNK_TOKENS) * GROUP];
-        for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
-            let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
-            for start in range.clone().step_by(GROUP) {
-                let group = start..(start + GROUP).min(range.end);
-                let width = group.len();
-                let (g, u) = (&mut g[..chunk.len() * width], &mut u[..chunk.len() * width]);
-                let at = (chunk.clone(), group.clone());
-                self.group_into(gate, (&rows_gate, x_gate.tiles), at.clone(), g);
-                self.group_into(up, (&rows_up, x_up.tiles), at, u);
-                for (i, t) in chunk.clone().enumerate() {
-                    let start = out.columns(t, group.clone());
-                    // SAFETY: `columns` checked the span lies inside `out`, and the task owns
-                    // columns `range` of every row (the ranges of a launch are disjoint).
-                    let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
-                    let span = i * width..(i + 1) * width;
-                    silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+        // Token-major, so each token's outputs are one span for the SiLU; in this thread's
+        // scratch, as in `rows_into`.
+        let span_len = tokens.min(CHUNK_TOKENS) * GROUP;
+        with_scratch(2 * span_len, |scratch| {
+            let (g, u) = scratch.split_at_mut(span_len);
+            for chunk in (0..tokens).step_by(CHUNK_TOKENS) {
+                let chunk = chunk..(chunk + CHUNK_TOKENS).min(tokens);
+                for start in range.clone().step_by(GROUP) {
+                    let group = start..(start + GROUP).min(range.end);
+                    let width = group.len();
+                    // `group_into` writes every value of both spans before they are read.
+                    let (g, u) = (&mut g[..chunk.len() * width], &mut u[..chunk.len() * width]);
+                    let at = (chunk.clone(), group.clone());
+                    self.group_into(gate, (x_gate.rows, x_gate.tiles), at.clone(), g);
+                    self.group_into(up, (x_up.rows, x_up.tiles), at, u);
+                    for (i, t) in chunk.clone().enumerate() {
+                        let start = out.columns(t, group.clone());
+                        // SAFETY: `columns` checked the span lies inside `out`, and the task
+                        // owns columns `range` of every row (the ranges of a launch are
+                        // disjoint).
+                        let columns = unsafe { std::slice::from_raw_parts_mut(start, width) };
+                        let span = i * width..(i + 1) * width;
+                        silu_mul_span(self.isa, &g[span.clone()], &u[span], columns);
+                    }
                 }
             }
-        }
+        });
     }
 }
 

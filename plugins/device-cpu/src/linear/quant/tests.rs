@@ -117,7 +117,7 @@ fn dot_products_match_the_reference_on_every_path() {
                     {
                         tiles.regroup(rows, 1, width);
                     }
-                    kernel.group_into(w, (&[rows.row(0)], &tiles), (0..1, 0..1), &mut out);
+                    kernel.group_into(w, (rows, &tiles), (0..1, 0..1), &mut out);
                     f64::from(out[0])
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
