@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use plughost_device_abi::{ArgTag, CopyRange, DType, DeviceStats, TensorArg};
 
@@ -541,6 +541,26 @@ impl Device {
         match &mut self.backend {
             Backend::Local(device) => device.synchronize(),
             Backend::Worker(worker) => worker.get_mut().synchronize(),
+        }
+    }
+
+    /// [`Device::synchronize`], then [`Device::read`] into `dst`: in a worker process both in
+    /// one round trip, so a step's end costs one wake of each side. Returns the device time
+    /// and the time this process spent copying the bytes into `dst`.
+    pub fn synchronize_and_read(
+        &mut self,
+        buffer: BufferId,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(Duration, Duration), DeviceError> {
+        match &mut self.backend {
+            Backend::Local(device) => {
+                let device_time = device.synchronize()?;
+                let read_started = Instant::now();
+                device.read(buffer, offset, dst)?;
+                Ok((device_time, read_started.elapsed()))
+            }
+            Backend::Worker(worker) => worker.get_mut().synchronize_read(buffer.0, offset, dst),
         }
     }
 

@@ -505,25 +505,28 @@ impl Runtime {
                     .launch(task.callable, &self.launch_args, &task.params)?;
             }
         }
-        let device = self.device.synchronize()?;
-        let dispatch = dispatch_started.elapsed().saturating_sub(device);
-
-        let read_started = Instant::now();
         let values = extents.emitting as usize * self.info.vocab_size as usize;
         // Read straight into the f32 rows: one copy, not two.
         logits.resize(values, 0.0);
-        if values > 0 {
-            self.device.read(
+        let (device, read_logits) = if values > 0 {
+            // The step's end and its logits in one call: one round trip to a worker process.
+            self.device.synchronize_and_read(
                 self.logits,
                 0,
                 bytemuck::cast_slice_mut(logits.as_mut_slice()),
-            )?;
-        }
+            )?
+        } else {
+            (self.device.synchronize()?, Duration::ZERO)
+        };
+        let dispatch = dispatch_started
+            .elapsed()
+            .saturating_sub(device)
+            .saturating_sub(read_logits);
         Ok(StepTiming {
             prepare_inputs: Duration::ZERO,
             dispatch,
             device,
-            read_logits: read_started.elapsed(),
+            read_logits,
         })
     }
 

@@ -25,11 +25,13 @@ pub struct StepSequence<'a> {
 pub struct StepTiming {
     /// Building the step inputs on the host.
     pub prepare_inputs: Duration,
-    /// Writing inputs, binding arguments and launching, minus device time.
+    /// Writing inputs, binding arguments, launching and waiting for the step's end, minus
+    /// device time and the logits copy: in a worker process, the round trip is here.
     pub dispatch: Duration,
     /// Time the device reports for the step's launches.
     pub device: Duration,
-    /// Reading the logits rows back.
+    /// Copying the logits rows into host memory (from a worker process, out of the shared
+    /// region, which the step's last reply filled).
     pub read_logits: Duration,
 }
 

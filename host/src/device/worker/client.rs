@@ -421,6 +421,35 @@ impl WorkerDevice {
         Ok(Duration::from_nanos(device_ns))
     }
 
+    /// [`WorkerDevice::synchronize`], then [`WorkerDevice::read`] into `dst`: one round trip
+    /// when `dst` fits the region, as the logits of a step do. Returns the device time and
+    /// the time spent copying the bytes out of the region (or reading them, past the region).
+    pub fn synchronize_read(
+        &mut self,
+        buffer: u64,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<(Duration, Duration), DeviceError> {
+        if dst.len() > REGION_BYTES {
+            let device = self.synchronize()?;
+            let read_started = Instant::now();
+            self.read(buffer, offset, dst)?;
+            return Ok((device, read_started.elapsed()));
+        }
+        let mut header = RequestHeader::new(Op::SynchronizeRead);
+        header.a = buffer;
+        header.b = offset;
+        header.c = dst.len() as u64;
+        let device_ns = self.request(header, &[])?;
+        let copy_started = Instant::now();
+        dst.copy_from_slice(&self.region.bytes()[..dst.len()]);
+        let copy = copy_started.elapsed();
+        self.stats = decode_stats(&self.reply_body);
+        let times = self.reply_body.get(STATS_BYTES..).unwrap_or(&[]);
+        self.callable_times_fresh = Some(decode_callable_times(times, &mut self.callable_times));
+        Ok((Duration::from_nanos(device_ns), copy))
+    }
+
     /// Each callable's device nanoseconds since open into `out`; false when the device does
     /// not report them. Free right after a `synchronize`, whose reply carries them.
     pub fn callable_device_ns(&mut self, out: &mut Vec<u64>) -> Result<bool, DeviceError> {

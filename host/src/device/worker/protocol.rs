@@ -65,13 +65,16 @@ pub enum Op {
     /// Reply `value`: 1 once the copy out in flight has ended (its bytes are in the copy-out
     /// region), 0 while it runs; with `a` nonzero, the reply waits for its end.
     CopyOutPoll,
+    /// [`Op::Synchronize`], then [`Op::Read`]'s copy of `c` bytes of buffer `a` at offset `b`
+    /// into the region at 0: the end of a step in one round trip. Reply as `Synchronize`'s.
+    SynchronizeRead,
 }
 
 /// The least time between two [`Op::Progress`] replies.
 pub const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Op {
-    const ALL: [Op; 18] = [
+    const ALL: [Op; 19] = [
         Op::Open,
         Op::Alloc,
         Op::Free,
@@ -90,6 +93,7 @@ impl Op {
         Op::MapCopyRegion,
         Op::CopyOutStart,
         Op::CopyOutPoll,
+        Op::SynchronizeRead,
     ];
 
     fn code(self) -> u32 {
@@ -121,6 +125,7 @@ impl Op {
             Op::MapCopyRegion => "map_copy_region",
             Op::CopyOutStart => "copy_out_start",
             Op::CopyOutPoll => "copy_out_poll",
+            Op::SynchronizeRead => "synchronize_read",
         }
     }
 }

@@ -247,6 +247,19 @@ impl Session {
                 callable_times(&mut counters, device);
                 Ok(t.as_nanos() as u64)
             }),
+            Op::SynchronizeRead => match region_range(0, header.c) {
+                Some(range) => device.synchronize().and_then(|t| {
+                    device.read(
+                        BufferId::from_raw(header.a),
+                        header.b,
+                        &mut self.region.bytes_mut()[range],
+                    )?;
+                    counters.push_stats(&device.stats()?);
+                    callable_times(&mut counters, device);
+                    Ok(t.as_nanos() as u64)
+                }),
+                None => Err(out_of_region(header)),
+            },
             Op::Stats => device.stats().map(|stats| {
                 counters.push_stats(&stats);
                 0
