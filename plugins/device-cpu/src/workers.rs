@@ -188,6 +188,9 @@ impl Shared {
 impl Workers {
     pub fn new(threads: usize) -> Result<Workers, String> {
         let threads = threads.max(1);
+        // The thread that opens the device is the one that launches on it, in a worker
+        // process and in the engine alike.
+        reserve_scratch();
         if threads == 1 {
             return Ok(Workers {
                 pool: None,
@@ -211,14 +214,29 @@ impl Workers {
             handles: Vec::with_capacity(threads - 1),
             dispatch: Mutex::new(()),
         };
+        let (started, ready) = std::sync::mpsc::channel();
         for index in 1..threads {
             let shared = Arc::clone(&shared);
+            let started = started.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("plughost-cpu-{index}"))
-                .spawn(move || shared.worker_loop())
+                .spawn(move || {
+                    reserve_scratch();
+                    // The receiver waits in `new`; it is gone only if `new` returned early.
+                    let _ = started.send(());
+                    shared.worker_loop()
+                })
                 .map_err(|error| format!("starting {threads} worker threads: {error}"))?;
             // On an error above, dropping `pool` stops the workers started so far.
             pool.handles.push(handle);
+        }
+        // Open returns with every thread running and its scratch in place, so a thread's start
+        // (its allocations, a busy machine's scheduling delay) never lands inside a step.
+        drop(started);
+        for _ in 1..threads {
+            if ready.recv().is_err() {
+                break;
+            }
         }
         Ok(Workers {
             pool: Some(pool),
@@ -416,6 +434,15 @@ thread_local! {
     /// Per-thread f32 scratch; worker threads live as long as the device, so after the first
     /// launches no kernel allocates here.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// f32s of scratch each of the device's threads holds from its start: more than a decode
+/// step's kernels ask for, so no thread first grows its scratch in the middle of a step (a
+/// thread claims its first range of a kernel whenever the other threads leave it one).
+const SCRATCH_RESERVE: usize = 16 * 1024;
+
+fn reserve_scratch() {
+    with_scratch(SCRATCH_RESERVE, |_| ());
 }
 
 /// Runs `body` with `len` f32s of this thread's scratch (contents unspecified).
