@@ -27,24 +27,32 @@ fn count() {
 
 // SAFETY: forwards to the system allocator unchanged; the counter is only atomics.
 unsafe impl GlobalAlloc for Counting {
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.alloc(layout) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`].
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.alloc_zeroed(layout) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`].
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 
+    /// # Safety
+    /// As [`GlobalAlloc::dealloc`].
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract, forwarded.
         unsafe { System.dealloc(ptr, layout) }
