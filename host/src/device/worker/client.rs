@@ -415,10 +415,15 @@ impl WorkerDevice {
 
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
         let device_ns = self.request(RequestHeader::new(Op::Synchronize), &[])?;
+        self.keep_step_counters();
+        Ok(Duration::from_nanos(device_ns))
+    }
+
+    /// The counters and callable times that the reply ending a step carries.
+    fn keep_step_counters(&mut self) {
         self.stats = decode_stats(&self.reply_body);
         let times = self.reply_body.get(STATS_BYTES..).unwrap_or(&[]);
         self.callable_times_fresh = Some(decode_callable_times(times, &mut self.callable_times));
-        Ok(Duration::from_nanos(device_ns))
     }
 
     /// [`WorkerDevice::synchronize`], then [`WorkerDevice::read`] into `dst`: one round trip
@@ -444,9 +449,7 @@ impl WorkerDevice {
         let copy_started = Instant::now();
         dst.copy_from_slice(&self.region.bytes()[..dst.len()]);
         let copy = copy_started.elapsed();
-        self.stats = decode_stats(&self.reply_body);
-        let times = self.reply_body.get(STATS_BYTES..).unwrap_or(&[]);
-        self.callable_times_fresh = Some(decode_callable_times(times, &mut self.callable_times));
+        self.keep_step_counters();
         Ok((Duration::from_nanos(device_ns), copy))
     }
 

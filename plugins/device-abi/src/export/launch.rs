@@ -3,16 +3,16 @@
 use std::ops::Range;
 use std::slice;
 
-use crate::abi::{DType, TensorArg, status};
 use smallvec::SmallVec;
 
+use crate::abi::{DType, TensorArg, status};
 use crate::callables::{Access, CallableSpec, MAX_ARGS, ParamKind};
 use crate::elements;
 use crate::validate::ShapeBindings;
 
 use super::DeviceFailure;
 use super::buffers::{AlignedBytes, BufferTable, checked_range};
-use super::views::{ArgView, ArgViews, raw_rows};
+use super::views::{ArgView, ArgViews, ViewList, raw_rows};
 
 /// One launch as a device sees it: resolved shape symbols, params, and typed access to the
 /// bytes of each argument.
@@ -288,7 +288,7 @@ impl Launch<'_> {
         let snapshot_of = self.snapshot_overlapping_reads()?;
         let buffers = &mut *self.buffers;
         let snapshots = &self.snapshots;
-        let mut views = SmallVec::new();
+        let mut views = ViewList::new();
         for (index, resolved) in self.args.iter().enumerate() {
             let view = match snapshot_of[index] {
                 Some(snapshot) => ArgView::Shared(&snapshots[snapshot]),

@@ -4,9 +4,9 @@ use std::marker::PhantomData;
 use std::ops::Range;
 use std::slice;
 
-use crate::abi::DType;
 use smallvec::SmallVec;
 
+use crate::abi::DType;
 use crate::callables::{CallableSpec, MAX_ARGS};
 
 /// The elements of a float argument in the dtype it was passed in; f16 and bf16 as raw bits.
@@ -96,8 +96,11 @@ impl<'l, T> RowsMut<'l, T> {
 /// panics.
 pub struct ArgViews<'l> {
     spec: &'static CallableSpec,
-    views: SmallVec<[(ArgView<'l>, DType); MAX_ARGS]>,
+    views: ViewList<'l>,
 }
+
+/// Each argument's view and dtype, in spec order; inline, so a launch allocates nothing.
+pub(super) type ViewList<'l> = SmallVec<[(ArgView<'l>, DType); MAX_ARGS]>;
 
 /// One argument's bytes, borrowed as the callable's access to it allows.
 pub(super) enum ArgView<'l> {
@@ -108,10 +111,7 @@ pub(super) enum ArgView<'l> {
 }
 
 impl<'l> ArgViews<'l> {
-    pub(super) fn new(
-        spec: &'static CallableSpec,
-        views: SmallVec<[(ArgView<'l>, DType); MAX_ARGS]>,
-    ) -> Self {
+    pub(super) fn new(spec: &'static CallableSpec, views: ViewList<'l>) -> Self {
         ArgViews { spec, views }
     }
 
