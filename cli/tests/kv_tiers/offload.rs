@@ -87,9 +87,15 @@ pub(super) async fn metric(server: &Server, series: &str) -> f64 {
 
 /// The text of a greedy completion of `max_tokens` tokens past end-of-sequence.
 pub(super) async fn complete_text(server: &Server, prompt: &[u32], max_tokens: u32) -> String {
+    let mut texts = complete_texts(server, &[prompt.to_vec()], max_tokens).await;
+    texts.remove(0)
+}
+
+/// The greedy texts of several prompts sent in one completions request, in prompt order.
+async fn complete_texts(server: &Server, prompts: &[Vec<u32>], max_tokens: u32) -> Vec<String> {
     let body = json!({
         "model": "tiny-qwen3",
-        "prompt": prompt,
+        "prompt": prompts,
         "max_tokens": max_tokens,
         "ignore_eos": true,
         "temperature": 0,
@@ -104,10 +110,22 @@ pub(super) async fn complete_text(server: &Server, prompt: &[u32], max_tokens: u
         .json()
         .await
         .expect("JSON");
-    answer["choices"][0]["text"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{answer}"))
-        .to_string()
+    let choices = answer["choices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{answer}"));
+    assert_eq!(choices.len(), prompts.len(), "{answer}");
+    (0..prompts.len())
+        .map(|index| {
+            let choice = choices
+                .iter()
+                .find(|choice| choice["index"] == index)
+                .unwrap_or_else(|| panic!("no choice {index}: {answer}"));
+            choice["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{answer}"))
+                .to_string()
+        })
+        .collect()
 }
 
 pub(super) fn stop(mut server: Server) {
@@ -303,8 +321,12 @@ fn offload_flags_without_prefix_caching_or_half_a_disk_tier_are_refused() {
 
 #[tokio::test]
 async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens() {
-    // Two requests that together outgrow the pool: one is preempted, its blocks go to host
+    // Two sequences that together outgrow the pool: one is preempted, its blocks go to host
     // memory, the other's growth evicts them from the device, and they come back from there.
+    // Both prompts come in one request, so they reach the engine back to back, not at the
+    // mercy of two connections; a prompt takes two blocks, so the later one is admitted at
+    // any point of the earlier one's 80 steps, and 88 tokens each (22 blocks) cannot both
+    // stay in 24.
     let pool = [
         "--block-size",
         "4",
@@ -313,12 +335,13 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         "--max-num-seqs",
         "2",
     ];
-    let prompts: [Vec<u32>; 2] = [(1..=40).collect(), (300..340).collect()];
+    let prompts: [Vec<u32>; 2] = [(1..=8).collect(), (300..308).collect()];
+    const OUTPUT: u32 = 80;
     let device = "libplughost_device_cpu.so";
     let fresh = Server::start_on(device, &pool);
     let alone = [
-        complete_text(&fresh, &prompts[0], 40).await,
-        complete_text(&fresh, &prompts[1], 40).await,
+        complete_text(&fresh, &prompts[0], OUTPUT).await,
+        complete_text(&fresh, &prompts[1], OUTPUT).await,
     ];
     stop(fresh);
 
@@ -326,12 +349,7 @@ async fn a_preempted_request_swaps_back_from_host_memory_with_the_fresh_tokens()
         device,
         &[&pool[..], &["--kv-offload-memory", "1MiB"]].concat(),
     );
-    let together = futures::future::join(
-        complete_text(&tiered, &prompts[0], 40),
-        complete_text(&tiered, &prompts[1], 40),
-    )
-    .await;
-    assert_eq!([together.0, together.1], alone);
+    assert_eq!(complete_texts(&tiered, &prompts, OUTPUT).await, alone);
     assert!(metric(&tiered, "plughost_num_preemptions_total").await >= 1.0);
     assert!(
         metric(
