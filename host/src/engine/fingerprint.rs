@@ -150,12 +150,14 @@ impl ModelIdentity {
     }
 }
 
-/// The device options that can change results, in a stable order: all but `threads`.
+/// The device options that can change results, in a stable order: all but `threads` and
+/// `prefetch` (which lines the caches are asked for early).
 fn numeric_options(config: &str) -> String {
+    let timing_only = ["threads=", "prefetch="];
     let mut options: Vec<&str> = config
         .split(',')
         .map(str::trim)
-        .filter(|o| !o.is_empty() && !o.starts_with("threads="))
+        .filter(|o| !o.is_empty() && !timing_only.iter().any(|key| o.starts_with(key)))
         .collect();
     options.sort_unstable();
     options.join(",")
@@ -289,10 +291,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn threads_do_not_count_and_option_order_does_not_matter() {
+    fn threads_and_prefetch_do_not_count_and_option_order_does_not_matter() {
         assert_eq!(
             numeric_options("threads=2, bf16_products=f32,isa=avx2"),
-            numeric_options("isa=avx2,bf16_products=f32,threads=8")
+            numeric_options("isa=avx2,bf16_products=f32,threads=8,prefetch=on")
         );
         assert_ne!(
             numeric_options("bf16_products=f32"),

@@ -2,7 +2,7 @@
 //!
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
 //! by `-- [--portable] [--all-types] [--one-digit] [--decode-step] [--threads N] [--seconds S]
-//! [FILTER]`.
+//! [--prefetch auto|on|off] [FILTER]`.
 //! `--one-digit` quantizes the activations to one int8 digit (the device's
 //! `activation_digits=1`) instead of the default two. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or
@@ -168,7 +168,13 @@ fn main() {
     let benches: Vec<QuantizedBench> = levels
         .iter()
         .map(|&isa| {
-            QuantizedBench::new(isa, options.digits, options.common.threads()).expect("workers")
+            QuantizedBench::new(
+                isa,
+                options.digits,
+                options.common.prefetch(),
+                options.common.threads(),
+            )
+            .expect("workers")
         })
         .collect();
     if options.decode_step {

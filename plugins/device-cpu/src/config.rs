@@ -1,4 +1,4 @@
-//! The CPU device's `open` config: comma-separated `key=value` options (`threads`, `isa`, `bf16_products`, `activation_digits`).
+//! The CPU device's `open` config: comma-separated `key=value` options (`threads`, `isa`, `bf16_products`, `activation_digits`, `prefetch`).
 
 use std::num::NonZeroUsize;
 use std::thread;
@@ -6,7 +6,7 @@ use std::thread;
 use plughost_device_abi::config::{ConfigError, ConfigSpec};
 
 use crate::isa::{Isa, IsaLevel};
-use crate::linear::{ActivationDigits, Bf16Products};
+use crate::linear::{ActivationDigits, Bf16Products, RowPrefetch};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CpuConfig {
@@ -21,6 +21,9 @@ pub struct CpuConfig {
     /// `activation_digits=1|2`: the int8 digits each activation keeps when it meets
     /// block-quantized weights (see [`ActivationDigits`]); by default two.
     pub activation_digits: ActivationDigits,
+    /// `prefetch=auto|on|off`: whether the AVX-512 one-token rows hint their lines ahead
+    /// (see [`RowPrefetch`]); `auto`, the default, turns them on for Intel CPUs only.
+    pub prefetch: RowPrefetch,
 }
 
 impl Default for CpuConfig {
@@ -31,6 +34,7 @@ impl Default for CpuConfig {
             isa,
             bf16_products: default_products(isa),
             activation_digits: ActivationDigits::default(),
+            prefetch: RowPrefetch::for_this_cpu(),
         }
     }
 }
@@ -46,7 +50,13 @@ fn default_products(isa: Isa) -> Bf16Products {
 /// The options `CpuConfig::parse` understands.
 const SPEC: ConfigSpec = ConfigSpec {
     device: "cpu",
-    known_keys: &["threads", "isa", "bf16_products", "activation_digits"],
+    known_keys: &[
+        "threads",
+        "isa",
+        "bf16_products",
+        "activation_digits",
+        "prefetch",
+    ],
 };
 
 impl CpuConfig {
@@ -67,6 +77,7 @@ impl CpuConfig {
                 }
                 "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
                 "activation_digits" => config.activation_digits = option.parse("`1` or `2`")?,
+                "prefetch" => config.prefetch = option.parse("`auto`, `on` or `off`")?,
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
@@ -115,7 +126,7 @@ mod tests {
                 "thread=2",
                 Err(
                     "unknown cpu device option `thread` (known: threads, isa, bf16_products, \
-                     activation_digits)",
+                     activation_digits, prefetch)",
                 ),
             ),
             (
@@ -144,6 +155,42 @@ mod tests {
                 .unwrap_err()
                 .to_string(),
             "cpu device option `activation_digits` must be `1` or `2`, got `8`"
+        );
+    }
+
+    #[test]
+    fn prefetch_is_auto_on_or_off_and_follows_the_vendor_by_default() {
+        let vendor = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|info| {
+                let line = info
+                    .lines()
+                    .find(|l| l.starts_with("vendor_id"))?
+                    .to_string();
+                Some(line.split(':').nth(1)?.trim().to_string())
+            });
+        if let Some(vendor) = vendor {
+            let expected = if vendor == "GenuineIntel" {
+                RowPrefetch::Software
+            } else {
+                RowPrefetch::Hardware
+            };
+            assert_eq!(CpuConfig::default().prefetch, expected, "{vendor}");
+            assert_eq!(
+                CpuConfig::parse("prefetch=auto").unwrap().prefetch,
+                expected
+            );
+        }
+        for (text, prefetch) in [
+            ("on", RowPrefetch::Software),
+            ("off", RowPrefetch::Hardware),
+        ] {
+            let config = CpuConfig::parse(&format!("prefetch={text}")).unwrap();
+            assert_eq!(config.prefetch, prefetch);
+        }
+        assert_eq!(
+            CpuConfig::parse("prefetch=yes").unwrap_err().to_string(),
+            "cpu device option `prefetch` must be `auto`, `on` or `off`, got `yes`"
         );
     }
 

@@ -2,7 +2,7 @@
 //!
 //! Config (the `open` string): `threads=N` worker threads per launch (default: the machine's
 //! available parallelism), `isa=` the instruction-set level (default: the highest the CPU
-//! has, see [`isa`]), `bf16_products=` and `activation_digits=`, see `config`. Launches run synchronously on those threads, so the
+//! has, see [`isa`]), `bf16_products=`, `activation_digits=` and `prefetch=`, see `config`. Launches run synchronously on those threads, so the
 //! device time `synchronize` reports is the time spent inside launches.
 //!
 //! Layout, one kernel family per module: `gather` (embedding and row gathers), `norm`
@@ -43,7 +43,7 @@ pub use attention::{AttentionBench, BenchHeads, BenchLayout};
 pub use linear::{ActivationDigits, QuantizedBench};
 /// The bf16 linears for `cargo bench` (`benches/bf16_decode.rs`); not an interface.
 #[doc(hidden)]
-pub use linear::{Bf16Bench, Bf16Products};
+pub use linear::{Bf16Bench, Bf16Products, RowPrefetch};
 
 #[cfg(test)]
 mod abi_tests;
@@ -75,6 +75,8 @@ pub(crate) struct Context {
     pub bf16_products: linear::Bf16Products,
     /// The int8 digits activations keep for block-quantized weights.
     pub activation_digits: linear::ActivationDigits,
+    /// Whether the AVX-512 one-token rows hint their lines ahead.
+    pub prefetch: linear::RowPrefetch,
     /// Attention's task list and partial states, reused from launch to launch.
     pub attention: attention::AttentionScratch,
 }
@@ -92,6 +94,7 @@ impl DeviceBackend for CpuDevice {
                 isa: config.isa,
                 bf16_products: config.bf16_products,
                 activation_digits: config.activation_digits,
+                prefetch: config.prefetch,
                 attention: attention::AttentionScratch::default(),
             },
         })

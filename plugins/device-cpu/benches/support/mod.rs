@@ -2,12 +2,16 @@
 
 use std::time::{Duration, Instant};
 
+use plughost_device_cpu::RowPrefetch;
+
 /// The options every benchmark takes: `--portable` (time the portable level too),
-/// `--threads N`, `--seconds S` (time per case, at least) and a filter on the cases' names.
+/// `--threads N`, `--seconds S` (time per case, at least), `--prefetch auto|on|off` and a
+/// filter on the cases' names.
 pub struct CommonOptions {
     portable: bool,
     threads: usize,
     seconds: f64,
+    prefetch: RowPrefetch,
     filter: Option<String>,
 }
 
@@ -19,6 +23,7 @@ impl CommonOptions {
             portable: false,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
             seconds: 0.5,
+            prefetch: RowPrefetch::for_this_cpu(),
             filter: None,
         };
         let number = |value: Option<String>, flag: &str| -> f64 {
@@ -35,6 +40,13 @@ impl CommonOptions {
                 "--portable" => options.portable = true,
                 "--threads" => options.threads = number(args.next(), "--threads") as usize,
                 "--seconds" => options.seconds = number(args.next(), "--seconds"),
+                "--prefetch" => {
+                    let value = args.next().unwrap_or_default();
+                    options.prefetch = value.parse().unwrap_or_else(|error| {
+                        eprintln!("--prefetch: {error}");
+                        std::process::exit(2)
+                    });
+                }
                 flag if extra(flag) => {}
                 other => options.filter = Some(other.to_string()),
             }
@@ -52,6 +64,11 @@ impl CommonOptions {
 
     pub fn seconds(&self) -> f64 {
         self.seconds
+    }
+
+    /// `--prefetch auto|on|off`, the device's `prefetch=` (by default what `auto` picks).
+    pub fn prefetch(&self) -> RowPrefetch {
+        self.prefetch
     }
 
     /// Whether the case named `name` is to run: there is no filter, or the name holds it.

@@ -6,16 +6,23 @@ use crate::Context;
 use crate::isa::Isa;
 use crate::workers::Workers;
 
-use super::{Bf16Products, LinearShape, WeightOrder, linear_on, qkv_linear, silu_gate_linear};
+use super::{
+    Bf16Products, LinearShape, RowPrefetch, WeightOrder, linear_on, qkv_linear, silu_gate_linear,
+};
 
-/// A device's worker threads, instruction-set level and bf16 products, for timing bf16 linears
+/// A device's worker threads, instruction-set level, bf16 products and row prefetch, for timing bf16 linears
 /// over weights in the host's row order (the order of the `vdpbf16ps` path).
 pub struct Bf16Bench {
     context: Context,
 }
 
 impl Bf16Bench {
-    pub fn new(isa: Isa, products: Bf16Products, threads: usize) -> Result<Bf16Bench, String> {
+    pub fn new(
+        isa: Isa,
+        products: Bf16Products,
+        prefetch: RowPrefetch,
+        threads: usize,
+    ) -> Result<Bf16Bench, String> {
         Ok(Bf16Bench {
             context: Context {
                 workers: Workers::new(threads)?,
@@ -23,6 +30,7 @@ impl Bf16Bench {
                 isa,
                 bf16_products: products,
                 activation_digits: Default::default(),
+                prefetch,
                 attention: Default::default(),
             },
         })
@@ -33,6 +41,7 @@ impl Bf16Bench {
             self.context.isa,
             self.context.bf16_products,
             WeightOrder::Rows,
+            self.context.prefetch,
         )
     }
 

@@ -14,7 +14,7 @@ use super::plan::token_block_len;
 use super::sink::{Sink, drive};
 use super::{Kernel, NR, WeightOrder, portable};
 #[cfg(target_arch = "x86_64")]
-use super::{avx2, avx512, bf16_dot_products, panels};
+use super::{RowPrefetch, avx2, avx512, bf16_dot_products, panels};
 use crate::isa::{IsaLevel, Vectors};
 use crate::widen::widen_into;
 use crate::workers::{Workers, with_scratch};
@@ -29,16 +29,16 @@ thread_local! {
 
 /// `x` times each of `weights` (one dtype) into `sink`, on the instruction set's tiles.
 pub(super) fn matmul(
-    (isa, bf16_products, order): Kernel,
+    (isa, bf16_products, order, prefetch): Kernel,
     x: &[f32],
     weights: &[FloatSlice<'_>],
     sink: &Sink<'_, '_>,
     plan: &Plan,
     workers: &Workers,
 ) -> Result<(), DeviceFailure> {
-    // Only the x86-64 tiles tell bf16 products apart.
+    // Only the x86-64 tiles tell bf16 products and row prefetches apart.
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = bf16_products;
+    let _ = (bf16_products, prefetch);
     assert!(
         sink.check(plan, x, weights),
         "linear: slices of {} and {:?} elements do not match T={} K={} N={:?}",
@@ -141,6 +141,7 @@ pub(super) fn matmul(
                             out_stride,
                             columns,
                             prefetch_next_panel: plan.reads_panels_once(),
+                            prefetch_row_ahead: prefetch == RowPrefetch::Software,
                         };
                         // SAFETY: `isa` has AVX-512 BF16 (the arm's guard); `panel_rows` and the
                         // token range keep every row in bounds; the task owns the output block.
@@ -284,6 +285,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
                 out_stride,
                 columns,
                 prefetch_next_panel: plan.reads_panels_once(),
+                prefetch_row_ahead: false,
             };
             // SAFETY: `Vectors::Avx512` comes from an `Isa` with AVX-512; `panel_rows` and the token
             // range keep every row in bounds; the task owns the output block.

@@ -56,7 +56,7 @@ pub(super) struct Plan<'w> {
 
 impl<'w> Plan<'w> {
     pub(super) fn new(
-        (isa, _, order): Kernel,
+        (isa, _, order, _): Kernel,
         tokens: usize,
         inner: usize,
         widths: &'w [usize],

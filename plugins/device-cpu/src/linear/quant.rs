@@ -41,6 +41,7 @@ use crate::isa::Isa;
 use crate::isa::IsaLevel;
 use crate::workers::{Workers, with_scratch};
 
+use super::RowPrefetch;
 use super::sink::SharedOut;
 pub use activations::ActivationDigits;
 use activations::{Q8Rows, Q8Tiles};
@@ -182,7 +183,10 @@ fn multiply(
     ROWS.with(|cell| {
         let mut rows = cell.borrow_mut();
         let (rows, tiles) = &mut *rows;
-        let kernel = RowKernel { isa: context.isa };
+        let kernel = RowKernel {
+            isa: context.isa,
+            prefetch: context.prefetch,
+        };
         // Slot 0 for the 32-value blocks, 1 for the K-quants' 256.
         let slot = |dtype: DType| usize::from(dots::activation_block(dtype) != 32);
         let mut quantized = [false; 2];
@@ -249,6 +253,8 @@ fn rows_of(groups: std::ops::Range<usize>, rows: usize) -> std::ops::Range<usize
 #[derive(Clone, Copy)]
 struct RowKernel {
     isa: Isa,
+    /// Whether the AVX-512 Q8_0 tiles hint their lines ahead.
+    prefetch: RowPrefetch,
 }
 
 /// A launch's quantized activations for one weight type: the rows, and the group tiles'
@@ -367,7 +373,17 @@ impl RowKernel {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
                     // tile's features (checked when the `Isa` was made).
-                    let values = unsafe { group_by_type!(avx512, dtype, two, group, tile) };
+                    let values = unsafe {
+                        match (dtype, self.prefetch, two) {
+                            (DType::Q8_0, RowPrefetch::Software, true) => {
+                                avx512::q8_0_group_ahead::<M, true>(group, tile)
+                            }
+                            (DType::Q8_0, RowPrefetch::Software, false) => {
+                                avx512::q8_0_group_ahead::<M, false>(group, tile)
+                            }
+                            _ => group_by_type!(avx512, dtype, two, group, tile),
+                        }
+                    };
                     store(first, &values);
                 });
             } else {

@@ -108,16 +108,19 @@ fn reference(x: &[f32], w: &[f32], shape: LinearShape) -> Vec<(f64, f64)> {
 
 /// Every kernel this machine can run: at each of its levels, f32 products on weights in
 /// the host's order and (from `avx2` up) in panels, and bf16 products where the level has
-/// them.
+/// them, with and without the rows' software prefetch.
 fn kernels() -> Vec<Kernel> {
+    let hardware = RowPrefetch::Hardware;
     let mut kernels = Vec::new();
     for isa in Isa::every() {
-        kernels.push((isa, Bf16Products::F32, WeightOrder::Rows));
+        kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, hardware));
         if cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2) {
-            kernels.push((isa, Bf16Products::F32, WeightOrder::Panels));
+            kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, hardware));
         }
         if isa.has(IsaLevel::Avx512Bf16) {
-            kernels.push((isa, Bf16Products::Bf16, WeightOrder::Rows));
+            for prefetch in [hardware, RowPrefetch::Software] {
+                kernels.push((isa, Bf16Products::Bf16, WeightOrder::Rows, prefetch));
+            }
         }
     }
     kernels
@@ -269,7 +272,12 @@ fn weights_of_one_launch_in_different_dtypes_are_refused() {
     };
     let workers = Workers::new(1).unwrap();
     let result = silu_gate_linear(
-        (Isa::detect(), Bf16Products::default(), WeightOrder::Rows),
+        (
+            Isa::detect(),
+            Bf16Products::default(),
+            WeightOrder::Rows,
+            RowPrefetch::Hardware,
+        ),
         &x,
         [a.slice("f32"), b.slice("bf16")],
         &mut out,
@@ -423,7 +431,7 @@ fn linear_timing() {
             ("f16", Bf16Products::F32, rows),
         ];
         for (dtype, products, order) in cases {
-            let kernel = (Isa::detect(), products, order);
+            let kernel = (Isa::detect(), products, order, RowPrefetch::Hardware);
             if !kernels().contains(&kernel) {
                 continue;
             }

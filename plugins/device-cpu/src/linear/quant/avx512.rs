@@ -354,6 +354,33 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
+    // SAFETY: the contract.
+    unsafe { group_lines::<M, FORMAT, TWO, false>(group, tile) }
+}
+
+/// [`group`] for Q8_0, also asking for each line of values [`super::interleaved`]'s stream
+/// distance ahead ([`super::super::RowPrefetch::Software`]), with the same bits.
+///
+/// # Safety
+/// As [`group`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
+pub unsafe fn q8_0_group_ahead<const M: usize, const TWO: bool>(
+    group: &[u8],
+    tile: Q8Tile<'_>,
+) -> [[f32; 16]; M] {
+    // SAFETY: the contract.
+    unsafe { group_lines::<M, 0, TWO, true>(group, tile) }
+}
+
+/// [`group`], with `Q8_AHEAD` the Q8_0 lines' hints.
+///
+/// # Safety
+/// As [`group`].
+#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
+unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q8_AHEAD: bool>(
+    group: &[u8],
+    tile: Q8Tile<'_>,
+) -> [[f32; 16]; M] {
     let dtype = super::interleaved::format_type(FORMAT);
     let blocks = super::interleaved::check_group(dtype, group, &tile, M);
     let activations = tile.digits.as_ptr();
@@ -386,9 +413,13 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
                 }
             };
             if FORMAT == 0 {
-                // No `prefetch_ahead` for Q8_0: asked for, SmolLM2's small matrices streamed
-                // 7% slower on Zen 5, and Qwen3's no faster.
+                // Q8_0's hints only when asked for: on Zen 5 they made SmolLM2's small
+                // matrices stream 7% slower and Qwen3's no faster; on an Intel Xeon, a
+                // decode step 1.16 to 1.25 times faster.
                 for q in 0..8 {
+                    if Q8_AHEAD {
+                        prefetch_ahead(base.add(quads + 64 * q), 64);
+                    }
                     dot(q, _mm512_loadu_si512(base.add(quads + 64 * q).cast()));
                 }
             } else {

@@ -11,12 +11,14 @@ use crate::Context;
 use crate::isa::Isa;
 use crate::workers::Workers;
 
+use super::super::RowPrefetch;
 use super::super::sink::SharedOut;
 use super::dots::{activation_block, block_bytes};
 use super::interleaved::{arrange_in_tasks, groups};
 use super::{ActivationDigits, Outputs, QuantMatrix, multiply};
 
-/// A device's worker threads and instruction-set level, for timing quantized linears.
+/// A device's worker threads, instruction-set level and row prefetch, for timing quantized
+/// linears.
 pub struct QuantizedBench {
     context: Context,
 }
@@ -25,6 +27,7 @@ impl QuantizedBench {
     pub fn new(
         isa: Isa,
         digits: ActivationDigits,
+        prefetch: RowPrefetch,
         threads: usize,
     ) -> Result<QuantizedBench, String> {
         Ok(QuantizedBench {
@@ -34,6 +37,7 @@ impl QuantizedBench {
                 isa,
                 bf16_products: Default::default(),
                 activation_digits: digits,
+                prefetch,
                 attention: Default::default(),
             },
         })

@@ -101,8 +101,12 @@ fn dot_products_match_the_reference_on_every_path() {
                 .map(|(&w, &x)| f64::from(w * x).abs())
                 .sum();
             let mut bits = Vec::new();
-            for isa in paths() {
-                let kernel = RowKernel { isa };
+            // The hints ask for lines early and change no result.
+            let kernels = paths().into_iter().flat_map(|isa| {
+                [RowPrefetch::Hardware, RowPrefetch::Software].map(|prefetch| (isa, prefetch))
+            });
+            for (isa, prefetch) in kernels {
+                let kernel = RowKernel { isa, prefetch };
                 let dot = |rows: &Q8Rows| {
                     let mut out = [0.0f32];
                     let w = QuantMatrix {
@@ -121,7 +125,7 @@ fn dot_products_match_the_reference_on_every_path() {
                     f64::from(out[0])
                 };
                 let (one_level, ours) = (dot(&first_level), dot(&rows));
-                let name = format!("{} row {r} at {}", case.dtype, isa.level());
+                let name = format!("{} row {r} at {}, {prefetch:?}", case.dtype, isa.level());
                 // One digit against the same int8 activations (llama.cpp's arithmetic): only
                 // f32 rounding differs.
                 assert!(
@@ -162,6 +166,7 @@ fn context_with(isa: Isa, digits: ActivationDigits, threads: usize) -> Context {
         isa,
         bf16_products: Default::default(),
         activation_digits: digits,
+        prefetch: Default::default(),
         attention: Default::default(),
     }
 }
@@ -459,7 +464,12 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
                     isa.level()
                 );
                 let isa_digits = (isa, digits);
-                let groups = RowKernel { isa }.group_tokens().is_some();
+                let groups = RowKernel {
+                    isa,
+                    prefetch: RowPrefetch::Hardware,
+                }
+                .group_tokens()
+                .is_some();
                 assert_eq!(
                     launch_bits(isa_digits, plain, &x, inner, 2),
                     expected,
@@ -510,7 +520,12 @@ fn groups_serve_the_gated_launch() {
         };
         let (gate_arranged, up_arranged) = (arranged(gate_type, &gate), arranged(up_type, &up));
         for isa in paths() {
-            let grouped = RowKernel { isa }.group_tokens().is_some();
+            let grouped = RowKernel {
+                isa,
+                prefetch: RowPrefetch::Hardware,
+            }
+            .group_tokens()
+            .is_some();
             let (gate, up) = if grouped {
                 (&gate_arranged, &up_arranged)
             } else {
