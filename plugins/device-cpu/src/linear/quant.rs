@@ -254,6 +254,7 @@ fn rows_of(groups: std::ops::Range<usize>, rows: usize) -> std::ops::Range<usize
 struct RowKernel {
     isa: Isa,
     /// Whether the AVX-512 Q8_0 tiles hint their lines ahead.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: RowPrefetch,
 }
 
