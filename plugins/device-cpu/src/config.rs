@@ -65,6 +65,7 @@ impl CpuConfig {
     pub fn parse(text: &str) -> Result<CpuConfig, ConfigError> {
         let mut config = CpuConfig::default();
         let mut products = None;
+        let mut prefetch_option = None;
         for option in SPEC.parse(text)? {
             match option.key {
                 "threads" => config.threads = option.parse("a positive integer")?,
@@ -77,9 +78,26 @@ impl CpuConfig {
                 }
                 "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
                 "activation_digits" => config.activation_digits = option.parse("`1` or `2`")?,
-                "prefetch" => config.prefetch = option.parse("`auto`, `on` or `off`")?,
+                "prefetch" => {
+                    config.prefetch = option.parse("`auto`, `on` or `off`")?;
+                    prefetch_option = Some(option);
+                }
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
+        }
+        // Only the AVX-512 VNNI and BF16 tiles take hints: below them `on` would do nothing.
+        if !config.isa.has(IsaLevel::Avx512Vnni) {
+            if let Some(option) = prefetch_option
+                && config.prefetch == RowPrefetch::Software
+                && option.value != "auto"
+            {
+                return Err(option.invalid(format!(
+                    "is `on`, which needs isa {}; the device runs at {}",
+                    IsaLevel::Avx512Vnni,
+                    config.isa.level()
+                )));
+            }
+            config.prefetch = RowPrefetch::Hardware;
         }
         // Resolved after the loop: `isa` may come after `bf16_products`.
         config.bf16_products = match products {
@@ -169,8 +187,9 @@ mod tests {
                     .to_string();
                 Some(line.split(':').nth(1)?.trim().to_string())
             });
+        let hints = Isa::detect().has(IsaLevel::Avx512Vnni);
         if let Some(vendor) = vendor {
-            let expected = if vendor == "GenuineIntel" {
+            let expected = if vendor == "GenuineIntel" && hints {
                 RowPrefetch::Software
             } else {
                 RowPrefetch::Hardware
@@ -185,9 +204,16 @@ mod tests {
             ("on", RowPrefetch::Software),
             ("off", RowPrefetch::Hardware),
         ] {
-            let config = CpuConfig::parse(&format!("prefetch={text}")).unwrap();
-            assert_eq!(config.prefetch, prefetch);
+            match CpuConfig::parse(&format!("prefetch={text}")) {
+                Ok(config) => assert_eq!(config.prefetch, prefetch),
+                Err(error) => assert!(
+                    !hints && text == "on" && error.to_string().contains("needs isa avx512_vnni"),
+                    "{error}"
+                ),
+            }
         }
+        let low = CpuConfig::parse("prefetch=on,isa=avx2").map(|c| c.prefetch);
+        assert!(low.is_err(), "{low:?}");
         assert_eq!(
             CpuConfig::parse("prefetch=yes").unwrap_err().to_string(),
             "cpu device option `prefetch` must be `auto`, `on` or `off`, got `yes`"
