@@ -256,8 +256,9 @@ struct ServeInputs {
 /// (`gguf` as shipped, or converted to `f32` or `bf16`) if missing; shared by `serve` and
 /// `compare`, so both serve the same thing.
 fn serve_inputs(workspace: &plugins::Workspace, form: &str) -> Result<ServeInputs> {
-    let plugins = workspace.build_plugins()?;
-    let binaries = tools::build_release(workspace)?;
+    // The binaries build with the device libraries, so both share one set of features.
+    let plugins = workspace.build_plugins_with(&tools::RELEASE_PACKAGES)?;
+    let binaries = tools::release_binaries(workspace);
     let model = match form {
         "gguf" => tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--gguf"])?,
         dtype => tools::fetch_model(workspace, &binaries.tools, &[SMOLLM2, "--dtype", dtype])?,

@@ -118,6 +118,15 @@ impl Workspace {
 
     /// Builds every plugin in release and copies the artifacts into `target/plugins`.
     pub fn build_plugins(&self) -> Result<PathBuf> {
+        self.build_plugins_with(&[])
+    }
+
+    /// [`Workspace::build_plugins`], with `also` built in release in the same cargo invocation
+    /// as the device libraries. A device library is a cdylib, whose file name carries no hash of
+    /// its dependencies' features: built once alone and once beside packages that turn on more
+    /// of those features, each build would overwrite the other's file and make the next one
+    /// compile it again.
+    pub fn build_plugins_with(&self, also: &[&str]) -> Result<PathBuf> {
         ensure_target(WASM_TARGET)?;
         let out = self.target_dir.join("plugins");
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
@@ -143,11 +152,18 @@ impl Workspace {
             copy(&built, &out.join(format!("{}.wasm", plugin.lib_name)))?;
         }
         let devices: Vec<&Plugin> = self.plugins.iter().filter(|p| p.is_device).collect();
-        if !devices.is_empty() {
-            eprintln!("[{total}/{total}] device libraries");
+        if !devices.is_empty() || !also.is_empty() {
+            match also {
+                [] => eprintln!("[{total}/{total}] device libraries"),
+                _ => eprintln!("[{total}/{total}] device libraries, {}", also.join(", ")),
+            }
             let mut args = vec!["build", "--release"];
-            for d in &devices {
-                args.extend(["-p", d.package.as_str()]);
+            for package in devices
+                .iter()
+                .map(|d| d.package.as_str())
+                .chain(also.iter().copied())
+            {
+                args.extend(["-p", package]);
             }
             self.cargo(&args, &[])?;
             for d in devices {

@@ -36,24 +36,26 @@ pub fn build_for_tests(workspace: &Workspace, env: &[(&str, &OsStr)]) -> Result<
     ))
 }
 
+/// The packages of `plughost` and `plughost-tools`.
+pub const RELEASE_PACKAGES: [&str; 2] = ["plughost-cli", "plughost-tools"];
+
 /// `plughost` and `plughost-tools` in release, from one cargo invocation.
 pub fn build_release(workspace: &Workspace) -> Result<ReleaseBinaries> {
-    workspace.cargo(
-        &[
-            "build",
-            "--release",
-            "-p",
-            "plughost-cli",
-            "-p",
-            "plughost-tools",
-        ],
-        &[],
-    )?;
+    let mut args = vec!["build", "--release"];
+    for package in RELEASE_PACKAGES {
+        args.extend(["-p", package]);
+    }
+    workspace.cargo(&args, &[])?;
+    Ok(release_binaries(workspace))
+}
+
+/// Where the release build puts `plughost` and `plughost-tools`.
+pub fn release_binaries(workspace: &Workspace) -> ReleaseBinaries {
     let dir = workspace.target_dir().join("release");
-    Ok(ReleaseBinaries {
+    ReleaseBinaries {
         plughost: executable(&dir, "plughost"),
         tools: executable(&dir, "plughost-tools"),
-    })
+    }
 }
 
 /// Runs `tools fetch-model ARGS` into the workspace's target folder and returns the folder it
