@@ -4,10 +4,10 @@
 //!
 //! Everything lives in `target/llama-cpp/`: `venv/` (cmake and ninja from PyPI), `src/` (the
 //! sdist and its extracted tree), `build/` (`bin/llama-server`, `bin/llama-quantize`), the
-//! logs `configure.log` and `build.log`, and `build-options.txt`, the options the build was
+//! logs `configure.log` and `build.log`, and `build-options.txt`, the options `build/` was
 //! configured with beyond the fixed ones. Each step is skipped when its output exists, so an
-//! interrupted build resumes where it stopped; a build configured with other options is made
-//! again.
+//! interrupted build resumes where it stopped; a `build/` configured with other options than
+//! this machine needs is removed and made again.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -80,13 +80,21 @@ impl LlamaDir {
         self.dir.join("build").join("bin").join(name)
     }
 
-    /// Whether our build has both binaries and was configured with this machine's options (a
-    /// build from before the options were recorded had none).
+    /// The options `build/` was configured with (none for a build from before they were
+    /// recorded).
+    fn recorded_options(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join(BUILD_OPTIONS))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Whether our build has both binaries and was configured with this machine's options.
     fn is_built(&self) -> bool {
-        let recorded = std::fs::read_to_string(self.dir.join(BUILD_OPTIONS)).unwrap_or_default();
         self.bin(SERVER).is_file()
             && self.bin(QUANTIZE).is_file()
-            && recorded.lines().eq(self.options.iter().map(String::as_str))
+            && self.recorded_options() == self.options
     }
 
     /// The server to benchmark: the one given, else ours if built, else one on the PATH,
@@ -148,11 +156,14 @@ impl LlamaDir {
             return Ok(());
         }
         let build = self.dir.join("build");
-        if self.bin(SERVER).is_file() {
+        let recorded = self.recorded_options();
+        if build.exists() && recorded != self.options {
+            // Also a half-made build of other options: its configure step would be skipped.
             eprintln!(
-                "{} was configured without {}: building llama.cpp again (about 12 minutes on 2 \
-                 cores)",
+                "{} was configured with [{}], this CPU needs [{}]: building llama.cpp again \
+                 (about 12 minutes on 2 cores)",
                 build.display(),
+                recorded.join(" "),
                 self.options.join(" ")
             );
             std::fs::remove_dir_all(&build)
@@ -173,16 +184,10 @@ impl LlamaDir {
         }
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("creating {}", self.dir.display()))?;
-        // Recorded options from an earlier build no longer describe the one about to be made.
-        std::fs::remove_file(self.dir.join(BUILD_OPTIONS)).ok();
         let venv_bin = self.ensure_venv()?;
         let source = self.ensure_source()?;
         self.configure(&venv_bin, &source)?;
-        self.compile(&venv_bin)?;
-        let path = self.dir.join(BUILD_OPTIONS);
-        let mut recorded = self.options.join("\n");
-        recorded.push('\n');
-        std::fs::write(&path, recorded).with_context(|| format!("writing {}", path.display()))
+        self.compile(&venv_bin)
     }
 
     /// A virtual environment with cmake and ninja from PyPI, so the build needs neither installed.
@@ -355,7 +360,9 @@ impl LlamaDir {
                 log_tail(&log, 20)
             );
         }
-        Ok(())
+        let path = self.dir.join(BUILD_OPTIONS);
+        let recorded: String = self.options.iter().map(|o| format!("{o}\n")).collect();
+        std::fs::write(&path, recorded).with_context(|| format!("writing {}", path.display()))
     }
 
     fn compile(&self, venv_bin: &Path) -> Result<()> {
