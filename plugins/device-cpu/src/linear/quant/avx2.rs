@@ -18,16 +18,16 @@ use std::arch::x86_64::{
     _mm256_and_si256, _mm256_blend_epi16, _mm256_cvtepi8_epi16, _mm256_cvtepi32_ps,
     _mm256_cvtph_ps, _mm256_loadu_si256, _mm256_madd_epi16, _mm256_maddubs_epi16, _mm256_mul_ps,
     _mm256_or_si256, _mm256_set1_epi8, _mm256_set1_epi16, _mm256_set1_epi32, _mm256_set1_ps,
-    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi16,
-    _mm256_slli_epi32, _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps,
-    _mm256_sub_epi32, _mm256_sub_ps, _mm256_xor_si256,
+    _mm256_setzero_ps, _mm256_setzero_si256, _mm256_sign_epi8, _mm256_slli_epi32,
+    _mm256_srli_epi16, _mm256_srli_epi32, _mm256_srlv_epi32, _mm256_storeu_ps, _mm256_sub_epi32,
+    _mm256_sub_ps, _mm256_xor_si256,
 };
 
 use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, Q6_K_HALF, check_group, prefetch_ahead, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_SUB_BLOCK, check_group, prefetch_ahead, q6_k_at};
 
 /// 32 bytes at `p`.
 ///
@@ -300,7 +300,8 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
     out: &mut [[f32; 16]; M],
 ) {
     let activations = tile.digits.as_ptr();
-    let (nibbles, two_bits) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+    let [six_bits, bits_01, bits_23, bits_45] =
+        [0x3F, 0x03, 0x0C, 0x30].map(|v| _mm256_set1_epi8(v));
     let mut acc = [[_mm256_setzero_ps(); H]; M];
     for b in 0..blocks {
         // SAFETY: as in `q4_k_halves`.
@@ -319,54 +320,39 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
                     let at = scales.add(32 * p + 16 * (h0 + half));
                     _mm256_cvtepi8_epi16(_mm_loadu_si128(at.cast()))
                 };
-                // The row's scale of sub-block `j` in both i16 of its lane.
-                let scale = |j: usize| {
+                for j in 0..16 {
+                    // The row's scale of sub-block `j` in both i16 of its lane.
                     let pair = pair(j / 2);
-                    if j.is_multiple_of(2) {
+                    let scale = if j % 2 == 0 {
                         _mm256_blend_epi16::<0xAA>(pair, _mm256_slli_epi32::<16>(pair))
                     } else {
                         _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(pair), pair)
-                    }
-                };
-                // As in `avx512::q6_k_group`, eight rows at a time.
-                for part in 0..2 {
-                    let values = values.add(Q6_K_HALF * part + rows);
-                    for kk in 0..2 {
-                        for sub in 0..2 {
-                            let both: [[__m256i; 2]; 4] = std::array::from_fn(|q| {
-                                let i = 4 * sub + q;
-                                let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
-                                let ql = load32(values.add(low));
-                                let qh = load32(values.add(128 * i + 64));
-                                let (first, second) = if kk == 0 {
-                                    (_mm256_slli_epi16::<4>(qh), qh)
-                                } else {
-                                    (_mm256_slli_epi16::<2>(qh), _mm256_srli_epi16::<2>(qh))
-                                };
-                                let value = |low: __m256i, high: __m256i| {
-                                    _mm256_or_si256(
-                                        _mm256_and_si256(low, nibbles),
-                                        _mm256_and_si256(high, two_bits),
-                                    )
-                                };
-                                [value(ql, first), value(_mm256_srli_epi16::<4>(ql), second)]
-                            });
-                            let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
-                            for (n, operands) in operands.iter().enumerate() {
-                                let k = kk + 2 * n;
-                                let at = (8 * b + 4 * part + k, 4 * sub, half);
-                                let scale = scale(8 * part + 2 * k + sub);
-                                let sums = [&mut h, &mut l];
-                                sub_block::<M, 4, Q6_K_RUN, H, TWO>(
-                                    activations,
-                                    at,
-                                    operands,
-                                    scale,
-                                    sums,
-                                );
-                            }
-                        }
-                    }
+                    };
+                    let quads = values.add(Q6_K_SUB_BLOCK * j + rows);
+                    let [x, y, z] = [0, 1, 2].map(|k| load32(quads.add(64 * k)));
+                    // The fourth quad's bits: 0–1 from `x`'s top, 2–3 from `y`'s, 4–5 from
+                    // `z`'s; the masks drop what the 16-bit shifts bring from the next byte.
+                    let fourth = _mm256_or_si256(
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16::<6>(x), bits_01),
+                            _mm256_and_si256(_mm256_srli_epi16::<4>(y), bits_23),
+                        ),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(z), bits_45),
+                    );
+                    let operands = [
+                        _mm256_and_si256(x, six_bits),
+                        _mm256_and_si256(y, six_bits),
+                        _mm256_and_si256(z, six_bits),
+                        fourth,
+                    ];
+                    let at = (8 * b + j / 2, 4 * (j % 2), half);
+                    sub_block::<M, 4, Q6_K_RUN, H, TWO>(
+                        activations,
+                        at,
+                        &operands,
+                        scale,
+                        [&mut h, &mut l],
+                    );
                 }
                 let pairs: [__m256i; 8] = std::array::from_fn(pair);
                 let d = halves8(d.add(16 * (h0 + half)));

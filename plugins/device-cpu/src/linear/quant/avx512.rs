@@ -16,19 +16,19 @@
 
 use std::arch::x86_64::{
     __m512, __m512i, _mm256_loadu_si256, _mm512_add_epi32, _mm512_add_ps, _mm512_and_si512,
-    _mm512_cvtepi8_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps, _mm512_dpbusd_epi32,
-    _mm512_dpwssd_epi32, _mm512_loadu_si512, _mm512_mul_ps, _mm512_mullo_epi32, _mm512_or_si512,
-    _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps, _mm512_setzero_ps, _mm512_setzero_si512,
-    _mm512_slli_epi16, _mm512_slli_epi32, _mm512_srai_epi32, _mm512_srli_epi16, _mm512_srli_epi32,
-    _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_epi32, _mm512_sub_ps,
-    _mm512_ternarylogic_epi32,
+    _mm512_andnot_si512, _mm512_cvtepi8_epi16, _mm512_cvtepi32_ps, _mm512_cvtph_ps,
+    _mm512_dpbusd_epi32, _mm512_dpwssd_epi32, _mm512_loadu_si512, _mm512_mul_ps,
+    _mm512_mullo_epi32, _mm512_or_si512, _mm512_set1_epi8, _mm512_set1_epi32, _mm512_set1_ps,
+    _mm512_setzero_ps, _mm512_setzero_si512, _mm512_slli_epi32, _mm512_srai_epi32,
+    _mm512_srli_epi16, _mm512_srli_epi32, _mm512_srlv_epi32, _mm512_storeu_ps, _mm512_sub_epi32,
+    _mm512_sub_ps, _mm512_ternarylogic_epi32,
 };
 
 use plughost_device_abi::DType;
 
 use super::activations::{K_PAIRS, Q8Tile};
 use super::dots::{Q4_K_BYTES, Q6_K_BYTES};
-use super::interleaved::{GROUP, Q6_K_HALF, check_group, prefetch_ahead, q6_k_at};
+use super::interleaved::{GROUP, Q6_K_SUB_BLOCK, check_group, prefetch_ahead, q6_k_at};
 
 /// The 64 bytes at `p`.
 ///
@@ -228,10 +228,10 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
 }
 
 /// One group of 16 interleaved Q6_K rows against the `M` tokens of `tile`, as
-/// [`q4_k_group`]: each operand of 6-bit values is put together from a quad of low bits and
-/// one of high bits, each low quad giving two operands (its nibbles), in the order the group
-/// keeps them; the values' `- 32` is taken off after the scales, as the rows' scale pairs
-/// times the tokens' sub-block sums (`vpdpwssd`), times 32.
+/// [`q4_k_group`]: each sub-block's four operands of 6-bit values come from its three quads
+/// (the low six bits of each, and the fourth from their top two bits), as the group keeps
+/// them; the values' `- 32` is taken off after the scales, as the rows' scale pairs times the
+/// tokens' sub-block sums (`vpdpwssd`), times 32.
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
@@ -242,8 +242,7 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
 ) -> [[f32; 16]; M] {
     let blocks = check_group(DType::Q6_K, group, &tile, M);
     let activations = tile.digits.as_ptr();
-    let nibbles = _mm512_set1_epi8(0x0F);
-    let two_bits = _mm512_set1_epi8(0x30);
+    let [six_bits, nibbles, bits_01] = [0x3F, 0x0F, 0x03].map(|v| _mm512_set1_epi8(v));
     let mut acc = [_mm512_setzero_ps(); M];
     for b in 0..blocks {
         // SAFETY: as in `q4_k_group`.
@@ -264,44 +263,28 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
                 }
             };
             let (mut h, mut l) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
-            // Values 128 · half + 32k + 4i..: the low bits' quad `8 (k % 2) + i` of the half
-            // (nibble k / 2), the high bits' quad `i` (bits 2k, 2k + 1).
-            for half in 0..2 {
-                let values = values.add(Q6_K_HALF * half);
-                for kk in 0..2 {
-                    for sub in 0..2 {
-                        let both: [[__m512i; 2]; 4] = std::array::from_fn(|q| {
-                            let i = 4 * sub + q;
-                            let low = if kk == 0 { 128 * i } else { 1024 + 64 * i };
-                            prefetch_ahead(values.add(low), 64);
-                            if kk == 0 {
-                                prefetch_ahead(values.add(128 * i + 64), 64);
-                            }
-                            let ql = load64(values.add(low));
-                            let qh = load64(values.add(128 * i + 64));
-                            // Bits 2k, 2k + 1 of `qh` to bits 4, 5, for k = kk and kk + 2.
-                            let (first, second) = if kk == 0 {
-                                (_mm512_slli_epi16::<4>(qh), qh)
-                            } else {
-                                (_mm512_slli_epi16::<2>(qh), _mm512_srli_epi16::<2>(qh))
-                            };
-                            // (low & 0x0F) | (high & 0x30)
-                            let value = |low: __m512i, high: __m512i| {
-                                let low = _mm512_and_si512(low, nibbles);
-                                _mm512_ternarylogic_epi32::<0xF8>(low, high, two_bits)
-                            };
-                            [value(ql, first), value(_mm512_srli_epi16::<4>(ql), second)]
-                        });
-                        let operands = [both.map(|o| o[0]), both.map(|o| o[1])];
-                        for (n, operands) in operands.iter().enumerate() {
-                            let k = kk + 2 * n;
-                            let chunk = (8 * b + 4 * half + k, 4 * sub);
-                            let j = 8 * half + 2 * k + sub;
-                            let (h, l) = (&mut h, &mut l);
-                            sub_block::<M, 4, TWO>(activations, chunk, operands, scale(j), h, l);
-                        }
-                    }
-                }
+            for j in 0..16 {
+                let quads = values.add(Q6_K_SUB_BLOCK * j);
+                prefetch_ahead(quads, Q6_K_SUB_BLOCK);
+                let [x, y, z] = [0, 1, 2].map(|k| load64(quads.add(64 * k)));
+                // The fourth quad's bits: 0–1 from `x`'s top and 2–3 from `y`'s (one bit
+                // select), then 4–5 from `z`'s, whose top bits masked first leave the shift
+                // nothing from the next byte: `(low & 0x0F) | high`.
+                let low = _mm512_ternarylogic_epi32::<0xCA>(
+                    bits_01,
+                    _mm512_srli_epi16::<6>(x),
+                    _mm512_srli_epi16::<4>(y),
+                );
+                let high = _mm512_srli_epi16::<2>(_mm512_andnot_si512(six_bits, z));
+                let fourth = _mm512_ternarylogic_epi32::<0xEC>(low, high, nibbles);
+                let operands = [
+                    _mm512_and_si512(x, six_bits),
+                    _mm512_and_si512(y, six_bits),
+                    _mm512_and_si512(z, six_bits),
+                    fourth,
+                ];
+                let chunk = (8 * b + j / 2, 4 * (j % 2));
+                sub_block::<M, 4, TWO>(activations, chunk, &operands, scale(j), &mut h, &mut l);
             }
             let d = halves16(d);
             for t in 0..M {

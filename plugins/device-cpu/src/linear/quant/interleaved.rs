@@ -23,16 +23,18 @@
 //! one; then the 128 bytes of nibbles in 32 quads (bytes `4q..4q + 4` of each row: values
 //! `64c + 4i..` low and `64c + 32 + 4i..` high for `q = 8c + i`). Q6_K: its sixteen scales
 //! in pairs of sub-blocks, the two scales of each row side by side (`vpmaddwd`'s operand), 32
-//! bytes a pair; then each half of the block (128 values) in 24 quads, in the order the tiles
-//! read them: quad `i` of the low bits (values `32k + 4i..` for `k` 0 and 2, its nibbles) and
-//! quad `i` of the high bits (the same values' top two bits, for every `k`) in turn for `i` in
-//! `0..8`, then the low bits' quads `8..16` (`k` 1 and 3); and the rows' `d`: last in an even
-//! block and first in an odd one, so that the quads of every block start on a 64-byte line. A
-//! block is then read from its start to its end, one stream; the tiles also ask for its lines
+//! bytes a pair; then its sixteen sub-blocks of 16 values in turn, each in three quads whose
+//! bytes hold each value's six bits whole ([`q6_k_sub_blocks`]): the first three quads of four
+//! values in the low six bits of a byte, the fourth quad's in the top two bits of all three,
+//! so that four operands unpack in eleven operations where GGUF's split nibbles and bit pairs
+//! take seventeen; and the rows' `d`: last in an even block and first in an odd one, so that
+//! the quads of every block start on a 64-byte line. A block is then read from its start to
+//! its end, one stream; the tiles also ask for its lines
 //! ahead ([`prefetch_ahead`]), which the hardware prefetchers alone do not keep far enough.
 //!
-//! The arrangement changes no value: the group tiles and the row path compute the same
-//! integers and float operations (see `dots`), so a weight gives the same bits in either order.
+//! The arrangement changes no value: every 6-bit value of Q6_K is kept, only its bits are
+//! moved, and the group tiles and the row path compute the same integers and float operations
+//! (see `dots`), so a weight gives the same bits in either order.
 
 use plughost_device_abi::DType;
 use plughost_device_abi::export::{AS_WRITTEN, DeviceFailure, Launch};
@@ -97,34 +99,69 @@ pub fn k_place(dtype: DType, b: usize, r: usize, i: usize) -> usize {
             (32, 0)
         };
         match i {
-            // Low bits: quads 0..8 of a half between the high bits' quads, 8..16 after them.
-            0..128 => {
-                let (half, q) = (i / 64, (i % 64) / 4);
-                let at = if q < 8 { 128 * q } else { 1024 + 64 * (q - 8) };
-                fields + 256 + 1536 * half + at + 4 * r + i % 4
-            }
-            128..192 => {
-                let (half, q) = ((i - 128) / 32, ((i - 128) % 32) / 4);
-                fields + 256 + 1536 * half + 128 * q + 64 + 4 * r + i % 4
-            }
+            // The sub-blocks' quads ([`q6_k_sub_blocks`]), in order.
+            0..192 => fields + 256 + 16 * (i - i % 4) + 4 * r + i % 4,
             192..208 => fields + 32 * ((i - 192) / 2) + 2 * r + (i - 192) % 2,
             _ => d + 2 * r + i - 208,
         }
     }
 }
 
-/// Where Q6_K block `b` of a group keeps its scale pairs, its quads of values (the first
-/// half's, then the second's, [`Q6_K_HALF`] bytes each) and `d`, from the block's start: see
-/// [`k_place`].
+/// Where Q6_K block `b` of a group keeps its scale pairs, its sub-blocks' quads
+/// ([`Q6_K_SUB_BLOCK`] bytes each) and `d`, from the block's start: see [`k_place`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub fn q6_k_at(b: usize) -> [usize; 3] {
     [192, 0, 208].map(|i| k_place(DType::Q6_K, b, 0, i))
 }
 
-/// Bytes of the quads of one half of a Q6_K block in a group.
+/// Bytes of one Q6_K sub-block's three quads in a group.
 #[cfg(target_arch = "x86_64")]
-pub const Q6_K_HALF: usize = 1536;
+pub const Q6_K_SUB_BLOCK: usize = 3 * 64;
+
+/// The 192 value bytes of a Q6_K block (GGUF's `ql` nibbles and `qh` bit pairs) as its
+/// sixteen sub-blocks of 16 values, 12 bytes each: bytes `4k..4k + 4` of sub-block `j` hold
+/// values `16j + 4k..16j + 4k + 4` for `k` 0, 1 and 2 in their low six bits, and the same
+/// bytes of `16j + 12..16j + 16` in their top two bits (bits 0–1 in `k` 0's, 2–3 in 1's,
+/// 4–5 in 2's). A tile gets the first three values with one mask each, the fourth with three
+/// shifts, three masks and two ors.
+fn q6_k_sub_blocks(block: &[u8]) -> [u8; 192] {
+    let mut out = [0; 192];
+    for (i, byte) in out.iter_mut().enumerate() {
+        let (j, k, e) = (i / 12, (i % 12) / 4, i % 4);
+        let value = |q: usize| super::dots::q6_k_value(block, 16 * j + 4 * q + e) as u8;
+        *byte = value(k) | ((value(3) >> (2 * k)) & 3) << 6;
+    }
+    out
+}
+
+/// Undoes [`q6_k_sub_blocks`]: the value bytes of the block into `block`'s first 192.
+fn q6_k_from_sub_blocks(sub_blocks: &[u8], block: &mut [u8]) {
+    block[..192].fill(0);
+    for v in 0..256 {
+        let (j, q, e) = (v / 16, (v % 16) / 4, v % 4);
+        let byte = |k: usize| sub_blocks[12 * j + 4 * k + e];
+        let value = if q < 3 {
+            byte(q) & 0x3F
+        } else {
+            (0..3).fold(0, |value, k| value | (byte(k) >> 6) << (2 * k))
+        };
+        // GGUF's places of value `v` (`dots::q6_k_value`).
+        let (half, k, i) = (v / 128, (v % 128) / 32, v % 32);
+        block[64 * half + 32 * (k % 2) + i] |= (value & 0x0F) << (4 * (k / 2));
+        block[128 + 32 * half + i] |= (value >> 4) << (2 * k);
+    }
+}
+
+/// A K-quant row's block as a group keeps its bytes: Q6_K's values in sub-blocks.
+fn k_block(dtype: DType, block: &[u8]) -> [u8; super::dots::Q6_K_BYTES] {
+    let mut out = [0; super::dots::Q6_K_BYTES];
+    out[..block.len()].copy_from_slice(block);
+    if dtype == DType::Q6_K {
+        out[..192].copy_from_slice(&q6_k_sub_blocks(block));
+    }
+    out
+}
 
 /// The f16 fields of a block of `dtype`: its scale, and Q4_1's minimum.
 fn fields(dtype: DType) -> usize {
@@ -242,7 +279,7 @@ pub fn pack(dtype: DType, rows: &[u8], blocks: usize, group: &mut [u8]) {
         for (r, row) in rows.chunks_exact(blocks * bytes).enumerate() {
             for (b, block) in row.chunks_exact(bytes).enumerate() {
                 let to = &mut group[b * GROUP * bytes..(b + 1) * GROUP * bytes];
-                for (i, &byte) in block.iter().enumerate() {
+                for (i, &byte) in k_block(dtype, block)[..bytes].iter().enumerate() {
                     to[k_place(dtype, b, r, i)] = byte;
                 }
             }
@@ -273,6 +310,10 @@ pub fn unpack_row(dtype: DType, group: &[u8], r: usize, blocks: usize, row: &mut
             let from = &group[b * GROUP * bytes..(b + 1) * GROUP * bytes];
             for (i, byte) in block.iter_mut().enumerate() {
                 *byte = from[k_place(dtype, b, r, i)];
+            }
+            if dtype == DType::Q6_K {
+                let sub_blocks: [u8; 192] = std::array::from_fn(|i| block[i]);
+                q6_k_from_sub_blocks(&sub_blocks, block);
             }
         }
         return;
@@ -408,21 +449,22 @@ mod tests {
                 }
                 let r = 5;
                 let block = &bytes[r * row_bytes + (blocks - 1) * bytes_per_block..];
-                if k_quant(dtype) {
-                    // Byte 16 + 4q + i of a Q4_K row's block (values), and byte 4q + i of a
-                    // Q6_K one's, lies at quad q, lane r, byte i of the block's quads.
-                    let last = (blocks - 1) * GROUP * bytes_per_block;
-                    // Q6_K's low bits' quad 3 lies sixth of the half's quads, between the high
-                    // bits' quads 2 and 3.
-                    let (at, first, quad) = if dtype == DType::Q4_K {
-                        (256, 16, 3)
-                    } else if blocks % 2 == 1 {
-                        (256, 0, 6)
-                    } else {
-                        (288, 0, 6)
-                    };
-                    let byte = arranged[last + at + 64 * quad + 4 * r + 2];
-                    assert_eq!(byte, block[first + 4 * 3 + 2], "{dtype}");
+                let last = (blocks - 1) * GROUP * bytes_per_block;
+                if dtype == DType::Q4_K {
+                    // Byte 16 + 4q + i of a Q4_K row's block (values) lies at quad q, lane r,
+                    // byte i of the block's quads.
+                    let byte = arranged[last + 256 + 64 * 3 + 4 * r + 2];
+                    assert_eq!(byte, block[16 + 4 * 3 + 2]);
+                } else if dtype == DType::Q6_K {
+                    // Value 18 of a Q6_K row's block (sub-block 1's first quad, byte 2) lies
+                    // in the low six bits of the fourth quad, lane r, byte 2; value 30 (its
+                    // fourth quad) in the top two bits of quads three to five.
+                    let quads = last + if blocks % 2 == 1 { 256 } else { 288 };
+                    let lane = |q: usize| arranged[quads + 64 * q + 4 * r + 2];
+                    let value = |v| super::super::dots::q6_k_value(block, v) as u8;
+                    assert_eq!(lane(3) & 0x3F, value(18));
+                    let top = (0..3).fold(0, |top, k| top | (lane(3 + k) >> 6) << (2 * k));
+                    assert_eq!(top, value(30));
                 } else {
                     // Byte 4q + i of row r's values in block b lies at quad q, lane r, byte i.
                     let (fields, quads) = block_at(dtype, blocks - 1, blocks);
