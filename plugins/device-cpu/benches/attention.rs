@@ -3,11 +3,12 @@
 //! Run with `cargo bench -p plughost-device-cpu --bench attention`, optionally followed by
 //! `-- [--portable] [--qwen3] [--warm] [--threads N] [--seconds S] [FILTER]`. Heads are
 //! SmolLM2-135M's (9 query heads on 3 KV heads of 64; `--qwen3`: Qwen3-0.6B's, 16 on 8 of
-//! 128), blocks of 16 positions. The cases: one decode token after 512, 4,096 and 8,192
-//! positions of history, 16 decode tokens after 4,096 each, and a 512-token prefill chunk at
-//! depth 0 and 7,168. Each runs at every instruction-set level this CPU has (the portable one
-//! with `--portable`), with f32 products and, at `avx512_bf16`, with bf16 products (below it
-//! `bf16_products=bf16` runs the f32 kernel, so it is not repeated).
+//! 128), blocks of 16 positions. The cases: one decode token after 128 (where a launch's
+//! fixed costs show), 512, 4,096 and 8,192 positions of history, 16 decode tokens after 4,096
+//! each, and a 512-token prefill chunk at depth 0 and 7,168. Each runs at every
+//! instruction-set level this CPU has (the portable one with `--portable`), with f32 products
+//! and, at `avx512_bf16`, with bf16 products (below it `bf16_products=bf16` runs the f32
+//! kernel, so it is not repeated).
 //!
 //! A launch's time is the median over at least five launches and `--seconds` (default 0.5)
 //! in all; beside it, the mean time the launching thread spent on a CPU per launch, which
@@ -74,6 +75,7 @@ struct Case {
 fn cases() -> Vec<Case> {
     let case = |name, sequences| Case { name, sequences };
     vec![
+        case("decode 1 at 128", vec![(128, 1)]),
         case("decode 1 at 512", vec![(512, 1)]),
         case("decode 1 at 4096", vec![(4096, 1)]),
         case("decode 1 at 8192", vec![(8192, 1)]),

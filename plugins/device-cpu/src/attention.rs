@@ -16,9 +16,9 @@
 //! one tile of [`online::TILE`] positions at a time, so each tile is read once per block, not
 //! once per token. A token's history is cut into ranges of [`RANGE_POSITIONS`] (whole blocks,
 //! counted from position 0): a prefill block walks the ranges in order; a lone token (a
-//! decode) whose history is a large share of the launch's work ([`SPLIT_SHARES`]) has each
-//! range computed as a task of its own, spread over the threads, and the ranges' states
-//! merged in range order, while the lone tokens of a large batch walk their ranges as a
+//! decode) whose history is a large share of the launch's work ([`SPLIT_SHARES`]) and spans
+//! more than one range has each range computed as a task of its own, spread over the
+//! threads, and the ranges' states merged in range order, while the lone tokens of a large batch walk their ranges as a
 //! block does (the batch already has a task per thread). All fold the same states in the same
 //! order, so a row's bits depend neither on the rest of the step, nor on how its sequence was
 //! chunked, nor on the number of threads. Tasks go to the threads largest first, so they
@@ -194,8 +194,8 @@ impl Cuts {
 impl AttentionScratch {
     /// Fills the owners and the tasks (largest first, so the threads finish together) after
     /// checking every sequence's span and blocks; lone tokens with a large share of the work
-    /// are split into ranges while their states fit (see [`SPLIT_SHARES`]), the others
-    /// computed whole.
+    /// and more than one range of history are split into ranges while their states fit (see
+    /// [`SPLIT_SHARES`]), the others computed whole.
     fn plan(
         &mut self,
         layout: &StepLayout<'_>,
@@ -229,7 +229,9 @@ impl AttentionScratch {
             let held = cuts.ranges(first_position, window);
             let ranges = held.len();
             let fits = partials + shape.num_heads * ranges * state_len <= self.partials.len();
-            if lone && first_position + 1 > split_above && fits {
+            // A history of one range is computed whole: as a range of its own it would be the
+            // same one task per KV head, with a second pass to finish it.
+            if lone && ranges > 1 && first_position + 1 > split_above && fits {
                 let (row, position) = (span.tokens.start, first_position);
                 self.owners[row] = Some(RowOwner::Lone { ranges, partials });
                 let group_states = (shape.num_heads / shape.num_kv_heads) * state_len;
@@ -408,6 +410,14 @@ fn attend<E: CacheElement>(
         } else {
             (0..tasks.len()).for_each(run);
         }
+    }
+    // Rows computed whole are finished by their tasks; only padding rows and split lone
+    // tokens need the second pass.
+    if owners
+        .iter()
+        .all(|owner| matches!(owner, Some(RowOwner::Block)))
+    {
+        return Ok(());
     }
     let group_width = q_width / shape.num_kv_heads.max(1);
     let num_groups = num_tokens * shape.num_kv_heads;

@@ -92,23 +92,27 @@ pub struct Q8Row<'a> {
 /// integer, ties to even, in two plain additions (no libm call, and vectorizable).
 const ROUNDING: f32 = 12_582_912.0;
 
-/// The largest `|v|` of `values`, NaN ignored (0 for none): in 16 lanes, so that the
-/// compiler keeps the maxima in vector registers instead of one chain of scalar maxima. A
-/// maximum does not depend on the order it is taken in, so the lanes give the same value.
+/// The largest `|v|` of `values`, NaN ignored (0 for none), as `f32::max` takes it.
+///
+/// Taken on the bits: those of `|v|` order as `|v|` does, and a NaN's (above infinity's)
+/// count as 0. Integer maxima vectorize; float ones, which must mind NaN, stayed a chain of
+/// scalar maxima that was most of a 32-value block's time.
 #[inline(always)]
 fn max_magnitude(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 16];
+    const INFINITY: u32 = 0x7F80_0000;
+    let magnitude = |v: &f32| {
+        let bits = v.to_bits() & 0x7FFF_FFFF;
+        if bits > INFINITY { 0 } else { bits }
+    };
+    let mut lanes = [0u32; 16];
     let mut chunks = values.chunks_exact(16);
     for chunk in &mut chunks {
         for (lane, v) in lanes.iter_mut().zip(chunk) {
-            *lane = lane.max(v.abs());
+            *lane = (*lane).max(magnitude(v));
         }
     }
-    let rest = chunks
-        .remainder()
-        .iter()
-        .fold(0.0f32, |m, v| m.max(v.abs()));
-    lanes.iter().fold(rest, |m, &v| m.max(v))
+    let rest = chunks.remainder().iter().map(magnitude).fold(0, u32::max);
+    f32::from_bits(lanes.into_iter().fold(rest, u32::max))
 }
 
 /// `value` scaled by `inverse`, rounded to the nearest int8 in `-127..=127`. `as` maps NaN
@@ -135,7 +139,7 @@ impl Q8Rows {
         self.quantize_on(Isa::portable(), x, inner, block, digits);
     }
 
-    /// Quantizes the `x.len() / inner` rows of `x` in blocks of `block` (which divides
+    /// Quantizes the `x.len() / inner` rows of `x` in blocks of `block` (32 or 256, dividing
     /// `inner`) to `digits` digits, reusing this value's storage, in code compiled for
     /// `isa`'s vector registers. Every step is exact per element (a maximum, a product, a
     /// clamp, the rounding additions, integer sums), so the digits are those of the portable
@@ -150,7 +154,7 @@ impl Q8Rows {
         digits: ActivationDigits,
     ) {
         assert!(
-            block.is_multiple_of(SUM_SPAN) && block <= MAX_BLOCK && inner.is_multiple_of(block),
+            (block == 32 || block == MAX_BLOCK) && inner.is_multiple_of(block),
             "rows of {inner} cannot be cut into blocks of {block}"
         );
         self.digits = digits;
@@ -189,13 +193,42 @@ impl Q8Rows {
     /// The digits, scales and sums of `x`, into storage sized for it.
     #[inline(always)]
     fn fill(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
-        for (b, values) in x.chunks_exact(block).enumerate() {
+        if block == MAX_BLOCK {
+            self.fill_blocks::<MAX_BLOCK>(x, digits);
+        } else {
+            self.fill_blocks::<32>(x, digits);
+        }
+    }
+
+    /// [`Q8Rows::fill`] for blocks of `N`: with the length known, each block's loops compile
+    /// to straight vector code, where a loop over a slice of 32 spent most of its time on its
+    /// own bounds and remainders (a 576-value row took some 2.5 µs, on the launch's path).
+    #[inline(always)]
+    fn fill_blocks<const N: usize>(&mut self, x: &[f32], digits: ActivationDigits) {
+        let Q8Rows {
+            high,
+            low,
+            scales,
+            sums,
+            ..
+        } = self;
+        let (blocks, _) = x.as_chunks::<N>();
+        scales.resize(blocks.len(), 0.0);
+        sums.resize(x.len() / SUM_SPAN, 0);
+        let (highs, _) = high.as_chunks_mut::<N>();
+        let (lows, _) = low.as_chunks_mut::<N>();
+        let block_sums = sums.chunks_exact_mut(N / SUM_SPAN);
+        let each = blocks
+            .iter()
+            .zip(highs)
+            .zip(lows)
+            .zip(scales)
+            .zip(block_sums);
+        for ((((values, high), low), scale), sums) in each {
             let amax = max_magnitude(values);
             let d = amax / 127.0;
             let inverse = if d > 0.0 { 1.0 / d } else { 0.0 };
-            self.scales.push(d / DIGIT);
-            let span = b * block..(b + 1) * block;
-            let (high, low) = (&mut self.high[span.clone()], &mut self.low[span]);
+            *scale = d / DIGIT;
             for (&v, high) in values.iter().zip(high.iter_mut()) {
                 *high = digit(v, inverse);
             }
@@ -204,17 +237,15 @@ impl Q8Rows {
                     *low = digit(v - d * f32::from(high), inverse * DIGIT);
                 }
             }
-            let (high, low) = (&*high, &*low);
-            self.sums.extend(
-                high.chunks_exact(SUM_SPAN)
-                    .zip(low.chunks_exact(SUM_SPAN))
-                    .map(|(h, l)| {
-                        h.iter()
-                            .zip(l)
-                            .map(|(&h, &l)| 256 * i32::from(h) + i32::from(l))
-                            .sum::<i32>()
-                    }),
-            );
+            let (high, _) = high.as_chunks::<SUM_SPAN>();
+            let (low, _) = low.as_chunks::<SUM_SPAN>();
+            for ((h, l), sum) in high.iter().zip(low).zip(sums) {
+                *sum = h
+                    .iter()
+                    .zip(l)
+                    .map(|(&h, &l)| 256 * i32::from(h) + i32::from(l))
+                    .sum::<i32>();
+            }
         }
     }
 
@@ -276,12 +307,11 @@ fn pair(a: i32, b: i32) -> i32 {
 /// The [`K_PAIRS`] words of the 256 digits `high` and `low` of one block.
 fn k_pairs(high: &[i8], low: &[i8]) -> [i32; K_PAIRS] {
     let spans = |digits: &[i8]| -> [i32; 16] {
-        std::array::from_fn(|j| {
-            digits[16 * j..16 * j + 16]
-                .iter()
-                .map(|&q| i32::from(q))
-                .sum()
-        })
+        let mut spans = [0; 16];
+        for (span, digits) in spans.iter_mut().zip(digits.as_chunks::<16>().0) {
+            *span = digits.iter().map(|&q| i32::from(q)).sum();
+        }
+        spans
     };
     let mut words = [0; K_PAIRS];
     for (digit, spans) in [spans(high), spans(low)].iter().enumerate() {
@@ -319,15 +349,18 @@ impl Q8Tiles {
         for first in (0..tokens).step_by(width) {
             let m = width.min(tokens - first);
             let digits = &mut self.digits[first * chunks * 64..(first + m) * chunks * 64];
+            let (quads, _) = digits.as_chunks_mut::<4>();
             for t in 0..m {
                 let row = rows.row(first + t);
-                for c in 0..chunks {
-                    for q in 0..8 {
-                        let at = (c * 8 + q) * 8 * m + 4 * t;
-                        let from = 32 * c + 4 * q..32 * c + 4 * q + 4;
-                        digits[at..at + 4].copy_from_slice(&row.high[from.clone()]);
-                        digits[at + 4 * m..at + 4 * m + 4].copy_from_slice(&row.low[from]);
-                    }
+                // Quad `i` (values `4i..4i + 4`) of the first digits goes to quad `2mi + t`,
+                // of the second to the `m` quads after it.
+                let (high, _) = row.high.as_chunks::<4>();
+                let (low, _) = row.low.as_chunks::<4>();
+                for ((high, low), group) in high.iter().zip(low).zip(quads.chunks_exact_mut(2 * m))
+                {
+                    let (highs, lows) = group.split_at_mut(m);
+                    highs[t] = *high;
+                    lows[t] = *low;
                 }
                 for b in 0..blocks {
                     let at = first * blocks + b * m + t;
