@@ -20,6 +20,9 @@ pub struct ServerSpec {
     pub port: u16,
     /// Where its stdout and stderr go.
     pub log: PathBuf,
+    /// The directory it runs in, when not this one: llama.cpp's servers write a `llama.log`
+    /// of their own into theirs, which belongs with the run's other files.
+    pub dir: Option<PathBuf>,
 }
 
 impl ServerSpec {
@@ -56,7 +59,11 @@ impl RunningServer {
             spec.port,
             spec.log.display()
         );
-        let child = Command::new(&spec.program)
+        let mut command = Command::new(&spec.program);
+        if let Some(dir) = &spec.dir {
+            command.current_dir(dir);
+        }
+        let child = command
             .args(&spec.args)
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))

@@ -184,6 +184,7 @@ impl Setup {
             ],
             port: args.plughost_port,
             log: raw_dir.join("plughost.log"),
+            dir: None,
         }
     }
 
@@ -199,7 +200,7 @@ impl Setup {
         let spec = |name: &'static str, program: &Path, port: u16, extra: &[&str]| {
             let mut words: Vec<std::ffi::OsString> = vec![
                 "-m".into(),
-                self.gguf.clone().into(),
+                absolute(&self.gguf).into(),
                 // Both phases on the same threads: -t is generation, -tb prompt processing.
                 "-t".into(),
                 threads.clone().into(),
@@ -216,12 +217,14 @@ impl Setup {
                 port.to_string().into(),
             ];
             words.extend(extra.iter().map(Into::into));
+            // It runs in the run's directory, so the paths it is given must hold from there.
             ServerSpec {
                 name,
-                program: program.to_path_buf(),
+                program: absolute(program),
                 args: words,
                 port,
                 log: raw_dir.join(format!("{name}.log")),
+                dir: Some(raw_dir.to_path_buf()),
             }
         };
         let mut specs: Vec<ServerSpec> = self
@@ -365,4 +368,10 @@ fn device_config(threads: usize, isa: IsaLevel, digits: Option<ActivationDigits>
         config += &format!(",activation_digits={}", digits.count());
     }
     config
+}
+
+/// `path` from the filesystem's root, as the current directory makes it (as it is, if that
+/// cannot be read).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
