@@ -220,7 +220,7 @@ impl Setup {
             // It runs in the run's directory, so the paths it is given must hold from there.
             ServerSpec {
                 name,
-                program: absolute(program),
+                program: program_path(program),
                 args: words,
                 port,
                 log: raw_dir.join(format!("{name}.log")),
@@ -374,4 +374,32 @@ fn device_config(threads: usize, isa: IsaLevel, digits: Option<ActivationDigits>
 /// cannot be read).
 fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// A program to run from another directory: a path made [`absolute`], a bare name left to
+/// the `PATH` search it already gets.
+fn program_path(program: &Path) -> PathBuf {
+    if program.components().count() > 1 {
+        absolute(program)
+    } else {
+        program.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_program_keeps_its_path_search_and_a_relative_path_becomes_absolute() {
+        assert_eq!(
+            program_path(Path::new("llama-server")),
+            Path::new("llama-server")
+        );
+        let relative = program_path(Path::new("../peers/bin/llama-server"));
+        assert!(relative.is_absolute(), "{}", relative.display());
+        assert!(relative.ends_with("../peers/bin/llama-server"));
+        let absolute = Path::new("/opt/ik/bin/llama-server");
+        assert_eq!(program_path(absolute), absolute);
+    }
 }
