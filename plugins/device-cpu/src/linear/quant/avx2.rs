@@ -320,9 +320,10 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
                     let at = scales.add(32 * p + 16 * (h0 + half));
                     _mm256_cvtepi8_epi16(_mm_loadu_si128(at.cast()))
                 };
+                let pairs: [__m256i; 8] = std::array::from_fn(pair);
                 for j in 0..16 {
                     // The row's scale of sub-block `j` in both i16 of its lane.
-                    let pair = pair(j / 2);
+                    let pair = pairs[j / 2];
                     let scale = if j % 2 == 0 {
                         _mm256_blend_epi16::<0xAA>(pair, _mm256_slli_epi32::<16>(pair))
                     } else {
@@ -354,7 +355,6 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
                         [&mut h, &mut l],
                     );
                 }
-                let pairs: [__m256i; 8] = std::array::from_fn(pair);
                 let d = halves8(d.add(16 * (h0 + half)));
                 for t in 0..M {
                     let at = b * M + t;
