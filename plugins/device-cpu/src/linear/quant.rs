@@ -1,6 +1,7 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once, in one or two int8 digits (the values
+//! A launch quantizes its activation rows to int8 once (a lone token's row once on each thread,
+//! which beats handing it over from one), in one or two int8 digits (the values
 //! and, by default, their residual, see [`activations`]), then every output is the dot
 //! product of one weight row and one activation row, defined once in [`dots`]: exact integer
 //! sums, then the scales in one fixed float order. The tiles of each instruction set follow that definition:
@@ -30,6 +31,7 @@ mod interleaved;
 mod tests;
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use plughost_device_abi::DType;
 use plughost_device_abi::export::{DeviceFailure, Launch};
@@ -50,9 +52,8 @@ use interleaved::GROUP;
 pub(crate) use interleaved::{inner_of as interleaved_inner_of, restore as restore_interleaved};
 
 thread_local! {
-    /// Each block size's quantized activations, and the same in the group tiles' order, grown
-    /// to the largest launch and reused.
-    static ROWS: RefCell<([Q8Rows; 2], [Q8Tiles; 2])> = RefCell::new(Default::default());
+    /// This thread's quantized activations.
+    static ROWS: RefCell<QuantizedActivations> = RefCell::new(Default::default());
 }
 
 /// Whether any of the launch's weight arguments is block-quantized: such a launch runs here.
@@ -180,58 +181,136 @@ fn multiply(
     if tokens == 0 {
         return Ok(());
     }
-    ROWS.with(|cell| {
-        let mut rows = cell.borrow_mut();
-        let (rows, tiles) = &mut *rows;
-        let kernel = RowKernel {
-            isa: context.isa,
-            prefetch: context.prefetch,
-        };
-        // Slot 0 for the 32-value blocks, 1 for the K-quants' 256.
-        let slot = |dtype: DType| usize::from(dots::activation_block(dtype) != 32);
+    let kernel = RowKernel {
+        isa: context.isa,
+        prefetch: context.prefetch,
+    };
+    let source = ActivationSource {
+        x,
+        tokens,
+        inner,
+        kernel,
+        digits: context.activation_digits,
+        weights,
+    };
+    let groups = match outputs {
+        Outputs::Each(_) => weights.iter().map(|w| w.rows.div_ceil(GROUP)).sum(),
+        Outputs::SiluGate(_) => weights[0].rows.div_ceil(GROUP),
+    };
+    let compute = |activations: &QuantizedActivations, range: std::ops::Range<usize>| {
+        let rows_for = |dtype: DType| activations.of(dtype);
+        match outputs {
+            Outputs::Each(outs) => {
+                // A range may cross from one matrix into the next.
+                let mut first = 0;
+                for (w, out) in weights.iter().zip(outs.iter()) {
+                    let groups = w.rows.div_ceil(GROUP);
+                    let mine = range.start.max(first)..range.end.min(first + groups);
+                    if !mine.is_empty() {
+                        let local = rows_of(mine.start - first..mine.end - first, w.rows);
+                        kernel.rows_into(*w, rows_for(w.dtype), local, tokens, out);
+                    }
+                    first += groups;
+                }
+            }
+            Outputs::SiluGate(out) => {
+                let [gate, up] = [weights[0], weights[1]];
+                let range = rows_of(range, gate.rows);
+                kernel.gated_rows_into([gate, up], rows_for, range, tokens, out);
+            }
+        }
+    };
+    if tokens == 1 && context.workers.threads() > 1 {
+        // A lone token's row is quantized by every thread for itself, in its own scratch: a
+        // few hundred nanoseconds of work that on the calling thread alone kept the others
+        // waiting, and whose output they then pulled over from its core.
+        let launch = QUANTIZATIONS.fetch_add(1, Ordering::Relaxed);
+        run_groups(&context.workers, groups, |range| {
+            ROWS.with(|cell| {
+                let mut activations = cell.borrow_mut();
+                activations.prepare(&source, Some(launch));
+                compute(&activations, range);
+            })
+        });
+    } else {
+        ROWS.with(|cell| {
+            let mut activations = cell.borrow_mut();
+            activations.prepare(&source, None);
+            let activations = &*activations;
+            run_groups(&context.workers, groups, |range| {
+                compute(activations, range)
+            });
+        });
+    }
+    Ok(())
+}
+
+/// What a launch quantizes: its activation rows, for the weight types it meets.
+struct ActivationSource<'a> {
+    x: &'a [f32],
+    tokens: usize,
+    inner: usize,
+    kernel: RowKernel,
+    digits: ActivationDigits,
+    weights: &'a [QuantMatrix<'a>],
+}
+
+/// Numbers the launches whose threads quantize for themselves, so a thread quantizes once per
+/// launch however many ranges it takes.
+static QUANTIZATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A launch's activations quantized for each block size (slot 0 for the 32-value blocks, 1
+/// for the K-quants' 256), and the same in the group tiles' order; grown to the largest
+/// launch and reused.
+#[derive(Default)]
+struct QuantizedActivations {
+    rows: [Q8Rows; 2],
+    tiles: [Q8Tiles; 2],
+    /// The launch (of [`QUANTIZATIONS`]) these hold, when it was quantized on each thread.
+    launch: Option<u64>,
+}
+
+impl QuantizedActivations {
+    /// Quantizes `source` for each block size its weights take, unless these already hold
+    /// `launch`.
+    fn prepare(&mut self, source: &ActivationSource<'_>, launch: Option<u64>) {
+        if launch.is_some() && self.launch == launch {
+            return;
+        }
         let mut quantized = [false; 2];
-        for w in weights {
-            let (slot, block) = (slot(w.dtype), dots::activation_block(w.dtype));
+        for w in source.weights {
+            let (slot, block) = (block_slot(w.dtype), dots::activation_block(w.dtype));
             if !quantized[slot] {
-                rows[slot].quantize_on(context.isa, x, inner, block, context.activation_digits);
+                let kernel = source.kernel;
+                self.rows[slot].quantize_on(
+                    kernel.isa,
+                    source.x,
+                    source.inner,
+                    block,
+                    source.digits,
+                );
                 if let Some(width) = kernel.group_tokens() {
-                    tiles[slot].regroup(&rows[slot], tokens, width);
+                    self.tiles[slot].regroup(&self.rows[slot], source.tokens, width);
                 }
                 quantized[slot] = true;
             }
         }
-        let (rows, tiles) = (&*rows, &*tiles);
-        let rows_for = |dtype: DType| Activations {
-            rows: &rows[slot(dtype)],
-            tiles: &tiles[slot(dtype)],
-        };
-        match outputs {
-            Outputs::Each(outs) => {
-                let total: usize = weights.iter().map(|w| w.rows.div_ceil(GROUP)).sum();
-                run_groups(&context.workers, total, |range| {
-                    // A range may cross from one matrix into the next.
-                    let mut first = 0;
-                    for (w, out) in weights.iter().zip(outs.iter()) {
-                        let groups = w.rows.div_ceil(GROUP);
-                        let mine = range.start.max(first)..range.end.min(first + groups);
-                        if !mine.is_empty() {
-                            let local = rows_of(mine.start - first..mine.end - first, w.rows);
-                            kernel.rows_into(*w, rows_for(w.dtype), local, tokens, out);
-                        }
-                        first += groups;
-                    }
-                });
-            }
-            Outputs::SiluGate(out) => {
-                let [gate, up] = [weights[0], weights[1]];
-                run_groups(&context.workers, gate.rows.div_ceil(GROUP), |range| {
-                    let range = rows_of(range, gate.rows);
-                    kernel.gated_rows_into([gate, up], rows_for, range, tokens, out);
-                });
-            }
+        self.launch = launch;
+    }
+
+    /// The activations `dtype`'s weights meet.
+    fn of(&self, dtype: DType) -> Activations<'_> {
+        let slot = block_slot(dtype);
+        Activations {
+            rows: &self.rows[slot],
+            tiles: &self.tiles[slot],
         }
-        Ok(())
-    })
+    }
+}
+
+/// The slot of [`QuantizedActivations`] that `dtype`'s activation blocks use.
+fn block_slot(dtype: DType) -> usize {
+    usize::from(dots::activation_block(dtype) != 32)
 }
 
 /// Runs `task` over `0..groups` (of [`GROUP`] rows) in ranges spread over the workers: a task

@@ -503,6 +503,77 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
     }
 }
 
+/// Decode launches one after another on the same two threads, where each thread quantizes
+/// the lone token for itself: every launch, over matrices of both activation block sizes at
+/// once, gives the bits of a fresh one-thread launch, so no thread reuses an earlier
+/// launch's activations.
+#[test]
+fn lone_tokens_launched_in_turn_on_shared_threads_give_fresh_bits() {
+    let portable = Isa::at(IsaLevel::Portable).expect("portable");
+    // Six groups of rows, so both threads take some; 512 values: whole blocks of 32 and 256.
+    let (rows, inner) = (6 * GROUP, 512);
+    let order = [
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q4_K,
+        DType::Q6_K,
+        DType::Q4_0,
+    ];
+    let matrices: Vec<(DType, Vec<u8>, Vec<u8>)> = order
+        .iter()
+        .enumerate()
+        .map(|(seed, &dtype)| {
+            let bytes = noise_blocks(dtype, rows, inner, 40 + seed as u64);
+            let mut arranged = bytes.clone();
+            interleaved::arrange(dtype, &mut arranged, inner, &mut Vec::new());
+            (dtype, bytes, arranged)
+        })
+        .collect();
+    for (isa, digits) in paths().into_iter().flat_map(|isa| DIGITS.map(|d| (isa, d))) {
+        let grouped = RowKernel {
+            isa,
+            prefetch: RowPrefetch::Hardware,
+        }
+        .group_tokens()
+        .is_some();
+        let context = context_with(isa, digits, 2);
+        for step in 0..matrices.len() {
+            // This step's matrix beside the next one: a launch meets two block sizes.
+            let pair = [&matrices[step], &matrices[(step + 1) % matrices.len()]];
+            let x: Vec<f32> = (0..inner)
+                .map(|i| noise(60 + step as u64, i) * 3.0)
+                .collect();
+            let plain = pair.map(|(dtype, bytes, _)| QuantMatrix {
+                dtype: *dtype,
+                bytes,
+                rows,
+                grouped: false,
+            });
+            let kept = pair.map(|(dtype, bytes, arranged)| QuantMatrix {
+                dtype: *dtype,
+                bytes: if grouped { arranged } else { bytes },
+                rows,
+                grouped,
+            });
+            let (mut first, mut second) = (vec![f32::NAN; rows], vec![f32::NAN; rows]);
+            let outs = [
+                SharedOut::new(&mut first, rows),
+                SharedOut::new(&mut second, rows),
+            ];
+            multiply(&context, &x, (1, inner), &kept, &Outputs::Each(&outs)).expect("launch");
+            for (w, out) in plain.into_iter().zip([&first, &second]) {
+                assert_eq!(
+                    out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    launch_bits((portable, digits), w, &x, inner, 1),
+                    "step {step}, {} at {}, {digits:?} digits",
+                    w.dtype,
+                    isa.level()
+                );
+            }
+        }
+    }
+}
+
 /// The gated form over interleaved gate and up matrices (Q8_0 and Q4_1; Q6_K and Q4_K, a
 /// Q4_K_M layer's) matches two plain launches and `silu_mul`, past a partial group.
 #[test]
