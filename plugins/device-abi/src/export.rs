@@ -5,13 +5,15 @@
 //! so every Rust device counts, checks and reports errors the same way.
 //!
 //! One concept per module: `failure` (the status and message of a failure),
-//! `buffers` (device memory and the order its bytes are in), `copy_out` (the thread that
+//! `buffers` (device memory and the order its bytes are in), `checked` (the spec checks of
+//! recent launches, reused while their shapes repeat), `copy_out` (the thread that
 //! copies ranges out in the background, ABI revision 1.2), `launch` (one launch's
 //! resolved arguments), `views` (those arguments borrowed in place), `state` (everything
 //! behind a handle) and `entry_points` (the C functions of the table, with panic
 //! containment).
 
 mod buffers;
+mod checked;
 mod copy_out;
 mod entry_points;
 mod failure;

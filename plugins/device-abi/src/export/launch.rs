@@ -26,7 +26,7 @@ pub struct Launch<'a> {
     spec: &'static CallableSpec,
     args: ResolvedArgs,
     params: &'a [i64],
-    shapes: ShapeBindings,
+    shapes: &'a ShapeBindings,
     buffers: &'a mut BufferTable,
     /// Copies of read-only arguments that overlap a written one, made by [`Launch::views`].
     snapshots: Vec<AlignedBytes>,
@@ -92,7 +92,7 @@ impl<'a> Launch<'a> {
         spec: &'static CallableSpec,
         args: ResolvedArgs,
         params: &'a [i64],
-        shapes: ShapeBindings,
+        shapes: &'a ShapeBindings,
         buffers: &'a mut BufferTable,
     ) -> Launch<'a> {
         Launch {

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use crate::abi::{CopyRange, DeviceStats, TensorArg, status};
 use crate::callables::{self, CallableSpec};
-use crate::validate;
 
 use super::buffers::{AlignedBytes, BufferTable, checked_range};
+use super::checked::CheckedShapes;
 use super::copy_out::{Copier, Piece};
 use super::launch::{Launch, ResolvedArg, ResolvedArgs};
 use super::{AS_WRITTEN, DeviceBackend, DeviceFailure};
@@ -19,6 +19,8 @@ pub(super) struct DeviceState<B> {
     backend: B,
     buffers: BufferTable,
     stats: DeviceStats,
+    /// The spec check of each callable's last launch.
+    checked: CheckedShapes,
     launches_by_callable: Vec<u64>,
     /// Time inside the backend's successful launches, per callable.
     time_by_callable: Vec<Duration>,
@@ -39,6 +41,7 @@ impl<B: DeviceBackend> DeviceState<B> {
             backend,
             buffers: BufferTable::default(),
             stats: DeviceStats::default(),
+            checked: CheckedShapes::new(callables::ALL.len()),
             launches_by_callable: vec![0; callables::ALL.len()],
             time_by_callable: vec![Duration::ZERO; callables::ALL.len()],
             callable_names,
@@ -237,8 +240,10 @@ impl<B: DeviceBackend> DeviceState<B> {
         args: &[TensorArg],
         params: &[i64],
     ) -> Result<(), DeviceFailure> {
-        let shapes =
-            validate::check_launch(spec, args, params).map_err(DeviceFailure::invalid_argument)?;
+        let shapes = self
+            .checked
+            .check(index, spec, args, params)
+            .map_err(DeviceFailure::invalid_argument)?;
         let resolved = args
             .iter()
             .enumerate()
