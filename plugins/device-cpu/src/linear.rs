@@ -70,6 +70,7 @@ pub(crate) use elements::as_bits;
 pub(crate) use elements::{Bf16Bits, F16Bits, as_wide, as_wide_mut};
 use plan::Plan;
 pub(crate) use quant::gather_rows as gather_quantized_rows;
+pub(crate) use quant::reserve_thread_activations;
 pub use quant::{ActivationDigits, QuantizedBench};
 use sink::{SharedOut, Sink};
 

@@ -443,6 +443,7 @@ const SCRATCH_RESERVE: usize = 16 * 1024;
 
 fn reserve_scratch() {
     with_scratch(SCRATCH_RESERVE, |_| ());
+    crate::linear::reserve_thread_activations();
 }
 
 /// Runs `body` with `len` f32s of this thread's scratch (contents unspecified).

@@ -308,6 +308,34 @@ impl QuantizedActivations {
     }
 }
 
+/// Activation values a thread's quantization buffers hold from its start: a lone token of
+/// every model this serves but the largest, whose first launches on a thread grow them once.
+const THREAD_RESERVE_VALUES: usize = 16 * 1024;
+
+/// Grows this thread's quantization buffers for a lone token of [`THREAD_RESERVE_VALUES`]
+/// values in both block sizes. Each thread quantizes a lone token for itself, and a thread
+/// first claims work of a launch whenever the others leave it some, which may be steps after
+/// the server warmed up: without this its first claim would allocate mid-step.
+pub(crate) fn reserve_thread_activations() {
+    let zeros = vec![0.0; THREAD_RESERVE_VALUES];
+    ROWS.with(|cell| {
+        let mut activations = cell.borrow_mut();
+        let QuantizedActivations { rows, tiles, .. } = &mut *activations;
+        for ((rows, tiles), block) in rows.iter_mut().zip(tiles.iter_mut()).zip([32, 256]) {
+            rows.quantize_on(
+                Isa::portable(),
+                &zeros,
+                zeros.len(),
+                block,
+                ActivationDigits::Two,
+            );
+            // The tile width does not change the buffers' sizes.
+            tiles.regroup(rows, 1, 1);
+        }
+        activations.launch = None;
+    });
+}
+
 /// The slot of [`QuantizedActivations`] that `dtype`'s activation blocks use.
 fn block_slot(dtype: DType) -> usize {
     usize::from(dots::activation_block(dtype) != 32)
