@@ -1,10 +1,11 @@
 //! Device memory behind one handle: zeroed, 64-byte aligned buffers by id ([`BufferTable`]), the order each one's bytes are in, and which ones an unfinished rearrangement left poisoned.
 
-use rustc_hash::{FxHashMap, FxHashSet};
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 use std::slice;
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::abi::status;
 

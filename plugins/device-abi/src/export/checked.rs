@@ -111,31 +111,26 @@ mod tests {
             .expect("the add callable")
     }
 
+    /// The symbols `checked` gives a launch of `add` over `args`, which must be those a check
+    /// of its own gives.
+    fn symbols_of(checked: &mut CheckedShapes, args: &[TensorArg]) -> ShapeBindings {
+        let (index, spec) = add();
+        let symbols = checked.check(index, spec, args, &[]).unwrap().clone();
+        assert_eq!(symbols, validate::check_launch(spec, args, &[]).unwrap());
+        symbols
+    }
+
     #[test]
     fn a_repeated_shape_keeps_its_symbols_and_a_new_one_is_checked_again() {
         let (index, spec) = add();
         let mut checked = CheckedShapes::new(callables::ALL.len());
-        let first = checked
-            .check(index, spec, &add_args(8), &[])
-            .unwrap()
-            .clone();
-        assert_eq!(
-            first,
-            validate::check_launch(spec, &add_args(8), &[]).unwrap()
-        );
+        let first = symbols_of(&mut checked, &add_args(8));
         // Other buffers, the same shapes: the same symbols.
         let mut moved = add_args(8);
         moved[0].buffer = 7;
         assert_eq!(checked.check(index, spec, &moved, &[]).unwrap(), &first);
         // A new width is bound anew.
-        let wider = checked
-            .check(index, spec, &add_args(16), &[])
-            .unwrap()
-            .clone();
-        assert_eq!(
-            wider,
-            validate::check_launch(spec, &add_args(16), &[]).unwrap()
-        );
+        let wider = symbols_of(&mut checked, &add_args(16));
         assert_ne!(wider, first);
     }
 
