@@ -1,4 +1,4 @@
-//! A warm decode launch reaches no allocator: the launches of a one-token step (quantized and bf16 linears, the gated MLP, the rotary) counted through the C ABI at every instruction-set level this CPU has, on two threads.
+//! A warm launch reaches no allocator: the launches of a one-token step (quantized and bf16 linears, the gated MLP, the rotary) and a 64-token linear, counted through the C ABI at every instruction-set level this CPU has, on two threads.
 //!
 //! A decode step is hundreds of launches; an allocation in each (or in each range a thread
 //! claims) costs more than the arithmetic of the small ones. This binary holds one test, so
@@ -159,6 +159,10 @@ fn warm_decode_launches_allocate_nothing() {
         let device = Device::open(&format!("isa={level},threads=2"));
         let x = device.upload(DType::F32, &[1, K], &f32_bytes(K as usize, 1));
         let out = device.upload(DType::F32, &[1, N], &vec![0; 4 * N as usize]);
+        // A batch, whose activations the threads quantize in spans.
+        const BATCH: u64 = 64;
+        let xs = device.upload(DType::F32, &[BATCH, K], &f32_bytes((BATCH * K) as usize, 8));
+        let outs = device.upload(DType::F32, &[BATCH, N], &vec![0; (4 * BATCH * N) as usize]);
         let q8 = |seed| {
             let len = (N * K / 32 * 34) as usize;
             device.upload(DType::Q8_0, &[N, K], &bytes(len, seed, Some((34, 0))))
@@ -174,6 +178,15 @@ fn warm_decode_launches_allocate_nothing() {
                 .map(|i| i64::from(10_000f32.powf(-((2 * i) as f32) / 64.0).to_bits())),
         );
         let step = || {
+            device.launch(
+                "linear",
+                &[
+                    arg(&xs, ArgTag::Input),
+                    arg(&w, ArgTag::Input),
+                    arg(&outs, ArgTag::Output),
+                ],
+                &[],
+            );
             device.launch(
                 "linear",
                 &[

@@ -1,7 +1,8 @@
 //! `linear`, `qkv_linear` and `silu_gate_linear` over block-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), read in their stored blocks or interleaved in place, with no dequantized copy.
 //!
-//! A launch quantizes its activation rows to int8 once (a lone token's row once on each thread,
-//! which beats handing it over from one), in one or two int8 digits (the values
+//! A launch quantizes its activation rows to int8 once (the threads each take spans of whole
+//! tiles' rows; a lone token's row once on each thread, which beats handing it over from one),
+//! in one or two int8 digits (the values
 //! and, by default, their residual, see [`activations`]), then every output is the dot
 //! product of one weight row and one activation row, defined once in [`dots`]: exact integer
 //! sums, then the scales in one fixed float order. The tiles of each instruction set follow that definition:
@@ -228,14 +229,14 @@ fn multiply(
         run_groups(&context.workers, groups, |range| {
             ROWS.with(|cell| {
                 let mut activations = cell.borrow_mut();
-                activations.prepare(&source, Some(launch));
+                activations.prepare(&source, Some(launch), &context.workers);
                 compute(&activations, range);
             })
         });
     } else {
         ROWS.with(|cell| {
             let mut activations = cell.borrow_mut();
-            activations.prepare(&source, None);
+            activations.prepare(&source, None, &context.workers);
             let activations = &*activations;
             run_groups(&context.workers, groups, |range| {
                 compute(activations, range)
@@ -272,28 +273,31 @@ struct QuantizedActivations {
 
 impl QuantizedActivations {
     /// Quantizes `source` for each block size its weights take, unless these already hold
-    /// `launch`.
-    fn prepare(&mut self, source: &ActivationSource<'_>, launch: Option<u64>) {
+    /// `launch`: in spans of whole tiles spread over `workers` (one span, on this thread, for
+    /// a lone token).
+    fn prepare(&mut self, source: &ActivationSource<'_>, launch: Option<u64>, workers: &Workers) {
         if launch.is_some() && self.launch == launch {
             return;
         }
+        let kernel = source.kernel;
+        let width = kernel.group_tokens();
+        let per_span = span_tokens(source, width.unwrap_or(1), workers.threads());
         let mut quantized = [false; 2];
         for w in source.weights {
             let (slot, block) = (block_slot(w.dtype), dots::activation_block(w.dtype));
-            if !quantized[slot] {
-                let kernel = source.kernel;
-                self.rows[slot].quantize_on(
-                    kernel.isa,
-                    source.x,
-                    source.inner,
-                    block,
-                    source.digits,
-                );
-                if let Some(width) = kernel.group_tokens() {
-                    self.tiles[slot].regroup(&self.rows[slot], source.tokens, width);
-                }
-                quantized[slot] = true;
+            if quantized[slot] {
+                continue;
             }
+            let QuantizedActivations { rows, tiles, .. } = self;
+            let shape = (source.tokens, source.inner, block, source.digits);
+            let tiles = width.map(|width| (&mut tiles[slot], width));
+            let mut spans = activations::spans(&mut rows[slot], tiles, shape, per_span);
+            workers.for_each_chunk(&mut spans, 1, |_, span| {
+                for span in span {
+                    span.fill_on(kernel.isa, source.x, source.digits);
+                }
+            });
+            quantized[slot] = true;
         }
         self.launch = launch;
     }
@@ -306,6 +310,19 @@ impl QuantizedActivations {
             tiles: &self.tiles[slot],
         }
     }
+}
+
+/// The fewest activation values a span of [`QuantizedActivations::prepare`] quantizes: a few
+/// microseconds of work, well above what handing a span to another thread costs.
+const MIN_SPAN_VALUES: usize = 2048;
+
+/// Tokens per span of `source`'s activations: a multiple of the tile `width`, about two spans
+/// per thread, none smaller than [`MIN_SPAN_VALUES`] (so a lone token is one span).
+fn span_tokens(source: &ActivationSource<'_>, width: usize, threads: usize) -> usize {
+    let spans = (2 * threads).clamp(1, activations::MAX_SPANS);
+    let even = source.tokens.div_ceil(spans);
+    let least = MIN_SPAN_VALUES.div_ceil(source.inner.max(1));
+    even.max(least).max(1).next_multiple_of(width)
 }
 
 /// Activation values a thread's quantization buffers hold from its start: a lone token of

@@ -18,6 +18,8 @@
 //! multiply once instead of per element. A row's values depend on that row alone, which is what
 //! keeps a token's outputs the same in any batch.
 
+use smallvec::SmallVec;
+
 use crate::isa::Isa;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::IsaLevel;
@@ -143,8 +145,7 @@ impl Q8Rows {
     /// `inner`) to `digits` digits, reusing this value's storage, in code compiled for
     /// `isa`'s vector registers. Every step is exact per element (a maximum, a product, a
     /// clamp, the rounding additions, integer sums), so the digits are those of the portable
-    /// code on every level; only the rate differs. A decode launch quantizes its one row
-    /// before the threads start on the weights, so this is time every launch waits.
+    /// code on every level; only the rate differs.
     pub fn quantize_on(
         &mut self,
         isa: Isa,
@@ -153,6 +154,16 @@ impl Q8Rows {
         block: usize,
         digits: ActivationDigits,
     ) {
+        let tokens = x.len().checked_div(inner).unwrap_or(0);
+        self.shape(tokens, inner, block, digits);
+        if let Some(mut span) = self.spans(tokens).next() {
+            span.fill_on(isa, &x[..tokens * inner], digits);
+        }
+    }
+
+    /// Sizes the storage for `tokens` rows of `inner` in blocks of `block`, to be filled span
+    /// by span ([`Q8Rows::spans`]). Nothing is zeroed: a span's fill writes all of it.
+    fn shape(&mut self, tokens: usize, inner: usize, block: usize, digits: ActivationDigits) {
         assert!(
             (block == 32 || block == MAX_BLOCK) && inner.is_multiple_of(block),
             "rows of {inner} cannot be cut into blocks of {block}"
@@ -160,69 +171,139 @@ impl Q8Rows {
         self.digits = digits;
         self.block = block;
         self.inner = inner;
-        self.high.clear();
-        self.low.clear();
-        self.scales.clear();
-        self.sums.clear();
-        self.high.resize(x.len(), 0);
-        self.low.resize(x.len(), 0);
+        let values = tokens * inner;
+        self.high.resize(values, 0);
+        self.low.resize(values, 0);
+        self.scales.resize(values / block, 0.0);
+        self.sums.resize(values / SUM_SPAN, 0);
+    }
+
+    /// The storage in spans of `rows` whole rows (the last may hold fewer), front to back.
+    fn spans(&mut self, rows: usize) -> impl Iterator<Item = Q8RowsSpan<'_>> {
+        let (inner, block) = (self.inner, self.block);
+        let values = rows * inner;
+        let spans = self.high.len().div_ceil(values.max(1));
+        let each = cut(&mut self.high, values, spans)
+            .zip(cut(&mut self.low, values, spans))
+            .zip(cut(&mut self.scales, values / block, spans))
+            .zip(cut(&mut self.sums, values / SUM_SPAN, spans));
+        each.map(move |(((high, low), scales), sums)| Q8RowsSpan {
+            inner,
+            block,
+            high,
+            low,
+            scales,
+            sums,
+        })
+    }
+
+    /// Row `t`.
+    pub fn row(&self, t: usize) -> Q8Row<'_> {
+        row_of(
+            (self.inner, self.block),
+            [&self.high, &self.low],
+            &self.scales,
+            &self.sums,
+            t,
+        )
+    }
+}
+
+/// `data` in `spans` pieces of `each` from the front, the last ones shorter or empty.
+fn cut<T>(data: &mut [T], each: usize, spans: usize) -> impl Iterator<Item = &mut [T]> {
+    let mut rest = data;
+    (0..spans).map(move |_| {
+        let taken = std::mem::take(&mut rest);
+        let (piece, tail) = taken.split_at_mut(each.min(taken.len()));
+        rest = tail;
+        piece
+    })
+}
+
+/// Row `t` of rows of `inner` values in blocks of `block`, from both digits' values, the
+/// blocks' scales and the spans' sums.
+fn row_of<'a>(
+    (inner, block): (usize, usize),
+    [high, low]: [&'a [i8]; 2],
+    scales: &'a [f32],
+    sums: &'a [i32],
+    t: usize,
+) -> Q8Row<'a> {
+    Q8Row {
+        high: &high[t * inner..(t + 1) * inner],
+        low: &low[t * inner..(t + 1) * inner],
+        scales: &scales[t * inner / block..(t + 1) * inner / block],
+        sums: &sums[t * inner / SUM_SPAN..(t + 1) * inner / SUM_SPAN],
+    }
+}
+
+/// The storage of a run of whole rows of a [`Q8Rows`]: what one thread fills.
+struct Q8RowsSpan<'a> {
+    inner: usize,
+    block: usize,
+    high: &'a mut [i8],
+    low: &'a mut [i8],
+    scales: &'a mut [f32],
+    sums: &'a mut [i32],
+}
+
+impl Q8RowsSpan<'_> {
+    /// Quantizes `x`, this span's rows, as [`Q8Rows::quantize_on`] describes.
+    fn fill_on(&mut self, isa: Isa, x: &[f32], digits: ActivationDigits) {
+        assert_eq!(x.len(), self.high.len(), "a span's rows and its storage");
+        if digits == ActivationDigits::One {
+            // The second digit is zero with one; the fill writes only the first.
+            self.low.fill(0);
+        }
         #[cfg(target_arch = "x86_64")]
         if isa.has(IsaLevel::Avx512) {
             // SAFETY: the level has AVX-512 F, BW, DQ and VL (checked when the `Isa` was made).
-            return unsafe { self.fill_avx512(x, block, digits) };
+            return unsafe { self.fill_avx512(x, digits) };
         } else if isa.has(IsaLevel::Avx2) {
             // SAFETY: the level has AVX2 (checked when the `Isa` was made).
-            return unsafe { self.fill_avx2(x, block, digits) };
+            return unsafe { self.fill_avx2(x, digits) };
         }
         let _ = isa;
-        self.fill(x, block, digits);
+        self.fill(x, digits);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-    fn fill_avx512(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
-        self.fill(x, block, digits);
+    fn fill_avx512(&mut self, x: &[f32], digits: ActivationDigits) {
+        self.fill(x, digits);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    fn fill_avx2(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
-        self.fill(x, block, digits);
+    fn fill_avx2(&mut self, x: &[f32], digits: ActivationDigits) {
+        self.fill(x, digits);
     }
 
-    /// The digits, scales and sums of `x`, into storage sized for it.
+    /// The digits, scales and sums of `x`.
     #[inline(always)]
-    fn fill(&mut self, x: &[f32], block: usize, digits: ActivationDigits) {
-        if block == MAX_BLOCK {
+    fn fill(&mut self, x: &[f32], digits: ActivationDigits) {
+        if self.block == MAX_BLOCK {
             self.fill_blocks::<MAX_BLOCK>(x, digits);
         } else {
             self.fill_blocks::<32>(x, digits);
         }
     }
 
-    /// [`Q8Rows::fill`] for blocks of `N`: with the length known, each block's loops compile
-    /// to straight vector code, where a loop over a slice of 32 spent most of its time on its
-    /// own bounds and remainders (a 576-value row took some 2.5 µs, on the launch's path).
+    /// [`Q8RowsSpan::fill`] for blocks of `N`: with the length known, each block's loops
+    /// compile to straight vector code, where a loop over a slice of 32 spent most of its time
+    /// on its own bounds and remainders (a 576-value row took some 2.5 µs, on the launch's
+    /// path).
     #[inline(always)]
     fn fill_blocks<const N: usize>(&mut self, x: &[f32], digits: ActivationDigits) {
-        let Q8Rows {
-            high,
-            low,
-            scales,
-            sums,
-            ..
-        } = self;
         let (blocks, _) = x.as_chunks::<N>();
-        scales.resize(blocks.len(), 0.0);
-        sums.resize(x.len() / SUM_SPAN, 0);
-        let (highs, _) = high.as_chunks_mut::<N>();
-        let (lows, _) = low.as_chunks_mut::<N>();
-        let block_sums = sums.chunks_exact_mut(N / SUM_SPAN);
+        let (highs, _) = self.high.as_chunks_mut::<N>();
+        let (lows, _) = self.low.as_chunks_mut::<N>();
+        let block_sums = self.sums.chunks_exact_mut(N / SUM_SPAN);
         let each = blocks
             .iter()
             .zip(highs)
             .zip(lows)
-            .zip(scales)
+            .zip(self.scales.iter_mut())
             .zip(block_sums);
         for ((((values, high), low), scale), sums) in each {
             let amax = max_magnitude(values);
@@ -249,15 +330,15 @@ impl Q8Rows {
         }
     }
 
-    /// Row `t`.
-    pub fn row(&self, t: usize) -> Q8Row<'_> {
-        let (inner, block) = (self.inner, self.block);
-        Q8Row {
-            high: &self.high[t * inner..(t + 1) * inner],
-            low: &self.low[t * inner..(t + 1) * inner],
-            scales: &self.scales[t * inner / block..(t + 1) * inner / block],
-            sums: &self.sums[t * inner / SUM_SPAN..(t + 1) * inner / SUM_SPAN],
-        }
+    /// Row `t` of the span.
+    fn row(&self, t: usize) -> Q8Row<'_> {
+        row_of(
+            (self.inner, self.block),
+            [&*self.high, &*self.low],
+            &*self.scales,
+            &*self.sums,
+            t,
+        )
     }
 }
 
@@ -271,8 +352,12 @@ impl Q8Rows {
 #[derive(Debug, Default)]
 pub struct Q8Tiles {
     kept: ActivationDigits,
+    /// Whether the rows were quantized in the K-quants' blocks: pairs, not sums.
+    k_quants: bool,
     width: usize,
     tokens: usize,
+    /// 32-value chunks per row.
+    chunks: usize,
     blocks: usize,
     digits: Vec<i8>,
     scales: Vec<f32>,
@@ -330,51 +415,54 @@ impl Q8Tiles {
     /// Regroups the first `tokens` rows of `rows` in tiles of `width` tokens, reusing this
     /// value's storage.
     pub fn regroup(&mut self, rows: &Q8Rows, tokens: usize, width: usize) {
+        self.shape(rows, tokens, width);
+        if let Some(mut span) = self.spans(tokens.max(1).next_multiple_of(width)).next() {
+            span.regroup(|t| rows.row(t));
+        }
+    }
+
+    /// Sizes the storage for `tokens` of `rows` in tiles of `width`, to be filled span by span
+    /// ([`Q8Tiles::spans`]). Nothing is zeroed: a span's regrouping writes all of it.
+    fn shape(&mut self, rows: &Q8Rows, tokens: usize, width: usize) {
         assert!(width > 0, "a tile holds tokens");
         let (chunks, blocks) = (rows.inner / 32, rows.inner / rows.block);
-        let k_quants = rows.block == MAX_BLOCK;
-        (self.width, self.tokens, self.blocks) = (width, tokens, blocks);
+        (self.width, self.tokens, self.chunks, self.blocks) = (width, tokens, chunks, blocks);
         self.kept = rows.digits;
-        self.digits.clear();
+        self.k_quants = rows.block == MAX_BLOCK;
         self.digits.resize(tokens * chunks * 64, 0);
-        self.scales.clear();
         self.scales.resize(tokens * blocks, 0.0);
-        self.sums.clear();
-        self.pairs.clear();
-        if k_quants {
-            self.pairs.resize(tokens * blocks * K_PAIRS, 0);
+        let (sums, pairs) = if self.k_quants {
+            (0, tokens * blocks * K_PAIRS)
         } else {
-            self.sums.resize(tokens * blocks, 0);
-        }
-        for first in (0..tokens).step_by(width) {
-            let m = width.min(tokens - first);
-            let digits = &mut self.digits[first * chunks * 64..(first + m) * chunks * 64];
-            let (quads, _) = digits.as_chunks_mut::<4>();
-            for t in 0..m {
-                let row = rows.row(first + t);
-                // Quad `i` (values `4i..4i + 4`) of the first digits goes to quad `2mi + t`,
-                // of the second to the `m` quads after it.
-                let (high, _) = row.high.as_chunks::<4>();
-                let (low, _) = row.low.as_chunks::<4>();
-                for ((high, low), group) in high.iter().zip(low).zip(quads.chunks_exact_mut(2 * m))
-                {
-                    let (highs, lows) = group.split_at_mut(m);
-                    highs[t] = *high;
-                    lows[t] = *low;
-                }
-                for b in 0..blocks {
-                    let at = first * blocks + b * m + t;
-                    self.scales[at] = row.scales[b];
-                    if k_quants {
-                        let values = 256 * b..256 * b + 256;
-                        let words = k_pairs(&row.high[values.clone()], &row.low[values]);
-                        self.pairs[at * K_PAIRS..(at + 1) * K_PAIRS].copy_from_slice(&words);
-                    } else {
-                        self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
-                    }
-                }
-            }
-        }
+            (tokens * blocks, 0)
+        };
+        self.sums.resize(sums, 0);
+        self.pairs.resize(pairs, 0);
+    }
+
+    /// The storage in spans of `tokens` tokens (a multiple of the width; the last span may
+    /// hold fewer), front to back.
+    fn spans(&mut self, tokens: usize) -> impl Iterator<Item = Q8TilesSpan<'_>> {
+        assert!(
+            tokens > 0 && tokens.is_multiple_of(self.width),
+            "a span holds whole tiles"
+        );
+        let (width, blocks, k_quants) = (self.width, self.blocks, self.k_quants);
+        let spans = self.tokens.div_ceil(tokens);
+        let (sums, pairs) = if k_quants { (0, K_PAIRS) } else { (1, 0) };
+        let each = cut(&mut self.digits, tokens * self.chunks * 64, spans)
+            .zip(cut(&mut self.scales, tokens * blocks, spans))
+            .zip(cut(&mut self.sums, tokens * blocks * sums, spans))
+            .zip(cut(&mut self.pairs, tokens * blocks * pairs, spans));
+        each.map(move |(((digits, scales), sums), pairs)| Q8TilesSpan {
+            width,
+            blocks,
+            k_quants,
+            digits,
+            scales,
+            sums,
+            pairs,
+        })
     }
 
     // Only the x86-64 group tiles read tiles.
@@ -400,7 +488,7 @@ impl Q8Tiles {
             "a tile's first token"
         );
         let (blocks, tokens) = (self.blocks, self.width.min(self.tokens - first));
-        let chunks = self.digits.len() / (64 * self.tokens);
+        let chunks = self.chunks;
         let span = |per: usize| first * blocks * per..(first + tokens) * blocks * per;
         Q8Tile {
             tokens,
@@ -412,138 +500,118 @@ impl Q8Tiles {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The storage of a run of whole tiles of a [`Q8Tiles`]: what one thread regroups.
+struct Q8TilesSpan<'a> {
+    width: usize,
+    blocks: usize,
+    k_quants: bool,
+    digits: &'a mut [i8],
+    scales: &'a mut [f32],
+    sums: &'a mut [i32],
+    pairs: &'a mut [i32],
+}
 
-    #[test]
-    fn blocks_scale_to_their_largest_magnitude() {
-        let mut x: Vec<f32> = (0..64).map(|i| i as f32 - 20.0).collect();
-        x[40] = f32::NAN;
-        x[3] = -16.9;
-        let mut rows = Q8Rows::default();
-        rows.quantize(&x, 64, 32, ActivationDigits::Two);
-        let row = rows.row(0);
-        let d = 20.0f32 / 127.0;
-        assert_eq!(row.scales, &[d / 256.0, 43.0 / 127.0 / 256.0]);
-        assert_eq!((row.high[0], row.low[0]), (-127, 0));
-        assert_eq!(row.high[63], 127);
-        assert_eq!((row.high[40], row.low[40]), (0, 0));
-        // -16.9 / d = -107.3...: the first digit -107, the second the residual in steps of
-        // d / 256.
-        let residual = -16.9f32 - d * -107.0;
-        assert_eq!(row.high[3], -107);
-        assert_eq!(row.low[3], (residual * (256.0 / d)).round() as i8);
-        assert!(f32::from(row.low[3]).abs() <= 128.0);
-        let sum: i32 = (0..16)
-            .map(|k| 256 * i32::from(row.high[k]) + i32::from(row.low[k]))
-            .sum();
-        assert_eq!(row.sums[0], sum);
-        // A zero block has scale 0 and values 0, never a division by zero.
-        rows.quantize(&[0.0; 32], 32, 32, ActivationDigits::Two);
-        let row = rows.row(0);
-        assert_eq!((row.scales[0], row.high[5], row.low[5]), (0.0, 0, 0));
-    }
-
-    #[test]
-    fn every_level_quantizes_to_the_portable_digits() {
-        // Ordinary values, exact ties of the rounding, NaN and infinities, zeros of both
-        // signs, subnormals and a zero block, in rows of both block sizes.
-        let mut x: Vec<f32> = (0..1536)
-            .map(|i| ((i * 7919) % 2001) as f32 / 997.0 - 1.0)
-            .collect();
-        x[5] = f32::NAN;
-        x[70] = f32::INFINITY;
-        x[300] = f32::NEG_INFINITY;
-        x[301] = -0.0;
-        x[400] = f32::MIN_POSITIVE / 8.0;
-        x[512..544].fill(0.0);
-        // 127 · k / 254 for odd k: halfway between two digits of the block's step.
-        for (k, v) in x[600..632].iter_mut().enumerate() {
-            *v = (2 * k + 1) as f32 / 254.0 * if k == 31 { 2.0 } else { 1.0 };
-        }
-        for block in [32, 256] {
-            for digits in [ActivationDigits::One, ActivationDigits::Two] {
-                let mut portable = Q8Rows::default();
-                portable.quantize(&x, 768, block, digits);
-                for isa in Isa::every() {
-                    let mut rows = Q8Rows::default();
-                    rows.quantize_on(isa, &x, 768, block, digits);
-                    for t in 0..2 {
-                        let (ours, theirs) = (rows.row(t), portable.row(t));
-                        let level = isa.level();
-                        assert_eq!(ours.high, theirs.high, "{level} {block} {digits:?}");
-                        assert_eq!(ours.low, theirs.low, "{level} {block} {digits:?}");
-                        assert_eq!(ours.sums, theirs.sums, "{level} {block} {digits:?}");
-                        let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(ours.scales), bits(theirs.scales), "{level}");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn tiles_hold_four_values_of_each_token_side_by_side() {
-        let (tokens, inner, width) = (5, 64, 2);
-        let x: Vec<f32> = (0..tokens * inner)
-            .map(|i| (i % 97) as f32 - 48.0)
-            .collect();
-        let mut rows = Q8Rows::default();
-        rows.quantize(&x, inner, 32, ActivationDigits::Two);
-        let mut tiles = Q8Tiles::default();
-        tiles.regroup(&rows, tokens, width);
+impl Q8TilesSpan<'_> {
+    /// Regroups the span's tokens, whose quantized rows `row(t)` gives (`t` from the span's
+    /// first token).
+    fn regroup<'r>(&mut self, row: impl Fn(usize) -> Q8Row<'r>) {
+        let (width, blocks) = (self.width, self.blocks);
+        let tokens = self.scales.len() / blocks.max(1);
+        let chunks = self.digits.len() / (64 * tokens.max(1));
         for first in (0..tokens).step_by(width) {
-            let tile = tiles.tile(first);
-            let m = tile.tokens;
-            assert_eq!(m, width.min(tokens - first));
+            let m = width.min(tokens - first);
+            let digits = &mut self.digits[first * chunks * 64..(first + m) * chunks * 64];
+            let (quads, _) = digits.as_chunks_mut::<4>();
             for t in 0..m {
-                let row = rows.row(first + t);
-                for b in 0..2 {
-                    for q in 0..8 {
-                        let at = (b * 8 + q) * 8 * m + 4 * t;
-                        let from = 32 * b + 4 * q..32 * b + 4 * q + 4;
-                        assert_eq!(tile.digits[at..at + 4], row.high[from.clone()]);
-                        assert_eq!(tile.digits[at + 4 * m..at + 4 * m + 4], row.low[from]);
-                    }
-                    assert_eq!(tile.scales[b * m + t], row.scales[b]);
-                    let sum = row.sums[2 * b] + row.sums[2 * b + 1];
-                    assert_eq!(tile.sums[b * m + t], sum);
+                let row = row(first + t);
+                // Quad `i` (values `4i..4i + 4`) of the first digits goes to quad `2mi + t`,
+                // of the second to the `m` quads after it.
+                let (high, _) = row.high.as_chunks::<4>();
+                let (low, _) = row.low.as_chunks::<4>();
+                for ((high, low), group) in high.iter().zip(low).zip(quads.chunks_exact_mut(2 * m))
+                {
+                    let (highs, lows) = group.split_at_mut(m);
+                    highs[t] = *high;
+                    lows[t] = *low;
                 }
-            }
-        }
-    }
-
-    #[test]
-    fn k_tiles_hold_each_sub_blocks_sums_in_pairs() {
-        let (tokens, inner) = (3, 512);
-        let x: Vec<f32> = (0..tokens * inner)
-            .map(|i| ((i * 37) % 101) as f32 - 50.0)
-            .collect();
-        let mut rows = Q8Rows::default();
-        rows.quantize(&x, inner, 256, ActivationDigits::Two);
-        let mut tiles = Q8Tiles::default();
-        tiles.regroup(&rows, tokens, 2);
-        let halves = |word: i32| (word as i16 as i32, word >> 16);
-        for first in [0, 2] {
-            let tile = tiles.tile(first);
-            for t in 0..tile.tokens {
-                let row = rows.row(first + t);
-                for b in 0..2 {
-                    let words = &tile.pairs[(b * tile.tokens + t) * K_PAIRS..][..K_PAIRS];
-                    for (digit, digits) in [row.high, row.low].into_iter().enumerate() {
-                        let sum = |from: usize, len: usize| -> i32 {
-                            let at = 256 * b + from;
-                            digits[at..at + len].iter().map(|&q| i32::from(q)).sum()
-                        };
-                        // Q4_K's (1, 3): sub-blocks of 32.
-                        assert_eq!(halves(words[4 * digit + 1]), (sum(32, 32), sum(96, 32)));
-                        // Q6_K's (14, 15): sub-blocks of 16.
-                        let word = words[8 + 8 * digit + 7];
-                        assert_eq!(halves(word), (sum(224, 16), sum(240, 16)));
+                for b in 0..blocks {
+                    let at = first * blocks + b * m + t;
+                    self.scales[at] = row.scales[b];
+                    if self.k_quants {
+                        let values = 256 * b..256 * b + 256;
+                        let words = k_pairs(&row.high[values.clone()], &row.low[values]);
+                        self.pairs[at * K_PAIRS..(at + 1) * K_PAIRS].copy_from_slice(&words);
+                    } else {
+                        self.sums[at] = row.sums[2 * b] + row.sums[2 * b + 1];
                     }
                 }
             }
         }
     }
 }
+
+/// The most spans [`spans`] cuts a launch's activations into: few enough to stay on the stack.
+pub const MAX_SPANS: usize = 16;
+
+/// A run of whole tiles' tokens of a launch's activations, which one thread quantizes and
+/// regroups alone: their rows and, for the group tiles, their tiles.
+pub struct ActivationSpan<'a> {
+    first: usize,
+    rows: Q8RowsSpan<'a>,
+    tiles: Option<Q8TilesSpan<'a>>,
+}
+
+impl ActivationSpan<'_> {
+    /// Quantizes the span's rows of `x` (all the launch's rows) and regroups them, as
+    /// [`Q8Rows::quantize_on`] and [`Q8Tiles::regroup`] would.
+    pub fn fill_on(&mut self, isa: Isa, x: &[f32], digits: ActivationDigits) {
+        let at = self.first * self.rows.inner;
+        self.rows
+            .fill_on(isa, &x[at..at + self.rows.high.len()], digits);
+        if let Some(tiles) = &mut self.tiles {
+            let rows = &self.rows;
+            tiles.regroup(|t| rows.row(t));
+        }
+    }
+}
+
+/// `rows`, and with a tile width `tiles`, sized for `tokens` rows of `inner` in blocks of
+/// `block` to `digits` digits, and cut into spans of `per_span` tokens (a multiple of the
+/// width, at least `tokens / MAX_SPANS`) for threads to fill.
+pub fn spans<'a>(
+    rows: &'a mut Q8Rows,
+    tiles: Option<(&'a mut Q8Tiles, usize)>,
+    (tokens, inner, block, digits): (usize, usize, usize, ActivationDigits),
+    per_span: usize,
+) -> SmallVec<[ActivationSpan<'a>; MAX_SPANS]> {
+    assert!(
+        per_span > 0 && tokens.div_ceil(per_span) <= MAX_SPANS,
+        "{tokens} tokens in spans of {per_span}"
+    );
+    rows.shape(tokens, inner, block, digits);
+    let firsts = (0..).step_by(per_span);
+    match tiles {
+        Some((tiles, width)) => {
+            tiles.shape(rows, tokens, width);
+            let each = rows.spans(per_span).zip(tiles.spans(per_span)).zip(firsts);
+            each.map(|((rows, tiles), first)| ActivationSpan {
+                first,
+                rows,
+                tiles: Some(tiles),
+            })
+            .collect()
+        }
+        None => rows
+            .spans(per_span)
+            .zip(firsts)
+            .map(|(rows, first)| ActivationSpan {
+                first,
+                rows,
+                tiles: None,
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
