@@ -52,9 +52,11 @@ use online::{QueryBlock, TileKernel, attend_range, finish, merge, state_len, til
 const MIN_PARALLEL_WORK: usize = 64 * 1024;
 
 /// The positions of one range of a token's history, rounded down to whole blocks (at least
-/// one): short enough that a lone sequence's history makes tasks for every thread, long
-/// enough that merging their states costs little next to computing them.
-const RANGE_POSITIONS: usize = 512;
+/// one): short enough that a lone sequence's history makes tasks for every thread (after a
+/// 512-token prompt, two large ranges per KV head, where 512 left SmolLM2's three KV heads as
+/// three tasks for two threads), long enough that merging their states costs little next to
+/// computing them.
+const RANGE_POSITIONS: usize = 256;
 
 /// Query rows (tokens times the heads of a KV head) of one prefill task, at most: the rows
 /// that share each tile once it is laid out (widened or transposed) for the kernel.

@@ -172,7 +172,7 @@ fn the_first_launch_sizes_the_range_states_for_the_longest_history() {
         lone_at(depth).run(path, &workers, &mut scratch);
         // A lone token alone is split into ranges, each with states of its own, when its
         // history spans more than one; a history of one range is computed whole.
-        let expected = depth / 512 + 1;
+        let expected = depth / RANGE_POSITIONS + 1;
         let split = matches!(
             scratch.owners[0],
             Some(RowOwner::Lone { ranges, .. }) if ranges == expected
