@@ -645,9 +645,13 @@ fn assert_ways_agree(
 
 #[test]
 fn bf16_serving_defaults_are_batch_invariant_and_close() {
-    for style in STYLES {
-        // The KV cache's dtype follows the config's `dtype` or `torch_dtype`: bf16 here.
-        let fixture = Fixture::open("tiny-qwen3-bf16", 2e-2, style);
+    // The KV cache's dtype follows the config's `dtype` or `torch_dtype`, which for the GGUF
+    // names the type all its matrices share: bf16 here, in every form.
+    let folders = STYLES.map(|style| Fixture::open("tiny-qwen3-bf16", 2e-2, style));
+    for fixture in folders
+        .into_iter()
+        .chain([Fixture::gguf("tiny-qwen3-bf16", 2e-2)])
+    {
         assert_eq!(
             SERVING_DEFAULT
                 .kv_cache_dtype

@@ -13,14 +13,29 @@ use sha2::Digest;
 
 use super::llama::LlamaParams;
 use super::tokenizer::GgufTokenizer;
-use super::{Gguf, GgufError, Result};
+use super::{GgmlType, Gguf, GgufError, Result};
 
 /// The name of the link to the GGUF file inside its folder.
 pub const GGUF_LINK: &str = "model.gguf";
 
-/// The dtype of the activations and of `--kv-cache-dtype auto` for a GGUF: f32, the precision
-/// the quantized weights are dequantized to in references.
-const TORCH_DTYPE: &str = "float32";
+/// The dtype `config.json` names for `gguf`, which `--kv-cache-dtype auto` caches keys and
+/// values in: a file whose matrices are all BF16 (or all F16) is a bf16 (f16) checkpoint and
+/// caches as a bf16 (f16) model folder does; quantized or F32 matrices give f32, the precision
+/// the quantized weights are dequantized to in references. Vectors (norms, biases) are
+/// often kept in F32 by the converters and do not count.
+fn checkpoint_dtype(gguf: &Gguf) -> &'static str {
+    let mut matrices = gguf.tensors().iter().filter(|t| t.dims.len() >= 2);
+    match matrices.next().map(|t| t.kind) {
+        Some(first @ (GgmlType::BF16 | GgmlType::F16)) if matrices.all(|t| t.kind == first) => {
+            if first == GgmlType::BF16 {
+                "bfloat16"
+            } else {
+                "float16"
+            }
+        }
+        _ => "float32",
+    }
+}
 
 /// Whether `path` names a GGUF file rather than a model folder.
 pub fn is_gguf_file(path: &Path) -> bool {
@@ -50,7 +65,10 @@ pub fn prepare(file: &Path, cache_root: &Path) -> Result<PathBuf> {
         serde_json::to_string_pretty(&value).unwrap_or_else(|_| value.to_string())
     };
     let files = [
-        ("config.json", json(params.config_json(TORCH_DTYPE))),
+        (
+            "config.json",
+            json(params.config_json(checkpoint_dtype(&gguf))),
+        ),
         (
             "generation_config.json",
             json(params.generation_config_json()),
@@ -99,4 +117,40 @@ fn link_replacing(target: &Path, link: &Path) -> Result<()> {
     std::fs::hard_link(target, link)
         .or_else(|_| std::fs::copy(target, link).map(|_| ()))
         .map_err(|e| io_error(link, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::gguf::GgufWriter;
+
+    /// A GGUF of a 32 × 2 matrix of each of `kinds` (ggml type ids) and a vector in F32.
+    fn file_of(kinds: &[u32]) -> Gguf {
+        let mut writer = GgufWriter::default().tensor("norm.weight", &[32], 0, &[0; 128]);
+        for (i, &kind) in kinds.iter().enumerate() {
+            // Bytes per row of 32: f32, f16 or bf16, and Q8_0's one block.
+            let bytes = match kind {
+                0 => 128,
+                8 => 34,
+                _ => 64,
+            };
+            let name = format!("blk.{i}.weight");
+            writer = writer.tensor(&name, &[32, 2], kind, &vec![0; 2 * bytes]);
+        }
+        Gguf::parse(writer.build()).expect("the file parses")
+    }
+
+    #[test]
+    fn the_config_names_the_float_type_all_matrices_share() {
+        let (f32, f16, bf16, q8_0) = (0, 1, 30, 8);
+        assert_eq!(checkpoint_dtype(&file_of(&[bf16, bf16])), "bfloat16");
+        assert_eq!(checkpoint_dtype(&file_of(&[f16, f16])), "float16");
+        assert_eq!(checkpoint_dtype(&file_of(&[f32, f32])), "float32");
+        // Mixed float types, or any quantized matrix: f32, as for a quantized file.
+        assert_eq!(checkpoint_dtype(&file_of(&[bf16, f32])), "float32");
+        assert_eq!(checkpoint_dtype(&file_of(&[bf16, f16])), "float32");
+        assert_eq!(checkpoint_dtype(&file_of(&[q8_0, q8_0])), "float32");
+        assert_eq!(checkpoint_dtype(&file_of(&[bf16, q8_0])), "float32");
+        assert_eq!(checkpoint_dtype(&file_of(&[])), "float32");
+    }
 }
