@@ -4,11 +4,15 @@
 //! reduced in a fixed tree; the output lanes are FMA chains over the tile's positions in
 //! order. Widening a bf16 or f16 element to f32 is exact, so a row computes the same bits from
 //! the cache or from the laid-out tile, and none of it depends on the other rows of the block.
-
+//! A laid-out tile's scores are reduced eight at a time, lane by lane in that same tree (one
+//! vector of shuffles and adds for eight scores, not a horizontal reduction each).
 use std::arch::x86_64::{
-    __m256, _mm256_add_ps, _mm256_and_ps, _mm256_and_si256, _mm256_castsi256_ps,
-    _mm256_cmpgt_epi32, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_mul_ps, _mm256_set1_epi32,
-    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_storeu_ps, _mm256_sub_ps,
+    __m256, _mm_cvtss_f32, _mm_max_ps, _mm_max_ss, _mm_movehl_ps, _mm_shuffle_ps, _mm256_add_ps,
+    _mm256_and_ps, _mm256_and_si256, _mm256_blendv_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+    _mm256_cmpgt_epi32, _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_max_ps,
+    _mm256_mul_ps, _mm256_permute2f128_ps, _mm256_permutevar8x32_ps, _mm256_set1_epi32,
+    _mm256_set1_ps, _mm256_setr_epi32, _mm256_setzero_ps, _mm256_shuffle_ps, _mm256_storeu_ps,
+    _mm256_sub_ps,
 };
 
 use super::online::{KvTile, QueryBlock, RowSpan, TILE, TileStatistics, state_len};
@@ -41,7 +45,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     let head_dim = 8 * C;
     if block.tokens * block.heads <= DIRECT_ROWS {
         let rows = TileRows::new(tile.offsets, head_dim, [tile.keys, tile.values]);
-        attend_rows::<E, E, C>((block, tile), &rows, scale, states);
+        attend_rows::<E, E, C, false>((block, tile), &rows, scale, states);
         return;
     }
     let (keys, values) = buffer.split_at_mut(TILE * head_dim);
@@ -58,7 +62,7 @@ pub unsafe fn attend_tile<E: CacheElement, const C: usize>(
     let laid_out: [usize; TILE] = std::array::from_fn(|j| j * head_dim);
     let offsets = &laid_out[..tile.offsets.len()];
     let rows = TileRows::new(offsets, head_dim, [keys, values]);
-    attend_rows::<E, f32, C>((block, tile), &rows, scale, states);
+    attend_rows::<E, f32, C, true>((block, tile), &rows, scale, states);
 }
 
 /// Where each position of a tile keeps its key and its value row.
@@ -96,10 +100,10 @@ unsafe fn chunk<W: Wide>(row: *const W, c: usize) -> __m256 {
 }
 
 /// [`attend_tile`] over `rows` (`8 * C` elements each): each token's heads in pairs, an odd
-/// last one alone.
+/// last one alone; `LAID_OUT` when the rows are the tile laid out for a block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn attend_rows<E: CacheElement, W: Wide, const C: usize>(
+fn attend_rows<E: CacheElement, W: Wide, const C: usize, const LAID_OUT: bool>(
     (block, tile): (&QueryBlock<'_>, &KvTile<'_, E>),
     rows: &TileRows<W>,
     scale: f32,
@@ -107,17 +111,17 @@ fn attend_rows<E: CacheElement, W: Wide, const C: usize>(
 ) {
     // Compiled twice, so the tiles that fetch nothing (a range's last) carry no fetch points.
     if tile.ahead.is_empty() {
-        token_rows::<W, C>((block, tile, |_| {}), rows, scale, states)
+        token_rows::<W, C, LAID_OUT>((block, tile, |_| {}), rows, scale, states)
     } else {
         let fetch = |part| tile.fetch_ahead(part, FETCH_PARTS, 8 * C);
-        token_rows::<W, C>((block, tile, fetch), rows, scale, states)
+        token_rows::<W, C, LAID_OUT>((block, tile, fetch), rows, scale, states)
     }
 }
 
 /// [`attend_rows`] with `fetch(part)` for the parts of the next tile.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn token_rows<W: Wide, const C: usize>(
+fn token_rows<W: Wide, const C: usize, const LAID_OUT: bool>(
     (block, tile, fetch): (&QueryBlock<'_>, &KvTile<'_, impl Sized>, impl Fn(usize)),
     rows: &TileRows<W>,
     scale: f32,
@@ -146,12 +150,12 @@ fn token_rows<W: Wide, const C: usize>(
             if head + 1 < block.heads {
                 let states = &mut states[at..at + 2 * stride];
                 // SAFETY: every row of `rows` holds `8 * C` elements; the CPU has `avx2`.
-                unsafe { group.attend::<W, C, 2, 4>(rows, scale, states, fetch) };
+                unsafe { group.attend::<W, C, 2, 4, LAID_OUT>(rows, scale, states, fetch) };
                 head += 2;
             } else {
                 let states = &mut states[at..at + stride];
                 // SAFETY: as above.
-                unsafe { group.attend::<W, C, 1, 8>(rows, scale, states, fetch) };
+                unsafe { group.attend::<W, C, 1, 8, LAID_OUT>(rows, scale, states, fetch) };
                 head += 1;
             }
         }
@@ -177,7 +181,13 @@ impl Group<'_, '_> {
     #[allow(clippy::needless_range_loop)]
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn attend<W: Wide, const C: usize, const H: usize, const G: usize>(
+    unsafe fn attend<
+        W: Wide,
+        const C: usize,
+        const H: usize,
+        const G: usize,
+        const LAID_OUT: bool,
+    >(
         &self,
         rows: &TileRows<W>,
         scale: f32,
@@ -194,50 +204,26 @@ impl Group<'_, '_> {
                 .query(self.token, self.head + h, head_dim)
                 .as_ptr()
         });
-        // Positions before the window score negative infinity and weigh nothing.
-        let mut scores = [[f32::NEG_INFINITY; TILE]; H];
-        let mut fetched = 0;
-        let mut j = skip;
-        while j < valid {
-            let pair = j + 1 < valid;
-            // SAFETY: the caller's contract for the rows; a query holds `head_dim` f32s.
-            unsafe {
-                if pair {
-                    let dots = key_dots::<W, C, H, 2>([rows.keys[j], rows.keys[j + 1]], queries);
-                    for (h, dots) in dots.iter().enumerate() {
-                        scores[h][j] = dots[0] * scale;
-                        scores[h][j + 1] = dots[1] * scale;
-                    }
-                } else {
-                    let dots = key_dots::<W, C, H, 1>([rows.keys[j]], queries);
-                    for (h, dots) in dots.iter().enumerate() {
-                        scores[h][j] = dots[0] * scale;
-                    }
-                }
-            }
-            j += if pair { 2 } else { 1 };
-            while fetched < (j / 4).min(FETCH_PARTS) {
-                fetch(fetched);
-                fetched += 1;
-            }
-        }
-        while fetched < FETCH_PARTS {
-            fetch(fetched);
-            fetched += 1;
-        }
+        // Positions outside the window score negative infinity and weigh nothing.
+        // SAFETY: the caller's contract.
+        let scores = unsafe { self.scores::<W, C, H, LAID_OUT>(rows, queries, scale, &fetch) };
+        let runs = skip / 8..valid.div_ceil(8);
         let mut weights = [[0.0f32; TILE]; H];
         let mut rescales = [0.0f32; H];
         for h in 0..H {
             let scores = &scores[h];
-            let tile_max = scores[skip..valid]
-                .iter()
-                .copied()
-                .fold(f32::NEG_INFINITY, f32::max);
+            // Every lane outside the window holds negative infinity, so whole runs can meet.
+            let lanes = runs
+                .clone()
+                .fold(_mm256_set1_ps(f32::NEG_INFINITY), |m, run| {
+                    _mm256_max_ps(m, load(scores, run))
+                });
+            let tile_max = max_of_lanes(lanes);
             let state = &mut states[h * stride..][..stride];
             let statistics = TileStatistics::new(state, tile_max, first);
             let max_lanes = _mm256_set1_ps(statistics.max);
             let mut total = _mm256_setzero_ps();
-            for chunk in skip / 8..valid.div_ceil(8) {
+            for chunk in runs.clone() {
                 let x = load(scores, chunk);
                 let w = exp(_mm256_sub_ps(x, max_lanes));
                 let w = lanes_between(w, skip.saturating_sub(8 * chunk), valid - 8 * chunk);
@@ -277,10 +263,95 @@ impl Group<'_, '_> {
             }
         }
     }
+
+    /// The group's scores of the tile, negative infinity outside the window. Laid out, eight
+    /// keys at a time: each lane's sum finished by [`fold_halves`] and [`finish_eight`] with the
+    /// adds of [`reduce`], so a score has the bits it has from the cache. From the cache (a
+    /// decode's few rows), two at a time, each reduced on its own: waiting on memory, the lone
+    /// reductions keep more loads in flight than eight sums held for one fold.
+    ///
+    /// # Safety
+    /// As [`Group::attend`]; each query starts `8 * C` readable f32s.
+    #[allow(clippy::needless_range_loop)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scores<W: Wide, const C: usize, const H: usize, const LAID_OUT: bool>(
+        &self,
+        rows: &TileRows<W>,
+        queries: [*const f32; H],
+        scale: f32,
+        fetch: &impl Fn(usize),
+    ) -> [[f32; TILE]; H] {
+        let mut scores = [[f32::NEG_INFINITY; TILE]; H];
+        let RowSpan { skip, valid, .. } = self.span;
+        let valid = valid.min(rows.len);
+        let mut fetches = Fetches { fetch, asked: 0 };
+        if LAID_OUT {
+            let scale_lanes = _mm256_set1_ps(scale);
+            for run in skip / 8..valid.div_ceil(8) {
+                let base = 8 * run;
+                // A position outside the window scores a row that exists; its lane is dropped.
+                let key = |j: usize| rows.keys[if (skip..valid).contains(&j) { j } else { skip }];
+                let mut halves = [[_mm256_setzero_ps(); 4]; H];
+                for i in 0..4 {
+                    let pair = [key(base + 2 * i), key(base + 2 * i + 1)];
+                    // SAFETY: the caller's contract.
+                    let sums = unsafe { key_sums::<W, C, H>(pair, queries) };
+                    for h in 0..H {
+                        halves[h][i] = fold_halves(sums[h]);
+                    }
+                }
+                let window = lane_mask(skip.saturating_sub(base), valid - base);
+                for h in 0..H {
+                    let dots = _mm256_mul_ps(finish_eight(halves[h]), scale_lanes);
+                    let dots = _mm256_blendv_ps(_mm256_set1_ps(f32::NEG_INFINITY), dots, window);
+                    store(&mut scores[h], run, dots);
+                }
+                fetches.after(base + 8);
+            }
+        } else {
+            let mut j = skip;
+            while j < valid {
+                // The last key of an odd window pairs with itself; its second score is dropped.
+                let second = (j + 1).min(valid - 1);
+                let pair = [rows.keys[j], rows.keys[second]];
+                // SAFETY: the caller's contract.
+                let sums = unsafe { key_sums::<W, C, H>(pair, queries) };
+                for h in 0..H {
+                    scores[h][j] = reduce(sums[h][0]) * scale;
+                    if second > j {
+                        scores[h][second] = reduce(sums[h][1]) * scale;
+                    }
+                }
+                j += 2;
+                fetches.after(j);
+            }
+        }
+        fetches.after(TILE);
+        scores
+    }
 }
 
-/// The dot products of `K` keys with `H` queries of `8 * C` elements: per pair two
-/// accumulators over alternate chunks, added and reduced as every score is.
+/// The next tile's parts, asked for as a group's scores advance through this one.
+struct Fetches<'f, F: Fn(usize)> {
+    fetch: &'f F,
+    asked: usize,
+}
+
+impl<F: Fn(usize)> Fetches<'_, F> {
+    /// Asks for one part per four positions up to `position`.
+    #[inline]
+    fn after(&mut self, position: usize) {
+        while self.asked < (position / 4).min(FETCH_PARTS) {
+            (self.fetch)(self.asked);
+            self.asked += 1;
+        }
+    }
+}
+
+/// The sums of two keys with `H` queries of `8 * C` elements, left in lanes: per pair two
+/// accumulators over alternate chunks, added; [`fold_halves`] and [`finish_eight`] then add
+/// the lanes in the tree of [`reduce`].
 ///
 /// # Safety
 /// Each key starts `8 * C` readable elements, each query `8 * C` f32s; the CPU has isa level
@@ -288,33 +359,74 @@ impl Group<'_, '_> {
 #[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn key_dots<W: Wide, const C: usize, const H: usize, const K: usize>(
-    keys: [*const W; K],
+unsafe fn key_sums<W: Wide, const C: usize, const H: usize>(
+    keys: [*const W; 2],
     queries: [*const f32; H],
-) -> [[f32; K]; H] {
+) -> [[__m256; 2]; H] {
     // Even and odd chunks in accumulators of their own, so no index into them is computed.
-    let (mut even, mut odd) = ([[_mm256_setzero_ps(); K]; H], [[_mm256_setzero_ps(); K]; H]);
+    let (mut even, mut odd) = ([[_mm256_setzero_ps(); 2]; H], [[_mm256_setzero_ps(); 2]; H]);
     for c in (0..C).step_by(2) {
         // SAFETY: the caller's contract.
-        let k0: [__m256; K] = std::array::from_fn(|x| unsafe { chunk(keys[x], c) });
+        let k0: [__m256; 2] = std::array::from_fn(|x| unsafe { chunk(keys[x], c) });
         // SAFETY: the caller's contract.
-        let k1: [__m256; K] = std::array::from_fn(|x| unsafe { chunk(keys[x], c + 1) });
+        let k1: [__m256; 2] = std::array::from_fn(|x| unsafe { chunk(keys[x], c + 1) });
         for h in 0..H {
             // SAFETY: the caller's contract.
             let (q0, q1) = unsafe { (chunk(queries[h], c), chunk(queries[h], c + 1)) };
-            for x in 0..K {
+            for x in 0..2 {
                 even[h][x] = _mm256_fmadd_ps(q0, k0[x], even[h][x]);
                 odd[h][x] = _mm256_fmadd_ps(q1, k1[x], odd[h][x]);
             }
         }
     }
-    let mut out = [[0.0; K]; H];
+    let mut out = [[_mm256_setzero_ps(); 2]; H];
     for h in 0..H {
-        for x in 0..K {
-            out[h][x] = reduce(_mm256_add_ps(even[h][x], odd[h][x]));
+        for x in 0..2 {
+            out[h][x] = _mm256_add_ps(even[h][x], odd[h][x]);
         }
     }
     out
+}
+
+/// The first add of [`reduce`] for two sums `[a, b]` at once: `a`'s low half plus its high
+/// half in the low four lanes, `b`'s in the high four.
+#[inline]
+#[target_feature(enable = "avx")]
+fn fold_halves([a, b]: [__m256; 2]) -> __m256 {
+    _mm256_add_ps(
+        _mm256_permute2f128_ps::<0x20>(a, b),
+        _mm256_permute2f128_ps::<0x31>(a, b),
+    )
+}
+
+/// The rest of [`reduce`]'s tree for eight sums: `halves[i]` folds sums `i` and `i + 4`, and
+/// lane `i` of the result is sum `i` reduced, with the same adds in the same order.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn finish_eight(halves: [__m256; 4]) -> __m256 {
+    // Lanes (0 + 2, 1 + 3) of each four: sums 0, 1 | 4, 5 and 2, 3 | 6, 7.
+    let pairs = |p: __m256, q: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(p, q),
+            _mm256_shuffle_ps::<0xEE>(p, q),
+        )
+    };
+    let (low, high) = (pairs(halves[0], halves[1]), pairs(halves[2], halves[3]));
+    let sums = _mm256_add_ps(
+        _mm256_shuffle_ps::<0x88>(low, high),
+        _mm256_shuffle_ps::<0xDD>(low, high),
+    );
+    // Sums 0, 2, 4, 6 | 1, 3, 5, 7 back in order.
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+}
+
+/// The largest of the eight lanes of `v` (exact in any order).
+#[inline]
+#[target_feature(enable = "avx")]
+fn max_of_lanes(v: __m256) -> f32 {
+    let four = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let two = _mm_max_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_max_ss(two, _mm_shuffle_ps::<1>(two, two)))
 }
 
 /// Eight f32s from element `8 * c` of `row`.
@@ -348,9 +460,15 @@ fn load_cached<E: CacheElement>(row: &[E], c: usize) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn lanes_between(x: __m256, from: usize, to: usize) -> __m256 {
+    _mm256_and_ps(x, lane_mask(from, to))
+}
+
+/// All ones in lanes `from..to`, zero in the others.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lane_mask(from: usize, to: usize) -> __m256 {
     let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     let below_to = _mm256_cmpgt_epi32(_mm256_set1_epi32(to.min(8) as i32), lanes);
     let from_on = _mm256_cmpgt_epi32(lanes, _mm256_set1_epi32(from.min(8) as i32 - 1));
-    let keep = _mm256_and_si256(below_to, from_on);
-    _mm256_and_ps(x, _mm256_castsi256_ps(keep))
+    _mm256_castsi256_ps(_mm256_and_si256(below_to, from_on))
 }
