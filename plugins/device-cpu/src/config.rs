@@ -85,15 +85,15 @@ impl CpuConfig {
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
-        // Only the AVX-512 VNNI and BF16 tiles take hints: below them `on` would do nothing.
-        if !config.isa.has(IsaLevel::Avx512Vnni) {
+        // Only the AVX-512 tiles take hints: below them `on` would do nothing.
+        if !config.isa.has(IsaLevel::Avx512) {
             if let Some(option) = prefetch_option
                 && config.prefetch == RowPrefetch::Software
                 && option.value != "auto"
             {
                 return Err(option.invalid(format!(
                     "is `on`, which needs isa {}; the device runs at {}",
-                    IsaLevel::Avx512Vnni,
+                    IsaLevel::Avx512,
                     config.isa.level()
                 )));
             }
@@ -187,7 +187,7 @@ mod tests {
                     .to_string();
                 Some(line.split(':').nth(1)?.trim().to_string())
             });
-        let hints = Isa::detect().has(IsaLevel::Avx512Vnni);
+        let hints = Isa::detect().has(IsaLevel::Avx512);
         if let Some(vendor) = vendor {
             let expected = if vendor == "GenuineIntel" && hints {
                 RowPrefetch::Software
@@ -207,7 +207,7 @@ mod tests {
             match CpuConfig::parse(&format!("prefetch={text}")) {
                 Ok(config) => assert_eq!(config.prefetch, prefetch),
                 Err(error) => assert!(
-                    !hints && text == "on" && error.to_string().contains("needs isa avx512_vnni"),
+                    !hints && text == "on" && error.to_string().contains("needs isa avx512;"),
                     "{error}"
                 ),
             }

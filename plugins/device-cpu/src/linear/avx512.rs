@@ -29,6 +29,9 @@ pub const MR: usize = 4;
 /// [`RowPrefetch::Software`]: super::RowPrefetch::Software
 const ROW_AHEAD: usize = 1792;
 
+/// [`ROW_AHEAD`] in bytes, for the rows of other element types.
+const ROW_AHEAD_BYTES: usize = 2 * ROW_AHEAD;
+
 /// One tile: token rows `x`, `x + x_stride`, … against weight rows `w[0..NR]`, each `inner`
 /// long; `out[m * out_stride + j]` for `j < columns` receives output `j` of token `m`.
 #[derive(Clone, Copy)]
@@ -44,8 +47,8 @@ pub struct Tile<X, W> {
     /// launch reads each panel once, so its weights come from memory. (A tile of one token
     /// reads its rows one after the other, one stream the hardware prefetcher follows.)
     pub prefetch_next_panel: bool,
-    /// A tile of one bf16 token also hints each row's line [`ROW_AHEAD`] elements on (see
-    /// [`super::RowPrefetch`]); the f32 FMA rows leave their stream to the hardware.
+    /// A tile of one token also hints each row's line [`ROW_AHEAD_BYTES`] on (see
+    /// [`super::RowPrefetch`]).
     pub prefetch_row_ahead: bool,
 }
 
@@ -217,10 +220,16 @@ impl Wide for F16Bits {
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
 pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
     if M == 1 {
-        // As in `bf16`: one stream.
+        // As in `bf16`: one stream, with the same hints.
         for j in 0..tile.columns {
             // SAFETY: the contract, for row `j` and its output.
-            unsafe { *tile.out.add(j) = wide_row(tile.x, tile.w[j], tile.inner) };
+            unsafe {
+                *tile.out.add(j) = if tile.prefetch_row_ahead {
+                    wide_row::<W, true>(tile.x, tile.w[j], tile.inner)
+                } else {
+                    wide_row::<W, false>(tile.x, tile.w[j], tile.inner)
+                }
+            };
         }
         return;
     }
@@ -302,17 +311,25 @@ unsafe fn bf16_row<const AHEAD: bool>(x: *const u16, w: *const u16, inner: usize
     reduce(acc)
 }
 
-/// One output of a one-token [`wide`] tile, by the instructions of an output of the tile.
+/// One output of a one-token [`wide`] tile, by the instructions of an output of the tile;
+/// with `AHEAD`, each 64 bytes of the row also hint the line [`ROW_AHEAD_BYTES`] on.
 ///
 /// # Safety
 /// As [`wide`], for the token row `x` and the weight row `w`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
-unsafe fn wide_row<W: Wide>(x: *const f32, w: *const W, inner: usize) -> f32 {
+unsafe fn wide_row<W: Wide, const AHEAD: bool>(x: *const f32, w: *const W, inner: usize) -> f32 {
     let mut acc = _mm512_setzero_ps();
     let whole = inner / 16 * 16;
     let mut k = 0;
+    // Elements of `W` in one 64-byte line.
+    let line = 64 / std::mem::size_of::<W>();
     while k < whole {
+        if AHEAD && k % line == 0 {
+            // Past the row's end the hint lands in the next row or nowhere: it never faults.
+            let ahead = w.wrapping_add(k).cast::<u8>().wrapping_add(ROW_AHEAD_BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+        }
         // SAFETY: both rows have `inner` elements, and `k + 16 <= inner`.
         acc = unsafe {
             _mm512_fmadd_ps(

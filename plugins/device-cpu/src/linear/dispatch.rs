@@ -154,7 +154,7 @@ pub(super) fn matmul(
         }
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx512, FloatSlice::F32(_)) => {
-            avx512_wide(plan, workers, x, typed(weights, f32_values), sink)
+            avx512_wide(plan, workers, x, typed(weights, f32_values), sink, prefetch)
         }
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx512, FloatSlice::BF16(_)) => avx512_wide(
@@ -163,6 +163,7 @@ pub(super) fn matmul(
             x,
             typed(weights, bf16_bits).map(as_wide::<Bf16Bits>),
             sink,
+            prefetch,
         ),
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx512, FloatSlice::F16(_)) => avx512_wide(
@@ -171,6 +172,7 @@ pub(super) fn matmul(
             x,
             typed(weights, f16_bits).map(as_wide::<F16Bits>),
             sink,
+            prefetch,
         ),
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx2, FloatSlice::F32(_)) => {
@@ -269,6 +271,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
     x: &[f32],
     w: Typed<'_, W>,
     sink: &Sink<'_, '_>,
+    prefetch: RowPrefetch,
 ) {
     let inner = plan.inner;
     drive(
@@ -285,7 +288,7 @@ fn avx512_wide<W: avx512::Wide + Sync>(
                 out_stride,
                 columns,
                 prefetch_next_panel: plan.reads_panels_once(),
-                prefetch_row_ahead: false,
+                prefetch_row_ahead: prefetch == RowPrefetch::Software,
             };
             // SAFETY: `Vectors::Avx512` comes from an `Isa` with AVX-512; `panel_rows` and the token
             // range keep every row in bounds; the task owns the output block.

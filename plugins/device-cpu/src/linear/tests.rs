@@ -108,7 +108,7 @@ fn reference(x: &[f32], w: &[f32], shape: LinearShape) -> Vec<(f64, f64)> {
 
 /// Every kernel this machine can run: at each of its levels, f32 products on weights in
 /// the host's order and (from `avx2` up) in panels, and bf16 products where the level has
-/// them, with and without the rows' software prefetch.
+/// them; from `avx512` up, with and without the rows' software prefetch.
 fn kernels() -> Vec<Kernel> {
     let hardware = RowPrefetch::Hardware;
     let mut kernels = Vec::new();
@@ -116,6 +116,12 @@ fn kernels() -> Vec<Kernel> {
         kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, hardware));
         if cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2) {
             kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, hardware));
+        }
+        if isa.has(IsaLevel::Avx512) {
+            // The one-token FMA rows with their hints.
+            for order in [WeightOrder::Rows, WeightOrder::Panels] {
+                kernels.push((isa, Bf16Products::F32, order, RowPrefetch::Software));
+            }
         }
         if isa.has(IsaLevel::Avx512Bf16) {
             for prefetch in [hardware, RowPrefetch::Software] {
