@@ -21,7 +21,7 @@ pub struct CpuConfig {
     /// `activation_digits=1|2`: the int8 digits each activation keeps when it meets
     /// block-quantized weights (see [`ActivationDigits`]); by default two.
     pub activation_digits: ActivationDigits,
-    /// `prefetch=auto|on|off`: whether the AVX-512 one-token rows hint their lines ahead
+    /// `prefetch=auto|on|off`: whether the one-token rows and panels hint their lines ahead
     /// (see [`RowPrefetch`]); `auto`, the default, turns them on for Intel CPUs only.
     pub prefetch: RowPrefetch,
 }
@@ -85,15 +85,15 @@ impl CpuConfig {
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
-        // Only the AVX-512 tiles take hints: below them `on` would do nothing.
-        if !config.isa.has(IsaLevel::Avx512) {
+        // Only the x86-64 tiles take hints: below them `on` would do nothing.
+        if !config.isa.has(IsaLevel::Avx2) {
             if let Some(option) = prefetch_option
                 && config.prefetch == RowPrefetch::Software
                 && option.value != "auto"
             {
                 return Err(option.invalid(format!(
                     "is `on`, which needs isa {}; the device runs at {}",
-                    IsaLevel::Avx512,
+                    IsaLevel::Avx2,
                     config.isa.level()
                 )));
             }
@@ -187,7 +187,7 @@ mod tests {
                     .to_string();
                 Some(line.split(':').nth(1)?.trim().to_string())
             });
-        let hints = Isa::detect().has(IsaLevel::Avx512);
+        let hints = Isa::detect().has(IsaLevel::Avx2);
         if let Some(vendor) = vendor {
             let expected = if vendor == "GenuineIntel" && hints {
                 RowPrefetch::Software
@@ -207,12 +207,12 @@ mod tests {
             match CpuConfig::parse(&format!("prefetch={text}")) {
                 Ok(config) => assert_eq!(config.prefetch, prefetch),
                 Err(error) => assert!(
-                    !hints && text == "on" && error.to_string().contains("needs isa avx512;"),
+                    !hints && text == "on" && error.to_string().contains("needs isa avx2;"),
                     "{error}"
                 ),
             }
         }
-        let low = CpuConfig::parse("prefetch=on,isa=avx2").map(|c| c.prefetch);
+        let low = CpuConfig::parse("prefetch=on,isa=portable").map(|c| c.prefetch);
         assert!(low.is_err(), "{low:?}");
         assert_eq!(
             CpuConfig::parse("prefetch=yes").unwrap_err().to_string(),

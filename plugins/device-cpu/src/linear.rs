@@ -106,16 +106,17 @@ impl std::str::FromStr for Bf16Products {
     }
 }
 
-/// Whether the AVX-512 one-token rows (bf16 rows through `vdpbf16ps`, rows widened to f32
-/// for FMAs, and the Q8_0 group tiles) also ask the caches for the lines a little ahead of
-/// the one they read, or leave the stream to the hardware prefetcher. A hint changes when
-/// bytes arrive, never a result.
+/// Whether the one-token tiles ask the caches for the lines some kilobytes ahead of the one
+/// they read (the AVX-512 rows: bf16 rows through `vdpbf16ps`, rows widened to f32 for FMAs,
+/// and the Q8_0 group tiles; the AVX2 bf16 panels, which otherwise ask a few lines ahead), or
+/// leave the stream to the hardware prefetcher. A hint changes when bytes arrive, never a
+/// result.
 ///
 /// Measured per CPU family, so the default follows the CPU's vendor: on an Intel Xeon with
 /// AVX-512 BF16 the hints took a one-token bf16 step of SmolLM2 from 16–19 ms to 12.5–13.6,
-/// the same step with f32 products about 1.7× faster, and its Q8_0 step about 1.25× faster;
-/// on AMD Zen 4 and Zen 5 the same hints were slower than the hardware's own stream (see
-/// docs/benchmarks.md).
+/// the same step with f32 products about 1.7× faster (1.2× in panels), and its Q8_0 step
+/// about 1.25× faster; on AMD Zen 4 and Zen 5 the same hints were slower than the hardware's
+/// own stream (see docs/benchmarks.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowPrefetch {
     /// The hardware prefetcher alone follows each row.

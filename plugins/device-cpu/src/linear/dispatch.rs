@@ -98,6 +98,7 @@ pub(super) fn matmul(
                         out,
                         out_stride,
                         prefetch_next: first_group,
+                        far_ahead: prefetch == RowPrefetch::Software,
                     };
                     // SAFETY: `isa` has AVX2 (checked above); every width is a multiple of the
                     // panel, so the panel and its outputs are whole; the task owns the output

@@ -108,20 +108,21 @@ fn reference(x: &[f32], w: &[f32], shape: LinearShape) -> Vec<(f64, f64)> {
 
 /// Every kernel this machine can run: at each of its levels, f32 products on weights in
 /// the host's order and (from `avx2` up) in panels, and bf16 products where the level has
-/// them; from `avx512` up, with and without the rows' software prefetch.
+/// them; from `avx2` up, with and without the rows' and panels' software prefetch.
 fn kernels() -> Vec<Kernel> {
     let hardware = RowPrefetch::Hardware;
     let mut kernels = Vec::new();
     for isa in Isa::every() {
         kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, hardware));
         if cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2) {
-            kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, hardware));
+            for prefetch in [hardware, RowPrefetch::Software] {
+                kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, prefetch));
+            }
         }
         if isa.has(IsaLevel::Avx512) {
-            // The one-token FMA rows with their hints.
-            for order in [WeightOrder::Rows, WeightOrder::Panels] {
-                kernels.push((isa, Bf16Products::F32, order, RowPrefetch::Software));
-            }
+            // The AVX-512 one-token FMA rows with their hints.
+            let software = RowPrefetch::Software;
+            kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, software));
         }
         if isa.has(IsaLevel::Avx512Bf16) {
             for prefetch in [hardware, RowPrefetch::Software] {
