@@ -6,10 +6,11 @@
 //! fixed tree. As on AVX-512, an output element's instructions do not depend on its batch.
 
 use std::arch::x86_64::{
-    __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
-    _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
-    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_setzero_ps,
-    _mm256_setzero_si256, _mm256_slli_epi32, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
+    __m256, _MM_HINT_T0, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps,
+    _mm_prefetch, _mm_shuffle_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
+    _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_extractf128_ps, _mm256_fmadd_ps,
+    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_setzero_ps, _mm256_setzero_si256,
+    _mm256_slli_epi32, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
 };
 
 use super::{Bf16Bits, F16Bits, NR};
@@ -29,7 +30,14 @@ pub struct Tile<W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
+    /// A [`wide`] tile of one token also hints each row's line [`ROW_AHEAD_BYTES`] on (see
+    /// [`super::RowPrefetch`]).
+    pub prefetch_row_ahead: bool,
 }
+
+/// Bytes past the one a one-token row is reading that [`super::RowPrefetch::Software`] asks
+/// the caches for, as the AVX-512 rows do.
+const ROW_AHEAD_BYTES: usize = 3584;
 
 /// Weights that widen to f32 eight at a time.
 pub trait Wide: Copy {
@@ -105,25 +113,35 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
         // six short streams side by side.
         for j in 0..tile.columns {
             // SAFETY: the contract, for row `j`.
-            unsafe { rows::<W, M, 1>(tile, j) };
+            unsafe {
+                if tile.prefetch_row_ahead {
+                    rows::<W, M, 1, true>(tile, j)
+                } else {
+                    rows::<W, M, 1, false>(tile, j)
+                }
+            };
         }
     } else {
         // SAFETY: the contract.
-        unsafe { rows::<W, M, NR>(tile, 0) };
+        unsafe { rows::<W, M, NR, false>(tile, 0) };
     }
 }
 
 /// Outputs `j0..j0 + R` of the tile (those below `tile.columns` stored), by the same
-/// instructions for every `M` and `R`.
+/// instructions for every `M` and `R`; with `AHEAD`, each 64 bytes of a row also hint the
+/// line [`ROW_AHEAD_BYTES`] on.
 ///
 /// # Safety
 /// As [`wide`], and `j0 + R <= NR`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn rows<W: Wide, const M: usize, const R: usize>(tile: &Tile<W>, j0: usize) {
+unsafe fn rows<W: Wide, const M: usize, const R: usize, const AHEAD: bool>(
+    tile: &Tile<W>,
+    j0: usize,
+) {
     let w: [*const W; R] = std::array::from_fn(|j| tile.w[j0 + j]);
     // SAFETY: the contract.
-    unsafe { finish::<W, M, R>(tile, j0, w, 0, [[_mm256_setzero_ps(); R]; M]) }
+    unsafe { finish::<W, M, R, AHEAD>(tile, j0, w, 0, [[_mm256_setzero_ps(); R]; M]) }
 }
 
 /// Takes `acc` (rows `j0..j0 + R`, columns before `k`) through the remaining 8-column steps and
@@ -133,7 +151,7 @@ unsafe fn rows<W: Wide, const M: usize, const R: usize>(tile: &Tile<W>, j0: usiz
 /// As [`rows`]; `w` are the tile's rows from `j0`, and `k` is a multiple of 8.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn finish<W: Wide, const M: usize, const R: usize>(
+unsafe fn finish<W: Wide, const M: usize, const R: usize, const AHEAD: bool>(
     tile: &Tile<W>,
     j0: usize,
     w: [*const W; R],
@@ -144,8 +162,21 @@ unsafe fn finish<W: Wide, const M: usize, const R: usize>(
         x, x_stride, inner, ..
     } = *tile;
     let whole = inner / 8 * 8;
+    // Elements of `W` in one 64-byte line.
+    let line = 64 / std::mem::size_of::<W>();
     // Full steps stay below `whole`; the tail reads only the row's rest.
     while k < whole {
+        if AHEAD && k.is_multiple_of(line) {
+            for row in w {
+                // Past the row's end the hint lands in the next row or nowhere: it never
+                // faults.
+                let ahead = row
+                    .wrapping_add(k)
+                    .cast::<u8>()
+                    .wrapping_add(ROW_AHEAD_BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
+        }
         let xv: [__m256; M] = std::array::from_fn(|m| {
             // SAFETY: row `m` of `x` has `inner` elements, and `k + 8 <= whole <= inner`.
             unsafe { _mm256_loadu_ps(x.wrapping_add(m * x_stride + k)) }
@@ -281,5 +312,5 @@ unsafe fn bf16_rows<const M: usize, const R: usize>(tile: &Tile<Bf16Bits>, j0: u
         k += 16;
     }
     // SAFETY: the contract; `k` is a multiple of 16.
-    unsafe { finish::<Bf16Bits, M, R>(tile, j0, w, k, acc) }
+    unsafe { finish::<Bf16Bits, M, R, false>(tile, j0, w, k, acc) }
 }

@@ -325,7 +325,7 @@ unsafe fn wide_row<W: Wide, const AHEAD: bool>(x: *const f32, w: *const W, inner
     // Elements of `W` in one 64-byte line.
     let line = 64 / std::mem::size_of::<W>();
     while k < whole {
-        if AHEAD && k % line == 0 {
+        if AHEAD && k.is_multiple_of(line) {
             // Past the row's end the hint lands in the next row or nowhere: it never faults.
             let ahead = w.wrapping_add(k).cast::<u8>().wrapping_add(ROW_AHEAD_BYTES);
             _mm_prefetch::<_MM_HINT_T0>(ahead.cast());

@@ -177,7 +177,7 @@ pub(super) fn matmul(
         ),
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx2, FloatSlice::F32(_)) => {
-            avx2_wide(plan, workers, x, typed(weights, f32_values), sink)
+            avx2_wide(plan, workers, x, typed(weights, f32_values), sink, prefetch)
         }
         #[cfg(target_arch = "x86_64")]
         (Vectors::Avx2, FloatSlice::BF16(_)) => {
@@ -197,7 +197,7 @@ pub(super) fn matmul(
                     workers,
                     (ordered, w),
                     sink,
-                    [avx2::bf16::<1>, avx2::bf16::<2>],
+                    ([avx2::bf16::<1>, avx2::bf16::<2>], false),
                 )
             })
         }
@@ -208,6 +208,7 @@ pub(super) fn matmul(
             x,
             typed(weights, f16_bits).map(as_wide::<F16Bits>),
             sink,
+            prefetch,
         ),
         (Vectors::Portable, _) => drive(
             plan,
@@ -306,24 +307,33 @@ fn avx2_wide<W: avx2::Wide + Sync>(
     x: &[f32],
     w: Typed<'_, W>,
     sink: &Sink<'_, '_>,
+    prefetch: RowPrefetch,
 ) {
     avx2_tiles(
         plan,
         workers,
         (x, w),
         sink,
-        [avx2::wide::<W, 1>, avx2::wide::<W, 2>],
+        (
+            [avx2::wide::<W, 1>, avx2::wide::<W, 2>],
+            prefetch == RowPrefetch::Software,
+        ),
     )
 }
 
-/// The AVX2 tiles of one launch: `kernels[M - 1]` runs a tile of `M` tokens.
+/// The AVX2 tile of each token count from 1 to `MR`.
+#[cfg(target_arch = "x86_64")]
+type Avx2Kernels<W> = [unsafe fn(&avx2::Tile<W>); avx2::MR];
+
+/// The AVX2 tiles of one launch: `kernels[M - 1]` runs a tile of `M` tokens, and a tile of
+/// one token hints its rows' lines ahead when `prefetch_row_ahead`.
 #[cfg(target_arch = "x86_64")]
 fn avx2_tiles<W: Sync>(
     plan: &Plan,
     workers: &Workers,
     (x, w): (&[f32], Typed<'_, W>),
     sink: &Sink<'_, '_>,
-    kernels: [unsafe fn(&avx2::Tile<W>); avx2::MR],
+    (kernels, prefetch_row_ahead): (Avx2Kernels<W>, bool),
 ) {
     let inner = plan.inner;
     drive(
@@ -339,6 +349,7 @@ fn avx2_tiles<W: Sync>(
                 out,
                 out_stride,
                 columns,
+                prefetch_row_ahead,
             };
             // SAFETY: as in `avx512_wide`, with AVX2; token groups hold 1 to `MR`.
             unsafe { kernels[tokens.len() - 1](&tile) }

@@ -115,14 +115,12 @@ fn kernels() -> Vec<Kernel> {
     for isa in Isa::every() {
         kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, hardware));
         if cfg!(target_arch = "x86_64") && isa.has(IsaLevel::Avx2) {
-            for prefetch in [hardware, RowPrefetch::Software] {
-                kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, prefetch));
-            }
-        }
-        if isa.has(IsaLevel::Avx512) {
-            // The AVX-512 one-token FMA rows with their hints.
+            // The one-token FMA rows and panels with their hints, too.
             let software = RowPrefetch::Software;
             kernels.push((isa, Bf16Products::F32, WeightOrder::Rows, software));
+            for prefetch in [hardware, software] {
+                kernels.push((isa, Bf16Products::F32, WeightOrder::Panels, prefetch));
+            }
         }
         if isa.has(IsaLevel::Avx512Bf16) {
             for prefetch in [hardware, RowPrefetch::Software] {
