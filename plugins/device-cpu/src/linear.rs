@@ -108,8 +108,9 @@ impl std::str::FromStr for Bf16Products {
 
 /// Whether the one-token tiles ask the caches for the lines some kilobytes ahead of the one
 /// they read (the AVX-512 rows: bf16 rows through `vdpbf16ps`, rows widened to f32 for FMAs,
-/// and the Q8_0 group tiles; the AVX2 rows widened to f32, and the AVX2 bf16 panels, which
-/// otherwise ask a few lines ahead), or leave the stream to the hardware prefetcher. A hint changes when bytes arrive, never a
+/// and the Q8_0 group tiles; the AVX2 rows widened to f32, the AVX2 Q6_K group tiles, and
+/// the AVX2 bf16 panels, which otherwise ask a few lines ahead), or leave the stream to the
+/// hardware prefetcher. A hint changes when bytes arrive, never a
 /// result.
 ///
 /// Measured per CPU family, so the default follows the CPU's vendor: on an Intel Xeon with

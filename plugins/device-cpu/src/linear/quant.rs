@@ -377,7 +377,7 @@ fn rows_of(groups: std::ops::Range<usize>, rows: usize) -> std::ops::Range<usize
 #[derive(Clone, Copy)]
 struct RowKernel {
     isa: Isa,
-    /// Whether the AVX-512 Q8_0 tiles hint their lines ahead.
+    /// Whether the AVX-512 Q8_0 tiles and the AVX2 Q6_K tiles hint their lines ahead.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     prefetch: RowPrefetch,
 }
@@ -515,7 +515,17 @@ impl RowKernel {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4], |M| {
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
                     // made).
-                    let values = unsafe { group_by_type!(avx2, dtype, two, group, tile) };
+                    let values = unsafe {
+                        match (dtype, self.prefetch, two) {
+                            (DType::Q6_K, RowPrefetch::Software, true) => {
+                                avx2::q6_k_group_ahead::<M, true>(group, tile)
+                            }
+                            (DType::Q6_K, RowPrefetch::Software, false) => {
+                                avx2::q6_k_group_ahead::<M, false>(group, tile)
+                            }
+                            _ => group_by_type!(avx2, dtype, two, group, tile),
+                        }
+                    };
                     store(first, &values);
                 });
             }

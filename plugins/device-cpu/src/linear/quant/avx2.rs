@@ -151,7 +151,7 @@ const _: () = assert!(run_fits(Q4_K_RUN, 15) && run_fits(Q6_K_RUN, 63));
 /// eight rows in one pass for one or two tokens (the group streams once), one half at a time
 /// for more (the accumulators fill the 16 registers), as [`group`] does.
 macro_rules! k_group {
-    ($name:ident, $dtype:expr, $halves:ident) => {
+    ($name:ident, $dtype:expr, $halves:ident $(, $ahead:literal)?) => {
         #[doc = concat!("[`super::avx512::", stringify!($name), "`] on AVX2, in halves of eight rows.")]
         ///
         /// # Safety
@@ -166,10 +166,10 @@ macro_rules! k_group {
             // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
             unsafe {
                 if M <= 2 {
-                    $halves::<M, 2, TWO>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 2, TWO $(, $ahead)?>((group, blocks), tile, 0, &mut out);
                 } else {
-                    $halves::<M, 1, TWO>((group, blocks), tile, 0, &mut out);
-                    $halves::<M, 1, TWO>((group, blocks), tile, 1, &mut out);
+                    $halves::<M, 1, TWO $(, $ahead)?>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 1, TWO $(, $ahead)?>((group, blocks), tile, 1, &mut out);
                 }
             }
             out
@@ -178,7 +178,8 @@ macro_rules! k_group {
 }
 
 k_group!(q4_k_group, DType::Q4_K, q4_k_halves);
-k_group!(q6_k_group, DType::Q6_K, q6_k_halves);
+k_group!(q6_k_group, DType::Q6_K, q6_k_halves, false);
+k_group!(q6_k_group_ahead, DType::Q6_K, q6_k_halves, true);
 
 /// Halves `h0..h0 + H` of [`q4_k_group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
 ///
@@ -293,7 +294,7 @@ unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
 /// As [`q6_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
+unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool, const AHEAD: bool>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -308,8 +309,13 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
             let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
-            // No `prefetch_ahead` here: asked for as in the AVX-512 tile, the lines made this
-            // tile stream from memory at 0.6 times the speed it has without.
+            // The first half's pass asks for the lines (`AHEAD`, `prefetch` on Intel): on an
+            // AVX2-only Zen, asked for as in the AVX-512 tile, the lines made this tile stream
+            // from memory at 0.6 times the speed it has without.
+            let first_pass = AHEAD && h0 == 0;
+            if first_pass {
+                prefetch_ahead(base, 5 * 64);
+            }
             let (mut h, mut l) = (
                 [[_mm256_setzero_si256(); H]; M],
                 [[_mm256_setzero_si256(); H]; M],
@@ -330,6 +336,9 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool>(
                         _mm256_blend_epi16::<0xAA>(_mm256_srli_epi32::<16>(pair), pair)
                     };
                     let quads = values.add(Q6_K_SUB_BLOCK * j + rows);
+                    if first_pass && half == 0 {
+                        prefetch_ahead(values.add(Q6_K_SUB_BLOCK * j), Q6_K_SUB_BLOCK);
+                    }
                     let [x, y, z] = [0, 1, 2].map(|k| load32(quads.add(64 * k)));
                     // The fourth quad's bits: 0–1 from `x`'s top, 2–3 from `y`'s, 4–5 from
                     // `z`'s; the masks drop what the 16-bit shifts bring from the next byte.
