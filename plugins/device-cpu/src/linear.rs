@@ -110,14 +110,29 @@ impl std::str::FromStr for Bf16Products {
 /// they read (the AVX-512 rows: bf16 rows through `vdpbf16ps`, rows widened to f32 for FMAs,
 /// and the Q8_0 group tiles; the AVX2 rows widened to f32, the AVX2 Q6_K group tiles, and
 /// the AVX2 bf16 panels, which otherwise ask a few lines ahead), or leave the stream to the
-/// hardware prefetcher. A hint changes when bytes arrive, never a
-/// result.
+/// hardware prefetcher. A hint changes when bytes arrive, never a result.
 ///
 /// Measured per CPU family, so the default follows the CPU's vendor: on an Intel Xeon with
 /// AVX-512 BF16 the hints took a one-token bf16 step of SmolLM2 from 16–19 ms to 12.5–13.6,
 /// the same step with f32 products about 1.7× faster (1.2× in panels), and its Q8_0 step
 /// about 1.25× faster; on AMD Zen 4 and Zen 5 the same hints were slower than the hardware's
 /// own stream (see docs/benchmarks.md).
+/// Bytes past the one a one-token row is reading that [`RowPrefetch::Software`] asks the
+/// caches for: 3.5 KB. On an Intel Xeon 7 KB was as fast and 14 KB slower.
+#[cfg(target_arch = "x86_64")]
+const ROW_AHEAD_BYTES: usize = 3584;
+
+/// Asks the caches for the line [`ROW_AHEAD_BYTES`] past `at`, a row's element being read.
+/// Past the row's end the hint lands in the next row or nowhere: a prefetch never faults.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn hint_row_ahead<W>(at: *const W) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let ahead = at.cast::<i8>().wrapping_add(ROW_AHEAD_BYTES);
+    // SAFETY: every x86-64 CPU has SSE, and a prefetch reads nothing a program sees.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowPrefetch {
     /// The hardware prefetcher alone follows each row.

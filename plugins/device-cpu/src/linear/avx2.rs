@@ -6,11 +6,10 @@
 //! fixed tree. As on AVX-512, an output element's instructions do not depend on its batch.
 
 use std::arch::x86_64::{
-    __m256, _MM_HINT_T0, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps,
-    _mm_prefetch, _mm_shuffle_ps, _mm256_castps256_ps128, _mm256_castsi256_ps,
-    _mm256_cvtepu16_epi32, _mm256_cvtph_ps, _mm256_extractf128_ps, _mm256_fmadd_ps,
-    _mm256_loadu_ps, _mm256_loadu_si256, _mm256_setzero_ps, _mm256_setzero_si256,
-    _mm256_slli_epi32, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
+    __m256, _mm_add_ps, _mm_add_ss, _mm_cvtss_f32, _mm_loadu_si128, _mm_movehl_ps, _mm_shuffle_ps,
+    _mm256_castps256_ps128, _mm256_castsi256_ps, _mm256_cvtepu16_epi32, _mm256_cvtph_ps,
+    _mm256_extractf128_ps, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_loadu_si256, _mm256_setzero_ps,
+    _mm256_setzero_si256, _mm256_slli_epi32, _mm256_unpackhi_epi16, _mm256_unpacklo_epi16,
 };
 
 use super::{Bf16Bits, F16Bits, NR};
@@ -30,14 +29,10 @@ pub struct Tile<W> {
     pub out: *mut f32,
     pub out_stride: usize,
     pub columns: usize,
-    /// A [`wide`] tile of one token also hints each row's line [`ROW_AHEAD_BYTES`] on (see
+    /// A [`wide`] tile of one token also hints each row's line some kilobytes on (see
     /// [`super::RowPrefetch`]).
     pub prefetch_row_ahead: bool,
 }
-
-/// Bytes past the one a one-token row is reading that [`super::RowPrefetch::Software`] asks
-/// the caches for, as the AVX-512 rows do.
-const ROW_AHEAD_BYTES: usize = 3584;
 
 /// Weights that widen to f32 eight at a time.
 pub trait Wide: Copy {
@@ -129,7 +124,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<W>) {
 
 /// Outputs `j0..j0 + R` of the tile (those below `tile.columns` stored), by the same
 /// instructions for every `M` and `R`; with `AHEAD`, each 64 bytes of a row also hint the
-/// line [`ROW_AHEAD_BYTES`] on.
+/// line [`super::hint_row_ahead`] asks for.
 ///
 /// # Safety
 /// As [`wide`], and `j0 + R <= NR`.
@@ -168,13 +163,7 @@ unsafe fn finish<W: Wide, const M: usize, const R: usize, const AHEAD: bool>(
     while k < whole {
         if AHEAD && k.is_multiple_of(line) {
             for row in w {
-                // Past the row's end the hint lands in the next row or nowhere: it never
-                // faults.
-                let ahead = row
-                    .wrapping_add(k)
-                    .cast::<u8>()
-                    .wrapping_add(ROW_AHEAD_BYTES);
-                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+                super::hint_row_ahead(row.wrapping_add(k));
             }
         }
         let xv: [__m256; M] = std::array::from_fn(|m| {

@@ -23,15 +23,6 @@ use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
 /// vector fill 29 of the 32 zmm registers.
 pub const MR: usize = 4;
 
-/// Elements past the one a one-token bf16 row is reading that [`RowPrefetch::Software`]
-/// asks the caches for: 3.5 KB. On an Intel Xeon 7 KB was as fast and 14 KB slower.
-///
-/// [`RowPrefetch::Software`]: super::RowPrefetch::Software
-const ROW_AHEAD: usize = 1792;
-
-/// [`ROW_AHEAD`] in bytes, for the rows of other element types.
-const ROW_AHEAD_BYTES: usize = 2 * ROW_AHEAD;
-
 /// One tile: token rows `x`, `x + x_stride`, … against weight rows `w[0..NR]`, each `inner`
 /// long; `out[m * out_stride + j]` for `j < columns` receives output `j` of token `m`.
 #[derive(Clone, Copy)]
@@ -47,7 +38,7 @@ pub struct Tile<X, W> {
     /// launch reads each panel once, so its weights come from memory. (A tile of one token
     /// reads its rows one after the other, one stream the hardware prefetcher follows.)
     pub prefetch_next_panel: bool,
-    /// A tile of one token also hints each row's line [`ROW_AHEAD_BYTES`] on (see
+    /// A tile of one token also hints each row's line some kilobytes on (see
     /// [`super::RowPrefetch`]).
     pub prefetch_row_ahead: bool,
 }
@@ -281,7 +272,7 @@ pub unsafe fn wide<W: Wide, const M: usize>(tile: &Tile<f32, W>) {
 
 /// One output of a one-token [`bf16`] tile: the instructions of an output of the tile, one
 /// 16-lane accumulator over `k` in order, the tail masked, then [`reduce`]; with `AHEAD`,
-/// each step also hints the line [`ROW_AHEAD`] elements on.
+/// each step (64 bytes) also hints the line [`super::hint_row_ahead`] asks for.
 ///
 /// # Safety
 /// As [`bf16`], for the token row `x` and the weight row `w`.
@@ -295,8 +286,7 @@ unsafe fn bf16_row<const AHEAD: bool>(x: *const u16, w: *const u16, inner: usize
     let mut k = 0;
     while k < whole {
         if AHEAD {
-            // Past the row's end the hint lands in the next row or nowhere: it never faults.
-            _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(k + ROW_AHEAD).cast());
+            super::hint_row_ahead(w.wrapping_add(k));
         }
         // SAFETY (this loop): `k + 32 <= inner`.
         acc = _mm512_dpbf16_ps(acc, load(x.wrapping_add(k)), load(w.wrapping_add(k)));
@@ -312,7 +302,8 @@ unsafe fn bf16_row<const AHEAD: bool>(x: *const u16, w: *const u16, inner: usize
 }
 
 /// One output of a one-token [`wide`] tile, by the instructions of an output of the tile;
-/// with `AHEAD`, each 64 bytes of the row also hint the line [`ROW_AHEAD_BYTES`] on.
+/// with `AHEAD`, each 64 bytes of the row also hint the line [`super::hint_row_ahead`] asks
+/// for.
 ///
 /// # Safety
 /// As [`wide`], for the token row `x` and the weight row `w`.
@@ -326,9 +317,7 @@ unsafe fn wide_row<W: Wide, const AHEAD: bool>(x: *const f32, w: *const W, inner
     let line = 64 / std::mem::size_of::<W>();
     while k < whole {
         if AHEAD && k.is_multiple_of(line) {
-            // Past the row's end the hint lands in the next row or nowhere: it never faults.
-            let ahead = w.wrapping_add(k).cast::<u8>().wrapping_add(ROW_AHEAD_BYTES);
-            _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            super::hint_row_ahead(w.wrapping_add(k));
         }
         // SAFETY: both rows have `inner` elements, and `k + 16 <= inner`.
         acc = unsafe {

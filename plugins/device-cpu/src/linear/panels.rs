@@ -28,12 +28,12 @@ pub const ROWS: usize = 32;
 /// [`RowPrefetch::Hardware`]: super::RowPrefetch::Hardware
 const STREAM_AHEAD: usize = 8;
 
-/// Columns ahead a one-token tile asks for under [`RowPrefetch::Software`] (3.5 KB, the
-/// distance of the AVX-512 rows): on an Intel Xeon a SmolLM2 step at `bf16_products=f32`
-/// served 1.2× faster than at [`STREAM_AHEAD`] (24 columns was half way).
+/// Columns ahead a one-token tile asks for under [`RowPrefetch::Software`], the distance of
+/// the rows ([`super::ROW_AHEAD_BYTES`]): on an Intel Xeon a SmolLM2 step at
+/// `bf16_products=f32` served 1.2× faster than at [`STREAM_AHEAD`] (24 columns was half way).
 ///
 /// [`RowPrefetch::Software`]: super::RowPrefetch::Software
-const STREAM_FAR_AHEAD: usize = 56;
+const STREAM_FAR_AHEAD: usize = super::ROW_AHEAD_BYTES / 64;
 
 /// Tokens per tile.
 pub const MR: usize = 4;
