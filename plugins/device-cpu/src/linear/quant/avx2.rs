@@ -1,4 +1,4 @@
-//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: groups of 16 interleaved rows of any block-quantized type in two halves of eight, one lane per row, against up to 4 tokens.
+//! The quantized dot products of [`super::dots`] on AVX2, four-product sums from `vpmaddubsw` + `vpmaddwd`: groups of 16 interleaved rows of any block-quantized type in two halves of eight, one lane per row, against up to 8 tokens.
 //!
 //! `vpmaddubsw` multiplies unsigned bytes by signed bytes and adds neighbours into i16 with
 //! saturation; no sum here can saturate: nibbles (at most 15) and 6-bit values (at most 63)

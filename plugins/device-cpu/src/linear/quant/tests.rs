@@ -451,7 +451,7 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
             grouped: true,
             ..plain
         };
-        let runs = [1, 2, 3, 5, 16, 17, 70]
+        let runs = [1, 2, 3, 4, 5, 7, 16, 17, 70]
             .into_iter()
             .flat_map(|tokens| DIGITS.map(|digits| (tokens, digits)));
         for (tokens, digits) in runs {
