@@ -18,6 +18,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
+use crate::serve_support::free_port;
+
 /// Far beyond the second or so the tiny fixture takes to load and serve in a debug build.
 pub(super) const DEADLINE: Duration = Duration::from_secs(120);
 pub(super) const MODEL: &str = "tiny-qwen3";
@@ -47,11 +49,6 @@ fn plugins_dir() -> PathBuf {
 
 fn component_cache() -> PathBuf {
     std::env::temp_dir().join("plughost-test-component-cache")
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
 }
 
 /// A `plughost serve` process on the mock device; killed on drop if still running.

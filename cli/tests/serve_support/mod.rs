@@ -9,6 +9,7 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,9 +33,26 @@ pub fn plugins_dir() -> PathBuf {
     dir
 }
 
+/// Ports [`free_port`] hands out: below Linux's ephemeral range (32768 up), from which client
+/// sockets take theirs. A port the system picked from that range could go to another test's
+/// connection between the check and the server's own bind ("Address already in use").
+const TEST_PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A port nothing listens on now and that no other test of this process was given.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    listener.local_addr().expect("local address").port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(TEST_PORTS.end - TEST_PORTS.start);
+    // Spread the test binaries, which run one after another, over the span: a port an earlier
+    // binary's server just closed may still have connections in TIME_WAIT.
+    let first = std::process::id().wrapping_mul(7919);
+    for _ in 0..span {
+        let offset = first.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = TEST_PORTS.start + offset as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {TEST_PORTS:?}");
 }
 
 /// `plughost serve` on the tiny Qwen3 fixture and the mock device, ready to answer.
