@@ -63,6 +63,7 @@ enum Command {
         model: options::ModelArgs,
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
+        /// Port to listen on; 0 lets the system pick one, which the log names.
         #[arg(long, default_value_t = 8000)]
         port: u16,
         #[command(flatten)]

@@ -105,6 +105,8 @@ pub fn serve(
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| CliError::Listen { address: addr, source })?;
+        // `--port 0` asks the system for a port: name the one it gave.
+        let addr = listener.local_addr().unwrap_or(addr);
         plughost::api::options::warn_if_open(addr, &api_config);
         let metrics = Arc::new(Metrics::with_names(http.metrics_names));
         let engine = Arc::new(EngineHandle::start(setup, metrics)?);
