@@ -18,6 +18,8 @@ pub(super) struct Bench<'a> {
 /// One server's measurements.
 pub(super) struct Measured {
     pub(super) summaries: Vec<(String, Summary)>,
+    /// Each load's summary of every round, in round order, by load key.
+    pub(super) rounds: Vec<(String, Vec<Summary>)>,
     pub(super) peak_rss: u64,
     pub(super) counters: Vec<(String, f64)>,
     /// The same counters read once the server answered `/health`, before any request: the
@@ -125,6 +127,15 @@ impl Bench<'_> {
             .zip(read_metrics)
             .zip(idle_counters)
         {
+            let rounds = self
+                .loads
+                .iter()
+                .zip(&per_load)
+                .map(|(load, runs)| {
+                    let summaries = runs.iter().map(|run| run.summary.clone()).collect();
+                    (load.key.clone(), summaries)
+                })
+                .collect();
             let summaries = self
                 .loads
                 .iter()
@@ -141,6 +152,7 @@ impl Bench<'_> {
             server.stop();
             measured.push(Measured {
                 summaries,
+                rounds,
                 peak_rss,
                 counters,
                 idle_counters,

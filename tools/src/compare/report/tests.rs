@@ -26,6 +26,7 @@ fn server(name: &'static str, runs: [(f64, f64, f64); 3], rss: u64) -> ServerRes
     ServerResult {
         name,
         command: "x".into(),
+        rounds: Vec::new(),
         summaries: [SINGLE, GREEDY, SAMPLED]
             .into_iter()
             .zip(runs)
@@ -229,4 +230,92 @@ fn failed_requests_fail_their_target() {
     s.num_failed = 1;
     assert!(!clean(&[Some(&s)]));
     assert!(!clean(&[None]));
+}
+
+/// `server` with `(ttft p50, tpot p50)` for each round of load `key`.
+fn with_rounds(mut server: ServerResult, key: &str, rounds: &[(f64, f64)]) -> ServerResult {
+    let summaries = rounds
+        .iter()
+        .map(|&(ttft, tpot)| summary(10.0, 2.0 * ttft, tpot))
+        .collect();
+    server.rounds.push((key.to_string(), summaries));
+    server
+}
+
+#[test]
+fn the_rounds_are_judged_against_each_rounds_best_peer() {
+    let machine = machine(&[50_000.0]);
+    let (model, shape) = (facts(), shape());
+    let single = Load {
+        key: SINGLE.into(),
+        title: "single stream".into(),
+        concurrency: 1,
+        num_prompts: 4,
+        sampling: None,
+        seed: 1,
+        lengths: None,
+        warm_up: true,
+    };
+    let p = with_rounds(
+        plughost_at_40(),
+        SINGLE,
+        &[(100.0, 25.0), (100.0, 30.0), (100.0, 20.0), (100.0, 40.0)],
+    );
+    // The best peer of a round is the one with the lower time: llama.cpp in rounds 1 and 3,
+    // ik_llama.cpp in round 2; round 4 has only llama.cpp's.
+    let llama = with_rounds(
+        plughost_at_40(),
+        SINGLE,
+        &[(110.0, 30.0), (95.0, 36.0), (100.0, 30.0), (80.0, 40.0)],
+    );
+    let ik = with_rounds(
+        plughost_at_40(),
+        SINGLE,
+        &[(120.0, 31.0), (90.0, 30.0), (130.0, 33.0)],
+    );
+    let peers = [
+        ServerResult {
+            name: "llama.cpp",
+            ..llama
+        },
+        ServerResult {
+            name: "ik_llama.cpp",
+            ..ik
+        },
+    ];
+    let loads = [single];
+    let report = Report {
+        loads: &loads,
+        ..page_of(&machine, &model, &shape, &p, &peers)
+    };
+    let section = rounds_section(&report);
+    assert!(
+        section.contains("| 2 | 100 / 30.00 | 95 / 36.00 | 90 / 30.00 | 0.90× | 1.00× |"),
+        "{section}"
+    );
+    assert!(
+        section.contains("| 4 | 100 / 40.00 | 80 / 40.00 | — | 0.80× | 1.00× |"),
+        "{section}"
+    );
+    // TTFT ratios 1.10, 0.90, 1.00, 0.80 and decode 1.20, 1.00, 1.50, 1.00: the lower middles.
+    assert!(
+        section.contains(
+            "| median of the rounds | | | | **0.90×** (0.80–1.10) | **1.00×** (1.00–1.50) |"
+        ),
+        "{section}"
+    );
+    let page = markdown(&report);
+    assert!(page.contains("## By round"));
+    assert!(
+        page.contains("(1.00×; 1.00× by the median of the rounds, 1.00–1.50)"),
+        "{page}"
+    );
+
+    // One round says nothing a pooled figure does not.
+    let once = with_rounds(plughost_at_40(), SINGLE, &[(100.0, 25.0)]);
+    let report = Report {
+        plughost: &once,
+        ..report
+    };
+    assert_eq!(rounds_section(&report), "");
 }
