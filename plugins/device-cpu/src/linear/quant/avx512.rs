@@ -377,21 +377,23 @@ unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q
         unsafe {
             let mut high = [_mm512_setzero_si512(); M];
             let mut low = [_mm512_setzero_si512(); M];
-            // Weights for values `4q..4q + 4` of each row, against the tokens' digits.
-            let mut dot = |q: usize, w: __m512i| {
+            // Weights for values `4q..4q + 4` and `4r..4r + 4` of each row, against the
+            // tokens' digits. With one digit, quad `q` goes to `high` and `r` to `low`: two
+            // chains, so that one token's products do not wait on each other. Which chain a
+            // quad joins is fixed here, not by a quad index at run time: a loop that chose
+            // it at run time kept the chains in memory rather than in registers.
+            let mut dot_pair = |(q, w): (usize, __m512i), (r, v): (usize, __m512i)| {
                 for t in 0..M {
-                    let at = activations.add((b * 8 + q) * 8 * M + 4 * t);
-                    let h = _mm512_set1_epi32((at as *const i32).read_unaligned());
+                    let digits = |quad: usize| activations.add((b * 8 + quad) * 8 * M + 4 * t);
+                    let (at, next) = (digits(q), digits(r));
                     if TWO {
-                        let l = (at.add(4 * M) as *const i32).read_unaligned();
-                        high[t] = _mm512_dpbusd_epi32(high[t], w, h);
-                        low[t] = _mm512_dpbusd_epi32(low[t], w, _mm512_set1_epi32(l));
-                    } else if q.is_multiple_of(2) {
-                        high[t] = _mm512_dpbusd_epi32(high[t], w, h);
+                        high[t] = _mm512_dpbusd_epi32(high[t], w, broadcast(at));
+                        low[t] = _mm512_dpbusd_epi32(low[t], w, broadcast(at.add(4 * M)));
+                        high[t] = _mm512_dpbusd_epi32(high[t], v, broadcast(next));
+                        low[t] = _mm512_dpbusd_epi32(low[t], v, broadcast(next.add(4 * M)));
                     } else {
-                        // The first digit's odd quads in `low`: two chains, so that one
-                        // token's products do not wait on each other.
-                        low[t] = _mm512_dpbusd_epi32(low[t], w, h);
+                        high[t] = _mm512_dpbusd_epi32(high[t], w, broadcast(at));
+                        low[t] = _mm512_dpbusd_epi32(low[t], v, broadcast(next));
                     }
                 }
             };
@@ -399,11 +401,14 @@ unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q
                 // Q8_0's hints only when asked for: on Zen 5 they made SmolLM2's small
                 // matrices stream 7% slower and Qwen3's no faster; on an Intel Xeon, a
                 // decode step 1.16 to 1.25 times faster.
-                for q in 0..8 {
+                let quad = |q: usize| {
                     if Q8_AHEAD {
                         prefetch_ahead(base.add(quads + 64 * q), 64);
                     }
-                    dot(q, _mm512_loadu_si512(base.add(quads + 64 * q).cast()));
+                    (q, _mm512_loadu_si512(base.add(quads + 64 * q).cast()))
+                };
+                for q in (0..8).step_by(2) {
+                    dot_pair(quad(q), quad(q + 1));
                 }
             } else {
                 // The Q4 types' scales' line, then each line of values as it is read.
@@ -411,8 +416,9 @@ unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q
                 for q in 0..4 {
                     prefetch_ahead(base.add(quads + 64 * q), 64);
                     let w = _mm512_loadu_si512(base.add(quads + 64 * q).cast());
-                    dot(q, _mm512_and_si512(w, nibbles));
-                    dot(q + 4, _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibbles));
+                    let low_nibbles = _mm512_and_si512(w, nibbles);
+                    let high_nibbles = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibbles);
+                    dot_pair((q, low_nibbles), (q + 4, high_nibbles));
                 }
             }
             let d = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(scales).cast()));
