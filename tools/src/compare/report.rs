@@ -211,19 +211,17 @@ fn round_ratios(r: &Report, key: &str, round: usize, mine: &Summary) -> (f64, f6
     )
 }
 
-/// The median of the rounds' decode ratios of load `key` (see [`round_ratios`]), with
-/// their range; `None` with fewer than two rounds.
-fn median_decode_ratio(r: &Report, key: &str) -> Option<(f64, f64, f64)> {
+/// [`round_ratios`] of every round of load `key`, in round order; empty with fewer than two
+/// rounds or no peer, where they would say nothing the pooled figures do not.
+fn rounds_ratios(r: &Report, key: &str) -> Vec<(f64, f64)> {
     let ours = r.plughost.rounds_of(key);
-    if ours.len() < 2 {
-        return None;
+    if ours.len() < 2 || r.peers.is_empty() {
+        return Vec::new();
     }
-    let ratios: Vec<f64> = ours
-        .iter()
+    ours.iter()
         .enumerate()
-        .map(|(round, mine)| round_ratios(r, key, round, mine).1)
-        .collect();
-    median_and_range(&ratios)
+        .map(|(round, mine)| round_ratios(r, key, round, mine))
+        .collect()
 }
 
 /// Every round of the single-stream and long-prompt loads: each server's TTFT p50 and TPOT
@@ -244,8 +242,8 @@ pub fn rounds_section(r: &Report) -> String {
         .map(|(tokens, key)| (format!("{tokens} prompt tokens"), key.clone()));
     let mut out = String::new();
     for (title, key) in single.into_iter().chain(depths) {
-        let ours = r.plughost.rounds_of(&key);
-        if ours.len() < 2 || r.peers.is_empty() {
+        let ratios = rounds_ratios(r, &key);
+        if ratios.is_empty() {
             continue;
         }
         let _ = write!(out, "\n### {title}\n\n| Round |");
@@ -257,8 +255,7 @@ pub fn rounds_section(r: &Report) -> String {
             " TTFT, best peer over plughost | decode, plughost over best peer |"
         );
         let _ = writeln!(out, "|---:|{}---:|---:|", "---:|".repeat(r.peers.len() + 1));
-        let (mut ttft_ratios, mut decode_ratios) = (Vec::new(), Vec::new());
-        for (round, mine) in ours.iter().enumerate() {
+        for (round, (ttft, decode)) in ratios.iter().enumerate() {
             let _ = write!(out, "| {} |", round + 1);
             for s in r.servers() {
                 match s.rounds_of(&key).get(round) {
@@ -273,13 +270,11 @@ pub fn rounds_section(r: &Report) -> String {
                     None => out.push_str(" — |"),
                 }
             }
-            let (ttft, decode) = round_ratios(r, &key, round, mine);
-            ttft_ratios.push(ttft);
-            decode_ratios.push(decode);
-            let _ = writeln!(out, " {}× | {}× |", num(ttft, 2), num(decode, 2));
+            let _ = writeln!(out, " {}× | {}× |", num(*ttft, 2), num(*decode, 2));
         }
-        let cell = |ratios: &[f64]| {
-            median_and_range(ratios).map_or("—".to_string(), |(median, low, high)| {
+        let cell = |pick: fn(&(f64, f64)) -> f64| {
+            let values: Vec<f64> = ratios.iter().map(pick).collect();
+            median_and_range(&values).map_or("—".to_string(), |(median, low, high)| {
                 format!("**{median:.2}×** ({low:.2}–{high:.2})")
             })
         };
@@ -287,8 +282,8 @@ pub fn rounds_section(r: &Report) -> String {
             out,
             "| median of the rounds |{} {} | {} |",
             " |".repeat(r.peers.len() + 1),
-            cell(&ttft_ratios),
-            cell(&decode_ratios)
+            cell(|x| x.0),
+            cell(|x| x.1)
         );
     }
     if out.is_empty() {
@@ -323,9 +318,11 @@ pub fn targets(r: &Report) -> Vec<Target> {
         .fastest_peer(SINGLE, decode_tok_s)
         .map_or(("no peer", f64::NAN), |(peer, v)| (peer.name, v));
     let x = ratio(pd, ld);
-    let by_round = median_decode_ratio(r, SINGLE).map_or(String::new(), |(median, low, high)| {
-        format!("; {median:.2}× by the median of the rounds, {low:.2}–{high:.2}")
-    });
+    let decode_by_round: Vec<f64> = rounds_ratios(r, SINGLE).iter().map(|x| x.1).collect();
+    let by_round =
+        median_and_range(&decode_by_round).map_or(String::new(), |(median, low, high)| {
+            format!("; {median:.2}× by the median of the rounds, {low:.2}–{high:.2}")
+        });
     out.push(Target {
         name: "Single-stream decode vs the faster peer",
         measured: format!("{pd:.1} vs {ld:.1} tok/s of {name} ({x:.2}×{by_round})"),
