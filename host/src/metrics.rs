@@ -42,8 +42,11 @@ pub struct Metrics {
     /// The device's own counters, copied after every step and at shutdown.
     pub device: IntGaugeVec,
     /// Device time spent in each callable's launches (`linear`, `paged_attention`...), for a
-    /// device that reports it.
+    /// device that reports it, by kind of step: `decode` or `prefill`.
     pub device_callable_seconds: CounterVec,
+    /// Steps in which every sequence computed the one token after its last: with
+    /// `device_callable_seconds{step="decode"}`, what a decode step spends in each callable.
+    pub decode_steps: IntCounter,
     /// Deployment reloads by result, `ok` or `error`.
     pub deployment_reloads: IntCounterVec,
     /// The number of the active deployment generation; 1 at start, one more per reload.
@@ -139,9 +142,9 @@ impl Metrics {
         let device_callable_seconds = CounterVec::new(
             Opts::new(
                 "device_callable_seconds_total",
-                "Device time spent in each callable's launches, for a device that reports it",
+                "Device time spent in each callable's launches, for a device that reports it, by kind of step (decode: one token after the prompt for every sequence; prefill: any other)",
             ),
-            &["callable"],
+            &["callable", "step"],
         )
         .expect("valid counter options");
         registry
@@ -281,6 +284,11 @@ impl Metrics {
                 r,
                 "device_restarts_total",
                 "Device worker processes started again after one crashed or hung",
+            ),
+            decode_steps: counter(
+                r,
+                "decode_steps_total",
+                "Engine steps in which every sequence computed the one token after its last",
             ),
             step_seconds,
             device_callable_seconds,

@@ -6,6 +6,7 @@
 //! go to `target/compare/`.
 
 mod cpu;
+mod decode_time;
 mod llama;
 mod loads;
 mod model;

@@ -85,7 +85,7 @@ async fn streams_survive(server: &Server) {
     // to the first's.
     let attention = metric(
         server,
-        "plughost_device_callable_seconds_total{callable=\"paged_attention\"}",
+        "plughost_device_callable_seconds_total{callable=\"paged_attention\",step=\"decode\"}",
     )
     .await;
     assert!(attention.is_some_and(|s| s > 0.0), "{attention:?}");

@@ -1,4 +1,4 @@
-//! The load gauges a router's endpoint picker reads, scraped from `plughost serve --metrics-names vllm` by Prometheus's own Python parser: families, types, labels and ranges, idle, under load and idle again, under plughost's names and vLLM's.
+//! plughost's `/metrics`: the load gauges a router's endpoint picker reads, scraped from `plughost serve --metrics-names vllm` by Prometheus's own Python parser (families, types, labels and ranges, idle, under load and idle again, under plughost's names and vLLM's), and the decode steps' counters kept apart from prefill's.
 
 use std::process::Command;
 
@@ -59,4 +59,37 @@ fn without_the_flag_only_plughost_names_are_exported() {
             .any(|l| l == "plughost_kv_cache_free_blocks 300"),
         "{body}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decode_steps_and_their_launch_time_are_counted_apart_from_prefill() {
+    let server = Server::start(&["--block-size", "8", "--num-kv-blocks", "300"]);
+    let base = server.base();
+    let client = reqwest::Client::new();
+    // One request alone: its prompt is one step, each token after the first one more.
+    let body: serde_json::Value = client
+        .post(format!("{base}/v1/completions"))
+        .json(&serde_json::json!({
+            "model": "tiny-qwen3", "prompt": "hello there", "max_tokens": 6,
+            "temperature": 0, "ignore_eos": true
+        }))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("a JSON body");
+    assert_eq!(body["usage"]["completion_tokens"], 6, "{body}");
+    let metrics = server.try_get("/metrics").expect("metrics answer").body;
+    let value = |series: &str| crate::serve_support::deployment::metric(&metrics, series);
+    assert_eq!(value("plughost_decode_steps_total"), Some(5.0), "{metrics}");
+    for step in ["decode", "prefill"] {
+        let series = format!(
+            "plughost_device_callable_seconds_total{{callable=\"linear\",step=\"{step}\"}}"
+        );
+        assert!(
+            value(&series).is_some_and(|s| s > 0.0),
+            "{series} in {metrics}"
+        );
+    }
 }

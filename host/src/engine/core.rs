@@ -205,19 +205,24 @@ impl EngineCore {
     }
 
     /// Records the step's device time, and what each callable took of it when the device
-    /// says: as a counter per callable, and as the device span's arguments in the profile.
-    fn record_device_time(&mut self, start: Instant, duration: Duration) {
+    /// says: as a counter per callable and kind of step (`decode` when every sequence computed
+    /// one token after its prompt, `prefill` otherwise), and as the device span's arguments in
+    /// the profile.
+    fn record_device_time(&mut self, start: Instant, duration: Duration, decode: bool) {
         self.metrics
             .step_seconds
             .with_label_values(&["device"])
             .observe(duration.as_secs_f64());
+        if decode {
+            self.metrics.decode_steps.inc();
+        }
         let timed = self.callable_times.read(self.runtime.device());
         let names = self.runtime.device().callables();
         let name_of = |index: usize| names.get(index).map_or("unknown", String::as_str);
         for &(index, ns) in self.callable_times.step() {
             self.metrics
                 .device_callable_seconds
-                .with_label_values(&[name_of(index)])
+                .with_label_values(&[name_of(index), if decode { "decode" } else { "prefill" }])
                 .inc_by(ns as f64 * 1e-9);
         }
         // The per-callable map is built only for the profile, not on every step.
@@ -396,12 +401,14 @@ impl EngineCore {
         let mut emitting = Vec::new();
         let mut scored = Vec::with_capacity(scheduled.len());
         let mut scored_chunks = Vec::new();
+        let mut decode = true;
         for &(id, n) in scheduled {
             let Some(state) = self.requests.get(id) else {
                 continue;
             };
             let start = state.num_computed as usize;
             let end = start + n as usize;
+            decode &= n == 1 && start >= state.prompt().len();
             let emit = prompt_rows::emits(state, end);
             if emit {
                 emitting.push(id);
@@ -451,7 +458,7 @@ impl EngineCore {
         );
         // The device runs inside the dispatch window; the host's share is what remains.
         self.record("dispatch", Track::Host, dispatch_start, timing.dispatch);
-        self.record_device_time(dispatch_start, timing.device);
+        self.record_device_time(dispatch_start, timing.device, decode);
         self.record("read_logits", Track::Host, read_start, timing.read_logits);
         for &(id, n) in scheduled {
             if let Some(state) = self.requests.get_mut(id) {

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use super::decode_time::{self, DecodeTime};
 use super::loads::{Load, Shape, Summary};
 use super::model::ModelFacts;
 use plughost_device_cpu::ActivationDigits;
@@ -55,6 +56,9 @@ pub struct ServerResult {
     pub summaries: Vec<(String, Summary)>,
     /// Each round's summary of a load, in round order, by load key.
     pub rounds: Vec<(String, Vec<Summary>)>,
+    /// Decode steps' device time by callable over every round of a one-stream load, by load
+    /// key; plughost's only.
+    pub decode_time: Vec<(String, DecodeTime)>,
     pub peak_rss: u64,
     /// Share of the machine's CPU time other processes took while this server was measured.
     pub others_cpu: f64,
@@ -78,6 +82,13 @@ impl ServerResult {
             .iter()
             .find(|(k, _)| k == key)
             .map_or(&[], |(_, rounds)| rounds.as_slice())
+    }
+
+    pub fn decode_time_of(&self, key: &str) -> Option<&DecodeTime> {
+        self.decode_time
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| t)
     }
 
     fn memory_ratio(&self) -> f64 {
@@ -630,6 +641,7 @@ pub fn markdown(r: &Report) -> String {
     }
 
     out.push_str(&rounds_section(r));
+    out.push_str(&decode_time::section(r));
 
     let _ = writeln!(out, "\n## How it was run\n");
     for s in r.servers() {

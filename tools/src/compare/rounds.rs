@@ -1,6 +1,7 @@
 //! Running the loads: every server up, every load to one server after another in rotating
 //! order over the rounds, and the counters read from plughost's `/metrics` afterwards.
 
+use super::decode_time::DecodeTime;
 use super::*;
 
 /// What one server run needs besides the server.
@@ -20,6 +21,9 @@ pub(super) struct Measured {
     pub(super) summaries: Vec<(String, Summary)>,
     /// Each load's summary of every round, in round order, by load key.
     pub(super) rounds: Vec<(String, Vec<Summary>)>,
+    /// Decode steps' device time by callable, over every round of each one-stream load, by
+    /// load key (servers with `read_metrics` only).
+    pub(super) decode_time: Vec<(String, DecodeTime)>,
     pub(super) peak_rss: u64,
     pub(super) counters: Vec<(String, f64)>,
     /// The same counters read once the server answered `/health`, before any request: the
@@ -81,6 +85,7 @@ impl Bench<'_> {
         // Runs by server, then by load index.
         let mut runs: Vec<Vec<Vec<loads::Run>>> =
             vec![vec![Vec::new(); self.loads.len()]; specs.len()];
+        let mut decode_times = vec![vec![DecodeTime::default(); self.loads.len()]; specs.len()];
         let mut bandwidths = Vec::with_capacity(self.rounds);
         for round in 0..self.rounds {
             for (index, load) in self.loads.iter().enumerate() {
@@ -93,10 +98,18 @@ impl Bench<'_> {
                 for which in rotation(specs.len(), index + round) {
                     let (server, spec) = (&mut running[which], specs[which]);
                     let path = loads::round_json_path(self.raw_dir, spec.name, &load, round);
+                    // One stream's steps are decode steps of this load alone.
+                    let timed = read_metrics[which] && load.concurrency == 1;
+                    let before = timed.then(|| read_decode_time(spec.port)).flatten();
                     let run =
                         loads::run(self.plughost, &load, self.shape, &server.base_url(), &path)
                             .with_context(|| format!("{} against {}", load.title, spec.name))?;
                     server.ensure_running(&load.title)?;
+                    if let Some(before) = before
+                        && let Some(after) = read_decode_time(spec.port)
+                    {
+                        decode_times[which][index].add(&after.since(&before));
+                    }
                     let s = &run.summary;
                     if s.num_failed > 0 {
                         eprintln!(
@@ -120,13 +133,21 @@ impl Bench<'_> {
             );
         }
         let mut measured = Vec::with_capacity(specs.len());
-        for ((((server, spec), per_load), &read_metrics), idle_counters) in running
+        for (((((server, spec), per_load), &read_metrics), idle_counters), decode_times) in running
             .into_iter()
             .zip(specs)
             .zip(runs)
             .zip(read_metrics)
             .zip(idle_counters)
+            .zip(decode_times)
         {
+            let decode_time = self
+                .loads
+                .iter()
+                .zip(decode_times)
+                .filter(|(_, time)| *time != DecodeTime::default())
+                .map(|(load, time)| (load.key.clone(), time))
+                .collect();
             let rounds = self
                 .loads
                 .iter()
@@ -153,6 +174,7 @@ impl Bench<'_> {
             measured.push(Measured {
                 summaries,
                 rounds,
+                decode_time,
                 peak_rss,
                 counters,
                 idle_counters,
@@ -167,6 +189,19 @@ impl Bench<'_> {
 /// rounds each goes first, in the middle and last equally often.
 fn rotation(servers: usize, turn: usize) -> impl Iterator<Item = usize> {
     (0..servers).map(move |i| (i + turn) % servers.max(1))
+}
+
+/// plughost's decode counters now; `None` (with a warning) when `/metrics` cannot be read or
+/// lacks them.
+fn read_decode_time(port: u16) -> Option<DecodeTime> {
+    let time = match server::http_get(port, "/metrics") {
+        Ok((200, body)) => DecodeTime::parse(&body),
+        _ => None,
+    };
+    if time.is_none() {
+        eprintln!("warning: no decode counters in /metrics; the decode time split is left out");
+    }
+    time
 }
 
 /// plughost's counters that tell whether the runs were what they claim: no prompt reuse, no
@@ -192,14 +227,7 @@ fn read_counters(port: u16) -> Vec<(String, f64)> {
         ("device", Some("live_bytes")),
     ];
     let mut out = Vec::new();
-    for line in body.lines().filter(|l| !l.starts_with('#')) {
-        let Some((key, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(value) = value.parse::<f64>() else {
-            continue;
-        };
-        let (name, labels) = key.split_once('{').unwrap_or((key, ""));
+    for (name, labels, value) in samples(&body) {
         for (suffix, label) in wanted {
             let name_matches = name == suffix
                 || name
@@ -216,6 +244,19 @@ fn read_counters(port: u16) -> Vec<(String, f64)> {
         }
     }
     out
+}
+
+/// The samples of a Prometheus text body: name, labels (the text between the braces) and
+/// value; comments and lines without a number are skipped.
+pub(super) fn samples(body: &str) -> impl Iterator<Item = (&str, &str, f64)> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let value = value.parse::<f64>().ok()?;
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            Some((name, labels, value))
+        })
 }
 
 pub(super) fn counter(counters: &[(String, f64)], name: &str) -> Option<f64> {

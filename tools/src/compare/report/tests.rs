@@ -27,6 +27,7 @@ fn server(name: &'static str, runs: [(f64, f64, f64); 3], rss: u64) -> ServerRes
         name,
         command: "x".into(),
         rounds: Vec::new(),
+        decode_time: Vec::new(),
         summaries: [SINGLE, GREEDY, SAMPLED]
             .into_iter()
             .zip(runs)
@@ -242,11 +243,9 @@ fn with_rounds(mut server: ServerResult, key: &str, rounds: &[(f64, f64)]) -> Se
     server
 }
 
-#[test]
-fn the_rounds_are_judged_against_each_rounds_best_peer() {
-    let machine = machine(&[50_000.0]);
-    let (model, shape) = (facts(), shape());
-    let single = Load {
+/// The single-stream load of four prompts.
+fn single_stream() -> Load {
+    Load {
         key: SINGLE.into(),
         title: "single stream".into(),
         concurrency: 1,
@@ -255,7 +254,14 @@ fn the_rounds_are_judged_against_each_rounds_best_peer() {
         seed: 1,
         lengths: None,
         warm_up: true,
-    };
+    }
+}
+
+#[test]
+fn the_rounds_are_judged_against_each_rounds_best_peer() {
+    let machine = machine(&[50_000.0]);
+    let (model, shape) = (facts(), shape());
+    let single = single_stream();
     let p = with_rounds(
         plughost_at_40(),
         SINGLE,
@@ -318,4 +324,56 @@ fn the_rounds_are_judged_against_each_rounds_best_peer() {
         ..report
     };
     assert_eq!(rounds_section(&report), "");
+}
+
+#[test]
+fn the_decode_split_gives_each_callable_per_step_and_the_linear_launches_rate() {
+    // 1000 weight bytes per step at 50 000 bytes/s: 20 ms at the measured bandwidth.
+    let machine = machine(&[50_000.0]);
+    let (model, shape) = (facts(), shape());
+    let single = single_stream();
+    let time = DecodeTime::parse(
+        "plughost_decode_steps_total 10\n\
+         plughost_device_callable_seconds_total{callable=\"paged_attention\",step=\"decode\"} 0.03\n\
+         plughost_device_callable_seconds_total{callable=\"qkv_linear\",step=\"decode\"} 0.1\n\
+         plughost_device_callable_seconds_total{callable=\"linear\",step=\"decode\"} 0.3\n\
+         plughost_device_callable_seconds_total{callable=\"linear\",step=\"prefill\"} 7\n\
+         plughost_device_callable_seconds_total{callable=\"rotary\",step=\"decode\"} 0.002\n\
+         plughost_device_callable_seconds_total{callable=\"rms_norm\",step=\"decode\"} 0.001\n",
+    )
+    .unwrap();
+    let mut p = plughost_at_40();
+    p.decode_time = vec![(SINGLE.to_string(), time)];
+    let loads = [single];
+    let report = Report {
+        loads: &loads,
+        ..page_of(&machine, &model, &shape, &p, &[])
+    };
+    let page = markdown(&report);
+    let rows: Vec<&str> = page
+        .lines()
+        .skip_while(|l| !l.starts_with("## Where plughost's decode time goes"))
+        .filter(|l| l.starts_with("| "))
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            "| ms per decode step | single stream |",
+            "| `linear` | 30.00 |",
+            "| `qkv_linear` | 10.00 |",
+            "| `paged_attention` | 3.00 |",
+            "| the other 2 kinds | 0.30 |",
+            "| all launches | 43.30 |",
+            "| TPOT p50 | 25.00 |",
+            "| decode steps | 10 |",
+            "| weights' GB/s in the linear launches (measured bandwidth 0.0) | 0.0 (50%) |",
+        ],
+        "{page}"
+    );
+    // Without decode counters there is no section.
+    let report = Report {
+        plughost: &plughost_at_40(),
+        ..report
+    };
+    assert!(!markdown(&report).contains("decode time goes"));
 }
