@@ -1,4 +1,4 @@
-//! AVX2 online-softmax tile for heads of 64 or 128: each token's heads two at a time, so a key or value chunk loaded once meets both, their scores two keys at a time and their outputs four chunks at a time in registers; a block of few rows (a decode) widens the cache's rows as it reads them, a larger one lays the tile out widened once.
+//! AVX2 online-softmax tile for heads of 64 or 128: each token's heads two at a time (three straight from the cache, so a decode with three heads per KV head widens each row once), so a key or value chunk loaded once meets them all, their scores two keys at a time and their outputs eight accumulators at a time in registers; a block of few rows (a decode) widens the cache's rows as it reads them, a larger one lays the tile out widened once.
 //!
 //! A score is one dot product in two 8-lane accumulators (alternate chunks), added and
 //! reduced in a fixed tree; the output lanes are FMA chains over the tile's positions in
@@ -100,7 +100,8 @@ unsafe fn chunk<W: Wide>(row: *const W, c: usize) -> __m256 {
 }
 
 /// [`attend_tile`] over `rows` (`8 * C` elements each): each token's heads in pairs, an odd
-/// last one alone; `LAID_OUT` when the rows are the tile laid out for a block.
+/// last one alone, or three at a time from the cache (`!LAID_OUT`), where every pass over the
+/// tile widens its rows again; `LAID_OUT` when the rows are the tile laid out for a block.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn attend_rows<E: CacheElement, W: Wide, const C: usize, const LAID_OUT: bool>(
@@ -147,7 +148,12 @@ fn token_rows<W: Wide, const C: usize, const LAID_OUT: bool>(
                     fetch(part);
                 }
             };
-            if head + 1 < block.heads {
+            if !LAID_OUT && head + 2 < block.heads {
+                let states = &mut states[at..at + 3 * stride];
+                // SAFETY: every row of `rows` holds `8 * C` elements; the CPU has `avx2`.
+                unsafe { group.attend::<W, C, 3, 2, LAID_OUT>(rows, scale, states, fetch) };
+                head += 3;
+            } else if head + 1 < block.heads {
                 let states = &mut states[at..at + 2 * stride];
                 // SAFETY: every row of `rows` holds `8 * C` elements; the CPU has `avx2`.
                 unsafe { group.attend::<W, C, 2, 4, LAID_OUT>(rows, scale, states, fetch) };
@@ -172,7 +178,7 @@ struct Group<'a, 'b> {
 
 impl Group<'_, '_> {
     /// The group's `H` rows through the tile into `states` (`H` consecutive states): scores,
-    /// their exponentials, then the outputs `G` chunks at a time (`H · G` accumulators, eight).
+    /// their exponentials, then the outputs `G` chunks at a time (`H · G` accumulators, at most eight).
     ///
     /// # Safety
     /// Every row of `rows` starts `8 * C` readable elements; the CPU has isa level `avx2`.
@@ -194,7 +200,7 @@ impl Group<'_, '_> {
         states: &mut [f32],
         fetch: impl Fn(usize),
     ) {
-        const { assert!(H * G == 8) };
+        const { assert!(H * G <= 8) };
         let head_dim = 8 * C;
         let stride = state_len(head_dim);
         let RowSpan { skip, valid, first } = self.span;
