@@ -135,6 +135,56 @@ unsafe fn sub_block<
     }
 }
 
+/// [`sub_block`] for one token and every half at once: each quad's activation digits are
+/// broadcast once and meet the weights of all `H` halves (`weight(q, half)`), where
+/// [`sub_block`] broadcasts them again for every half. The same integers in the same order per
+/// half, so the same bits.
+///
+/// # Safety
+/// As [`sub_block`] for a tile of one token, chunk `chunk` from quad 0.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn one_token_sub_block<const N: usize, const RUN: usize, const H: usize, const TWO: bool>(
+    activations: *const i8,
+    chunk: usize,
+    weight: impl Fn(usize, usize) -> __m256i,
+    scale: &[__m256i; H],
+    [h, l]: [&mut [__m256i; H]; 2],
+) {
+    let (mut high, mut low) = ([_mm256_setzero_si256(); H], [_mm256_setzero_si256(); H]);
+    for q in 0..N {
+        let at = (chunk * 8 + q) * 8;
+        let digits = |at: usize| {
+            // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
+            _mm256_set1_epi32(unsafe { (activations.add(at) as *const i32).read_unaligned() })
+        };
+        let first = q % RUN == 0;
+        let run = |sum: __m256i, pairs: __m256i| {
+            if first {
+                pairs
+            } else {
+                _mm256_add_epi16(sum, pairs)
+            }
+        };
+        let (digits_high, digits_low) = (digits(at), if TWO { digits(at + 4) } else { digits(at) });
+        for half in 0..H {
+            let w = weight(q, half);
+            high[half] = run(high[half], _mm256_maddubs_epi16(w, digits_high));
+            if TWO {
+                low[half] = run(low[half], _mm256_maddubs_epi16(w, digits_low));
+            }
+        }
+        if q % RUN == RUN - 1 || q == N - 1 {
+            for half in 0..H {
+                h[half] = _mm256_add_epi32(h[half], _mm256_madd_epi16(high[half], scale[half]));
+                if TWO {
+                    l[half] = _mm256_add_epi32(l[half], _mm256_madd_epi16(low[half], scale[half]));
+                }
+            }
+        }
+    }
+}
+
 /// The `vpmaddubsw` pairs that [`sub_block`] may add in i16 for weights up to `largest`:
 /// each pair is at most `2 · largest · 127`.
 const fn run_fits(run: usize, largest: usize) -> bool {
@@ -213,48 +263,78 @@ unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
                 [[_mm256_setzero_si256(); H]; M],
                 [[_mm256_setzero_si256(); H]; M],
             );
+            let mut scales = [[_mm256_setzero_si256(); 2]; H];
             let mut minima = [[_mm256_setzero_si256(); 2]; H];
-            for (half, minima) in minima.iter_mut().enumerate() {
+            for half in 0..H {
                 let rows = 32 * (h0 + half);
                 let word = |at: usize| load32(base.add(at + rows));
                 let (a, m, c) = (word(64), word(128), word(192));
                 let high_bits = |w: __m256i| {
                     _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(w), low_2))
                 };
-                let scales = [
+                scales[half] = [
                     _mm256_and_si256(a, low_6),
                     _mm256_or_si256(_mm256_and_si256(c, low_4), high_bits(a)),
                 ];
-                *minima = [
+                minima[half] = [
                     _mm256_and_si256(m, low_6),
                     _mm256_or_si256(
                         _mm256_and_si256(_mm256_srli_epi32::<4>(c), low_4),
                         high_bits(m),
                     ),
                 ];
+            }
+            // Sub-block `j`'s scale of each row of half `half`, in both i16 of its lane.
+            let scale = |half: usize, j: usize| {
+                let shift = _mm256_set1_epi32(8 * (j as i32 % 4));
+                let scale = _mm256_and_si256(_mm256_srlv_epi32(scales[half][j / 4], shift), byte);
+                _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale))
+            };
+            // Values `4i..4i + 4` of sub-block `j` of the rows of half `half`: the low nibbles
+            // of the sub-block pair's bytes for an even `j`, the high ones for an odd.
+            let quads = |half: usize, j: usize| base.add(256 + 64 * 8 * (j / 2) + 32 * (h0 + half));
+            let nibbles_of = |half: usize, j: usize, i: usize| {
+                let w = load32(quads(half, j).add(64 * i));
+                if j % 2 == 0 {
+                    _mm256_and_si256(w, nibbles)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
+                }
+            };
+            if M == 1 {
+                // A decode: each activation quad, broadcast once, meets both halves.
                 for j in 0..8 {
-                    let shift = _mm256_set1_epi32(8 * (j as i32 % 4));
-                    let scale = _mm256_and_si256(_mm256_srlv_epi32(scales[j / 4], shift), byte);
-                    let scale = _mm256_or_si256(scale, _mm256_slli_epi32::<16>(scale));
-                    let quads = base.add(256 + 64 * 8 * (j / 2) + rows);
-                    let weights: [__m256i; 8] = std::array::from_fn(|i| {
-                        if first_pass && half == 0 && j % 2 == 0 {
-                            prefetch_ahead(quads.add(64 * i), 64);
+                    if first_pass && j % 2 == 0 {
+                        for i in 0..8 {
+                            prefetch_ahead(quads(0, j).add(64 * i), 64);
                         }
-                        let w = load32(quads.add(64 * i));
-                        if j % 2 == 0 {
-                            _mm256_and_si256(w, nibbles)
-                        } else {
-                            _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
-                        }
-                    });
-                    sub_block::<M, 8, Q4_K_RUN, H, TWO>(
+                    }
+                    let scales: [__m256i; H] = std::array::from_fn(|half| scale(half, j));
+                    one_token_sub_block::<8, Q4_K_RUN, H, TWO>(
                         activations,
-                        (8 * b + j, 0, half),
-                        &weights,
-                        scale,
-                        [&mut h, &mut l],
+                        8 * b + j,
+                        |i, half| nibbles_of(half, j, i),
+                        &scales,
+                        [&mut h[0], &mut l[0]],
                     );
+                }
+            } else {
+                for half in 0..H {
+                    for j in 0..8 {
+                        let weights: [__m256i; 8] = std::array::from_fn(|i| {
+                            if first_pass && half == 0 && j % 2 == 0 {
+                                prefetch_ahead(quads(0, j).add(64 * i), 64);
+                            }
+                            nibbles_of(half, j, i)
+                        });
+                        sub_block::<M, 8, Q4_K_RUN, H, TWO>(
+                            activations,
+                            (8 * b + j, 0, half),
+                            &weights,
+                            scale(half, j),
+                            [&mut h, &mut l],
+                        );
+                    }
                 }
             }
             for (half, &[low, high]) in minima.iter().enumerate() {
