@@ -295,7 +295,7 @@ unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
             let quads = |half: usize, j: usize| base.add(256 + 64 * 8 * (j / 2) + 32 * (h0 + half));
             let nibbles_of = |half: usize, j: usize, i: usize| {
                 let w = load32(quads(half, j).add(64 * i));
-                if j % 2 == 0 {
+                if j.is_multiple_of(2) {
                     _mm256_and_si256(w, nibbles)
                 } else {
                     _mm256_and_si256(_mm256_srli_epi16::<4>(w), nibbles)
