@@ -180,7 +180,7 @@ impl Setup {
                 "--kv-cache-dtype".into(),
                 PLUGHOST_KV_DTYPE.into(),
                 "--device-config".into(),
-                device_config(threads, isa, args.activation_digits).into(),
+                device_config(threads, isa, args.activation_digits, &args.device_options).into(),
             ],
             port: args.plughost_port,
             log: raw_dir.join("plughost.log"),
@@ -365,11 +365,20 @@ impl PlughostKv {
     }
 }
 
-/// plughost's `--device-config`: the threads and level, and the activation digits when asked.
-fn device_config(threads: usize, isa: IsaLevel, digits: Option<ActivationDigits>) -> String {
+/// plughost's `--device-config`: the threads and level, the activation digits when asked, then
+/// `more` options as given.
+fn device_config(
+    threads: usize,
+    isa: IsaLevel,
+    digits: Option<ActivationDigits>,
+    more: &[String],
+) -> String {
     let mut config = format!("threads={threads},isa={isa}");
     if let Some(digits) = digits {
         config += &format!(",activation_digits={}", digits.count());
+    }
+    for option in more {
+        config += &format!(",{option}");
     }
     config
 }
@@ -393,6 +402,19 @@ fn program_path(program: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_device_options_follow_the_level_and_the_digits() {
+        assert_eq!(
+            device_config(2, IsaLevel::Avx2, None, &[]),
+            "threads=2,isa=avx2"
+        );
+        let more = ["prefetch=on".to_string(), "bf16_products=f32".to_string()];
+        assert_eq!(
+            device_config(2, IsaLevel::Avx2, Some(ActivationDigits::One), &more),
+            "threads=2,isa=avx2,activation_digits=1,prefetch=on,bf16_products=f32"
+        );
+    }
 
     #[test]
     fn a_peer_program_keeps_its_path_search_and_a_relative_path_becomes_absolute() {
