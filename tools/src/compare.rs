@@ -108,9 +108,8 @@ pub struct CompareArgs {
     /// default) keeps the residual too. Unset, the device's default.
     #[arg(long)]
     pub activation_digits: Option<ActivationDigits>,
-    /// More options of plughost's CPU device, `KEY=VALUE` (e.g. `prefetch=on`), added to its
-    /// `--device-config` after the threads, the level and the digits; repeatable. The device
-    /// refuses a key it does not know when the server starts.
+    /// More of plughost's CPU device options, `KEY=VALUE` (e.g. `prefetch=on`), added to its
+    /// `--device-config`; repeatable. The device refuses an unknown key when the server starts.
     #[arg(long = "device-option", value_name = "KEY=VALUE")]
     pub device_options: Vec<String>,
     /// Concurrent streams of the batched loads; also llama-server's -np and plughost's
