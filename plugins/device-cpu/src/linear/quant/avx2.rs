@@ -78,6 +78,33 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m256i; N], at: *const i32) -> __m
     sum
 }
 
+/// The four activation bytes at `at` in every lane.
+///
+/// # Safety
+/// `activations + at` starts four readable bytes.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn broadcast_digits(activations: *const i8, at: usize) -> __m256i {
+    // SAFETY: the caller's contract.
+    _mm256_set1_epi32(unsafe { (activations.add(at) as *const i32).read_unaligned() })
+}
+
+/// `pairs` added in i16 to the run's `sum`, or starting it (`first`).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn add_in_run(first: bool, sum: __m256i, pairs: __m256i) -> __m256i {
+    if first {
+        pairs
+    } else {
+        _mm256_add_epi16(sum, pairs)
+    }
+}
+
+/// Whether quad `q` of `N` ends a run of `RUN`: the i16 sums go to i32 after it.
+const fn run_ends<const N: usize, const RUN: usize>(q: usize) -> bool {
+    q % RUN == RUN - 1 || q == N - 1
+}
+
 /// Each token's digit sums over one sub-block against the weight operands `weights` (four
 /// values of each of eight rows each): the tile's digits of 32-value chunk `chunk` from quad
 /// `quad`, the `vpmaddubsw` pairs of `RUN` quads at a time added in i16, then times `scale`
@@ -109,23 +136,14 @@ unsafe fn sub_block<
         let (mut high, mut low) = (_mm256_setzero_si256(), _mm256_setzero_si256());
         for (q, &w) in weights.iter().enumerate() {
             let at = (chunk * 8 + quad + q) * 8 * M + 4 * t;
-            let digits = |at: usize| {
-                // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
-                _mm256_set1_epi32(unsafe { (activations.add(at) as *const i32).read_unaligned() })
-            };
+            // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
+            let digits = |at: usize| unsafe { broadcast_digits(activations, at) };
             let first = q % RUN == 0;
-            let run = |sum: __m256i, pairs: __m256i| {
-                if first {
-                    pairs
-                } else {
-                    _mm256_add_epi16(sum, pairs)
-                }
-            };
-            high = run(high, _mm256_maddubs_epi16(w, digits(at)));
+            high = add_in_run(first, high, _mm256_maddubs_epi16(w, digits(at)));
             if TWO {
-                low = run(low, _mm256_maddubs_epi16(w, digits(at + 4 * M)));
+                low = add_in_run(first, low, _mm256_maddubs_epi16(w, digits(at + 4 * M)));
             }
-            if q % RUN == RUN - 1 || q == N - 1 {
+            if run_ends::<N, RUN>(q) {
                 h[t][half] = _mm256_add_epi32(h[t][half], _mm256_madd_epi16(high, scale));
                 if TWO {
                     l[t][half] = _mm256_add_epi32(l[t][half], _mm256_madd_epi16(low, scale));
@@ -154,27 +172,19 @@ unsafe fn one_token_sub_block<const N: usize, const RUN: usize, const H: usize, 
     let (mut high, mut low) = ([_mm256_setzero_si256(); H], [_mm256_setzero_si256(); H]);
     for q in 0..N {
         let at = (chunk * 8 + q) * 8;
-        let digits = |at: usize| {
-            // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
-            _mm256_set1_epi32(unsafe { (activations.add(at) as *const i32).read_unaligned() })
-        };
+        // SAFETY: the caller's contract: both digits' four bytes lie in the tile.
+        let digits_high = unsafe { broadcast_digits(activations, at) };
+        // SAFETY: as above; read only with a second digit.
+        let digits_low = TWO.then(|| unsafe { broadcast_digits(activations, at + 4) });
         let first = q % RUN == 0;
-        let run = |sum: __m256i, pairs: __m256i| {
-            if first {
-                pairs
-            } else {
-                _mm256_add_epi16(sum, pairs)
-            }
-        };
-        let (digits_high, digits_low) = (digits(at), if TWO { digits(at + 4) } else { digits(at) });
-        for half in 0..H {
+        for (half, (high, low)) in high.iter_mut().zip(&mut low).enumerate() {
             let w = weight(q, half);
-            high[half] = run(high[half], _mm256_maddubs_epi16(w, digits_high));
-            if TWO {
-                low[half] = run(low[half], _mm256_maddubs_epi16(w, digits_low));
+            *high = add_in_run(first, *high, _mm256_maddubs_epi16(w, digits_high));
+            if let Some(digits) = digits_low {
+                *low = add_in_run(first, *low, _mm256_maddubs_epi16(w, digits));
             }
         }
-        if q % RUN == RUN - 1 || q == N - 1 {
+        if run_ends::<N, RUN>(q) {
             for half in 0..H {
                 h[half] = _mm256_add_epi32(h[half], _mm256_madd_epi16(high[half], scale[half]));
                 if TWO {
