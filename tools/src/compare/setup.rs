@@ -26,6 +26,7 @@ impl Setup {
         args: &CompareArgs,
         threads: usize,
     ) -> Result<Self> {
+        check_device_options(&args.device_options)?;
         let python = std::env::var("PLUGHOST_PYTHON").unwrap_or_else(|_| "python3".to_string());
         let llama_dir = llama::LlamaDir::new(&inputs.target_dir, python.clone());
         let llama_server = if args.without_llama_cpp {
@@ -365,6 +366,30 @@ impl PlughostKv {
     }
 }
 
+/// The CPU device options this tool sets itself, each with its own flag that sets it.
+const SET_BY_FLAGS: [(&str, &str); 3] = [
+    ("threads", "--threads"),
+    ("isa", "--isa"),
+    ("activation_digits", "--activation-digits"),
+];
+
+/// Refuses a `--device-option` that is not `KEY=VALUE`, or that names a key this tool sets
+/// from a flag of its own: the server would refuse the repeated key only when it starts,
+/// after the peers were built and the models made.
+fn check_device_options(options: &[String]) -> Result<()> {
+    for option in options {
+        let Some((key, _)) = option.split_once('=') else {
+            anyhow::bail!("--device-option `{option}` is not KEY=VALUE");
+        };
+        if let Some((_, flag)) = SET_BY_FLAGS.iter().find(|(set, _)| *set == key.trim()) {
+            anyhow::bail!(
+                "--device-option `{option}` sets `{key}`, which {flag} sets; pass {flag}"
+            );
+        }
+    }
+    Ok(())
+}
+
 /// plughost's `--device-config`: the threads and level, the activation digits when asked, then
 /// `more` options as given.
 fn device_config(
@@ -414,6 +439,20 @@ mod tests {
             device_config(2, IsaLevel::Avx2, Some(ActivationDigits::One), &more),
             "threads=2,isa=avx2,activation_digits=1,prefetch=on,bf16_products=f32"
         );
+    }
+
+    #[test]
+    fn a_device_option_is_key_value_and_never_a_key_a_flag_sets() {
+        assert!(check_device_options(&["prefetch=on".into(), "bf16_products=f32".into()]).is_ok());
+        let refused = |option: &str| {
+            check_device_options(&[option.to_string()])
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(refused("prefetch").contains("is not KEY=VALUE"));
+        assert!(refused("isa=avx2").contains("pass --isa"));
+        assert!(refused("threads=1").contains("pass --threads"));
+        assert!(refused("activation_digits=2").contains("pass --activation-digits"));
     }
 
     #[test]
