@@ -22,7 +22,11 @@
 //! (per layer the fused q/k/v launch, the output projection, the gated MLP launch and the down
 //! projection, then the output head) over a copy of every layer's weights of SmolLM2-135M and
 //! the Qwen3-0.6B shape in each type whose blocks divide the shape, so every launch streams
-//! its weights from memory as in serving, as `bf16_decode` does for bf16.
+//! its weights from memory as in serving, as `bf16_decode` does for bf16. With
+//! `--against-prefetch CHOICE` each case's steps alternate, one by one in the same process,
+//! between `--prefetch`'s choice and this one, and both medians and their ratio are reported:
+//! how to tell which hints suit a CPU (`RowPrefetch::for_this_cpu`) on a machine whose
+//! bandwidth moves more between two runs than the hints move a step.
 
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tools/src/bandwidth.rs"]
@@ -34,9 +38,10 @@ use std::time::{Duration, Instant};
 
 use plughost_device_abi::DType;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
-use plughost_device_cpu::{ActivationDigits, QuantizedBench};
+use plughost_device_cpu::{ActivationDigits, QuantizedBench, RowPrefetch};
 use support::{
     CommonOptions, Shape, cpu_name, print_bandwidth, print_step_table, time_launch, time_steps,
+    time_steps_alternating,
 };
 
 /// Rows (`N`) and reduced dimension (`K`) of Qwen3-0.6B's quantized matrices.
@@ -54,18 +59,32 @@ fn timed(rows: usize, tokens: usize) -> bool {
     rows != SHAPES[2].1 || tokens <= 16
 }
 
-/// The benchmark's options: the common ones, `--all-types`, `--one-digit` and
-/// `--decode-step`.
+/// The benchmark's options: the common ones, `--all-types`, `--one-digit`, `--decode-step`
+/// and `--against-prefetch`.
 struct Options {
     common: CommonOptions,
     all_types: bool,
     digits: ActivationDigits,
     decode_step: bool,
+    against_prefetch: Option<RowPrefetch>,
 }
 
 fn options() -> Options {
     let (mut all_types, mut digits, mut decode_step) = (false, ActivationDigits::Two, false);
+    let (mut against_prefetch, mut wants_against) = (None, false);
     let common = CommonOptions::parse(|flag| match flag {
+        value if wants_against => {
+            wants_against = false;
+            against_prefetch = Some(value.parse().unwrap_or_else(|error| {
+                eprintln!("--against-prefetch: {error}");
+                std::process::exit(2)
+            }));
+            true
+        }
+        "--against-prefetch" => {
+            wants_against = true;
+            true
+        }
         "--all-types" => {
             all_types = true;
             true
@@ -80,11 +99,16 @@ fn options() -> Options {
         }
         _ => false,
     });
+    if against_prefetch.is_some() && !decode_step {
+        eprintln!("--against-prefetch compares whole steps: it needs --decode-step");
+        std::process::exit(2)
+    }
     Options {
         common,
         all_types,
         digits,
         decode_step,
+        against_prefetch,
     }
 }
 
@@ -360,6 +384,26 @@ fn decode_steps(
                         bench.fused(dtype, &w, &x[..h], &mut [&mut logits], false)
                     });
                 };
+                if let Some(against) = options.against_prefetch {
+                    let choices = [options.common.prefetch(), against];
+                    let set = |i: usize| bench.set_prefetch(choices[i]);
+                    let medians = time_steps_alternating(options.common.seconds(), set, step);
+                    bench.set_prefetch(choices[0]);
+                    let ms = medians.map(|m| m.as_secs_f64() * 1e3);
+                    println!(
+                        "{name:<36} {:>8.3} ms/step at {:?}, {:.3} at {:?}: {:.3}×",
+                        ms[0],
+                        choices[0],
+                        ms[1],
+                        choices[1],
+                        ms[1] / ms[0]
+                    );
+                    for (choice, median) in choices.iter().zip(medians) {
+                        let gb_s = bytes / median.as_secs_f64() / 1e9;
+                        table.push((format!("{name}, {choice:?}"), median, gb_s));
+                    }
+                    continue;
+                }
                 let (median, shares) = time_steps(options.common.seconds(), step);
                 let gb_s = bytes / median.as_secs_f64() / 1e9;
                 println!(

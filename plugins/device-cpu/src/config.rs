@@ -21,8 +21,9 @@ pub struct CpuConfig {
     /// `activation_digits=1|2`: the int8 digits each activation keeps when it meets
     /// block-quantized weights (see [`ActivationDigits`]); by default two.
     pub activation_digits: ActivationDigits,
-    /// `prefetch=auto|on|off`: whether the one-token rows and panels hint their lines ahead
-    /// (see [`RowPrefetch`]); `auto`, the default, turns them on for Intel CPUs only.
+    /// `prefetch=auto|on|groups|off`: which one-token tiles hint their lines ahead (see
+    /// [`RowPrefetch`]): all, the quantized group tiles, or none; `auto`, the default, picks
+    /// all on Intel CPUs, none on AMD Zen 4 and the group tiles elsewhere.
     pub prefetch: RowPrefetch,
 }
 
@@ -79,20 +80,21 @@ impl CpuConfig {
                 "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
                 "activation_digits" => config.activation_digits = option.parse("`1` or `2`")?,
                 "prefetch" => {
-                    config.prefetch = option.parse("`auto`, `on` or `off`")?;
+                    config.prefetch = option.parse("`auto`, `on`, `groups` or `off`")?;
                     prefetch_option = Some(option);
                 }
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
-        // Only the x86-64 tiles take hints: below them `on` would do nothing.
+        // Only the x86-64 tiles take hints: below them `on` or `groups` would do nothing.
         if !config.isa.has(IsaLevel::Avx2) {
             if let Some(option) = prefetch_option
-                && config.prefetch == RowPrefetch::Software
+                && config.prefetch != RowPrefetch::Hardware
                 && option.value != "auto"
             {
                 return Err(option.invalid(format!(
-                    "is `on`, which needs isa {}; the device runs at {}",
+                    "is `{}`, which needs isa {}; the device runs at {}",
+                    option.value,
                     IsaLevel::Avx2,
                     config.isa.level()
                 )));
@@ -177,24 +179,29 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_is_auto_on_or_off_and_follows_the_vendor_by_default() {
-        let vendor = std::fs::read_to_string("/proc/cpuinfo")
-            .ok()
-            .and_then(|info| {
-                let line = info
-                    .lines()
-                    .find(|l| l.starts_with("vendor_id"))?
-                    .to_string();
-                Some(line.split(':').nth(1)?.trim().to_string())
-            });
+    fn prefetch_is_auto_on_groups_or_off_and_follows_the_cpu_by_default() {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            let (_, value) = info
+                .lines()
+                .filter_map(|line| line.split_once(':'))
+                .find(|(key, _)| key.trim() == name)?;
+            Some(value.trim().to_string())
+        };
         let hints = Isa::detect().has(IsaLevel::Avx2);
-        if let Some(vendor) = vendor {
-            let expected = if vendor == "GenuineIntel" && hints {
-                RowPrefetch::Software
-            } else {
-                RowPrefetch::Hardware
+        if let (Some(vendor), Some(family), Some(flags)) =
+            (field("vendor_id"), field("cpu family"), field("flags"))
+        {
+            let zen_4 = vendor == "AuthenticAMD"
+                && family == "25"
+                && flags.split_whitespace().any(|flag| flag == "avx512f");
+            let expected = match (hints, vendor.as_str()) {
+                (false, _) => RowPrefetch::Hardware,
+                (true, "GenuineIntel") => RowPrefetch::Software,
+                (true, _) if zen_4 => RowPrefetch::Hardware,
+                (true, _) => RowPrefetch::GroupTiles,
             };
-            assert_eq!(CpuConfig::default().prefetch, expected, "{vendor}");
+            assert_eq!(CpuConfig::default().prefetch, expected, "{vendor} {family}");
             assert_eq!(
                 CpuConfig::parse("prefetch=auto").unwrap().prefetch,
                 expected
@@ -202,21 +209,30 @@ mod tests {
         }
         for (text, prefetch) in [
             ("on", RowPrefetch::Software),
+            ("groups", RowPrefetch::GroupTiles),
             ("off", RowPrefetch::Hardware),
         ] {
             match CpuConfig::parse(&format!("prefetch={text}")) {
                 Ok(config) => assert_eq!(config.prefetch, prefetch),
                 Err(error) => assert!(
-                    !hints && text == "on" && error.to_string().contains("needs isa avx2;"),
+                    !hints && text != "off" && error.to_string().contains("needs isa avx2;"),
                     "{error}"
                 ),
             }
         }
-        let low = CpuConfig::parse("prefetch=on,isa=portable").map(|c| c.prefetch);
-        assert!(low.is_err(), "{low:?}");
+        for text in ["on", "groups"] {
+            let low = CpuConfig::parse(&format!("prefetch={text},isa=portable"));
+            assert_eq!(
+                low.unwrap_err().to_string(),
+                format!(
+                    "cpu device option `prefetch` is `{text}`, which needs isa avx2; \
+                     the device runs at portable"
+                )
+            );
+        }
         assert_eq!(
             CpuConfig::parse("prefetch=yes").unwrap_err().to_string(),
-            "cpu device option `prefetch` must be `auto`, `on` or `off`, got `yes`"
+            "cpu device option `prefetch` must be `auto`, `on`, `groups` or `off`, got `yes`"
         );
     }
 

@@ -106,17 +106,6 @@ impl std::str::FromStr for Bf16Products {
     }
 }
 
-/// Whether the one-token tiles ask the caches for the lines some kilobytes ahead of the one
-/// they read (the AVX-512 rows: bf16 rows through `vdpbf16ps`, rows widened to f32 for FMAs,
-/// and the Q8_0 group tiles; the AVX2 rows widened to f32, the AVX2 Q6_K group tiles, and
-/// the AVX2 bf16 panels, which otherwise ask a few lines ahead), or leave the stream to the
-/// hardware prefetcher. A hint changes when bytes arrive, never a result.
-///
-/// Measured per CPU family, so the default follows the CPU's vendor: on an Intel Xeon with
-/// AVX-512 BF16 the hints took a one-token bf16 step of SmolLM2 from 16–19 ms to 12.5–13.6,
-/// the same step with f32 products about 1.7× faster (1.2× in panels), and its Q8_0 step
-/// about 1.25× faster; on AMD Zen 4 and Zen 5 the same hints were slower than the hardware's
-/// own stream (see docs/benchmarks.md).
 /// Bytes past the one a one-token row is reading that [`RowPrefetch::Software`] asks the
 /// caches for: 3.5 KB. On an Intel Xeon 7 KB was as fast and 14 KB slower.
 #[cfg(target_arch = "x86_64")]
@@ -133,29 +122,76 @@ fn hint_row_ahead<W>(at: *const W) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
 }
 
+/// Which one-token streams ask the caches for lines some kilobytes ahead of the one they read,
+/// rather than leave them to the hardware prefetcher. A hint changes when bytes arrive, never
+/// a result.
+///
+/// Two kinds of tile ask. The rows: the AVX-512 bf16 rows through `vdpbf16ps` and rows widened
+/// to f32 for FMAs, the AVX2 rows widened to f32 and the AVX2 bf16 panels (which otherwise ask
+/// a few lines ahead), and the Q8_0 group tiles of AVX-512 and the Q6_K ones of AVX2. And the
+/// other group tiles of block-quantized weights, which ask for each line as they first read
+/// it ([`GroupTiles`](RowPrefetch::GroupTiles)).
+///
+/// Measured per CPU family, so the default follows the CPU (see docs/benchmarks.md):
+/// - on an Intel Xeon with AVX-512 BF16 every hint helps: a one-token bf16 step of SmolLM2
+///   went from 16–19 ms to 12.5–13.6, the same step with f32 products about 1.7× faster, its
+///   Q8_0 step about 1.25× faster, and the AVX2 Q6_K tile streams only with them;
+/// - on AMD Zen 5 the group tiles need theirs (without, a lone token read Q6_K at a third of
+///   the bandwidth and Q4_K at 0.7×), and the rows' were slower than the hardware's stream;
+/// - on AMD Zen 4 every hint was slower: the rows', and the group tiles', which made the
+///   Qwen3 shape's Q4_K and Q6_K decode steps 1.08–1.12× slower alone and a served Q4_K_M
+///   step's linear launches about 1.3× slower.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowPrefetch {
-    /// The hardware prefetcher alone follows each row.
+    /// The hardware prefetcher alone follows every stream.
     #[default]
     Hardware,
-    /// Each step also hints the line [`avx512`] and `quant` read some kilobytes later.
+    /// The group tiles but the two kinds named above ask; the rows leave it to the hardware.
+    GroupTiles,
+    /// Every tile asks.
     Software,
 }
 
 impl RowPrefetch {
-    /// Software hints on Intel CPUs, the hardware stream alone on every other.
+    /// Every choice, for the tests that each gives the same bits.
+    pub const ALL: [RowPrefetch; 3] = [
+        RowPrefetch::Hardware,
+        RowPrefetch::GroupTiles,
+        RowPrefetch::Software,
+    ];
+
+    /// Every hint on Intel CPUs, none on AMD Zen 4, the group tiles' on every other.
     pub fn for_this_cpu() -> RowPrefetch {
         #[cfg(target_arch = "x86_64")]
         {
             let vendor = std::arch::x86_64::__cpuid(0);
-            // "GenuineIntel" in the order CPUID returns it: EBX, EDX, ECX.
-            let intel =
-                [vendor.ebx, vendor.edx, vendor.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e];
-            if intel {
+            // "GenuineIntel" and "AuthenticAMD" in the order CPUID returns them: EBX, EDX, ECX.
+            let vendor = [vendor.ebx, vendor.edx, vendor.ecx];
+            if vendor == [0x756e_6547, 0x4965_6e69, 0x6c65_746e] {
                 return RowPrefetch::Software;
             }
+            // Zen 4 is family 19h with AVX-512 (Zen 3, the same family, has none).
+            let zen_4 = vendor == [0x6874_7541, 0x6974_6e65, 0x444d_4163]
+                && cpu_family() == 0x19
+                && std::arch::is_x86_feature_detected!("avx512f");
+            if zen_4 {
+                return RowPrefetch::Hardware;
+            }
         }
-        RowPrefetch::Hardware
+        RowPrefetch::GroupTiles
+    }
+}
+
+/// The CPU's family as CPUID leaf 1 gives it: the base family, plus the extended family when
+/// the base is 0xF.
+#[cfg(target_arch = "x86_64")]
+fn cpu_family() -> u32 {
+    let eax = std::arch::x86_64::__cpuid(1).eax;
+    let base = (eax >> 8) & 0xF;
+    if base == 0xF {
+        base + ((eax >> 20) & 0xFF)
+    } else {
+        base
     }
 }
 
@@ -166,8 +202,11 @@ impl std::str::FromStr for RowPrefetch {
         match text {
             "auto" => Ok(RowPrefetch::for_this_cpu()),
             "on" => Ok(RowPrefetch::Software),
+            "groups" => Ok(RowPrefetch::GroupTiles),
             "off" => Ok(RowPrefetch::Hardware),
-            other => Err(format!("`{other}` is none of `auto`, `on` and `off`")),
+            other => Err(format!(
+                "`{other}` is none of `auto`, `on`, `groups` and `off`"
+            )),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use plughost_device_cpu::RowPrefetch;
 
 /// The options every benchmark takes: `--portable` (time the portable level too),
-/// `--threads N`, `--seconds S` (time per case, at least), `--prefetch auto|on|off` and a
+/// `--threads N`, `--seconds S` (time per case, at least), `--prefetch auto|on|groups|off` and a
 /// filter on the cases' names.
 pub struct CommonOptions {
     portable: bool,
@@ -66,7 +66,7 @@ impl CommonOptions {
         self.seconds
     }
 
-    /// `--prefetch auto|on|off`, the device's `prefetch=` (by default what `auto` picks).
+    /// `--prefetch auto|on|groups|off`, the device's `prefetch=` (by default what `auto` picks).
     pub fn prefetch(&self) -> RowPrefetch {
         self.prefetch
     }
@@ -178,6 +178,35 @@ pub fn time_steps(seconds: f64, mut step: impl FnMut(&mut [Duration; 5])) -> (Du
         })
         .collect();
     (times[times.len() / 2], shares.join(", "))
+}
+
+/// Two settings' decode steps, alternately: `set(i)` switches to the `i`-th before each step,
+/// so both meet the same moments of a shared machine, whose bandwidth can move by half from
+/// one minute to the next. Each setting's median step over at least five and `seconds` in all,
+/// after one step of each that lets buffers grow.
+pub fn time_steps_alternating(
+    seconds: f64,
+    mut set: impl FnMut(usize),
+    mut step: impl FnMut(&mut [Duration; 5]),
+) -> [Duration; 2] {
+    let mut times = [Vec::new(), Vec::new()];
+    for i in 0..2 {
+        set(i);
+        step(&mut [Duration::ZERO; 5]);
+    }
+    let start = Instant::now();
+    while times[1].len() < 5 || start.elapsed().as_secs_f64() < seconds {
+        for (i, times) in times.iter_mut().enumerate() {
+            set(i);
+            let run = Instant::now();
+            step(&mut [Duration::ZERO; 5]);
+            times.push(run.elapsed());
+        }
+    }
+    times.map(|mut times| {
+        times.sort();
+        times[times.len() / 2]
+    })
 }
 
 /// The dimensions of a decoder's linears, for the benchmarks of a whole decode step.

@@ -404,27 +404,47 @@ const GROUP_TOKENS_AVX512: usize = 8;
 #[cfg(target_arch = "x86_64")]
 const GROUP_TOKENS_AVX2: usize = 8;
 
-/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens and both
-/// digits or the first (`$two`), called with `($group, $tile)`.
+/// `dtype`'s group tile of the instruction set's module `$isa` for `M` tokens, both digits
+/// or the first (`$two`), asking for its lines ahead or not (`$ahead`), called with
+/// `($group, $tile)`.
 #[cfg(target_arch = "x86_64")]
 macro_rules! group_by_type {
-    ($isa:ident, $dtype:expr, $two:expr, $group:expr, $tile:expr) => {
-        if $two {
-            group_by_type!(@ $isa, $dtype, true, $group, $tile)
-        } else {
-            group_by_type!(@ $isa, $dtype, false, $group, $tile)
+    ($isa:ident, $dtype:expr, ($two:expr, $ahead:expr), $group:expr, $tile:expr) => {
+        match ($two, $ahead) {
+            (true, true) => group_by_type!(@ $isa, $dtype, true, true, $group, $tile),
+            (true, false) => group_by_type!(@ $isa, $dtype, true, false, $group, $tile),
+            (false, true) => group_by_type!(@ $isa, $dtype, false, true, $group, $tile),
+            (false, false) => group_by_type!(@ $isa, $dtype, false, false, $group, $tile),
         }
     };
-    (@ $isa:ident, $dtype:expr, $two:literal, $group:expr, $tile:expr) => {
+    (@ $isa:ident, $dtype:expr, $two:literal, $ahead:literal, $group:expr, $tile:expr) => {
         match $dtype {
-            DType::Q8_0 => $isa::group::<M, 0, $two>($group, $tile),
-            DType::Q4_0 => $isa::group::<M, 1, $two>($group, $tile),
-            DType::Q4_1 => $isa::group::<M, 2, $two>($group, $tile),
-            DType::Q4_K => $isa::q4_k_group::<M, $two>($group, $tile),
-            DType::Q6_K => $isa::q6_k_group::<M, $two>($group, $tile),
+            DType::Q8_0 => $isa::group::<M, 0, $two, $ahead>($group, $tile),
+            DType::Q4_0 => $isa::group::<M, 1, $two, $ahead>($group, $tile),
+            DType::Q4_1 => $isa::group::<M, 2, $two, $ahead>($group, $tile),
+            DType::Q4_K => $isa::q4_k_group::<M, $two, $ahead>($group, $tile),
+            DType::Q6_K => $isa::q6_k_group::<M, $two, $ahead>($group, $tile),
             _ => unreachable!("only the types kept in groups reach the group tiles"),
         }
     };
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowPrefetch {
+    /// Whether a group tile of `dtype` asks for its lines ahead: AVX-512 VNNI's when `vnni`,
+    /// else AVX2's.
+    fn group_hints(self, dtype: DType, vnni: bool) -> bool {
+        match self {
+            RowPrefetch::Hardware => false,
+            RowPrefetch::Software => true,
+            // On Zen 5 these two were faster without: AVX-512's Q8_0 (SmolLM2's small
+            // matrices 7% slower with, Qwen3's no faster) and AVX2's Q6_K (0.6× on one
+            // thread).
+            RowPrefetch::GroupTiles => {
+                !(vnni && dtype == DType::Q8_0 || !vnni && dtype == DType::Q6_K)
+            }
+        }
+    }
 }
 
 impl RowKernel {
@@ -495,40 +515,22 @@ impl RowKernel {
         let vnni = self.isa.has(IsaLevel::Avx512Vnni);
         // With one digit the second is zero, and the tiles skip its products.
         let two = tiles.digits() == ActivationDigits::Two;
+        let ahead = self.prefetch.group_hints(dtype, vnni);
         for first in tokens.clone().step_by(tiles.width()) {
             let tile = tiles.tile(first);
             if vnni {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
                     // tile's features (checked when the `Isa` was made).
-                    let values = unsafe {
-                        match (dtype, self.prefetch, two) {
-                            (DType::Q8_0, RowPrefetch::Software, true) => {
-                                avx512::q8_0_group_ahead::<M, true>(group, tile)
-                            }
-                            (DType::Q8_0, RowPrefetch::Software, false) => {
-                                avx512::q8_0_group_ahead::<M, false>(group, tile)
-                            }
-                            _ => group_by_type!(avx512, dtype, two, group, tile),
-                        }
-                    };
+                    let values =
+                        unsafe { group_by_type!(avx512, dtype, (two, ahead), group, tile) };
                     store(first, &values);
                 });
             } else {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX2, FMA and F16C (checked when the `Isa` was
                     // made).
-                    let values = unsafe {
-                        match (dtype, self.prefetch, two) {
-                            (DType::Q6_K, RowPrefetch::Software, true) => {
-                                avx2::q6_k_group_ahead::<M, true>(group, tile)
-                            }
-                            (DType::Q6_K, RowPrefetch::Software, false) => {
-                                avx2::q6_k_group_ahead::<M, false>(group, tile)
-                            }
-                            _ => group_by_type!(avx2, dtype, two, group, tile),
-                        }
-                    };
+                    let values = unsafe { group_by_type!(avx2, dtype, (two, ahead), group, tile) };
                     store(first, &values);
                 });
             }

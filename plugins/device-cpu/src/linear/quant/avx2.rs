@@ -211,13 +211,13 @@ const _: () = assert!(run_fits(Q4_K_RUN, 15) && run_fits(Q6_K_RUN, 63));
 /// eight rows in one pass for one or two tokens (the group streams once), one half at a time
 /// for more (the accumulators fill the 16 registers), as [`group`] does.
 macro_rules! k_group {
-    ($name:ident, $dtype:expr, $halves:ident $(, $ahead:literal)?) => {
+    ($name:ident, $dtype:expr, $halves:ident) => {
         #[doc = concat!("[`super::avx512::", stringify!($name), "`] on AVX2, in halves of eight rows.")]
         ///
         /// # Safety
         /// The CPU has AVX2, FMA and F16C (the `avx2` level).
         #[target_feature(enable = "avx2,fma,f16c")]
-        pub unsafe fn $name<const M: usize, const TWO: bool>(
+        pub unsafe fn $name<const M: usize, const TWO: bool, const AHEAD: bool>(
             group: &[u8],
             tile: Q8Tile<'_>,
         ) -> [[f32; 16]; M] {
@@ -226,10 +226,10 @@ macro_rules! k_group {
             // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
             unsafe {
                 if M <= 2 {
-                    $halves::<M, 2, TWO $(, $ahead)?>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 2, TWO, AHEAD>((group, blocks), tile, 0, &mut out);
                 } else {
-                    $halves::<M, 1, TWO $(, $ahead)?>((group, blocks), tile, 0, &mut out);
-                    $halves::<M, 1, TWO $(, $ahead)?>((group, blocks), tile, 1, &mut out);
+                    $halves::<M, 1, TWO, AHEAD>((group, blocks), tile, 0, &mut out);
+                    $halves::<M, 1, TWO, AHEAD>((group, blocks), tile, 1, &mut out);
                 }
             }
             out
@@ -238,8 +238,7 @@ macro_rules! k_group {
 }
 
 k_group!(q4_k_group, DType::Q4_K, q4_k_halves);
-k_group!(q6_k_group, DType::Q6_K, q6_k_halves, false);
-k_group!(q6_k_group_ahead, DType::Q6_K, q6_k_halves, true);
+k_group!(q6_k_group, DType::Q6_K, q6_k_halves);
 
 /// Halves `h0..h0 + H` of [`q4_k_group`]: outputs `8 · h0..8 · (h0 + H)` of each token.
 ///
@@ -247,7 +246,7 @@ k_group!(q6_k_group_ahead, DType::Q6_K, q6_k_halves, true);
 /// As [`q4_k_group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
+unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool, const AHEAD: bool>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -263,9 +262,9 @@ unsafe fn q4_k_halves<const M: usize, const H: usize, const TWO: bool>(
         // it, and the tile's digits, scales and pairs cover them.
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
-            // The first half's pass asks for the lines: the scales and minima here, each
-            // line of nibbles as it is first read.
-            let first_pass = h0 == 0;
+            // The first half's pass asks for the lines (`AHEAD`): the scales and minima here,
+            // each line of nibbles as it is first read.
+            let first_pass = AHEAD && h0 == 0;
             if first_pass {
                 prefetch_ahead(base, 256);
             }
@@ -399,9 +398,7 @@ unsafe fn q6_k_halves<const M: usize, const H: usize, const TWO: bool, const AHE
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
             let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
-            // The first half's pass asks for the lines (`AHEAD`, `prefetch` on Intel): on an
-            // AVX2-only Zen, asked for as in the AVX-512 tile, the lines made this tile stream
-            // from memory at 0.6 times the speed it has without.
+            // The first half's pass asks for the lines (`AHEAD`).
             let first_pass = AHEAD && h0 == 0;
             if first_pass {
                 prefetch_ahead(base, 5 * 64);
@@ -505,7 +502,7 @@ fn store<const M: usize, const H: usize>(
 /// # Safety
 /// The CPU has AVX2, FMA and F16C (the `avx2` level).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
+pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool, const AHEAD: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -515,10 +512,10 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
     // SAFETY: `check_group` checked the group and the tile, for `blocks` blocks.
     unsafe {
         if M <= 2 {
-            halves::<M, FORMAT, 2, TWO>((group, blocks), tile, 0, &mut out);
+            halves::<M, FORMAT, 2, TWO, AHEAD>((group, blocks), tile, 0, &mut out);
         } else {
-            halves::<M, FORMAT, 1, TWO>((group, blocks), tile, 0, &mut out);
-            halves::<M, FORMAT, 1, TWO>((group, blocks), tile, 1, &mut out);
+            halves::<M, FORMAT, 1, TWO, AHEAD>((group, blocks), tile, 0, &mut out);
+            halves::<M, FORMAT, 1, TWO, AHEAD>((group, blocks), tile, 1, &mut out);
         }
     }
     out
@@ -530,7 +527,13 @@ pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
 /// As [`group`], with `group` holding `blocks` whole blocks and `tile` covering them.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize, const TWO: bool>(
+unsafe fn halves<
+    const M: usize,
+    const FORMAT: u8,
+    const H: usize,
+    const TWO: bool,
+    const AHEAD: bool,
+>(
     (group, blocks): (&[u8], usize),
     tile: Q8Tile<'_>,
     h0: usize,
@@ -571,8 +574,8 @@ unsafe fn halves<const M: usize, const FORMAT: u8, const H: usize, const TWO: bo
                 }
             };
             // The first half's pass asks for the block's lines (its scales, then its values),
-            // before it reads them.
-            if h0 == 0 {
+            // before it reads them (`AHEAD`).
+            if AHEAD && h0 == 0 {
                 prefetch_ahead(base.add(scales), 64);
                 for q in 0..[8, 4, 4][usize::from(FORMAT)] {
                     prefetch_ahead(base.add(quads + 64 * q), 64);

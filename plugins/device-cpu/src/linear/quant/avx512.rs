@@ -140,12 +140,14 @@ unsafe fn pair_sums<const N: usize>(pairs: &[__m512i; N], at: *const i32) -> __m
 /// Per block, the three words of packed scales and minima of the 16 rows unpack as
 /// `dots::q4_k_scales_mins` unpacks one row's, a lane per row; each sub-block's eight
 /// operands of nibbles meet each token's digits, and its sums take the rows' scales. The
-/// minima meet the tokens' sub-block sums in i16 pairs (`vpdpwssd`).
+/// minima meet the tokens' sub-block sums in i16 pairs (`vpdpwssd`). With `AHEAD` it asks
+/// for each line [`prefetch_ahead`]'s distance on as it first reads one (see
+/// [`super::super::RowPrefetch`]), with the same bits.
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
+pub unsafe fn q4_k_group<const M: usize, const TWO: bool, const AHEAD: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -161,7 +163,9 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
         unsafe {
             let base = group.as_ptr().add(b * GROUP * Q4_K_BYTES);
             // The scales and minima; each line of nibbles below as it is first read.
-            prefetch_ahead(base, 256);
+            if AHEAD {
+                prefetch_ahead(base, 256);
+            }
             let (a, m, c) = (
                 load64(base.add(64)),
                 load64(base.add(128)),
@@ -187,7 +191,7 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
                 let scale = _mm512_and_si512(_mm512_srlv_epi32(scales[j / 4], shift), byte);
                 let quads = base.add(256 + 64 * 8 * (j / 2));
                 let weights: [__m512i; 8] = std::array::from_fn(|i| {
-                    if j % 2 == 0 {
+                    if AHEAD && j % 2 == 0 {
                         prefetch_ahead(quads.add(64 * i), 64);
                     }
                     let w = load64(quads.add(64 * i));
@@ -236,7 +240,7 @@ pub unsafe fn q4_k_group<const M: usize, const TWO: bool>(
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
+pub unsafe fn q6_k_group<const M: usize, const TWO: bool, const AHEAD: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -250,7 +254,9 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
             let base = group.as_ptr().add(b * GROUP * Q6_K_BYTES);
             let [scales, values, d] = q6_k_at(b).map(|at| base.add(at));
             // The scales and `d` (at either end); each line of values below as first read.
-            prefetch_ahead(base, 5 * 64);
+            if AHEAD {
+                prefetch_ahead(base, 5 * 64);
+            }
             let pairs: [__m512i; 8] = std::array::from_fn(|p| {
                 _mm512_cvtepi8_epi16(_mm256_loadu_si256(scales.add(32 * p).cast()))
             });
@@ -265,7 +271,9 @@ pub unsafe fn q6_k_group<const M: usize, const TWO: bool>(
             let (mut h, mut l) = ([_mm512_setzero_si512(); M], [_mm512_setzero_si512(); M]);
             for j in 0..16 {
                 let quads = values.add(Q6_K_SUB_BLOCK * j);
-                prefetch_ahead(quads, Q6_K_SUB_BLOCK);
+                if AHEAD {
+                    prefetch_ahead(quads, Q6_K_SUB_BLOCK);
+                }
                 let [x, y, z] = [0, 1, 2].map(|k| load64(quads.add(64 * k)));
                 // The fourth quad's bits: 0–1 from `x`'s top and 2–3 from `y`'s (one bit
                 // select), then 4–5 from `z`'s, whose top bits masked first leave the shift
@@ -328,39 +336,12 @@ fn store<const M: usize>(acc: [__m512; M]) -> [[f32; 16]; M] {
 /// broadcast: `vpdpbusd` sums the four products into the row's lane. Joined, and less what
 /// the weights' offset added (Q8_0's `128 ·`, Q4_0's `8 ·` the token's block sum), a lane
 /// holds the row's exact block integer; the scales then take one multiply, one multiply and
-/// one add for all 16 rows (Q4_1's minimum as many again).
+/// one add for all 16 rows (Q4_1's minimum as many again). `AHEAD` as in [`q4_k_group`].
 ///
 /// # Safety
 /// The CPU has AVX-512 F, BW, DQ, VL and VNNI, and AVX2 and F16C (the `avx512_vnni` level).
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool>(
-    group: &[u8],
-    tile: Q8Tile<'_>,
-) -> [[f32; 16]; M] {
-    // SAFETY: the contract.
-    unsafe { group_lines::<M, FORMAT, TWO, false>(group, tile) }
-}
-
-/// [`group`] for Q8_0, also asking for each line of values [`super::interleaved`]'s stream
-/// distance ahead ([`super::super::RowPrefetch::Software`]), with the same bits.
-///
-/// # Safety
-/// As [`group`].
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-pub unsafe fn q8_0_group_ahead<const M: usize, const TWO: bool>(
-    group: &[u8],
-    tile: Q8Tile<'_>,
-) -> [[f32; 16]; M] {
-    // SAFETY: the contract.
-    unsafe { group_lines::<M, 0, TWO, true>(group, tile) }
-}
-
-/// [`group`], with `Q8_AHEAD` the Q8_0 lines' hints.
-///
-/// # Safety
-/// As [`group`].
-#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,f16c")]
-unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q8_AHEAD: bool>(
+pub unsafe fn group<const M: usize, const FORMAT: u8, const TWO: bool, const AHEAD: bool>(
     group: &[u8],
     tile: Q8Tile<'_>,
 ) -> [[f32; 16]; M] {
@@ -398,11 +379,8 @@ unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q
                 }
             };
             if FORMAT == 0 {
-                // Q8_0's hints only when asked for: on Zen 5 they made SmolLM2's small
-                // matrices stream 7% slower and Qwen3's no faster; on an Intel Xeon, a
-                // decode step 1.16 to 1.25 times faster.
                 let quad = |q: usize| {
-                    if Q8_AHEAD {
+                    if AHEAD {
                         prefetch_ahead(base.add(quads + 64 * q), 64);
                     }
                     (q, _mm512_loadu_si512(base.add(quads + 64 * q).cast()))
@@ -412,9 +390,13 @@ unsafe fn group_lines<const M: usize, const FORMAT: u8, const TWO: bool, const Q
                 }
             } else {
                 // The Q4 types' scales' line, then each line of values as it is read.
-                prefetch_ahead(base.add(scales), 64);
+                if AHEAD {
+                    prefetch_ahead(base.add(scales), 64);
+                }
                 for q in 0..4 {
-                    prefetch_ahead(base.add(quads + 64 * q), 64);
+                    if AHEAD {
+                        prefetch_ahead(base.add(quads + 64 * q), 64);
+                    }
                     let w = _mm512_loadu_si512(base.add(quads + 64 * q).cast());
                     let low_nibbles = _mm512_and_si512(w, nibbles);
                     let high_nibbles = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibbles);

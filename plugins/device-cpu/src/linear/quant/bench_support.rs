@@ -5,6 +5,8 @@
 //! export layer would (whole rows of blocks, slices of the stated sizes) and runs
 //! [`super::multiply`], the code every quantized launch runs.
 
+use std::cell::RefCell;
+
 use plughost_device_abi::DType;
 
 use crate::Context;
@@ -20,7 +22,8 @@ use super::{ActivationDigits, Outputs, QuantMatrix, multiply};
 /// A device's worker threads, instruction-set level and row prefetch, for timing quantized
 /// linears.
 pub struct QuantizedBench {
-    context: Context,
+    /// Borrowed mutably only by [`QuantizedBench::set_prefetch`], between launches.
+    context: RefCell<Context>,
 }
 
 impl QuantizedBench {
@@ -31,7 +34,7 @@ impl QuantizedBench {
         threads: usize,
     ) -> Result<QuantizedBench, String> {
         Ok(QuantizedBench {
-            context: Context {
+            context: RefCell::new(Context {
                 workers: Workers::new(threads)?,
                 scratch: Vec::new(),
                 isa,
@@ -39,15 +42,21 @@ impl QuantizedBench {
                 activation_digits: digits,
                 prefetch,
                 attention: Default::default(),
-            },
+            }),
         })
+    }
+
+    /// Which tiles hint their lines from the next launch on, so one benchmark can alternate
+    /// two choices on the same weights and threads.
+    pub fn set_prefetch(&self, prefetch: RowPrefetch) {
+        self.context.borrow_mut().prefetch = prefetch;
     }
 
     /// Whether launches at this level keep `dtype` weights interleaved in groups of rows.
     pub fn reads_groups(&self, dtype: DType) -> bool {
         #[cfg(target_arch = "x86_64")]
         if groups(dtype) {
-            return self.context.isa.has(crate::isa::IsaLevel::Avx2);
+            return self.context.borrow().isa.has(crate::isa::IsaLevel::Avx2);
         }
         let _ = dtype;
         false
@@ -68,7 +77,7 @@ impl QuantizedBench {
             ));
         }
         let inner = row_bytes / block_bytes(dtype) * activation_block(dtype);
-        arrange_in_tasks(dtype, weights, inner, &self.context);
+        arrange_in_tasks(dtype, weights, inner, &self.context.borrow());
         Ok(())
     }
 
@@ -99,7 +108,7 @@ impl QuantizedBench {
         };
         let outs = [SharedOut::new(out, rows)];
         multiply(
-            &self.context,
+            &self.context.borrow(),
             x,
             (tokens, inner),
             &[w],
@@ -158,7 +167,13 @@ impl QuantizedBench {
             (true, [out]) => Outputs::SiluGate(*out),
             _ => Outputs::Each(&shared),
         };
-        multiply(&self.context, x, (tokens, inner), &matrices, &outputs)
-            .map_err(|failure| failure.message().to_string())
+        multiply(
+            &self.context.borrow(),
+            x,
+            (tokens, inner),
+            &matrices,
+            &outputs,
+        )
+        .map_err(|failure| failure.message().to_string())
     }
 }

@@ -181,7 +181,8 @@ const STREAM_AHEAD: usize = 2 * GROUP * super::dots::Q6_K_BYTES;
 /// third of the bandwidth). The K-quant tiles ask once per line as they first read it, spread
 /// over the block: asked for all at once, a block's 36 to 53 lines take the miss buffers the
 /// tile's own loads need. A 32-value block is a few lines, which AVX2's tile asks for together.
-/// The requests run past the group into the next one, which lies right after it.
+/// The requests run past the group into the next one, which lies right after it. Which
+/// tiles ask on which CPU: [`super::super::RowPrefetch`].
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub fn prefetch_ahead(at: *const u8, bytes: usize) {

@@ -102,9 +102,9 @@ fn dot_products_match_the_reference_on_every_path() {
                 .sum();
             let mut bits = Vec::new();
             // The hints ask for lines early and change no result.
-            let kernels = paths().into_iter().flat_map(|isa| {
-                [RowPrefetch::Hardware, RowPrefetch::Software].map(|prefetch| (isa, prefetch))
-            });
+            let kernels = paths()
+                .into_iter()
+                .flat_map(|isa| RowPrefetch::ALL.map(|prefetch| (isa, prefetch)));
             for (isa, prefetch) in kernels {
                 let kernel = RowKernel { isa, prefetch };
                 let dot = |rows: &Q8Rows| {
@@ -379,13 +379,26 @@ fn every_path_gives_the_portable_bits_on_odd_and_even_block_counts() {
 /// `x` (`tokens` rows of `inner`) times `w` through a whole launch's code at `isa` on
 /// `threads` threads: the outputs' bits.
 fn launch_bits(
+    at: (Isa, ActivationDigits),
+    w: QuantMatrix<'_>,
+    x: &[f32],
+    inner: usize,
+    threads: usize,
+) -> Vec<u32> {
+    launch_bits_hinted(RowPrefetch::default(), at, w, x, inner, threads)
+}
+
+/// [`launch_bits`] with the tiles' hints as `prefetch` says.
+fn launch_bits_hinted(
+    prefetch: RowPrefetch,
     (isa, digits): (Isa, ActivationDigits),
     w: QuantMatrix<'_>,
     x: &[f32],
     inner: usize,
     threads: usize,
 ) -> Vec<u32> {
-    let context = context_with(isa, digits, threads);
+    let mut context = context_with(isa, digits, threads);
+    context.prefetch = prefetch;
     let tokens = x.len() / inner;
     let mut out = vec![f32::NAN; tokens * w.rows];
     let outs = [SharedOut::new(&mut out, w.rows)];
@@ -476,11 +489,14 @@ fn groups_give_the_portable_bits_for_any_rows_and_tokens() {
                     "{name}"
                 );
                 if groups {
-                    assert_eq!(
-                        launch_bits(isa_digits, grouped, &x, inner, 2),
-                        expected,
-                        "{name}, grouped"
-                    );
+                    // The hints ask for lines early and change no result.
+                    for prefetch in RowPrefetch::ALL {
+                        assert_eq!(
+                            launch_bits_hinted(prefetch, isa_digits, grouped, &x, inner, 2),
+                            expected,
+                            "{name}, grouped, {prefetch:?}"
+                        );
+                    }
                     assert_eq!(
                         launch_bits(isa_digits, grouped, &x, inner, 1),
                         expected,
