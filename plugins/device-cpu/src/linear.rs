@@ -139,8 +139,8 @@ fn hint_row_ahead<W>(at: *const W) {
 /// - on AMD Zen 5 the group tiles need theirs (without, a lone token read Q6_K at a third of
 ///   the bandwidth and Q4_K at 0.7×), and the rows' were slower than the hardware's stream;
 /// - on AMD Zen 4 every hint was slower: the rows', and the group tiles', which made the
-///   Qwen3 shape's Q4_K and Q6_K decode steps 1.08–1.12× slower alone and a served Q4_K_M
-///   step's linear launches about 1.3× slower.
+///   Qwen3 shape's Q4_K and Q6_K decode steps 1.04–1.32× slower alone and a served Q4_K_M
+///   step's linear launches about 1.25× slower.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowPrefetch {
     /// The hardware prefetcher alone follows every stream.
