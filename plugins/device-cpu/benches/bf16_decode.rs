@@ -1,7 +1,7 @@
 //! Decode's bf16 linears at the bandwidth bound: one step's projections over every layer of SmolLM2-135M or the Qwen3-0.6B shape, weights streamed from memory as in serving.
 //!
 //! Run with `cargo bench -p plughost-device-cpu --bench bf16_decode`, optionally followed by
-//! `-- [--portable] [--threads N] [--seconds S] [--prefetch auto|on|off] [--tokens T] [FILTER]`. For each model shape and
+//! `-- [--portable] [--threads N] [--seconds S] [--prefetch auto|on|off|…] [--tokens T] [FILTER]`. For each model shape and
 //! each instruction-set level this CPU has (both bf16 products at `avx512_bf16`), it runs the
 //! linears of one decode step in serving order (per layer the fused q/k/v projection, the
 //! output projection, the gated MLP and the down projection, then the output head) over a

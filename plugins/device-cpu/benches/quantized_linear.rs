@@ -2,7 +2,8 @@
 //!
 //! Run with `cargo bench -p plughost-device-cpu --bench quantized_linear`, optionally followed
 //! by `-- [--portable] [--all-types] [--one-digit] [--decode-step] [--threads N] [--seconds S]
-//! [--prefetch auto|on|off] [FILTER]`.
+//! [--prefetch CHOICE] [--against-prefetch CHOICE] [FILTER]`, a `CHOICE` being one of the
+//! device's `prefetch=` values (`auto`, `on`, `groups`, `groups_batched`, `off`).
 //! `--one-digit` quantizes the activations to one int8 digit (the device's
 //! `activation_digits=1`) instead of the default two. For each weight type
 //! (Q8_0, Q4_K and Q6_K; with `--all-types` also Q4_0 and Q4_1), each shape (the MLP's gate or

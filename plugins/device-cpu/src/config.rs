@@ -21,9 +21,10 @@ pub struct CpuConfig {
     /// `activation_digits=1|2`: the int8 digits each activation keeps when it meets
     /// block-quantized weights (see [`ActivationDigits`]); by default two.
     pub activation_digits: ActivationDigits,
-    /// `prefetch=auto|on|groups|off`: which one-token tiles hint their lines ahead (see
-    /// [`RowPrefetch`]): all, the quantized group tiles, or none; `auto`, the default, picks
-    /// all on Intel CPUs, none on AMD Zen 4 and the group tiles elsewhere.
+    /// `prefetch=auto|on|groups|groups_batched|off`: which tiles hint their lines ahead (see
+    /// [`RowPrefetch`]): all, the quantized group tiles, those of several tokens, or none;
+    /// `auto`, the default, picks all on Intel CPUs, the group tiles of several tokens on AMD
+    /// Zen 4 and the group tiles elsewhere.
     pub prefetch: RowPrefetch,
 }
 
@@ -80,13 +81,14 @@ impl CpuConfig {
                 "bf16_products" => products = Some((option.parse("`f32` or `bf16`")?, option)),
                 "activation_digits" => config.activation_digits = option.parse("`1` or `2`")?,
                 "prefetch" => {
-                    config.prefetch = option.parse("`auto`, `on`, `groups` or `off`")?;
+                    config.prefetch =
+                        option.parse("`auto`, `on`, `groups`, `groups_batched` or `off`")?;
                     prefetch_option = Some(option);
                 }
                 key => unreachable!("`ConfigSpec::parse` refuses `{key}`, which is not in SPEC"),
             }
         }
-        // Only the x86-64 tiles take hints: below them `on` or `groups` would do nothing.
+        // Only the x86-64 tiles take hints: below them any choice but `off` would do nothing.
         if !config.isa.has(IsaLevel::Avx2) {
             if let Some(option) = prefetch_option
                 && config.prefetch != RowPrefetch::Hardware
@@ -179,7 +181,7 @@ mod tests {
     }
 
     #[test]
-    fn prefetch_is_auto_on_groups_or_off_and_follows_the_cpu_by_default() {
+    fn prefetch_is_auto_or_a_choice_of_tiles_and_follows_the_cpu_by_default() {
         let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let field = |name: &str| {
             let (_, value) = info
@@ -198,7 +200,7 @@ mod tests {
             let expected = match (hints, vendor.as_str()) {
                 (false, _) => RowPrefetch::Hardware,
                 (true, "GenuineIntel") => RowPrefetch::Software,
-                (true, _) if zen_4 => RowPrefetch::Hardware,
+                (true, _) if zen_4 => RowPrefetch::BatchedGroupTiles,
                 (true, _) => RowPrefetch::GroupTiles,
             };
             assert_eq!(CpuConfig::default().prefetch, expected, "{vendor} {family}");
@@ -210,6 +212,7 @@ mod tests {
         for (text, prefetch) in [
             ("on", RowPrefetch::Software),
             ("groups", RowPrefetch::GroupTiles),
+            ("groups_batched", RowPrefetch::BatchedGroupTiles),
             ("off", RowPrefetch::Hardware),
         ] {
             match CpuConfig::parse(&format!("prefetch={text}")) {
@@ -220,7 +223,7 @@ mod tests {
                 ),
             }
         }
-        for text in ["on", "groups"] {
+        for text in ["on", "groups", "groups_batched"] {
             let low = CpuConfig::parse(&format!("prefetch={text},isa=portable"));
             assert_eq!(
                 low.unwrap_err().to_string(),
@@ -232,7 +235,8 @@ mod tests {
         }
         assert_eq!(
             CpuConfig::parse("prefetch=yes").unwrap_err().to_string(),
-            "cpu device option `prefetch` must be `auto`, `on`, `groups` or `off`, got `yes`"
+            "cpu device option `prefetch` must be `auto`, `on`, `groups`, `groups_batched` or \
+             `off`, got `yes`"
         );
     }
 

@@ -138,9 +138,11 @@ fn hint_row_ahead<W>(at: *const W) {
 ///   Q8_0 step about 1.25× faster, and the AVX2 Q6_K tile streams only with them;
 /// - on AMD Zen 5 the group tiles need theirs (without, a lone token read Q6_K at a third of
 ///   the bandwidth and Q4_K at 0.7×), and the rows' were slower than the hardware's stream;
-/// - on AMD Zen 4 every hint was slower: the rows', and the group tiles', which made the
-///   Qwen3 shape's Q4_K and Q6_K decode steps 1.04–1.32× slower alone and a served Q4_K_M
-///   step's linear launches about 1.25× slower.
+/// - on AMD Zen 4 the rows' were slower, and so were the group tiles' for a lone token: they
+///   made the Qwen3 shape's Q4_K and Q6_K decode steps 1.04–1.32× slower alone and a served
+///   Q4_K_M step's linear launches about 1.25× slower; a tile of several tokens, which
+///   computes longer on each line, needs them (16 tokens through the Qwen3 shape's head at
+///   Q4_K or Q6_K took 1.17–1.31× longer without).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RowPrefetch {
     /// The hardware prefetcher alone follows every stream.
@@ -148,19 +150,23 @@ pub enum RowPrefetch {
     Hardware,
     /// The group tiles but the two kinds named above ask; the rows leave it to the hardware.
     GroupTiles,
+    /// As [`GroupTiles`](RowPrefetch::GroupTiles), but only the tiles of more than one token.
+    BatchedGroupTiles,
     /// Every tile asks.
     Software,
 }
 
 impl RowPrefetch {
     /// Every choice, for the tests that each gives the same bits.
-    pub const ALL: [RowPrefetch; 3] = [
+    pub const ALL: [RowPrefetch; 4] = [
         RowPrefetch::Hardware,
         RowPrefetch::GroupTiles,
+        RowPrefetch::BatchedGroupTiles,
         RowPrefetch::Software,
     ];
 
-    /// Every hint on Intel CPUs, none on AMD Zen 4, the group tiles' on every other.
+    /// Every hint on Intel CPUs, the group tiles' of several tokens on AMD Zen 4, the group
+    /// tiles' on every other.
     pub fn for_this_cpu() -> RowPrefetch {
         #[cfg(target_arch = "x86_64")]
         {
@@ -175,7 +181,7 @@ impl RowPrefetch {
                 && cpu_family() == 0x19
                 && std::arch::is_x86_feature_detected!("avx512f");
             if zen_4 {
-                return RowPrefetch::Hardware;
+                return RowPrefetch::BatchedGroupTiles;
             }
         }
         RowPrefetch::GroupTiles
@@ -203,9 +209,10 @@ impl std::str::FromStr for RowPrefetch {
             "auto" => Ok(RowPrefetch::for_this_cpu()),
             "on" => Ok(RowPrefetch::Software),
             "groups" => Ok(RowPrefetch::GroupTiles),
+            "groups_batched" => Ok(RowPrefetch::BatchedGroupTiles),
             "off" => Ok(RowPrefetch::Hardware),
             other => Err(format!(
-                "`{other}` is none of `auto`, `on`, `groups` and `off`"
+                "`{other}` is none of `auto`, `on`, `groups`, `groups_batched` and `off`"
             )),
         }
     }

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use plughost_device_cpu::RowPrefetch;
 
 /// The options every benchmark takes: `--portable` (time the portable level too),
-/// `--threads N`, `--seconds S` (time per case, at least), `--prefetch auto|on|groups|off` and a
-/// filter on the cases' names.
+/// `--threads N`, `--seconds S` (time per case, at least), `--prefetch
+/// auto|on|groups|groups_batched|off` and a filter on the cases' names.
 pub struct CommonOptions {
     portable: bool,
     threads: usize,
@@ -66,7 +66,8 @@ impl CommonOptions {
         self.seconds
     }
 
-    /// `--prefetch auto|on|groups|off`, the device's `prefetch=` (by default what `auto` picks).
+    /// `--prefetch auto|on|groups|groups_batched|off`, the device's `prefetch=` (by default
+    /// what `auto` picks).
     pub fn prefetch(&self) -> RowPrefetch {
         self.prefetch
     }

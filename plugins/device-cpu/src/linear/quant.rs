@@ -431,18 +431,17 @@ macro_rules! group_by_type {
 
 #[cfg(target_arch = "x86_64")]
 impl RowPrefetch {
-    /// Whether a group tile of `dtype` asks for its lines ahead: AVX-512 VNNI's when `vnni`,
-    /// else AVX2's.
-    fn group_hints(self, dtype: DType, vnni: bool) -> bool {
+    /// Whether a group tile of `dtype` and `tokens` tokens asks for its lines ahead: AVX-512
+    /// VNNI's when `vnni`, else AVX2's.
+    fn group_hints(self, dtype: DType, vnni: bool, tokens: usize) -> bool {
+        // On Zen 5 these two were faster without: AVX-512's Q8_0 (SmolLM2's small matrices
+        // 7% slower with, Qwen3's no faster) and AVX2's Q6_K (0.6× on one thread).
+        let rows_kind = vnni && dtype == DType::Q8_0 || !vnni && dtype == DType::Q6_K;
         match self {
             RowPrefetch::Hardware => false,
             RowPrefetch::Software => true,
-            // On Zen 5 these two were faster without: AVX-512's Q8_0 (SmolLM2's small
-            // matrices 7% slower with, Qwen3's no faster) and AVX2's Q6_K (0.6× on one
-            // thread).
-            RowPrefetch::GroupTiles => {
-                !(vnni && dtype == DType::Q8_0 || !vnni && dtype == DType::Q6_K)
-            }
+            RowPrefetch::GroupTiles => !rows_kind,
+            RowPrefetch::BatchedGroupTiles => !rows_kind && tokens > 1,
         }
     }
 }
@@ -515,9 +514,9 @@ impl RowKernel {
         let vnni = self.isa.has(IsaLevel::Avx512Vnni);
         // With one digit the second is zero, and the tiles skip its products.
         let two = tiles.digits() == ActivationDigits::Two;
-        let ahead = self.prefetch.group_hints(dtype, vnni);
         for first in tokens.clone().step_by(tiles.width()) {
             let tile = tiles.tile(first);
+            let ahead = self.prefetch.group_hints(dtype, vnni, tile.tokens);
             if vnni {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
                     // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
