@@ -519,10 +519,11 @@ impl RowKernel {
             let ahead = self.prefetch.group_hints(dtype, vnni, tile.tokens);
             if vnni {
                 super::dispatch::by_tokens!(tile.tokens, [1, 2, 3, 4, 5, 6, 7, 8], |M| {
-                    // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
-                    // tile's features (checked when the `Isa` was made).
-                    let values =
-                        unsafe { group_by_type!(avx512, dtype, (two, ahead), group, tile) };
+                    let values = {
+                        // SAFETY: the level has AVX-512 VNNI, which implies the rest of the
+                        // tile's features (checked when the `Isa` was made).
+                        unsafe { group_by_type!(avx512, dtype, (two, ahead), group, tile) }
+                    };
                     store(first, &values);
                 });
             } else {
