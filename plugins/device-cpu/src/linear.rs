@@ -122,7 +122,7 @@ fn hint_row_ahead<W>(at: *const W) {
     unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead) };
 }
 
-/// Which one-token streams ask the caches for lines some kilobytes ahead of the one they read,
+/// Which weight streams ask the caches for lines some kilobytes ahead of the one they read,
 /// rather than leave them to the hardware prefetcher. A hint changes when bytes arrive, never
 /// a result.
 ///
@@ -166,7 +166,7 @@ impl RowPrefetch {
     ];
 
     /// Every hint on Intel CPUs, the group tiles' of several tokens on AMD Zen 4, the group
-    /// tiles' on every other.
+    /// tiles' on every other x86-64 CPU, none elsewhere.
     pub fn for_this_cpu() -> RowPrefetch {
         #[cfg(target_arch = "x86_64")]
         {
@@ -183,8 +183,11 @@ impl RowPrefetch {
             if zen_4 {
                 return RowPrefetch::BatchedGroupTiles;
             }
+            RowPrefetch::GroupTiles
         }
-        RowPrefetch::GroupTiles
+        // Only the x86-64 tiles take hints.
+        #[cfg(not(target_arch = "x86_64"))]
+        RowPrefetch::Hardware
     }
 }
 
