@@ -18,6 +18,7 @@ mod copy_out;
 mod entry_points;
 mod failure;
 mod launch;
+mod slabs;
 mod state;
 mod views;
 

@@ -1,7 +1,6 @@
 //! The host-memory KV tier (`--kv-offload-memory`): whole blocks in slots of one allocation mapped at start, least recently used evicted first.
 
-use memmap2::MmapMut;
-use plughost_device_abi::pages;
+use plughost_device_abi::pages::{self, MappedPages};
 
 use super::{KvTier, LruIndex, TierError, TierKey, TierUsage};
 
@@ -11,7 +10,7 @@ pub struct MemoryTier {
     /// Every block's bytes, `block_bytes` per slot, allocated and touched once at start: a
     /// store is then a copy into memory already mapped, never a page fault per page on the
     /// engine thread.
-    slab: MmapMut,
+    slab: MappedPages,
     /// The slot of each block held.
     index: LruIndex<usize>,
     /// Slots no block holds.

@@ -9,23 +9,26 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::abi::status;
 
+use super::slabs;
 use super::{AS_WRITTEN, DeviceFailure};
 
 /// The bytes of one device buffer: zeroed when allocated and 64-byte aligned, so a device can
 /// view them in place as f32, i32 or 16-bit elements, with rows starting on a cache line.
 ///
-/// Buffers of at least [`AlignedBytes::MAPPED`] bytes (weights, the KV cache, scratch) are
-/// anonymous mappings with every page mapped at once, in huge pages where the kernel allows
-/// (see [`crate::pages`]); smaller ones come from the allocator, zeroed.
+/// Buffers of [`AlignedBytes::CUT`] bytes up to [`slabs::LARGEST_CUT`] (most weight matrices)
+/// are cut from slabs of huge pages ([`slabs`]); larger ones (the KV cache, an embedding
+/// table) are anonymous mappings of their own, in huge pages where the kernel allows (see
+/// [`crate::pages`]); either has every page mapped at once. Smaller ones come from the
+/// allocator, zeroed.
 pub struct AlignedBytes {
     /// The start of the allocation, or an aligned dangling pointer when `len` is 0. For a
     /// mapping, its first byte: kept here rather than asked of the mapping, so every access to
     /// the bytes (the background copy's included) goes through this one pointer.
     start: NonNull<u8>,
     len: usize,
-    /// The mapping that owns the bytes of a large buffer, held only to unmap them when
-    /// dropped; a small buffer's bytes come from the allocator.
-    mapping: Option<memmap2::MmapMut>,
+    /// What holds the bytes of a buffer not from the allocator, held only to release them
+    /// when dropped.
+    backing: Option<Backing>,
 }
 
 // SAFETY: `AlignedBytes` owns its allocation exclusively, as a `Vec<u8>` does.
@@ -36,8 +39,10 @@ unsafe impl Sync for AlignedBytes {}
 impl AlignedBytes {
     pub const ALIGN: usize = 64;
 
-    /// The size from which a buffer is a mapping of its own: one huge page.
-    const MAPPED: usize = 2 << 20;
+    /// The size from which a buffer is cut from a slab: big enough to be streamed as a
+    /// matrix, small enough that the allocator's buffers (step inputs, norms' weights) do
+    /// not take the slabs' room.
+    const CUT: usize = 256 << 10;
 
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Result<AlignedBytes, String> {
@@ -47,18 +52,26 @@ impl AlignedBytes {
             return Ok(AlignedBytes {
                 start: NonNull::<CacheLine>::dangling().cast(),
                 len,
-                mapping: None,
+                backing: None,
             });
         }
-        if len >= Self::MAPPED {
+        if len > slabs::LARGEST_CUT {
             let mut mapping = crate::pages::mapped_now(len)
                 .map_err(|e| format!("mapping {len} bytes failed: {e}"))?;
-            // Mappings start on a page, which is 64-byte aligned.
+            // Mapped pages start on a huge page, which is 64-byte aligned.
             let start = NonNull::new(mapping.as_mut_ptr()).ok_or("a mapping at address 0")?;
             return Ok(AlignedBytes {
                 start,
                 len,
-                mapping: Some(mapping),
+                backing: Some(Backing::Mapping { _pages: mapping }),
+            });
+        }
+        if len >= Self::CUT {
+            let cut = slabs::cut(len).map_err(|e| format!("mapping a slab failed: {e}"))?;
+            return Ok(AlignedBytes {
+                start: cut.start(),
+                len,
+                backing: Some(Backing::Slab { _cut: cut }),
             });
         }
         let layout = Layout::from_size_align(len, Self::ALIGN).map_err(|e| e.to_string())?;
@@ -68,7 +81,7 @@ impl AlignedBytes {
         Ok(AlignedBytes {
             start,
             len,
-            mapping: None,
+            backing: None,
         })
     }
 
@@ -84,10 +97,16 @@ impl AlignedBytes {
     }
 }
 
+/// What holds a buffer's bytes when the allocator does not, held only to release them.
+enum Backing {
+    Mapping { _pages: crate::pages::MappedPages },
+    Slab { _cut: slabs::SlabCut },
+}
+
 impl Drop for AlignedBytes {
     fn drop(&mut self) {
-        // A mapping unmaps itself when dropped.
-        if self.len != 0 && self.mapping.is_none() {
+        // A mapping unmaps itself when dropped, a slab when its last cut is.
+        if self.len != 0 && self.backing.is_none() {
             // SAFETY: allocated in `zeroed` with this layout, which was valid then.
             unsafe {
                 let layout = Layout::from_size_align_unchecked(self.len, Self::ALIGN);
@@ -321,11 +340,33 @@ mod tests {
 
     #[test]
     fn aligned_bytes_are_zeroed_and_aligned() {
-        // Both sides of the size from which a buffer is a mapping of its own.
-        let mapped = AlignedBytes::MAPPED;
-        for len in [0, 1, 63, 64, 4097, mapped - 1, mapped, 3 * mapped + 5] {
+        // Both sides of the sizes from which a buffer is cut from a slab and is a mapping of
+        // its own.
+        let (cut, largest) = (AlignedBytes::CUT, slabs::LARGEST_CUT);
+        for len in [
+            0,
+            1,
+            63,
+            64,
+            4097,
+            cut - 1,
+            cut,
+            3 * cut + 5,
+            largest,
+            largest + 1,
+        ] {
             let mut bytes = AlignedBytes::zeroed(len).unwrap();
-            assert_eq!(bytes.mapping.is_some(), len >= mapped, "{len}");
+            let backing = match bytes.backing {
+                None => "allocator",
+                Some(Backing::Slab { .. }) => "slab",
+                Some(Backing::Mapping { .. }) => "mapping",
+            };
+            let expected = match len {
+                _ if len < cut => "allocator",
+                _ if len <= largest => "slab",
+                _ => "mapping",
+            };
+            assert_eq!(backing, expected, "{len}");
             assert_eq!(bytes.len(), len);
             assert_eq!(bytes.as_ptr() as usize % AlignedBytes::ALIGN, 0, "{len}");
             assert!(bytes.iter().all(|&byte| byte == 0));

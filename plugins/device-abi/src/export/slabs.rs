@@ -1,0 +1,124 @@
+//! Slabs of huge pages that mid-sized device buffers are cut from, so a weight matrix of a few MiB lies wholly in huge pages without rounding it up to whole huge pages of its own.
+//!
+//! A decode step streams every weight matrix once, and a model's matrices are mostly 1 to
+//! 16 MiB. In a mapping of its own, a matrix gets huge pages only for its whole 2 MiB
+//! stretches, and its tail (a third of a 3.3 MiB matrix) stays in 4 KiB pages, each a TLB miss
+//! and a stop for the hardware's stream prefetcher. Asking for a huge page over the tail too
+//! would hold up to 2 MiB more per matrix. Cut one after another from a slab, the matrices fill
+//! its huge pages; only the slab's last one is part empty.
+//!
+//! A slab's pages are mapped as buffers are cut, not when the slab is made, so a process holds
+//! at most its used bytes plus one huge page of the slab being cut. Space is never reused
+//! within a slab: a freed buffer's bytes return when every buffer of its slab is freed (a
+//! model's weights, KV cache and scratch are made at prepare and freed together), and no
+//! buffer is ever handed bytes another one wrote, so every buffer starts zeroed.
+
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::pages::{HUGE_PAGE_BYTES, MappedPages};
+
+/// Bytes of address space a slab reserves: room for several of a model's largest mid-sized
+/// matrices.
+const SLAB_BYTES: usize = 64 << 20;
+
+/// The largest buffer cut from a slab: larger ones are mappings of their own, whose tails
+/// are a small share of them.
+pub(super) const LARGEST_CUT: usize = 16 << 20;
+
+/// Where each buffer cut from a slab starts: a cache line, so rows start on one.
+const CUT_ALIGN: usize = 64;
+
+/// The slab being cut and how far. A slab is one reserved stretch of huge pages, alive while
+/// any buffer cut from it is.
+struct Cutting {
+    slab: Arc<MappedPages>,
+    start: NonNull<u8>,
+    used: usize,
+}
+
+// SAFETY: `start` points into `slab`, which `Cutting` keeps alive; the slab's bytes are
+// reached only through disjoint cuts, each owned by one buffer as a `Vec<u8>` owns its bytes.
+unsafe impl Send for Cutting {}
+
+static CUTTING: Mutex<Option<Cutting>> = Mutex::new(None);
+
+/// Zeroed bytes cut from a slab, keeping it alive.
+pub(super) struct SlabCut {
+    /// Held only to keep the slab mapped while the bytes are in use.
+    _slab: Arc<MappedPages>,
+    start: NonNull<u8>,
+}
+
+impl SlabCut {
+    pub(super) fn start(&self) -> NonNull<u8> {
+        self.start
+    }
+}
+
+/// `len` zeroed bytes (`1..=LARGEST_CUT`), 64-byte aligned, from the slab being cut or a
+/// new one, their pages mapped now.
+pub(super) fn cut(len: usize) -> std::io::Result<SlabCut> {
+    debug_assert!((1..=LARGEST_CUT).contains(&len));
+    let mut cutting = CUTTING.lock().unwrap_or_else(PoisonError::into_inner);
+    let fits = |c: &Cutting| c.used.next_multiple_of(CUT_ALIGN) + len <= SLAB_BYTES;
+    if !cutting.as_ref().is_some_and(fits) {
+        let mut pages = crate::pages::reserved(SLAB_BYTES)?;
+        let start = NonNull::new(pages.as_mut_ptr())
+            .ok_or_else(|| std::io::Error::other("a mapping at address 0"))?;
+        *cutting = Some(Cutting {
+            slab: Arc::new(pages),
+            start,
+            used: 0,
+        });
+    }
+    let Some(c) = cutting.as_mut() else {
+        unreachable!("a slab was made above")
+    };
+    let offset = c.used.next_multiple_of(CUT_ALIGN);
+    // Map the pages the cut reaches that earlier cuts did not: the huge pages from the one
+    // the previous cut ended in.
+    let mapped_to = c.used.next_multiple_of(HUGE_PAGE_BYTES);
+    let end = offset + len;
+    if end > mapped_to {
+        // SAFETY: `mapped_to..end` lies inside the slab, on a page boundary at or past the
+        // end of every earlier cut, so no buffer reaches it yet and its bytes are zero.
+        unsafe { c.slab.map_range(mapped_to, end - mapped_to) };
+    }
+    c.used = end;
+    // SAFETY: `offset + len <= SLAB_BYTES`, inside the slab's mapping.
+    let start = unsafe { NonNull::new_unchecked(c.start.as_ptr().add(offset)) };
+    Ok(SlabCut {
+        _slab: Arc::clone(&c.slab),
+        start,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_are_aligned_zeroed_and_disjoint() {
+        let lens = [1, 100, 3 << 20, LARGEST_CUT, 5000, 2 << 20];
+        let cuts: Vec<(SlabCut, usize)> = lens
+            .iter()
+            .map(|&len| (cut(len).expect("memory"), len))
+            .collect();
+        for (i, (c, len)) in cuts.iter().enumerate() {
+            assert_eq!(c.start().as_ptr() as usize % CUT_ALIGN, 0);
+            // SAFETY: the cut owns `len` bytes from its start, and no other reference exists.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(c.start().as_ptr(), *len) };
+            assert!(bytes.iter().all(|&b| b == 0), "cut {i} of {len} bytes");
+            bytes.fill(i as u8 + 1);
+        }
+        for (i, (c, len)) in cuts.iter().enumerate() {
+            // SAFETY: as above.
+            let bytes = unsafe { std::slice::from_raw_parts(c.start().as_ptr(), *len) };
+            assert!(
+                bytes.iter().all(|&b| b == i as u8 + 1),
+                "cut {i} was overwritten"
+            );
+        }
+    }
+}
