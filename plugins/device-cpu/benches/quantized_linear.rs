@@ -27,17 +27,23 @@
 //! `--against-prefetch CHOICE` each case's steps alternate, one by one in the same process,
 //! between `--prefetch`'s choice and this one, and both medians and their ratio are reported:
 //! how to tell which hints suit a CPU (`RowPrefetch::for_this_cpu`) on a machine whose
-//! bandwidth moves more between two runs than the hints move a step.
+//! bandwidth moves more between two runs than the hints move a step. The weights lie in
+//! device buffers, as a server's do (huge pages where the kernel allows);
+//! `--against-allocator-pages` alternates them the same way with a copy in the allocator's
+//! 4 KiB pages.
 
 #[allow(dead_code, unused_imports)]
 #[path = "../../../tools/src/bandwidth.rs"]
 mod bandwidth;
 mod support;
 
+use std::cell::Cell;
 use std::hint::black_box;
+use std::ops::Deref;
 use std::time::{Duration, Instant};
 
 use plughost_device_abi::DType;
+use plughost_device_abi::export::AlignedBytes;
 use plughost_device_cpu::isa::{Isa, IsaLevel};
 use plughost_device_cpu::{ActivationDigits, QuantizedBench, RowPrefetch};
 use support::{
@@ -60,19 +66,21 @@ fn timed(rows: usize, tokens: usize) -> bool {
     rows != SHAPES[2].1 || tokens <= 16
 }
 
-/// The benchmark's options: the common ones, `--all-types`, `--one-digit`, `--decode-step`
-/// and `--against-prefetch`.
+/// The benchmark's options: the common ones, `--all-types`, `--one-digit`, `--decode-step`,
+/// `--against-prefetch` and `--against-allocator-pages`.
 struct Options {
     common: CommonOptions,
     all_types: bool,
     digits: ActivationDigits,
     decode_step: bool,
     against_prefetch: Option<RowPrefetch>,
+    against_allocator_pages: bool,
 }
 
 fn options() -> Options {
     let (mut all_types, mut digits, mut decode_step) = (false, ActivationDigits::Two, false);
     let (mut against_prefetch, mut wants_against) = (None, false);
+    let mut against_allocator_pages = false;
     let common = CommonOptions::parse(|flag| match flag {
         value if wants_against => {
             wants_against = false;
@@ -98,10 +106,22 @@ fn options() -> Options {
             decode_step = true;
             true
         }
+        "--against-allocator-pages" => {
+            against_allocator_pages = true;
+            true
+        }
         _ => false,
     });
-    if against_prefetch.is_some() && !decode_step {
-        eprintln!("--against-prefetch compares whole steps: it needs --decode-step");
+    if (against_prefetch.is_some() || against_allocator_pages) && !decode_step {
+        eprintln!(
+            "--against-prefetch and --against-allocator-pages compare whole steps: they need --decode-step"
+        );
+        std::process::exit(2)
+    }
+    if against_prefetch.is_some() && against_allocator_pages {
+        eprintln!(
+            "--against-prefetch and --against-allocator-pages each alternate two steps: give one"
+        );
         std::process::exit(2)
     }
     Options {
@@ -110,6 +130,7 @@ fn options() -> Options {
         digits,
         decode_step,
         against_prefetch,
+        against_allocator_pages,
     }
 }
 
@@ -278,12 +299,36 @@ fn main() {
     }
 }
 
+/// One matrix's weights, in a device buffer or the allocator's pages.
+struct Weights(Box<dyn Deref<Target = [u8]>>);
+
+impl Deref for Weights {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// `bytes` in a device buffer, as a server keeps weights.
+fn in_device_buffer(bytes: Vec<u8>) -> Weights {
+    let mut buffer = AlignedBytes::zeroed(bytes.len()).expect("memory for the weights");
+    buffer.copy_from_slice(&bytes);
+    Weights(Box::new(buffer))
+}
+
+/// `bytes` where the allocator put them: 4 KiB pages, as the kernel does not offer huge pages
+/// to memory that does not ask.
+fn in_allocator_pages(bytes: Vec<u8>) -> Weights {
+    Weights(Box::new(bytes))
+}
+
 /// One layer's weights of one type, each matrix in groups as the launches keep them.
 struct Layer {
-    qkv: [Vec<u8>; 3],
-    o: Vec<u8>,
-    gate_up: [Vec<u8>; 2],
-    down: Vec<u8>,
+    qkv: [Weights; 3],
+    o: Weights,
+    gate_up: [Weights; 2],
+    down: Weights,
 }
 
 /// Whether `dtype`'s blocks divide every reduced dimension of `shape`.
@@ -314,29 +359,41 @@ fn decode_steps(
                 continue;
             };
             let h = shape.hidden;
-            let matrix = |rows: usize, inner: usize| {
-                let mut w = weights(dtype, rows, inner);
-                arranger.arrange(dtype, &mut w, rows).expect("whole rows");
-                w
+            let weight_set = |place: fn(Vec<u8>) -> Weights| {
+                let matrix = |rows: usize, inner: usize| {
+                    let mut w = weights(dtype, rows, inner);
+                    arranger.arrange(dtype, &mut w, rows).expect("whole rows");
+                    place(w)
+                };
+                let layers: Vec<Layer> = (0..shape.layers)
+                    .map(|_| Layer {
+                        qkv: [
+                            matrix(shape.query, h),
+                            matrix(shape.key_value, h),
+                            matrix(shape.key_value, h),
+                        ],
+                        o: matrix(h, shape.query),
+                        gate_up: [matrix(shape.intermediate, h), matrix(shape.intermediate, h)],
+                        down: matrix(h, shape.intermediate),
+                    })
+                    .collect();
+                (layers, matrix(shape.vocab, h))
             };
-            let layers: Vec<Layer> = (0..shape.layers)
-                .map(|_| Layer {
-                    qkv: [
-                        matrix(shape.query, h),
-                        matrix(shape.key_value, h),
-                        matrix(shape.key_value, h),
-                    ],
-                    o: matrix(h, shape.query),
-                    gate_up: [matrix(shape.intermediate, h), matrix(shape.intermediate, h)],
-                    down: matrix(h, shape.intermediate),
-                })
-                .collect();
-            let head = matrix(shape.vocab, h);
+            let mut sets = vec![weight_set(in_device_buffer)];
+            if options.against_allocator_pages {
+                sets.push(weight_set(in_allocator_pages));
+            }
+            let set_in_use = Cell::new(0);
             let layer_bytes = |l: &Layer| {
-                l.qkv.iter().chain(&l.gate_up).map(Vec::len).sum::<usize>()
+                l.qkv
+                    .iter()
+                    .chain(&l.gate_up)
+                    .map(|w| w.len())
+                    .sum::<usize>()
                     + l.o.len()
                     + l.down.len()
             };
+            let (layers, head) = &sets[0];
             let bytes = (layers.iter().map(layer_bytes).sum::<usize>() + head.len()) as f64;
             let x = activations(shape.intermediate.max(shape.query));
             let (mut q, mut k, mut v) = (
@@ -357,7 +414,8 @@ fn decode_steps(
                         run().expect("launch");
                         parts[part] += start.elapsed();
                     };
-                    for l in &layers {
+                    let (layers, head) = &sets[set_in_use.get()];
+                    for l in layers {
                         let (kv, inter) = (shape.key_value, shape.intermediate);
                         timed(0, &mut || {
                             let w = [
@@ -385,6 +443,28 @@ fn decode_steps(
                         bench.fused(dtype, &w, &x[..h], &mut [&mut logits], false)
                     });
                 };
+                if options.against_allocator_pages {
+                    let medians = time_steps_alternating(
+                        options.common.seconds(),
+                        |i| set_in_use.set(i),
+                        step,
+                    );
+                    set_in_use.set(0);
+                    let ms = medians.map(|m| m.as_secs_f64() * 1e3);
+                    println!(
+                        "{name:<36} {:>8.3} ms/step in device buffers, {:.3} in the allocator's \
+                         pages: {:.3}×",
+                        ms[0],
+                        ms[1],
+                        ms[1] / ms[0]
+                    );
+                    for (place, median) in ["device buffers", "allocator pages"].iter().zip(medians)
+                    {
+                        let gb_s = bytes / median.as_secs_f64() / 1e9;
+                        table.push((format!("{name}, {place}"), median, gb_s));
+                    }
+                    continue;
+                }
                 if let Some(against) = options.against_prefetch {
                     let choices = [options.common.prefetch(), against];
                     let set = |i: usize| bench.set_prefetch(choices[i]);
