@@ -21,7 +21,7 @@ use std::ptr::NonNull;
 use memmap2::MmapMut;
 
 /// A page of memory, the stride of the fallback that touches every page.
-const PAGE_BYTES: usize = 4096;
+pub const PAGE_BYTES: usize = 4096;
 
 /// A transparent huge page on x86-64 and on aarch64 with 4 KiB pages.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;

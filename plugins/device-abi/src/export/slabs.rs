@@ -10,13 +10,14 @@
 //! A slab's pages are mapped as buffers are cut, not when the slab is made, so a process holds
 //! at most its used bytes plus one huge page of the slab being cut. Space is never reused
 //! within a slab: a freed buffer's bytes return when every buffer of its slab is freed (a
-//! model's weights, KV cache and scratch are made at prepare and freed together), and no
-//! buffer is ever handed bytes another one wrote, so every buffer starts zeroed.
+//! model's weights, KV cache and scratch are made at prepare and freed together; the slab
+//! being cut goes too), and no buffer is ever handed bytes another one wrote, so every buffer
+//! starts zeroed.
 
 use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::pages::{HUGE_PAGE_BYTES, MappedPages};
+use crate::pages::{MappedPages, PAGE_BYTES};
 
 /// Bytes of address space a slab reserves: room for several of a model's largest mid-sized
 /// matrices.
@@ -41,12 +42,22 @@ struct Cutting {
 // reached only through disjoint cuts, each owned by one buffer as a `Vec<u8>` owns its bytes.
 unsafe impl Send for Cutting {}
 
-static CUTTING: Mutex<Option<Cutting>> = Mutex::new(None);
+/// Where buffers are cut: the slab being cut, if any.
+#[derive(Default)]
+struct Slabs {
+    cutting: Mutex<Option<Cutting>>,
+}
+
+/// The process's slabs: every device of a process cuts from the same ones.
+static SLABS: Slabs = Slabs {
+    cutting: Mutex::new(None),
+};
 
 /// Zeroed bytes cut from a slab, keeping it alive.
 pub(super) struct SlabCut {
-    /// Held only to keep the slab mapped while the bytes are in use.
-    _slab: Arc<MappedPages>,
+    slabs: &'static Slabs,
+    /// Keeps the slab mapped while the bytes are in use.
+    slab: Arc<MappedPages>,
     start: NonNull<u8>,
 }
 
@@ -56,47 +67,98 @@ impl SlabCut {
     }
 }
 
+impl Drop for SlabCut {
+    /// The last cut of the slab being cut lets it go too, so a closed device leaves no slab's
+    /// pages mapped; the next cut maps a new one.
+    fn drop(&mut self) {
+        let mut cutting = self.slabs.lock();
+        // Cuts are made only under the lock, so with it held the count can only fall: two
+        // means this cut and the cutting state are all that hold the slab.
+        let last =
+            |c: &Cutting| Arc::ptr_eq(&c.slab, &self.slab) && Arc::strong_count(&self.slab) == 2;
+        if cutting.as_ref().is_some_and(last) {
+            *cutting = None;
+        }
+    }
+}
+
 /// `len` zeroed bytes (`1..=LARGEST_CUT`), 64-byte aligned, from the slab being cut or a
 /// new one, their pages mapped now.
 pub(super) fn cut(len: usize) -> std::io::Result<SlabCut> {
-    debug_assert!((1..=LARGEST_CUT).contains(&len));
-    let mut cutting = CUTTING.lock().unwrap_or_else(PoisonError::into_inner);
-    let fits = |c: &Cutting| c.used.next_multiple_of(CUT_ALIGN) + len <= SLAB_BYTES;
-    if !cutting.as_ref().is_some_and(fits) {
-        let mut pages = crate::pages::reserved(SLAB_BYTES)?;
-        let start = NonNull::new(pages.as_mut_ptr())
-            .ok_or_else(|| std::io::Error::other("a mapping at address 0"))?;
-        *cutting = Some(Cutting {
-            slab: Arc::new(pages),
+    SLABS.cut(len)
+}
+
+impl Slabs {
+    fn lock(&self) -> MutexGuard<'_, Option<Cutting>> {
+        self.cutting.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn cut(&'static self, len: usize) -> std::io::Result<SlabCut> {
+        debug_assert!((1..=LARGEST_CUT).contains(&len));
+        let mut cutting = self.lock();
+        let fits = |c: &Cutting| c.used.next_multiple_of(CUT_ALIGN) + len <= SLAB_BYTES;
+        if !cutting.as_ref().is_some_and(fits) {
+            let mut pages = crate::pages::reserved(SLAB_BYTES)?;
+            let start = NonNull::new(pages.as_mut_ptr())
+                .ok_or_else(|| std::io::Error::other("a mapping at address 0"))?;
+            *cutting = Some(Cutting {
+                slab: Arc::new(pages),
+                start,
+                used: 0,
+            });
+        }
+        let Some(c) = cutting.as_mut() else {
+            unreachable!("a slab was made above")
+        };
+        let offset = c.used.next_multiple_of(CUT_ALIGN);
+        let end = offset + len;
+        // The earlier cuts mapped every page they touch, so the pages to map start at the
+        // first page boundary at or past their end.
+        let mapped_to = c.used.next_multiple_of(PAGE_BYTES);
+        if end > mapped_to {
+            // SAFETY: `mapped_to..end` lies inside the slab, on a page boundary at or past
+            // the end of every earlier cut, so no buffer reaches it yet and its bytes are
+            // zero.
+            unsafe { c.slab.map_range(mapped_to, end - mapped_to) };
+        }
+        c.used = end;
+        // SAFETY: `offset + len <= SLAB_BYTES`, inside the slab's mapping.
+        let start = unsafe { NonNull::new_unchecked(c.start.as_ptr().add(offset)) };
+        Ok(SlabCut {
+            slabs: self,
+            slab: Arc::clone(&c.slab),
             start,
-            used: 0,
-        });
+        })
     }
-    let Some(c) = cutting.as_mut() else {
-        unreachable!("a slab was made above")
-    };
-    let offset = c.used.next_multiple_of(CUT_ALIGN);
-    // Map the pages the cut reaches that earlier cuts did not: the huge pages from the one
-    // the previous cut ended in.
-    let mapped_to = c.used.next_multiple_of(HUGE_PAGE_BYTES);
-    let end = offset + len;
-    if end > mapped_to {
-        // SAFETY: `mapped_to..end` lies inside the slab, on a page boundary at or past the
-        // end of every earlier cut, so no buffer reaches it yet and its bytes are zero.
-        unsafe { c.slab.map_range(mapped_to, end - mapped_to) };
-    }
-    c.used = end;
-    // SAFETY: `offset + len <= SLAB_BYTES`, inside the slab's mapping.
-    let start = unsafe { NonNull::new_unchecked(c.start.as_ptr().add(offset)) };
-    Ok(SlabCut {
-        _slab: Arc::clone(&c.slab),
-        start,
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_slab_goes_with_its_last_cut() {
+        let slabs: &'static Slabs = Box::leak(Box::default());
+        let (first, second) = (slabs.cut(5000).unwrap(), slabs.cut(3 << 20).unwrap());
+        assert!(Arc::ptr_eq(&first.slab, &second.slab));
+        let slab = Arc::downgrade(&first.slab);
+        drop(first);
+        assert!(slab.upgrade().is_some(), "a cut is still in use");
+        drop(second);
+        assert!(slab.upgrade().is_none(), "the slab outlived its cuts");
+        let third = slabs.cut(100).unwrap();
+        assert_eq!(
+            third.start().as_ptr() as usize % crate::pages::HUGE_PAGE_BYTES,
+            0
+        );
+        // A slab that does not hold the next cut stays while its own cuts do.
+        let full = slabs.cut(LARGEST_CUT).unwrap();
+        let more: Vec<SlabCut> = (0..4).map(|_| slabs.cut(LARGEST_CUT).unwrap()).collect();
+        assert!(!Arc::ptr_eq(&full.slab, &more[3].slab));
+        let old = Arc::downgrade(&full.slab);
+        drop((third, full, more));
+        assert!(old.upgrade().is_none());
+    }
 
     #[test]
     fn cuts_are_aligned_zeroed_and_disjoint() {
