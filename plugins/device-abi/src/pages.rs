@@ -50,6 +50,12 @@ impl MappedPages {
         self.start.as_ptr()
     }
 
+    /// The first byte, without making a reference to the bytes: for memory lent out in
+    /// disjoint parts, whose owners each reach only their own.
+    pub fn start(&self) -> NonNull<u8> {
+        self.start
+    }
+
     /// Maps the pages of bytes `from..from + len` now (see [`mapped_now`]).
     ///
     /// # Safety

@@ -34,13 +34,8 @@ const CUT_ALIGN: usize = 64;
 /// any buffer cut from it is.
 struct Cutting {
     slab: Arc<MappedPages>,
-    start: NonNull<u8>,
     used: usize,
 }
-
-// SAFETY: `start` points into `slab`, which `Cutting` keeps alive; the slab's bytes are
-// reached only through disjoint cuts, each owned by one buffer as a `Vec<u8>` owns its bytes.
-unsafe impl Send for Cutting {}
 
 /// Where buffers are cut: the slab being cut, if any.
 #[derive(Default)]
@@ -96,19 +91,12 @@ impl Slabs {
     fn cut(&'static self, len: usize) -> std::io::Result<SlabCut> {
         debug_assert!((1..=LARGEST_CUT).contains(&len));
         let mut cutting = self.lock();
-        let fits = |c: &Cutting| c.used.next_multiple_of(CUT_ALIGN) + len <= SLAB_BYTES;
-        if !cutting.as_ref().is_some_and(fits) {
-            let mut pages = crate::pages::reserved(SLAB_BYTES)?;
-            let start = NonNull::new(pages.as_mut_ptr())
-                .ok_or_else(|| std::io::Error::other("a mapping at address 0"))?;
-            *cutting = Some(Cutting {
-                slab: Arc::new(pages),
-                start,
+        let c = match &mut *cutting {
+            Some(c) if c.used.next_multiple_of(CUT_ALIGN) + len <= SLAB_BYTES => c,
+            slot => slot.insert(Cutting {
+                slab: Arc::new(crate::pages::reserved(SLAB_BYTES)?),
                 used: 0,
-            });
-        }
-        let Some(c) = cutting.as_mut() else {
-            unreachable!("a slab was made above")
+            }),
         };
         let offset = c.used.next_multiple_of(CUT_ALIGN);
         let end = offset + len;
@@ -123,7 +111,7 @@ impl Slabs {
         }
         c.used = end;
         // SAFETY: `offset + len <= SLAB_BYTES`, inside the slab's mapping.
-        let start = unsafe { NonNull::new_unchecked(c.start.as_ptr().add(offset)) };
+        let start = unsafe { NonNull::new_unchecked(c.slab.start().as_ptr().add(offset)) };
         Ok(SlabCut {
             slabs: self,
             slab: Arc::clone(&c.slab),
