@@ -110,7 +110,7 @@ impl DeviceBackend for CpuDevice {
                 | CallableId::SiluGateLinear
                 | CallableId::EmbeddingGather
         );
-        if !reads_arranged {
+        if !reads_arranged && !launch.all_as_written() {
             // Only the linears and the embedding read weights the linears arranged; any
             // other kernel handed such a buffer gets it back in the host's order.
             for arg in launch.spec().args {

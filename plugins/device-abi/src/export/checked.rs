@@ -53,15 +53,20 @@ impl Passed {
     }
 }
 
-/// The last passed check of each callable, by index.
+/// Passed checks kept per callable: a step launches one callable on a few shapes in turn
+/// (`linear` as the attention's output projection, the MLP's down projection and the output
+/// head), and every one of them should find its check.
+const KEPT_PER_CALLABLE: usize = 4;
+
+/// The last passed checks of each callable, by index, oldest first.
 pub(super) struct CheckedShapes {
-    passed: Vec<Option<Passed>>,
+    passed: Vec<Vec<Passed>>,
 }
 
 impl CheckedShapes {
     pub(super) fn new(callables: usize) -> CheckedShapes {
         CheckedShapes {
-            passed: (0..callables).map(|_| None).collect(),
+            passed: (0..callables).map(|_| Vec::new()).collect(),
         }
     }
 
@@ -74,21 +79,27 @@ impl CheckedShapes {
         args: &[TensorArg],
         params: &[i64],
     ) -> Result<&ShapeBindings, String> {
-        let slot = &mut self.passed[index];
-        let repeated = slot
-            .as_ref()
-            .is_some_and(|passed| passed.matches(args, params));
-        if !repeated {
-            // Forget the old launch first: a failed check must not leave it to be matched.
-            let mut passed = slot.take().unwrap_or_default();
-            passed.shapes = validate::check_launch(spec, args, params)?;
-            passed.args.clear();
-            passed.args.extend(args.iter().map(ArgShape::of));
-            passed.params.clear();
-            passed.params.extend_from_slice(params);
-            *slot = Some(passed);
-        }
-        Ok(&slot.as_ref().expect("filled above").shapes)
+        let kept = &mut self.passed[index];
+        let at = match kept.iter().position(|passed| passed.matches(args, params)) {
+            Some(at) => at,
+            None => {
+                // Only a launch that passes is kept: a failed one never matches later.
+                let shapes = validate::check_launch(spec, args, params)?;
+                let mut passed = if kept.len() == KEPT_PER_CALLABLE {
+                    kept.remove(0)
+                } else {
+                    Passed::default()
+                };
+                passed.shapes = shapes;
+                passed.args.clear();
+                passed.args.extend(args.iter().map(ArgShape::of));
+                passed.params.clear();
+                passed.params.extend_from_slice(params);
+                kept.push(passed);
+                kept.len() - 1
+            }
+        };
+        Ok(&kept[at].shapes)
     }
 }
 
@@ -132,6 +143,20 @@ mod tests {
         // A new width is bound anew.
         let wider = symbols_of(&mut checked, &add_args(16));
         assert_ne!(wider, first);
+    }
+
+    #[test]
+    fn shapes_in_turn_each_keep_their_symbols_past_the_kept_count() {
+        let mut checked = CheckedShapes::new(callables::ALL.len());
+        let widths = [8, 16, 24, 8, 16, 24, 32, 40, 48, 56, 8, 56, 16];
+        let symbols: Vec<_> = widths
+            .iter()
+            .map(|&width| symbols_of(&mut checked, &add_args(width)))
+            .collect();
+        for (i, &width) in widths.iter().enumerate() {
+            let first = widths.iter().position(|&w| w == width).unwrap();
+            assert_eq!(symbols[i], symbols[first], "width {width}");
+        }
     }
 
     #[test]

@@ -231,6 +231,14 @@ impl Launch<'_> {
         self.buffers.arrangement(self.arg(arg).buffer)
     }
 
+    /// Whether every argument's buffer holds its bytes as the host wrote them: what a kernel
+    /// that reads no arrangement asks of every launch before it looks at any argument by name.
+    pub fn all_as_written(&self) -> bool {
+        self.args
+            .iter()
+            .all(|arg| self.buffers.arrangement(arg.buffer) == super::AS_WRITTEN)
+    }
+
     /// Whether `arg` spans its whole buffer, so rearranging the buffer moves no other
     /// argument's bytes.
     pub fn spans_buffer(&self, arg: &str) -> bool {
