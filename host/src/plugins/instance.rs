@@ -13,7 +13,7 @@ use super::contract::ContractVersion;
 use super::generation::Slot;
 use super::logits::LogitsBatch;
 use super::policy::{FaultPolicy, FaultTracker, Unavailable};
-use super::runtime::{EPOCH_TICK, EngineShared};
+use super::runtime::EngineShared;
 use super::sandbox::{CallRandom, deterministic_wasi};
 
 /// Limits applied to every instance of one plugin.
@@ -150,6 +150,8 @@ struct CallClock {
     cpu_started: Duration,
     cpu_in_host: Duration,
     deadline: Duration,
+    /// The epoch's period when the call started.
+    tick: Duration,
 }
 
 impl CallClock {
@@ -159,6 +161,7 @@ impl CallClock {
             cpu_started: thread_cpu_time(),
             cpu_in_host: Duration::ZERO,
             deadline: DEFAULT_CALL_TIMEOUT,
+            tick: Duration::from_millis(1),
         }
     }
 
@@ -174,7 +177,7 @@ impl CallClock {
         {
             return UpdateDeadline::Interrupt;
         }
-        UpdateDeadline::Continue(ticks(self.deadline - guest))
+        UpdateDeadline::Continue(ticks(self.deadline - guest, self.tick))
     }
 }
 
@@ -183,8 +186,16 @@ fn thread_cpu_time() -> Duration {
     ThreadTime::now().as_duration()
 }
 
-fn ticks(time: Duration) -> u64 {
-    ((time.as_nanos() / EPOCH_TICK.as_nanos()) as u64).max(1)
+/// Starts a call of `deadline` on `store`, the epoch advancing every `tick`: its clock and its
+/// epoch deadline.
+fn start_call(store: &mut Store<PluginState>, deadline: Duration, tick: Duration) {
+    store.data_mut().start_call(deadline, tick);
+    store.set_epoch_deadline(ticks(deadline, tick));
+}
+
+/// Whole ticks of `tick` in `time`, at least one.
+fn ticks(time: Duration, tick: Duration) -> u64 {
+    ((time.as_nanos() / tick.as_nanos().max(1)) as u64).max(1)
 }
 
 impl WasiView for PluginState {
@@ -209,10 +220,11 @@ impl PluginState {
         result
     }
 
-    fn start_call(&mut self, deadline: Duration) {
+    fn start_call(&mut self, deadline: Duration, tick: Duration) {
         self.random.restart();
         self.clock = CallClock {
             deadline,
+            tick,
             ..CallClock::new()
         };
     }
@@ -260,6 +272,7 @@ impl<W: World> ContainedInstance<W> {
         config: String,
         limits: InstanceLimits,
     ) -> Self {
+        engine.ask_tick_for(limits.call_timeout);
         ContainedInstance {
             engine,
             pre,
@@ -326,10 +339,6 @@ impl<W: World> ContainedInstance<W> {
         }
     }
 
-    fn deadline_ticks(&self) -> u64 {
-        ticks(self.limits.call_timeout)
-    }
-
     fn new_store(&self) -> Store<PluginState> {
         let (wasi, random) = deterministic_wasi();
         let state = PluginState {
@@ -360,15 +369,13 @@ impl<W: World> ContainedInstance<W> {
         }
         let mut store = self.new_store();
         let init_timeout = self.limits.init_timeout();
-        store.data_mut().start_call(init_timeout);
-        store.set_epoch_deadline(ticks(init_timeout));
+        start_call(&mut store, init_timeout, self.engine.tick());
         let bindings =
             W::instantiate(&self.pre, &mut store).map_err(|e| PluginError::Instantiate {
                 plugin: self.name.clone(),
                 message: format!("{e:#}"),
             })?;
-        store.data_mut().start_call(init_timeout);
-        store.set_epoch_deadline(ticks(init_timeout));
+        start_call(&mut store, init_timeout, self.engine.tick());
         match bindings.call_init(&mut store, &self.config) {
             Ok(Ok(())) => {}
             Ok(Err(message)) => {
@@ -436,14 +443,13 @@ impl<W: World> ContainedInstance<W> {
             }
             return Err(e);
         }
-        let ticks = self.deadline_ticks();
+        let tick = self.engine.tick();
         let Some(live) = self.live.as_mut() else {
             return Err(PluginError::Runtime(
                 "instance vanished after instantiation".into(),
             ));
         };
-        live.store.data_mut().start_call(self.limits.call_timeout);
-        live.store.set_epoch_deadline(ticks);
+        start_call(&mut live.store, self.limits.call_timeout, tick);
         let started = Instant::now();
         let result = f(&live.bindings, &mut live.store);
         self.stats.calls += 1;

@@ -1,7 +1,7 @@
 //! The process-wide wasmtime engine, its epoch ticker, and the loading of components per world.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -15,8 +15,16 @@ use super::contract::ComponentContract;
 use super::instance::{ContainedInstance, InstanceLimits, PluginState, World};
 use super::records;
 
-/// How often the epoch advances; call deadlines are whole multiples of it.
-pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(2);
+/// How often the epoch advances while no instance asks for a finer tick. Every tick wakes a
+/// thread that takes a core from whatever runs, on a small machine the device's threads, so
+/// the tick is no finer than the deadlines of the loaded plugins need.
+const COARSEST_TICK: Duration = Duration::from_millis(10);
+
+/// The finest tick an instance may ask for.
+const FINEST_TICK: Duration = Duration::from_millis(1);
+
+/// Ticks in an instance's call deadline: a deadline fires within a tenth of itself.
+const TICKS_PER_DEADLINE: u32 = 10;
 
 /// Options of the plugin runtime.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +52,8 @@ impl Drop for EpochTicker {
 /// fires while the ticker runs, so instances keep it alive.
 pub(crate) struct EngineShared {
     pub engine: Engine,
+    /// The epoch's period in nanoseconds: call deadlines are whole multiples of it.
+    tick_nanos: Arc<AtomicU64>,
     _ticker: EpochTicker,
 }
 
@@ -86,14 +96,18 @@ impl EngineShared {
         config.epoch_interruption(true);
         let engine = Engine::new(&config).map_err(|e| PluginError::Runtime(format!("{e:#}")))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let tick_nanos = Arc::new(AtomicU64::new(COARSEST_TICK.as_nanos() as u64));
         let thread = {
             let engine = engine.clone();
             let stop = stop.clone();
+            let tick_nanos = tick_nanos.clone();
             std::thread::Builder::new()
                 .name("plugin-epoch".into())
                 .spawn(move || {
                     while !stop.load(Ordering::Relaxed) {
-                        std::thread::sleep(EPOCH_TICK);
+                        std::thread::sleep(Duration::from_nanos(
+                            tick_nanos.load(Ordering::Relaxed),
+                        ));
                         engine.increment_epoch();
                     }
                 })
@@ -105,8 +119,24 @@ impl EngineShared {
         };
         Ok(EngineShared {
             engine,
+            tick_nanos,
             _ticker: ticker,
         })
+    }
+
+    /// The epoch's period now.
+    pub(crate) fn tick(&self) -> Duration {
+        Duration::from_nanos(self.tick_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Makes the epoch advance often enough for call deadlines of `deadline`: at least
+    /// [`TICKS_PER_DEADLINE`] ticks in one, within [`FINEST_TICK`] and [`COARSEST_TICK`]. The
+    /// tick never grows back when that instance goes: the engine is the process's, and a
+    /// finer tick only costs wake-ups.
+    pub(crate) fn ask_tick_for(&self, deadline: Duration) {
+        let tick = (deadline / TICKS_PER_DEADLINE).clamp(FINEST_TICK, COARSEST_TICK);
+        self.tick_nanos
+            .fetch_min(tick.as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -183,5 +213,25 @@ impl PluginRuntime {
         // Instantiate now so a bad config or a broken component fails the load, not the first step.
         instance.ensure_live()?;
         Ok(instance)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tick_follows_the_finest_deadline_within_its_bounds() {
+        let shared = EngineShared::new().expect("an engine");
+        assert_eq!(shared.tick(), COARSEST_TICK);
+        shared.ask_tick_for(Duration::from_millis(200));
+        assert_eq!(shared.tick(), COARSEST_TICK);
+        shared.ask_tick_for(Duration::from_millis(50));
+        assert_eq!(shared.tick(), Duration::from_millis(5));
+        // A coarser deadline later leaves the finer tick in place.
+        shared.ask_tick_for(Duration::from_secs(10));
+        assert_eq!(shared.tick(), Duration::from_millis(5));
+        shared.ask_tick_for(Duration::from_millis(1));
+        assert_eq!(shared.tick(), FINEST_TICK);
     }
 }
