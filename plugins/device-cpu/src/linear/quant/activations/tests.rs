@@ -61,6 +61,19 @@ fn every_level_quantizes_to_the_portable_digits() {
                     assert_eq!(ours.high, theirs.high, "{level} {block} {digits:?}");
                     assert_eq!(ours.low, theirs.low, "{level} {block} {digits:?}");
                     assert_eq!(ours.sums, theirs.sums, "{level} {block} {digits:?}");
+                    let joined: Vec<i32> = (theirs.high.chunks(SUM_SPAN))
+                        .zip(theirs.low.chunks(SUM_SPAN))
+                        .map(|(h, l)| {
+                            h.iter()
+                                .zip(l)
+                                .map(|(&h, &l)| 256 * i32::from(h) + i32::from(l))
+                                .sum()
+                        })
+                        .collect();
+                    assert_eq!(
+                        theirs.sums, joined,
+                        "{block} {digits:?}: sums of 256 q + q'"
+                    );
                     let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(ours.scales), bits(theirs.scales), "{level}");
                 }
@@ -180,5 +193,20 @@ fn spans_filled_in_any_order_hold_what_one_pass_does() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn span_sums_are_the_digits_sums_at_the_extremes() {
+    let runs: [[i8; SUM_SPAN]; 5] = [
+        [127; SUM_SPAN],
+        [-127; SUM_SPAN],
+        [0; SUM_SPAN],
+        std::array::from_fn(|i| if i % 2 == 0 { 127 } else { -127 }),
+        std::array::from_fn(|i| (i as i8 - 8) * 15),
+    ];
+    for run in runs {
+        let plain: i32 = run.iter().map(|&q| i32::from(q)).sum();
+        assert_eq!(span_sum(&run), plain, "{run:?}");
     }
 }
