@@ -119,26 +119,10 @@ fn max_magnitude(values: &[f32]) -> f32 {
     f32::from_bits(lanes.into_iter().fold(rest, u32::max))
 }
 
-/// The sum of a run of digits, eight bytes at a time in the 16-bit lanes of a word: the
-/// compiler left a sum over bytes a chain of scalar additions, one per digit.
+/// The sum of a run of digits.
 #[inline(always)]
 fn span_sum(digits: &[i8; SUM_SPAN]) -> i32 {
-    const LOW_BYTES: u64 = 0x00FF_00FF_00FF_00FF;
-    let (first, second) = digits.split_at(8);
-    // Each digit plus 128, as an unsigned byte.
-    let word = |bytes: &[i8]| {
-        let mut raw = [0u8; 8];
-        for (raw, &q) in raw.iter_mut().zip(bytes) {
-            *raw = q as u8;
-        }
-        u64::from_le_bytes(raw) ^ 0x8080_8080_8080_8080
-    };
-    // Four lanes of two bytes' sums each (at most 510), then of four (at most 1,020).
-    let pairs = |w: u64| (w & LOW_BYTES) + ((w >> 8) & LOW_BYTES);
-    let lanes = pairs(word(first)) + pairs(word(second));
-    // The four lanes' total (at most 4,080) lands in the top lane.
-    let biased = (lanes.wrapping_mul(0x0001_0001_0001_0001) >> 48) as i32;
-    biased - 128 * SUM_SPAN as i32
+    digits.iter().map(|&q| i32::from(q)).sum()
 }
 
 /// `value` scaled by `inverse`, rounded to the nearest int8 in `-127..=127`. `as` maps NaN
@@ -358,10 +342,8 @@ impl Q8RowsSpan<'_> {
                 let (high, _) = high.as_chunks::<SUM_SPAN>();
                 let (low, _) = low.as_chunks::<SUM_SPAN>();
                 for ((h, l), sum) in high.iter().zip(low).zip(sums) {
-                    // Each digit summed apart: a run of one digit is a sum the vector units
-                    // take in a few instructions, where the joined digits stayed a chain of
-                    // scalar adds that took as long as the quantizing. The second digit is
-                    // zero with one.
+                    // Each digit summed apart, so that with one digit the second, all zero,
+                    // is not summed at all.
                     *sum = 256 * span_sum(h);
                     if digits == ActivationDigits::Two {
                         *sum += span_sum(l);

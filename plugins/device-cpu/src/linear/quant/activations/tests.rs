@@ -61,7 +61,9 @@ fn every_level_quantizes_to_the_portable_digits() {
                     assert_eq!(ours.high, theirs.high, "{level} {block} {digits:?}");
                     assert_eq!(ours.low, theirs.low, "{level} {block} {digits:?}");
                     assert_eq!(ours.sums, theirs.sums, "{level} {block} {digits:?}");
-                    let joined: Vec<i32> = (theirs.high.chunks(SUM_SPAN))
+                    let joined: Vec<i32> = theirs
+                        .high
+                        .chunks(SUM_SPAN)
                         .zip(theirs.low.chunks(SUM_SPAN))
                         .map(|(h, l)| {
                             h.iter()
