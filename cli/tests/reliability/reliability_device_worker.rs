@@ -239,3 +239,52 @@ async fn steps_longer_than_the_device_timeout_are_no_hang_while_launches_complet
         );
     }
 }
+
+/// With the device in a worker process, the engine sends a step's tokens once the next step's
+/// launches are with the worker. Streams of different lengths, run together, still get every
+/// token in order, each once, and their finish, the last stream's with no step after it.
+#[tokio::test]
+async fn streams_from_a_worker_process_get_every_token_in_order_and_their_finish() {
+    let server = Server::ready("", &["--device-isolation", "process"]).await;
+    let bodies: Vec<Value> = [(5, 3), (9, 17), (6, 40)]
+        .into_iter()
+        .map(|(prompt_len, max_tokens)| {
+            let mut body = completion(prompt_len, max_tokens);
+            body["stream_options"] = json!({"include_usage": true});
+            body
+        })
+        .collect();
+    let streams =
+        futures::future::join_all(bodies.iter().map(|body| stream_events(&server, body))).await;
+    for (body, events) in bodies.iter().zip(streams) {
+        let mut text = String::new();
+        let mut finish = None;
+        for event in &events {
+            assert!(event.get("error").is_none(), "{event}");
+            if let Some(choice) = event["choices"].get(0) {
+                text.push_str(choice["text"].as_str().unwrap_or_default());
+                if let Some(reason) = choice["finish_reason"].as_str() {
+                    assert!(finish.is_none(), "a second finish: {event}");
+                    finish = Some(reason.to_string());
+                }
+            }
+        }
+        assert_eq!(finish.as_deref(), Some("length"), "{events:?}");
+        let usage = events.last().map(|event| &event["usage"]);
+        assert_eq!(
+            usage.and_then(|usage| usage["completion_tokens"].as_u64()),
+            body["max_tokens"].as_u64(),
+            "{events:?}"
+        );
+        let mut whole_body = body.clone();
+        if let Some(fields) = whole_body.as_object_mut() {
+            fields.remove("stream_options");
+        }
+        let (status, whole) = server.complete(&whole_body).await;
+        assert_eq!(status, 200, "{whole}");
+        assert_eq!(
+            text, whole["choices"][0]["text"],
+            "streamed and whole differ"
+        );
+    }
+}

@@ -536,6 +536,15 @@ impl Device {
         }
     }
 
+    /// Hands the queued launches to a worker process without waiting for them, so it computes
+    /// while this process goes on. An in-process device has already run them.
+    pub fn submit(&mut self) -> Result<(), DeviceError> {
+        match &mut self.backend {
+            Backend::Local(_) => Ok(()),
+            Backend::Worker(worker) => worker.get_mut().submit(),
+        }
+    }
+
     /// Waits for launched work and returns the device time spent since the previous call.
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
         match &mut self.backend {

@@ -247,14 +247,24 @@ impl EngineCore {
         }
     }
 
-    /// One engine step. Returns after emitting every token it produced. A step the device
-    /// fails twice fails the requests in it; the others go on.
+    /// One engine step. A step the device fails twice fails the requests in it; the others
+    /// go on. The step's events are sent before it returns, or, when the next step is sure
+    /// to launch work on a worker process's device, once that step's launches are with it.
     pub fn step(&mut self) {
+        let next_step_sends = self.step_and_emit();
+        if !next_step_sends {
+            self.output.deliver();
+        }
+    }
+
+    /// [`EngineCore::step`] but for sending the events; whether they may wait for the next
+    /// step's launches.
+    fn step_and_emit(&mut self) -> bool {
         self.abort_abandoned();
         if self.broken {
             // The watchdog has failed every request and the server is on its way out.
             std::thread::sleep(Duration::from_millis(50));
-            return;
+            return false;
         }
         // Blocks freed since the last step go down to the KV tiers before anything evicts them.
         self.store_freed_blocks();
@@ -267,7 +277,7 @@ impl EngineCore {
             }
             // The last requests may just have been aborted: publish the blocks they freed.
             self.update_gauges();
-            return;
+            return false;
         }
         if self.requests.running().is_empty() {
             // No decode waits on the copies out: finish them, so that no block they pin looks
@@ -291,7 +301,7 @@ impl EngineCore {
                 self.fail_unschedulable();
             }
             self.update_gauges();
-            return;
+            return false;
         }
         self.begin_masks(&scheduled);
         let executed = self.execute_with_retry(&scheduled);
@@ -303,7 +313,7 @@ impl EngineCore {
                 let ids: Vec<u64> = scheduled.iter().map(|&(id, _)| id).collect();
                 self.fail_requests(&ids, &format!("engine step failed: {e}"));
                 self.update_gauges();
-                return;
+                return false;
             }
         };
         self.health.liveness.progressed();
@@ -333,6 +343,8 @@ impl EngineCore {
         }
         self.record("emit", Track::Host, emit_started, emit_started.elapsed());
         self.update_gauges();
+        self.runtime.device().isolation() == DeviceIsolation::Process
+            && !self.requests.running().is_empty()
     }
 
     /// Runs the step; a device failure is retried once by recomputing the same step, which
@@ -437,9 +449,10 @@ impl EngineCore {
         if watched {
             self.health.liveness.device_step_started();
         }
+        let output = &mut self.output;
         let timing = self
             .runtime
-            .execute_scored(&batch, &scored, &mut self.logits);
+            .execute_scored(&batch, &scored, &mut self.logits, || output.deliver());
         if watched {
             self.health.liveness.device_step_finished();
         }
@@ -526,9 +539,12 @@ impl EngineCore {
                     .requests_finished
                     .with_label_values(&["error"])
                     .inc();
-                let _ = state.events.send(GenerationEvent::Failed {
-                    message: message.to_string(),
-                });
+                self.output.send(
+                    &state.events,
+                    GenerationEvent::Failed {
+                        message: message.to_string(),
+                    },
+                );
             }
         }
         self.health.liveness.progressed();
@@ -546,7 +562,8 @@ impl EngineCore {
                 .requests_finished
                 .with_label_values(&["error"])
                 .inc();
-            let _ = state.events.send(GenerationEvent::Rejected(rejection));
+            self.output
+                .send(&state.events, GenerationEvent::Rejected(rejection));
         }
         self.health.liveness.progressed();
     }
@@ -587,6 +604,7 @@ impl EngineCore {
     /// closes the runtime and the device.
     pub fn close(mut self, profile_output: Option<&Path>) {
         self.abort_all();
+        self.output.deliver();
         self.flush_tiers();
         if let (Some(path), Some(profiler)) = (profile_output, &self.profiler) {
             match profiler.write(path) {

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use plughost_sdk::sampler::Sampled;
+use tokio::sync::mpsc::UnboundedSender;
 
 use crate::grammar::{GrammarMatcher, MaskState, Progress};
 use crate::metrics::Metrics;
@@ -76,13 +77,18 @@ impl OutputText {
     }
 }
 
-/// Turns sampled tokens into events, for every request of the engine.
+/// Turns sampled tokens into events, for every request of the engine, and hands them out.
 pub(super) struct OutputProcessor {
     tokenizer: Tokenizer,
     /// The model's end-of-sequence tokens.
     eos_token_ids: Vec<u32>,
     max_model_len: u32,
     metrics: Arc<Metrics>,
+    /// Events not yet sent, in the order they were made. Sending wakes a thread of the HTTP
+    /// runtime; the engine holds a step's events until the next step's launches are with a
+    /// worker process's device ([`OutputProcessor::deliver`]), so that wake-up, and the
+    /// thread it wakes, take no time between two steps.
+    held: Vec<(UnboundedSender<GenerationEvent>, GenerationEvent)>,
 }
 
 impl OutputProcessor {
@@ -97,6 +103,23 @@ impl OutputProcessor {
             eos_token_ids,
             max_model_len,
             metrics,
+            held: Vec::new(),
+        }
+    }
+
+    /// Queues `event` for `events`, behind every event queued before it.
+    pub(super) fn send(
+        &mut self,
+        events: &UnboundedSender<GenerationEvent>,
+        event: GenerationEvent,
+    ) {
+        self.held.push((events.clone(), event));
+    }
+
+    /// Sends every queued event, in order. A request whose client is gone drops its events.
+    pub(super) fn deliver(&mut self) {
+        for (events, event) in self.held.drain(..) {
+            let _ = events.send(event);
         }
     }
 
@@ -114,7 +137,7 @@ impl OutputProcessor {
     /// finishes with it. A request whose grammar reached a dead end while its mask was built
     /// ends without the token.
     pub(super) fn process(
-        &self,
+        &mut self,
         state: &mut RequestState,
         sampled: Sampled,
     ) -> Option<FinishReason> {
@@ -192,12 +215,15 @@ impl OutputProcessor {
             text.push_str(&state.text.flush());
         }
         let prompt_logprobs = state.deliver_prompt_logprobs();
-        let _ = state.events.send(GenerationEvent::Delta {
-            text,
-            token_ids: vec![token],
-            logprobs,
-            prompt_logprobs,
-        });
+        self.send(
+            &state.events,
+            GenerationEvent::Delta {
+                text,
+                token_ids: vec![token],
+                logprobs,
+                prompt_logprobs,
+            },
+        );
         finish
     }
 
@@ -219,7 +245,7 @@ impl OutputProcessor {
 
     /// A request whose grammar allows no token: the text held back for stop strings goes out;
     /// it then finishes `"stop"` with the dead end as its stop reason.
-    fn end_at_dead_end(&self, state: &mut RequestState, cause: &str) {
+    fn end_at_dead_end(&mut self, state: &mut RequestState, cause: &str) {
         tracing::warn!(
             request = state.id,
             request_id = state.request_id(),
@@ -227,17 +253,20 @@ impl OutputProcessor {
         );
         let text = state.text.flush();
         if !text.is_empty() {
-            let _ = state.events.send(GenerationEvent::Delta {
-                text,
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-                prompt_logprobs: Vec::new(),
-            });
+            self.send(
+                &state.events,
+                GenerationEvent::Delta {
+                    text,
+                    token_ids: Vec::new(),
+                    logprobs: Vec::new(),
+                    prompt_logprobs: Vec::new(),
+                },
+            );
         }
     }
 
     /// The last event of a request that finished: its reason and usage.
-    pub(super) fn finished(&self, state: RequestState, reason: FinishReason) {
+    pub(super) fn finished(&mut self, state: RequestState, reason: FinishReason) {
         let usage = Usage {
             prompt_tokens: state.prompt().len() as u32,
             completion_tokens: state.output().len() as u32,
@@ -254,8 +283,6 @@ impl OutputProcessor {
         if reason == FinishReason::GrammarDeadEnd {
             self.metrics.grammar_dead_ends.inc();
         }
-        let _ = state
-            .events
-            .send(GenerationEvent::Finished { reason, usage });
+        self.send(&state.events, GenerationEvent::Finished { reason, usage });
     }
 }

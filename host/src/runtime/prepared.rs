@@ -436,7 +436,7 @@ impl Runtime {
         batch: &[StepSequence<'_>],
         logits: &mut Vec<f32>,
     ) -> Result<StepTiming, RuntimeError> {
-        self.execute_scored(batch, &[], logits)
+        self.execute_scored(batch, &[], logits, || {})
     }
 
     /// The most logits rows one step returns: the rows of the logits buffer allocated at
@@ -447,17 +447,20 @@ impl Runtime {
 
     /// Runs one step as [`Runtime::execute`] does; after the emitting rows, `logits` also
     /// receives sequence `i`'s first `scored[i]` rows, in batch order. At most
-    /// [`Runtime::max_logits_rows`] rows in all.
+    /// [`Runtime::max_logits_rows`] rows in all. `while_running` runs once the step's
+    /// launches are with the device, before waiting for them: in a worker process, host work
+    /// there overlaps the device's (an in-process device has run them by then).
     pub fn execute_scored(
         &mut self,
         batch: &[StepSequence<'_>],
         scored: &[u32],
         logits: &mut Vec<f32>,
+        while_running: impl FnOnce(),
     ) -> Result<StepTiming, RuntimeError> {
         let started = Instant::now();
         let extents = self.staging.fill_scored(batch, scored, &self.limits)?;
         let prepare_inputs = started.elapsed();
-        let result = self.run_step(extents, logits);
+        let result = self.run_step(extents, logits, while_running);
         match &result {
             Ok(_) => self.mirror.step_done(
                 &self.staging,
@@ -478,6 +481,7 @@ impl Runtime {
         &mut self,
         extents: Extents,
         logits: &mut Vec<f32>,
+        while_running: impl FnOnce(),
     ) -> Result<StepTiming, RuntimeError> {
         let dispatch_started = Instant::now();
         self.write_inputs()?;
@@ -505,6 +509,8 @@ impl Runtime {
                     .launch(task.callable, &self.launch_args, &task.params)?;
             }
         }
+        self.device.submit()?;
+        while_running();
         let values = extents.emitting as usize * self.info.vocab_size as usize;
         // Read straight into the f32 rows: one copy, not two.
         logits.resize(values, 0.0);

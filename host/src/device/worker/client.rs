@@ -62,6 +62,10 @@ impl WorkerCommand {
 /// Launch messages wait here until a call that needs an answer sends them all at once.
 const BATCH_BYTES: usize = 1 << 20;
 
+/// After a reply, the launches that go out as soon as they are queued: the worker wakes and
+/// starts on them while the host queues the rest of the step.
+const FIRST_SENT_LAUNCHES: usize = 8;
+
 /// The part of the region that [`WorkerDevice::write`] fills before it waits for the worker.
 /// Loading pushes every weight through it: a region page once touched stays resident in both
 /// processes, so a window far smaller than the largest tensor keeps the load's footprint small,
@@ -84,6 +88,8 @@ pub struct WorkerDevice {
     /// Why the worker is gone, once it is: every later call fails with it at once.
     lost: Option<String>,
     last_launch: Option<u32>,
+    /// Launches queued since the last reply.
+    launches_since_reply: usize,
     callable_names: Vec<String>,
     /// The counters the last `synchronize` or `read` brought, while nothing has been sent
     /// since: the engine reads them after every step.
@@ -172,6 +178,7 @@ impl WorkerDevice {
             timeout: timeout.max(START_TIMEOUT),
             lost: None,
             last_launch: None,
+            launches_since_reply: 0,
             callable_names: Vec::new(),
             stats: None,
             callable_times: Vec::new(),
@@ -410,7 +417,19 @@ impl WorkerDevice {
         for param in params {
             self.batch.extend_from_slice(&param.to_le_bytes());
         }
+        self.launches_since_reply += 1;
+        if self.launches_since_reply == FIRST_SENT_LAUNCHES {
+            self.flush()?;
+        }
         Ok(())
+    }
+
+    /// Sends the queued requests now; their failures come with the next reply.
+    pub fn submit(&mut self) -> Result<(), DeviceError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.flush()
     }
 
     pub fn synchronize(&mut self) -> Result<Duration, DeviceError> {
@@ -519,6 +538,7 @@ impl WorkerDevice {
         self.queue(header, payload)?;
         self.flush()?;
         self.region_cursor = 0;
+        self.launches_since_reply = 0;
         // Each read waits at most the device timeout: progress replies, sent while launches
         // complete, restart that wait, so the timeout bounds a launch rather than a step.
         let reply = loop {

@@ -99,12 +99,15 @@ impl EngineCore {
                 continue;
             }
             let prompt_logprobs = state.deliver_prompt_logprobs();
-            let _ = state.events.send(GenerationEvent::Delta {
-                text: String::new(),
-                token_ids: Vec::new(),
-                logprobs: Vec::new(),
-                prompt_logprobs,
-            });
+            self.output.send(
+                &state.events,
+                GenerationEvent::Delta {
+                    text: String::new(),
+                    token_ids: Vec::new(),
+                    logprobs: Vec::new(),
+                    prompt_logprobs,
+                },
+            );
             self.finish(id, FinishReason::Length);
         }
     }
