@@ -26,7 +26,8 @@ pub struct StepTiming {
     /// Building the step inputs on the host.
     pub prepare_inputs: Duration,
     /// Writing inputs, binding arguments, launching and waiting for the step's end, minus
-    /// device time and the logits copy: in a worker process, the round trip is here.
+    /// device time and the logits copy: in a worker process, the round trip is here, and the
+    /// caller's work while the device runs (the engine sends the previous step's events).
     pub dispatch: Duration,
     /// Time the device reports for the step's launches.
     pub device: Duration,
