@@ -180,6 +180,8 @@ impl EngineCore {
                 "refused: {reason}"
             );
             self.health.in_flight.remove(state.id);
+            // Sent now, not through the output processor: the request has no earlier event to
+            // follow, and no step may come to send it (the engine may have no other work).
             let _ = state
                 .events
                 .send(GenerationEvent::Failed { message: reason });

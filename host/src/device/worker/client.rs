@@ -424,11 +424,9 @@ impl WorkerDevice {
         Ok(())
     }
 
-    /// Sends the queued requests now; their failures come with the next reply.
+    /// Sends the queued requests now (nothing, if none are queued); their failures come with
+    /// the next reply.
     pub fn submit(&mut self) -> Result<(), DeviceError> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
         self.flush()
     }
 
