@@ -77,8 +77,8 @@ const POLL_FOR: Duration = Duration::from_millis(1);
 /// in a blocking read. A write to a socket whose reader sleeps wakes the reader on the
 /// writer's core, where it waited for the engine to block before it ran: a step's first
 /// launches started some 100 µs after the engine sent them, and a lone SmolLM2 token at Q8_0
-/// decoded 2.6% slower in a worker than in the server's process. Looking again keeps the
-/// worker on a core of its own between steps, and closes that gap.
+/// decoded up to 2.7% slower in a worker than in the server's process (docs/reliability.md).
+/// Looking again keeps the worker on a core of its own between steps.
 struct PollingStream(UnixStream);
 
 impl Read for PollingStream {
