@@ -12,6 +12,9 @@ use plughost_device_cpu::isa::IsaLevel;
 
 use crate::bandwidth::Bandwidth;
 
+mod figures;
+use figures::{Passes, judged, median_and_range, ratio};
+
 /// Keys of the loads the targets are defined on.
 pub const SINGLE: &str = "single";
 pub const GREEDY: &str = "batched-greedy";
@@ -192,19 +195,6 @@ impl Report<'_> {
     }
 }
 
-fn ratio(a: f64, b: f64) -> f64 {
-    if b > 0.0 { a / b } else { f64::NAN }
-}
-
-/// The lower middle of the finite `values` (never the more flattering of two middles), with
-/// their least and greatest; `None` without any.
-fn median_and_range(values: &[f64]) -> Option<(f64, f64, f64)> {
-    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
-    sorted.sort_by(f64::total_cmp);
-    let median = *sorted.get(sorted.len().checked_sub(1)? / 2)?;
-    Some((median, sorted[0], sorted[sorted.len() - 1]))
-}
-
 /// plughost's round `round` of load `key` (`mine`) against that round's best peer: TTFT as
 /// the peer's over plughost's, decode as the peer's TPOT over plughost's.
 fn round_ratios(r: &Report, key: &str, round: usize, mine: &Summary) -> (f64, f64) {
@@ -334,9 +324,10 @@ pub fn targets(r: &Report) -> Vec<Target> {
         median_and_range(&decode_by_round).map_or(String::new(), |(median, low, high)| {
             format!("; {median:.2}× by the median of the rounds, {low:.2}–{high:.2}")
         });
+    let shown = judged(x, single_goal, Passes::AtLeast, 2);
     out.push(Target {
         name: "Single-stream decode vs the faster peer",
-        measured: format!("{pd:.1} vs {ld:.1} tok/s of {name} ({x:.2}×{by_round})"),
+        measured: format!("{pd:.1} vs {ld:.1} tok/s of {name} ({shown}×{by_round})"),
         goal: single_text,
         pass: clean(&[ps]) && x >= single_goal,
     });
@@ -355,10 +346,11 @@ pub fn targets(r: &Report) -> Vec<Target> {
         },
     );
     let x = ratio(pt, lt);
+    let shown = judged(x, 1.5, Passes::AtLeast, 2);
     out.push(Target {
         name: "Batched output tok/s vs the faster peer, with TTFT p99 no worse",
         measured: format!(
-            "{pt:.1} vs {lt:.1} tok/s of {name} ({x:.2}×); TTFT p99 {pp99:.0} vs {lp99:.0} ms"
+            "{pt:.1} vs {lt:.1} tok/s of {name} ({shown}×); TTFT p99 {pp99:.0} vs {lp99:.0} ms"
         ),
         goal: "≥ 1.50×, TTFT p99 ≤ that peer's",
         pass: clean(&[pg]) && x >= 1.5 && pp99 <= lp99,
@@ -369,7 +361,10 @@ pub fn targets(r: &Report) -> Vec<Target> {
     let x = ratio(st, pt);
     out.push(Target {
         name: "Sampling vs greedy output tok/s (plughost, batched)",
-        measured: format!("{st:.1} vs {pt:.1} tok/s ({:.1}%)", x * 100.0),
+        measured: format!(
+            "{st:.1} vs {pt:.1} tok/s ({}%)",
+            judged(x * 100.0, 90.0, Passes::AtLeast, 1)
+        ),
         goal: "≥ 90%",
         pass: clean(&[psm, pg]) && x >= 0.9,
     });
@@ -378,7 +373,10 @@ pub fn targets(r: &Report) -> Vec<Target> {
     let x = ratio(pd, bound);
     out.push(Target {
         name: "Single-stream decode vs the bandwidth bound (plughost)",
-        measured: format!("{pd:.1} of {bound:.1} tok/s ({:.1}%)", x * 100.0),
+        measured: format!(
+            "{pd:.1} of {bound:.1} tok/s ({}%)",
+            judged(x * 100.0, 70.0, Passes::AtLeast, 1)
+        ),
         goal: "≥ 70%",
         pass: clean(&[ps]) && x >= 0.7,
     });
@@ -387,10 +385,11 @@ pub fn targets(r: &Report) -> Vec<Target> {
     out.push(Target {
         name: "Peak RSS vs weights + KV cache (plughost)",
         measured: format!(
-            "{} vs {} + {} ({x:.2}×)",
+            "{} vs {} + {} ({}×)",
             mib(p.peak_rss),
             mib(p.weights_bytes),
-            mib(p.kv_bytes)
+            mib(p.kv_bytes),
+            judged(x, 1.5, Passes::AtMost, 2)
         ),
         goal: "≤ 1.50×",
         pass: x.is_finite() && x <= 1.5,

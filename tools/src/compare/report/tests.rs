@@ -377,3 +377,39 @@ fn the_decode_split_gives_each_callable_per_step_and_the_linear_launches_rate() 
     };
     assert!(!markdown(&report).contains("decode time goes"));
 }
+
+/// A judged figure never reads as meeting its goal when it misses it, however close.
+#[test]
+fn a_near_miss_shows_the_digits_that_make_it_one() {
+    let cases: [(f64, f64, Passes, usize, &str); 6] = [
+        (1.0991, 1.1, Passes::AtLeast, 2, "1.099"),
+        (1.104, 1.1, Passes::AtLeast, 2, "1.10"),
+        (1.0951, 1.1, Passes::AtLeast, 2, "1.095"),
+        (1.5004, 1.5, Passes::AtMost, 2, "1.5004"),
+        (69.96, 70.0, Passes::AtLeast, 1, "69.96"),
+        (f64::NAN, 1.1, Passes::AtLeast, 2, "NaN"),
+    ];
+    for (value, threshold, passes, digits, shown) in cases {
+        assert_eq!(judged(value, threshold, passes, digits), shown, "{value}");
+    }
+
+    // The page's own line: 40 tok/s against ik_llama.cpp's 36.39 is 1.0991× of a 1.10× goal.
+    let (machine, model, shape, p) = (machine(&[50_000.0]), facts(), shape(), plughost_at_40());
+    let peer = |tpot: f64| {
+        server(
+            "ik_llama.cpp",
+            [(30.0, 50.0, tpot), (150.0, 80.0, 60.0), (140.0, 80.0, 60.0)],
+            400,
+        )
+    };
+    for (tpot, shown, pass) in [(27.4775, "(1.099×", false), (27.6, "(1.10×", true)] {
+        let peers = [peer(tpot)];
+        let report = Report {
+            format: "Q8_0",
+            ..page_of(&machine, &model, &shape, &p, &peers)
+        };
+        let decode = &targets(&report)[0];
+        assert_eq!(decode.pass, pass, "{decode:?}");
+        assert!(decode.measured.contains(shown), "{decode:?}");
+    }
+}
