@@ -329,7 +329,7 @@ pub fn targets(r: &Report) -> Vec<Target> {
         name: "Single-stream decode vs the faster peer",
         measured: format!("{pd:.1} vs {ld:.1} tok/s of {name} ({shown}×{by_round})"),
         goal: single_text,
-        pass: clean(&[ps]) && x >= single_goal,
+        pass: clean(&[ps]) && Passes::AtLeast.holds(x, single_goal),
     });
 
     let pg = p.get(GREEDY);
@@ -353,32 +353,32 @@ pub fn targets(r: &Report) -> Vec<Target> {
             "{pt:.1} vs {lt:.1} tok/s of {name} ({shown}×); TTFT p99 {pp99:.0} vs {lp99:.0} ms"
         ),
         goal: "≥ 1.50×, TTFT p99 ≤ that peer's",
-        pass: clean(&[pg]) && x >= 1.5 && pp99 <= lp99,
+        pass: clean(&[pg]) && Passes::AtLeast.holds(x, 1.5) && pp99 <= lp99,
     });
 
     let psm = p.get(SAMPLED);
     let st = psm.map_or(f64::NAN, |s| s.output_throughput);
-    let x = ratio(st, pt);
+    let percent = ratio(st, pt) * 100.0;
     out.push(Target {
         name: "Sampling vs greedy output tok/s (plughost, batched)",
         measured: format!(
             "{st:.1} vs {pt:.1} tok/s ({}%)",
-            judged(x * 100.0, 90.0, Passes::AtLeast, 1)
+            judged(percent, 90.0, Passes::AtLeast, 1)
         ),
         goal: "≥ 90%",
-        pass: clean(&[psm, pg]) && x >= 0.9,
+        pass: clean(&[psm, pg]) && Passes::AtLeast.holds(percent, 90.0),
     });
 
     let bound = bound_tok_s(r.model, &r.machine.bandwidth);
-    let x = ratio(pd, bound);
+    let percent = ratio(pd, bound) * 100.0;
     out.push(Target {
         name: "Single-stream decode vs the bandwidth bound (plughost)",
         measured: format!(
             "{pd:.1} of {bound:.1} tok/s ({}%)",
-            judged(x * 100.0, 70.0, Passes::AtLeast, 1)
+            judged(percent, 70.0, Passes::AtLeast, 1)
         ),
         goal: "≥ 70%",
-        pass: clean(&[ps]) && x >= 0.7,
+        pass: clean(&[ps]) && Passes::AtLeast.holds(percent, 70.0),
     });
 
     let x = p.memory_ratio();
@@ -392,7 +392,7 @@ pub fn targets(r: &Report) -> Vec<Target> {
             judged(x, 1.5, Passes::AtMost, 2)
         ),
         goal: "≤ 1.50×",
-        pass: x.is_finite() && x <= 1.5,
+        pass: x.is_finite() && Passes::AtMost.holds(x, 1.5),
     });
     out
 }

@@ -11,14 +11,22 @@ pub(super) enum Passes {
     AtMost,
 }
 
+impl Passes {
+    /// Whether `value` meets `threshold`: the one comparison both a target's verdict and its
+    /// written figure use.
+    pub(super) fn holds(self, value: f64, threshold: f64) -> bool {
+        match self {
+            Passes::AtLeast => value >= threshold,
+            Passes::AtMost => value <= threshold,
+        }
+    }
+}
+
 /// `value` with `digits` decimals, or as many more as it takes for the text to fall on the
 /// same side of `threshold` as the value: 1.0991 against "≥ 1.10" reads 1.099, never 1.10
 /// next to a FAIL.
 pub(super) fn judged(value: f64, threshold: f64, passes: Passes, digits: usize) -> String {
-    let side = |v: f64| match passes {
-        Passes::AtLeast => v >= threshold,
-        Passes::AtMost => v <= threshold,
-    };
+    let side = |v: f64| passes.holds(v, threshold);
     let text = |digits: usize| format!("{value:.digits$}");
     if !value.is_finite() {
         return text(digits);
